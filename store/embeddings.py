@@ -1,0 +1,272 @@
+"""Embedding generations and the re-embedding job (seed 000, "Embeddings and re-embedding").
+
+Exactly one generation is active. ``begin`` prepares a pending one (retiring
+any other pending generation and deleting its vectors in the same
+transaction); ``pending`` lists current revisions without a vector in it;
+``put`` stores vectors bound to a revision and text digest, refusing any
+whose record moved on; ``activate`` switches atomically, and refuses while a
+current revision still lacks a vector. A retired generation never returns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg.types.json import Jsonb
+
+from .embedders import Embedder, embed_checked
+from .errors import EmbeddingMismatchError, InvalidRequestError
+from .limits import LARGE_SCOPE_VECTORS, REEMBED_BATCH_SIZE, REEMBED_MAX_PASSES
+from .model import Generation, ReembedResult
+
+log = logging.getLogger(__name__)
+
+_COLUMNS = "id, model_id, dims, status, created_at, activated_at, progress"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingItem:
+    record_id: str
+    revision: int
+    digest: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class VectorItem:
+    record_id: str
+    revision: int
+    digest: str
+    vector: Sequence[float] | np.ndarray
+
+
+def _generation(row: Sequence[Any] | None) -> Generation | None:
+    return Generation(*row) if row else None
+
+
+class Embeddings:
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def active(self) -> Generation | None:
+        with self.pool.connection() as conn:
+            return _generation(conn.execute(
+                f"SELECT {_COLUMNS} FROM engram_generations WHERE status = 'active'"
+            ).fetchone())
+
+    def get(self, generation_id: int) -> Generation | None:
+        with self.pool.connection() as conn:
+            return _generation(conn.execute(
+                f"SELECT {_COLUMNS} FROM engram_generations WHERE id = %s", (generation_id,)
+            ).fetchone())
+
+    def list(self) -> list[Generation]:
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM engram_generations ORDER BY id DESC"
+            ).fetchall()
+        return [Generation(*r) for r in rows]
+
+    def begin(self, model_id: str, dims: int) -> Generation:
+        """The pending generation for this model and size, created if needed."""
+        if not model_id or not 1 <= dims <= 16000:
+            raise InvalidRequestError("a generation needs a model id and 1 to 16000 dimensions")
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute("LOCK TABLE engram_generations IN SHARE ROW EXCLUSIVE MODE")
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM engram_generations WHERE status = 'pending'"
+            ).fetchone()
+            if row is not None:
+                if row[1] == model_id and row[2] == dims:
+                    return Generation(*row)
+                _retire(conn, row[0])
+            created = conn.execute(
+                f"INSERT INTO engram_generations (model_id, dims, status) VALUES (%s, %s, 'pending')"
+                f" RETURNING {_COLUMNS}",
+                (model_id, dims),
+            ).fetchone()
+        log.info("embedding generation begun", extra={"generation": created[0] if created else None})
+        return Generation(*created)  # type: ignore[misc]
+
+    def pending(self, generation_id: int, limit: int = REEMBED_BATCH_SIZE,
+                after: str | None = None) -> list[PendingItem]:
+        """Current revisions (every scope) without a vector in this pending generation."""
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                """
+                SELECT r.id, r.revision, v.digest, v.text
+                FROM engram_generations g
+                JOIN engram_records r ON true
+                JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+                WHERE g.id = %(g)s AND g.status = 'pending' AND r.id > %(after)s
+                  AND NOT EXISTS (SELECT 1 FROM engram_vectors x WHERE x.generation_id = g.id
+                                  AND x.record_id = r.id AND x.revision = r.revision
+                                  AND x.digest = v.digest)
+                ORDER BY r.id LIMIT %(n)s
+                """,
+                {"g": generation_id, "after": after or "", "n": limit},
+            ).fetchall()
+        return [PendingItem(*r) for r in rows]
+
+    def put(self, generation_id: int, items: Sequence[VectorItem]) -> int:
+        """Store vectors whose record is still at that revision and text; return how many."""
+        if not items:
+            return 0
+        with self.pool.connection() as conn, conn.transaction():
+            gen = conn.execute(
+                "SELECT dims, status FROM engram_generations WHERE id = %s FOR SHARE",
+                (generation_id,),
+            ).fetchone()
+            if gen is None or gen[1] == "retired":
+                return 0
+            dims = gen[0]
+            vectors = []
+            for item in items:
+                vector = np.asarray(item.vector, dtype=np.float32)
+                if vector.shape != (dims,):
+                    raise EmbeddingMismatchError(
+                        f"generation {generation_id} holds {dims}-dimensional vectors, "
+                        f"not {vector.shape[0] if vector.ndim == 1 else vector.shape}"
+                    )
+                vectors.append(vector)
+            cur = conn.execute(
+                """
+                INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,
+                                            embedding)
+                SELECT %(g)s, r.id, r.scope_id, r.revision, v.digest, i.embedding
+                FROM unnest(%(ids)s::text[], %(revs)s::int[], %(digests)s::text[],
+                            %(vecs)s::vector[]) AS i(id, revision, digest, embedding)
+                JOIN engram_records r ON r.id = i.id AND r.revision = i.revision
+                JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+                                       AND v.digest = i.digest
+                ON CONFLICT (generation_id, record_id) DO UPDATE
+                  SET revision = EXCLUDED.revision, digest = EXCLUDED.digest,
+                      embedding = EXCLUDED.embedding, scope_id = EXCLUDED.scope_id
+                """,
+                {"g": generation_id, "ids": [i.record_id for i in items],
+                 "revs": [i.revision for i in items], "digests": [i.digest for i in items],
+                 "vecs": vectors},
+            )
+            return cur.rowcount
+
+    def activate(self, generation_id: int) -> bool:
+        """Make a pending generation active, atomically; False (and no change) if it can't be."""
+        with self.pool.connection() as conn, conn.transaction():
+            # Waits for in-flight writes, which hold the active row FOR SHARE.
+            rows = conn.execute(
+                "SELECT id, status FROM engram_generations WHERE status IN ('active', 'pending')"
+                " OR id = %s FOR UPDATE", (generation_id,),
+            ).fetchall()
+            status = {r[0]: r[1] for r in rows}
+            if status.get(generation_id) != "pending":
+                return False
+            missing = conn.execute(
+                """
+                SELECT EXISTS (
+                  SELECT 1 FROM engram_records r
+                  JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+                  WHERE NOT EXISTS (SELECT 1 FROM engram_vectors x WHERE x.generation_id = %s
+                                    AND x.record_id = r.id AND x.revision = r.revision
+                                    AND x.digest = v.digest))
+                """, (generation_id,),
+            ).fetchone()
+            if missing and missing[0]:
+                return False
+            for gid, state in status.items():
+                if state == "active":
+                    _retire(conn, gid)
+            conn.execute(
+                "UPDATE engram_generations SET status = 'active', activated_at = now()"
+                " WHERE id = %s", (generation_id,),
+            )
+        log.info("embedding generation activated", extra={"generation": generation_id})
+        return True
+
+    def set_progress(self, generation_id: int, progress: dict[str, Any]) -> None:
+        with self.pool.connection() as conn:
+            conn.execute("UPDATE engram_generations SET progress = %s WHERE id = %s",
+                         (Jsonb(progress), generation_id))
+
+    def reembed(
+        self, embedder: Embedder, *, batch_size: int = REEMBED_BATCH_SIZE,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> ReembedResult:
+        """Fill a pending generation for ``embedder`` and activate it (up to three passes)."""
+        generation = self.begin(embedder.model_id, embedder.dims)
+        embedded = skipped = 0
+        for pass_number in range(1, REEMBED_MAX_PASSES + 1):
+            after: str | None = None
+            while batch := self.pending(generation.id, batch_size, after):
+                after = batch[-1].record_id
+                vectors = embed_checked(embedder, [item.text for item in batch])
+                stored = self.put(generation.id, [
+                    VectorItem(i.record_id, i.revision, i.digest, v)
+                    for i, v in zip(batch, vectors, strict=True)
+                ])
+                embedded += stored
+                skipped += len(batch) - stored
+                progress = {"pass": pass_number, "embedded": embedded, "skipped": skipped}
+                self.set_progress(generation.id, progress)
+                if on_progress is not None:
+                    on_progress(progress)
+            if self.activate(generation.id):
+                self.index_large_scopes()
+                return ReembedResult(generation.id, embedded, skipped, activated=True)
+            current = self.get(generation.id)
+            if current is None or current.status != "pending":
+                break  # retired by a newer begin: this job is over
+        return ReembedResult(generation.id, embedded, skipped, activated=False)
+
+    def index_large_scopes(self, threshold: int = LARGE_SCOPE_VECTORS) -> list[str]:
+        """Give every scope with ``threshold`` or more vectors in the active generation its
+        own HNSW index; smaller scopes stay on the exact (generation, scope) search."""
+        created = []
+        with self.pool.connection() as conn:
+            conn.autocommit = True
+            try:
+                rows = conn.execute(
+                    """
+                    SELECT g.id, g.dims, x.scope_id FROM engram_generations g
+                    JOIN engram_vectors x ON x.generation_id = g.id
+                    WHERE g.status = 'active'
+                      AND NOT EXISTS (SELECT 1 FROM engram_vector_indexes i
+                                      WHERE i.generation_id = g.id AND i.scope_id = x.scope_id)
+                    GROUP BY g.id, g.dims, x.scope_id HAVING count(*) >= %s
+                    """, (threshold,),
+                ).fetchall()
+                for gen, dims, scope in rows:
+                    name = f"engram_vectors_hnsw_g{int(gen)}_s{int(scope)}"
+                    conn.execute(
+                        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON engram_vectors"
+                        f" USING hnsw ((embedding::vector({int(dims)})) vector_cosine_ops)"
+                        f" WHERE generation_id = {int(gen)} AND scope_id = {int(scope)}"
+                    )
+                    conn.execute(
+                        "INSERT INTO engram_vector_indexes (generation_id, scope_id, index_name)"
+                        " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (gen, scope, name),
+                    )
+                    log.info("approximate index built", extra={"generation": gen, "scope": scope})
+                    created.append(name)
+            finally:
+                conn.autocommit = False
+        return created
+
+
+def _retire(conn: psycopg.Connection[Any], generation_id: int) -> None:
+    """Retire a generation for good: its vectors and approximate indexes go with it."""
+    for (name,) in conn.execute(
+        "DELETE FROM engram_vector_indexes WHERE generation_id = %s RETURNING index_name",
+        (generation_id,),
+    ).fetchall():
+        conn.execute(f'DROP INDEX IF EXISTS "{name}"')
+    conn.execute("DELETE FROM engram_vectors WHERE generation_id = %s", (generation_id,))
+    conn.execute(
+        "UPDATE engram_generations SET status = 'retired', retired_at = now() WHERE id = %s",
+        (generation_id,),
+    )
+    log.info("embedding generation retired", extra={"generation": generation_id})

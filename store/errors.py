@@ -1,0 +1,112 @@
+"""engram's errors: one root, one class per thing a caller can act on.
+
+Each class has a stable ``code`` (what the stream protocol and the HTTP API
+send) and the HTTP ``status`` it maps to. Messages never contain memory text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class EngramError(Exception):
+    code: ClassVar[str] = "internal"
+    status: ClassVar[int] = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def details(self) -> dict[str, Any]:
+        """Extra fields a remote caller needs to rebuild this error."""
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, **self.details()}
+
+
+class InvalidRequestError(EngramError):
+    code = "invalid_request"
+    status = 422
+
+
+class NotFoundError(EngramError):
+    code = "not_found"
+    status = 404
+
+
+class OperationConflictError(EngramError):
+    """The operation id was already used for a different request."""
+
+    code = "operation_conflict"
+    status = 409
+
+
+class RevisionConflictError(EngramError):
+    """The record is not at the revision the caller planned against.
+
+    ``actual`` is None when the conflict is with a record the caller may not
+    see (another scope's id, or a forgotten one): nothing about it is revealed.
+    """
+
+    code = "revision_conflict"
+    status = 409
+
+    def __init__(
+        self, message: str, *, expected: int | None, actual: int | None, attempts: int = 1
+    ) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+        self.attempts = attempts
+
+    def details(self) -> dict[str, Any]:
+        return {"expected": self.expected, "actual": self.actual, "attempts": self.attempts}
+
+
+class EmbeddingMismatchError(EngramError):
+    """A vector from another model or of another size than the generation's."""
+
+    code = "embedding_mismatch"
+    status = 409
+
+
+class FencedError(EngramError):
+    """A writer holding a stale partition lease tried to commit."""
+
+    code = "fenced"
+    status = 409
+
+
+class SchemaVersionError(EngramError):
+    code = "schema_version"
+    status = 500
+
+
+ERRORS_BY_CODE: dict[str, type[EngramError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequestError,
+        NotFoundError,
+        OperationConflictError,
+        RevisionConflictError,
+        EmbeddingMismatchError,
+        FencedError,
+        SchemaVersionError,
+    )
+}
+
+
+def error_from_dict(data: dict[str, Any]) -> EngramError:
+    """Rebuild a typed error from ``EngramError.to_dict()`` output."""
+    code = str(data.get("code", "internal"))
+    message = str(data.get("message", code))
+    cls = ERRORS_BY_CODE.get(code, EngramError)
+    if cls is RevisionConflictError:
+        return RevisionConflictError(
+            message,
+            expected=data.get("expected"),
+            actual=data.get("actual"),
+            attempts=int(data.get("attempts", 1)),
+        )
+    return cls(message)

@@ -1,0 +1,26 @@
+"""Documented limits and defaults of the store, in one place."""
+
+MAX_TEXT_CHARS = 32_000
+MAX_ID_CHARS = 200
+MAX_SCOPE_VALUE_CHARS = 200
+MAX_KIND_CHARS = 64
+MAX_METADATA_BYTES = 16_000
+MAX_SOURCES = 64
+MAX_LINKS = 64
+MAX_MESSAGES = 256
+MAX_TOP_K = 100
+
+DEFAULT_KIND = "semantic"
+DEFAULT_TOP_K = 5
+RRF_K = 60
+# How many candidates each of the vector and lexical lists brings to fusion.
+CANDIDATES_PER_LIST = 50
+
+REEMBED_BATCH_SIZE = 64
+REEMBED_MAX_PASSES = 3
+
+# A scope whose vectors in one generation pass this count gets its own
+# approximate (HNSW) index; smaller scopes are searched exactly.
+LARGE_SCOPE_VECTORS = 20_000
+
+MAX_WRITE_ATTEMPTS = 5

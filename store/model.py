@@ -1,0 +1,215 @@
+"""The values the store hands out: scopes, provenance, records, receipts, hits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from .errors import InvalidRequestError
+from .limits import MAX_SCOPE_VALUE_CHARS
+
+SCOPE_FIELDS = ("user_id", "agent_id", "run_id", "actor_id", "chat_id")
+SOURCE_KINDS = ("user", "assistant", "tool", "external", "host")
+ORIGINS = ("asserted", "inferred")
+LINK_RELATIONS = ("supersedes", "about")
+
+Origin = Literal["asserted", "inferred"]
+Status = Literal["active", "retracted"]
+Match = Literal["vector", "lexical", "hybrid"]
+
+
+def check_string(value: object, what: str, *, max_chars: int, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{what} must be a string, not {type(value).__name__}")
+    if not allow_empty and not value.strip():
+        raise InvalidRequestError(f"{what} must not be empty")
+    if len(value) > max_chars:
+        raise InvalidRequestError(f"{what} is longer than {max_chars} characters")
+    if "\x00" in value:
+        raise InvalidRequestError(f"{what} must not contain NUL characters")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """An exact scope: reads match every set field and no other."""
+
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+    actor_id: str | None = None
+    chat_id: str | None = None
+
+    def __post_init__(self) -> None:
+        set_fields = 0
+        for name in SCOPE_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                check_string(value, f"scope.{name}", max_chars=MAX_SCOPE_VALUE_CHARS)
+                set_fields += 1
+        if set_fields == 0:
+            raise InvalidRequestError(f"a scope needs at least one of {', '.join(SCOPE_FIELDS)}")
+
+    @classmethod
+    def of(cls, value: Scope | Mapping[str, Any]) -> Scope:
+        if isinstance(value, Scope):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidRequestError("scope must be an object")
+        unknown = sorted(set(value) - set(SCOPE_FIELDS))
+        if unknown:
+            raise InvalidRequestError(f"unknown scope field(s): {', '.join(map(str, unknown))}")
+        return cls(**{k: v for k, v in value.items() if v is not None})
+
+    def as_dict(self) -> dict[str, str]:
+        return {name: v for name in SCOPE_FIELDS if (v := getattr(self, name)) is not None}
+
+    @property
+    def key(self) -> str:
+        """The canonical key: the set fields as JSON, keys sorted, no whitespace."""
+        return json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    kind: str
+    digest: str | None = None
+    message_id: str | None = None
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    run_id: str | None = None
+    chat_id: str | None = None
+
+    def as_dict(self) -> dict[str, str]:
+        return {k: v for k in Source.__slots__ if (v := getattr(self, k)) is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    relation: str
+    id: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"relation": self.relation, "id": self.id}
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One revision of a record."""
+
+    id: str
+    revision: int
+    scope: Scope
+    text: str
+    kind: str
+    importance: float | None
+    metadata: dict[str, Any]
+    origin: Origin
+    sources: tuple[Source, ...]
+    links: tuple[Link, ...]
+    status: Status
+    digest: str
+    operation_id: str
+    recorded_at: datetime
+    expires_at: datetime | None
+    superseded_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRef:
+    """What a receipt says of a revision it wrote: no content."""
+
+    id: str
+    revision: int
+    status: Status
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "revision": self.revision, "status": self.status}
+
+
+Redaction = Literal["pending", "complete", "failed", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    operation_id: str
+    kind: str
+    scope: Scope
+    scope_revision: int
+    committed_at: datetime
+    records: tuple[RecordRef, ...]
+    redacted: bool = False
+    # Only for a forget:
+    forgotten_revisions: tuple[int, ...] | None = None
+    already_forgotten: bool | None = None
+    redaction: Redaction | None = None
+    stream_entry: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "operation_id": self.operation_id,
+            "kind": self.kind,
+            "scope": self.scope.as_dict(),
+            "scope_revision": self.scope_revision,
+            "committed_at": self.committed_at.isoformat(),
+            "records": [r.as_dict() for r in self.records],
+            "redacted": self.redacted,
+        }
+        if self.kind == "forget":
+            out["revisions"] = list(self.forgotten_revisions or ())
+            out["already_forgotten"] = bool(self.already_forgotten)
+            out["redaction"] = self.redaction
+        if self.stream_entry is not None:
+            out["stream_entry"] = self.stream_entry
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What a write returns: its receipt and the revisions it wrote."""
+
+    receipt: Receipt
+    replayed: bool
+    records: tuple[Record, ...]
+    conflict_retries: int = 0
+
+    @property
+    def revisions(self) -> tuple[int, ...]:
+        return self.receipt.forgotten_revisions or ()
+
+    @property
+    def already_forgotten(self) -> bool:
+        return bool(self.receipt.already_forgotten)
+
+    @property
+    def redaction(self) -> Redaction | None:
+        return self.receipt.redaction
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    record: Record
+    score: float
+    match: Match
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    id: int
+    model_id: str
+    dims: int
+    status: Literal["pending", "active", "retired"]
+    created_at: datetime
+    activated_at: datetime | None = None
+    progress: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ReembedResult:
+    generation: int
+    embedded: int
+    skipped: int
+    activated: bool

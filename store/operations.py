@@ -1,0 +1,451 @@
+"""Memory operations as plain, validated values.
+
+An operation is what a producer asks for: an id, a scope, a kind and its
+request. The same shape travels through the Python API, the Redis streams and
+the HTTP API; ``Operation.from_dict`` is the single place that checks it, so
+bad input is refused the same way everywhere and before anything changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from .errors import InvalidRequestError
+from .limits import (
+    DEFAULT_KIND,
+    MAX_ID_CHARS,
+    MAX_KIND_CHARS,
+    MAX_LINKS,
+    MAX_MESSAGES,
+    MAX_METADATA_BYTES,
+    MAX_SOURCES,
+    MAX_TEXT_CHARS,
+)
+from .model import LINK_RELATIONS, ORIGINS, SOURCE_KINDS, Link, Scope, Source, check_string
+
+OperationKind = Literal["remember", "extract", "revise", "retract", "forget"]
+OPERATION_KINDS: tuple[OperationKind, ...] = ("remember", "extract", "revise", "retract", "forget")
+MAX_TTL_MS = 100 * 365 * 24 * 3600 * 1000
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def text_digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def new_operation_id() -> str:
+    return f"op_{uuid.uuid4().hex}"
+
+
+def derived_record_id(operation_id: str, index: int) -> str:
+    """The id of the index-th record an operation creates.
+
+    Derived from the operation id so that a redelivered operation whose
+    receipt was pruned aims at the same id (and meets its tombstone or its
+    record) instead of creating a copy.
+    """
+    digest = hashlib.sha256(f"{operation_id}\x00{index}".encode()).hexdigest()
+    return f"mem_{digest[:26]}"
+
+
+class _Fields:
+    """Strict reading of one request object: unknown fields are refused."""
+
+    def __init__(self, data: object, what: str, allowed: Sequence[str]) -> None:
+        if not isinstance(data, Mapping):
+            raise InvalidRequestError(f"{what} must be an object")
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise InvalidRequestError(f"unknown field(s) in {what}: {', '.join(map(str, unknown))}")
+        self.data = data
+        self.what = what
+
+    def get(self, name: str) -> Any:
+        return self.data.get(name)
+
+    def text(self, name: str, *, required: bool = True) -> str | None:
+        value = self.data.get(name)
+        if value is None and not required:
+            return None
+        return check_string(value, f"{self.what}.{name}", max_chars=MAX_TEXT_CHARS)
+
+    def ident(self, name: str, *, required: bool = True) -> str | None:
+        value = self.data.get(name)
+        if value is None and not required:
+            return None
+        return check_string(value, f"{self.what}.{name}", max_chars=MAX_ID_CHARS)
+
+    def kind(self) -> str | None:
+        value = self.data.get("kind")
+        if value is None:
+            return None
+        return check_string(value, f"{self.what}.kind", max_chars=MAX_KIND_CHARS)
+
+    def importance(self) -> float | None:
+        value = self.data.get("importance")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise InvalidRequestError(f"{self.what}.importance must be a number")
+        if not 0 <= value <= 1:
+            raise InvalidRequestError(f"{self.what}.importance must be between 0 and 1")
+        return float(value)
+
+    def integer(self, name: str, *, minimum: int, maximum: int) -> int | None:
+        value = self.data.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidRequestError(f"{self.what}.{name} must be an integer")
+        if not minimum <= value <= maximum:
+            raise InvalidRequestError(f"{self.what}.{name} must be between {minimum} and {maximum}")
+        return value
+
+    def metadata(self) -> dict[str, Any] | None:
+        value = self.data.get("metadata")
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise InvalidRequestError(f"{self.what}.metadata must be an object")
+        try:
+            encoded = canonical_json(value)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"{self.what}.metadata must be plain JSON") from exc
+        if "\\u0000" in encoded or "\x00" in encoded:
+            raise InvalidRequestError(f"{self.what}.metadata must not contain NUL characters")
+        if len(encoded.encode()) > MAX_METADATA_BYTES:
+            raise InvalidRequestError(f"{self.what}.metadata is larger than {MAX_METADATA_BYTES} bytes")
+        parsed: dict[str, Any] = json.loads(encoded)
+        return parsed
+
+    def links(self) -> tuple[Link, ...] | None:
+        value = self.data.get("links")
+        if value is None:
+            return None
+        items = _list(value, f"{self.what}.links", MAX_LINKS)
+        links = []
+        for i, item in enumerate(items):
+            f = _Fields(item, f"{self.what}.links[{i}]", ("relation", "id"))
+            relation = f.ident("relation")
+            if relation not in LINK_RELATIONS:
+                raise InvalidRequestError(
+                    f"{f.what}.relation must be one of {', '.join(LINK_RELATIONS)}"
+                )
+            links.append(Link(relation=relation, id=str(f.ident("id"))))
+        return tuple(links)
+
+    def sources(self) -> tuple[Source, ...] | None:
+        value = self.data.get("sources")
+        if value is None:
+            return None
+        items = _list(value, f"{self.what}.sources", MAX_SOURCES)
+        if not items:
+            raise InvalidRequestError(f"{self.what}.sources must not be empty")
+        return tuple(parse_source(item, f"{self.what}.sources[{i}]") for i, item in enumerate(items))
+
+
+def _list(value: object, what: str, max_items: int) -> list[Any]:
+    if not isinstance(value, list | tuple):
+        raise InvalidRequestError(f"{what} must be a list")
+    if len(value) > max_items:
+        raise InvalidRequestError(f"{what} has more than {max_items} items")
+    return list(value)
+
+
+def parse_source(item: object, what: str) -> Source:
+    f = _Fields(item, what, Source.__slots__)
+    kind = f.ident("kind")
+    if kind not in SOURCE_KINDS:
+        raise InvalidRequestError(f"{what}.kind must be one of {', '.join(SOURCE_KINDS)}")
+    optional = {name: f.ident(name, required=False) for name in Source.__slots__ if name != "kind"}
+    return Source(kind=kind, **optional)
+
+
+@dataclass(frozen=True, slots=True)
+class Remember:
+    kind_name: ClassVar[OperationKind] = "remember"
+    text: str
+    kind: str = DEFAULT_KIND
+    importance: float | None = None
+    metadata: dict[str, Any] | None = None
+    origin: str = "asserted"
+    sources: tuple[Source, ...] | None = None
+    links: tuple[Link, ...] = ()
+    ttl_ms: int | None = None
+    id: str | None = None
+
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "text", "kind", "importance", "metadata", "origin", "sources", "links", "ttl_ms", "id",
+    )
+
+    @classmethod
+    def from_dict(cls, data: object) -> Remember:
+        f = _Fields(data, "remember", cls.FIELDS)
+        origin = f.get("origin") or "asserted"
+        if origin not in ORIGINS:
+            raise InvalidRequestError(f"remember.origin must be one of {', '.join(ORIGINS)}")
+        return cls(
+            text=str(f.text("text")),
+            kind=f.kind() or DEFAULT_KIND,
+            importance=f.importance(),
+            metadata=f.metadata(),
+            origin=origin,
+            sources=f.sources(),
+            links=f.links() or (),
+            ttl_ms=f.integer("ttl_ms", minimum=1, maximum=MAX_TTL_MS),
+            id=f.ident("id", required=False),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _compact({
+            "text": self.text,
+            "kind": self.kind,
+            "importance": self.importance,
+            "metadata": self.metadata,
+            "origin": self.origin,
+            "sources": [s.as_dict() for s in self.sources] if self.sources is not None else None,
+            "links": [link.as_dict() for link in self.links] or None,
+            "ttl_ms": self.ttl_ms,
+            "id": self.id,
+        })
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One conversation message an extraction may read, with its stable id."""
+
+    id: str
+    role: str
+    content: Any
+    run_id: str | None = None
+    tool_name: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return _compact({
+            "id": self.id,
+            "message": {"role": self.role, "content": self.content},
+            "run_id": self.run_id,
+            "tool_name": self.tool_name,
+        })
+
+
+MESSAGE_ROLES = ("user", "assistant", "tool", "system")
+
+
+def parse_message(item: object, what: str) -> Message:
+    f = _Fields(item, what, ("id", "message", "run_id", "tool_name"))
+    inner = _Fields(f.get("message"), f"{what}.message", ("role", "content"))
+    role = inner.get("role")
+    if role not in MESSAGE_ROLES:
+        raise InvalidRequestError(f"{what}.message.role must be one of {', '.join(MESSAGE_ROLES)}")
+    content = inner.get("content")
+    try:
+        encoded = canonical_json(content)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"{what}.message.content must be plain JSON") from exc
+    if "\\u0000" in encoded:
+        raise InvalidRequestError(f"{what}.message.content must not contain NUL characters")
+    if len(encoded) > MAX_TEXT_CHARS * 4:
+        raise InvalidRequestError(f"{what}.message.content is too large")
+    return Message(
+        id=str(f.ident("id")),
+        role=role,
+        content=json.loads(encoded),
+        run_id=f.ident("run_id", required=False),
+        tool_name=f.ident("tool_name", required=False),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Extract:
+    kind_name: ClassVar[OperationKind] = "extract"
+    messages: tuple[Message, ...]
+    kind: str | None = None
+    ttl_ms: int | None = None
+    links: tuple[Link, ...] = ()
+    trusted_tools: tuple[str, ...] = ()
+    infer: bool | None = None
+
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "messages", "kind", "ttl_ms", "links", "trusted_tools", "infer",
+    )
+
+    @classmethod
+    def from_dict(cls, data: object) -> Extract:
+        f = _Fields(data, "extract", cls.FIELDS)
+        items = _list(f.get("messages"), "extract.messages", MAX_MESSAGES)
+        messages = tuple(parse_message(m, f"extract.messages[{i}]") for i, m in enumerate(items))
+        if len({m.id for m in messages}) != len(messages):
+            raise InvalidRequestError("extract.messages ids must be unique")
+        trusted = _list(f.get("trusted_tools") or [], "extract.trusted_tools", MAX_SOURCES)
+        infer = f.get("infer")
+        if infer is not None and not isinstance(infer, bool):
+            raise InvalidRequestError("extract.infer must be true or false")
+        return cls(
+            messages=messages,
+            kind=f.kind(),
+            ttl_ms=f.integer("ttl_ms", minimum=1, maximum=MAX_TTL_MS),
+            links=f.links() or (),
+            trusted_tools=tuple(
+                check_string(t, "extract.trusted_tools[]", max_chars=MAX_ID_CHARS) for t in trusted
+            ),
+            infer=infer,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _compact({
+            "messages": [m.as_dict() for m in self.messages],
+            "kind": self.kind,
+            "ttl_ms": self.ttl_ms,
+            "links": [link.as_dict() for link in self.links] or None,
+            "trusted_tools": list(self.trusted_tools) or None,
+            "infer": self.infer,
+        })
+
+
+@dataclass(frozen=True, slots=True)
+class Revise:
+    kind_name: ClassVar[OperationKind] = "revise"
+    id: str
+    text: str | None = None
+    kind: str | None = None
+    importance: float | None = None
+    metadata: dict[str, Any] | None = None
+    links: tuple[Link, ...] | None = None
+    ttl_ms: int | None = None
+    expected_revision: int | None = None
+
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "id", "text", "kind", "importance", "metadata", "links", "ttl_ms", "expected_revision",
+    )
+
+    @classmethod
+    def from_dict(cls, data: object) -> Revise:
+        f = _Fields(data, "revise", cls.FIELDS)
+        return cls(
+            id=str(f.ident("id")),
+            text=f.text("text", required=False),
+            kind=f.kind(),
+            importance=f.importance(),
+            metadata=f.metadata(),
+            links=f.links(),
+            ttl_ms=f.integer("ttl_ms", minimum=1, maximum=MAX_TTL_MS),
+            expected_revision=f.integer("expected_revision", minimum=0, maximum=2**31 - 1),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _compact({
+            "id": self.id,
+            "text": self.text,
+            "kind": self.kind,
+            "importance": self.importance,
+            "metadata": self.metadata,
+            "links": [link.as_dict() for link in self.links] if self.links is not None else None,
+            "ttl_ms": self.ttl_ms,
+            "expected_revision": self.expected_revision,
+        })
+
+
+@dataclass(frozen=True, slots=True)
+class Retract:
+    kind_name: ClassVar[OperationKind] = "retract"
+    id: str
+    expected_revision: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: object) -> Retract:
+        f = _Fields(data, "retract", ("id", "expected_revision"))
+        return cls(
+            id=str(f.ident("id")),
+            expected_revision=f.integer("expected_revision", minimum=1, maximum=2**31 - 1),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _compact({"id": self.id, "expected_revision": self.expected_revision})
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    kind_name: ClassVar[OperationKind] = "forget"
+    id: str
+
+    @classmethod
+    def from_dict(cls, data: object) -> Forget:
+        f = _Fields(data, "forget", ("id",))
+        return cls(id=str(f.ident("id")))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id}
+
+
+Request = Remember | Extract | Revise | Retract | Forget
+REQUEST_TYPES: dict[str, type[Remember] | type[Extract] | type[Revise] | type[Retract] | type[Forget]] = {
+    "remember": Remember,
+    "extract": Extract,
+    "revise": Revise,
+    "retract": Retract,
+    "forget": Forget,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    operation_id: str
+    scope: Scope
+    request: Request
+
+    @property
+    def kind(self) -> OperationKind:
+        return self.request.kind_name
+
+    @classmethod
+    def from_dict(cls, data: object) -> Operation:
+        f = _Fields(data, "operation", ("operation_id", "kind", "scope", "request"))
+        kind = f.get("kind")
+        if kind not in REQUEST_TYPES:
+            raise InvalidRequestError(f"operation.kind must be one of {', '.join(OPERATION_KINDS)}")
+        return cls(
+            operation_id=str(f.ident("operation_id")),
+            scope=Scope.of(f.get("scope")),
+            request=REQUEST_TYPES[kind].from_dict(f.get("request") or {}),
+        )
+
+    @classmethod
+    def build(
+        cls, kind: str, scope: Scope | Mapping[str, Any], request: Mapping[str, Any],
+        operation_id: str | None = None,
+    ) -> Operation:
+        """Validate a request given as keyword values; generate an id when none is given."""
+        return cls.from_dict({
+            "operation_id": new_operation_id() if operation_id is None else operation_id,
+            "kind": kind,
+            "scope": scope.as_dict() if isinstance(scope, Scope) else scope,
+            "request": _compact(dict(request)),
+        })
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "operation_id": self.operation_id,
+            "kind": self.kind,
+            "scope": self.scope.as_dict(),
+            "request": self.request.to_dict(),
+        }
+
+    @property
+    def digest(self) -> str:
+        """Identifies the request (not the id): same id + other digest = conflict."""
+        body = {"kind": self.kind, "scope": self.scope.as_dict(), "request": self.request.to_dict()}
+        return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+def _compact(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}

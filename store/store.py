@@ -1,0 +1,392 @@
+"""``Store``: the connection pool and the store-wide API. ``Session``: one scope's API."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg_pool import ConnectionPool
+
+from . import migrations, retention
+from .embedders import Embedder, embed_checked
+from .embeddings import Embeddings
+from .errors import EmbeddingMismatchError, EngramError, InvalidRequestError
+from .limits import DEFAULT_TOP_K, MAX_TOP_K, MAX_TEXT_CHARS
+from .model import Hit, Link, Receipt, Record, ReembedResult, Scope, Source, WriteResult, check_string
+from .operations import Operation
+from .recall import RecallQuery, recall
+from .rows import RECEIPT_COLUMNS, REVISION_COLUMNS, receipt_from_row, record_from_row, superseded_by
+from .writer import Fence, Result, Writer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetEvent:
+    """What a forget listener is told: ids and revision numbers, never text."""
+
+    scope: Scope
+    record_id: str
+    revisions: tuple[int, ...]
+    operation_id: str
+    already_forgotten: bool
+
+
+ForgetListener = Callable[[ForgetEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeSummary:
+    scope: Scope
+    revision: int
+    records: int
+
+
+class Store:
+    def __init__(self, pool: ConnectionPool[Any]) -> None:
+        self.pool = pool
+        self.writer = Writer(pool)
+        self.embeddings = Embeddings(pool)
+
+    @classmethod
+    def connect(cls, dsn: str, *, migrate: bool = True, max_connections: int = 8) -> Store:
+        """Open a pool on ``dsn``; apply migrations first unless told not to."""
+        with psycopg.connect(dsn) as conn:
+            if migrate:
+                migrations.migrate(conn)
+            else:
+                have, want = migrations.current_version(conn), migrations.code_version()
+                if have != want:
+                    raise migrations.SchemaVersionError(
+                        f"the database schema is at version {have}, this engram needs {want}: "
+                        "run `engram migrate`"
+                    )
+        pool: ConnectionPool[Any] = ConnectionPool(
+            dsn, min_size=1, max_size=max_connections, configure=register_vector, open=True,
+            kwargs={"autocommit": True},
+        )
+        return cls(pool)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def session(
+        self, scope: Scope | Mapping[str, Any], *, embedder: Embedder | None = None,
+        on_forget: Iterable[ForgetListener] = (),
+    ) -> Session:
+        return Session(self, Scope.of(scope), embedder=embedder, on_forget=list(on_forget))
+
+    # -- writes ---------------------------------------------------------------------
+
+    def execute(
+        self, ops: Sequence[Operation], embedder: Embedder | None = None, *,
+        fence: Fence | None = None, listeners: bool = False,
+        stream_entries: dict[str, str] | None = None,
+    ) -> list[Result]:
+        """Commit ``ops`` (each scope's in order) in one transaction.
+
+        Returns, per operation and in order, its ``WriteResult`` or the typed
+        error it failed with; a failed operation changes nothing. Raises only
+        for the whole batch: ``FencedError``, or a database error.
+        """
+        return self.writer.execute(ops, embedder, fence=fence, listeners=listeners,
+                                   stream_entries=stream_entries)
+
+    def set_redaction(self, operation_id: str, status: str) -> None:
+        with self.pool.connection() as conn:
+            conn.execute("UPDATE engram_receipts SET redaction = %s WHERE operation_id = %s"
+                         " AND kind = 'forget'", (status, operation_id))
+
+    # -- reads ----------------------------------------------------------------------
+
+    def scope_id(self, scope: Scope | Mapping[str, Any]) -> int | None:
+        with self.pool.connection() as conn:
+            row = conn.execute("SELECT id FROM engram_scopes WHERE key = %s",
+                               (Scope.of(scope).key,)).fetchone()
+        return int(row[0]) if row else None
+
+    def scope_revision(self, scope: Scope | Mapping[str, Any]) -> int:
+        with self.pool.connection() as conn:
+            row = conn.execute("SELECT revision FROM engram_scopes WHERE key = %s",
+                               (Scope.of(scope).key,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def scopes(self, limit: int = 100, offset: int = 0) -> list[ScopeSummary]:
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT s.key, s.revision, (SELECT count(*) FROM engram_records r"
+                " WHERE r.scope_id = s.id) FROM engram_scopes s ORDER BY s.key LIMIT %s OFFSET %s",
+                (limit, offset),
+            ).fetchall()
+        return [ScopeSummary(Scope.of(_json(r[0])), r[1], r[2]) for r in rows]
+
+    def receipt(self, operation_id: str) -> Receipt | None:
+        found = self.receipts(operation_id=operation_id, limit=1)
+        return found[0] if found else None
+
+    def receipts(
+        self, *, scope: Scope | Mapping[str, Any] | None = None, record_id: str | None = None,
+        kind: str | None = None, operation_id: str | None = None, limit: int = 50,
+        before_revision: int | None = None,
+    ) -> list[Receipt]:
+        """Receipts, newest first, filtered by scope, record, kind or operation id."""
+        clauses, params = ["true"], {"limit": min(max(limit, 1), 1000)}
+        if scope is not None:
+            clauses.append("s.key = %(key)s")
+            params["key"] = Scope.of(scope).key  # type: ignore[assignment]
+        if record_id is not None:
+            clauses.append("c.operation_id IN (SELECT operation_id FROM engram_receipt_records"
+                           " WHERE record_id = %(rid)s)")
+            params["rid"] = record_id  # type: ignore[assignment]
+        if kind is not None:
+            clauses.append("c.kind = %(kind)s")
+            params["kind"] = kind  # type: ignore[assignment]
+        if operation_id is not None:
+            clauses.append("c.operation_id = %(op)s")
+            params["op"] = operation_id  # type: ignore[assignment]
+        if before_revision is not None:
+            clauses.append("c.scope_revision < %(before)s")
+            params["before"] = before_revision
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {RECEIPT_COLUMNS} FROM engram_receipts c"
+                f" JOIN engram_scopes s ON s.id = c.scope_id WHERE {' AND '.join(clauses)}"
+                " ORDER BY c.committed_at DESC, c.scope_revision DESC LIMIT %(limit)s", params,
+            ).fetchall()
+        return [receipt_from_row(r) for r in rows]
+
+    def records(
+        self, scope: Scope | Mapping[str, Any], *, include_retracted: bool = True,
+        include_expired: bool = False, limit: int = 50, offset: int = 0,
+    ) -> list[Record]:
+        """A page of a scope's current records, most recently changed first."""
+        key = Scope.of(scope).key
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
+                    JOIN engram_scopes s ON s.id = r.scope_id
+                    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+                    WHERE s.key = %(key)s AND (%(retracted)s OR r.status = 'active')
+                      AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now())
+                    ORDER BY r.updated_at DESC, r.id LIMIT %(limit)s OFFSET %(offset)s""",
+                {"key": key, "retracted": include_retracted, "expired": include_expired,
+                 "limit": limit, "offset": offset},
+            ).fetchall()
+            return _with_superseded_by(conn, rows)
+
+    def get(self, scope: Scope | Mapping[str, Any], record_id: str, *,
+            include_expired: bool = False) -> Record | None:
+        key = Scope.of(scope).key
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
+                    JOIN engram_scopes s ON s.id = r.scope_id
+                    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+                    WHERE r.id = %(id)s AND s.key = %(key)s
+                      AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now())""",
+                {"id": record_id, "key": key, "expired": include_expired},
+            ).fetchall()
+            found = _with_superseded_by(conn, rows)
+        return found[0] if found else None
+
+    def history(self, scope: Scope | Mapping[str, Any], record_id: str) -> list[Record]:
+        """Every stored revision of a record of this scope, oldest first."""
+        key = Scope.of(scope).key
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"""SELECT {REVISION_COLUMNS} FROM engram_revisions v
+                    JOIN engram_scopes s ON s.id = v.scope_id
+                    WHERE v.record_id = %s AND s.key = %s ORDER BY v.revision""",
+                (record_id, key),
+            ).fetchall()
+        return [record_from_row(r) for r in rows]
+
+    def recall(
+        self, scope: Scope | Mapping[str, Any], text: str | None = None, *,
+        embedder: Embedder | None = None, top_k: int = DEFAULT_TOP_K, kind: str | None = None,
+        include_retracted: bool = False, recorded_as_of: datetime | None = None,
+    ) -> list[Hit]:
+        scope = Scope.of(scope)
+        if text is not None:
+            check_string(text, "recall text", max_chars=MAX_TEXT_CHARS)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+            raise InvalidRequestError(f"top_k must be an integer from 1 to {MAX_TOP_K}")
+        if recorded_as_of is not None and not isinstance(recorded_as_of, datetime):
+            raise InvalidRequestError("recorded_as_of must be a datetime")
+        if recorded_as_of is not None and recorded_as_of.tzinfo is None:
+            raise InvalidRequestError("recorded_as_of must carry a time zone")
+        active = self.embeddings.active()
+        vector = None
+        if text is not None and active is not None and embedder is not None:
+            if (embedder.model_id, embedder.dims) != (active.model_id, active.dims):
+                raise EmbeddingMismatchError(
+                    f"query embedder {embedder.model_id} ({embedder.dims} dimensions) does not "
+                    f"match the active generation {active.model_id} ({active.dims})"
+                )
+            vector = embed_checked(embedder, [text])[0]  # outside any transaction
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(
+                "SELECT s.id, i.index_name IS NOT NULL FROM engram_scopes s"
+                " LEFT JOIN engram_vector_indexes i ON i.scope_id = s.id"
+                " AND i.generation_id = %s WHERE s.key = %s",
+                (active.id if active else None, scope.key),
+            ).fetchone()
+            if row is None:
+                return []
+            return recall(conn, RecallQuery(
+                scope_id=row[0], text=text, vector=vector,
+                generation_id=active.id if active else None, dims=active.dims if active else None,
+                top_k=top_k, kind=kind, include_retracted=include_retracted,
+                recorded_as_of=recorded_as_of, hnsw=bool(row[1]),
+            ))
+
+    # -- retention ------------------------------------------------------------------
+
+    def prune_history(self, older_than: datetime, scope: Scope | Mapping[str, Any] | None = None
+                      ) -> int:
+        return retention.prune_history(self.pool, older_than,
+                                       Scope.of(scope) if scope is not None else None)
+
+    def prune_operations(self, older_than: datetime) -> int:
+        return retention.prune_operations(self.pool, older_than)
+
+
+def _json(text: str) -> Any:
+    import json
+
+    return json.loads(text)
+
+
+def _with_superseded_by(conn: psycopg.Connection[Any], rows: list[Any]) -> list[Record]:
+    links = superseded_by(conn, [r[15] for r in rows], [r[0] for r in rows])
+    return [record_from_row(r, links.get(r[0], ())) for r in rows]
+
+
+def _unwrap(result: Result) -> WriteResult:
+    if isinstance(result, EngramError):
+        raise result
+    return result
+
+
+class Session:
+    """The API of one scope (seed 000's session), synchronous."""
+
+    def __init__(self, store: Store, scope: Scope, *, embedder: Embedder | None,
+                 on_forget: list[ForgetListener]) -> None:
+        self.store = store
+        self.scope = scope
+        self.embedder = embedder
+        self.on_forget = on_forget
+
+    def _run(self, kind: str, request: dict[str, Any], operation_id: str | None) -> WriteResult:
+        op = Operation.build(kind, self.scope, request, operation_id)
+        [result] = self.store.execute([op], self.embedder, listeners=bool(self.on_forget))
+        return _unwrap(result)
+
+    def remember(
+        self, text: str, *, kind: str | None = None, importance: float | None = None,
+        metadata: Mapping[str, Any] | None = None, origin: str | None = None,
+        sources: Sequence[Source | Mapping[str, Any]] | None = None,
+        links: Sequence[Link | Mapping[str, Any]] = (), ttl_ms: int | None = None,
+        id: str | None = None, operation_id: str | None = None,
+    ) -> WriteResult:
+        return self._run("remember", {
+            "text": text, "kind": kind, "importance": importance, "metadata": metadata,
+            "origin": origin, "sources": _dicts(sources), "links": _dicts(links) or None,
+            "ttl_ms": ttl_ms, "id": id,
+        }, operation_id)
+
+    def extract(
+        self, messages: Sequence[Mapping[str, Any]], *, kind: str | None = None,
+        ttl_ms: int | None = None, links: Sequence[Link | Mapping[str, Any]] = (),
+        trusted_tools: Sequence[str] = (), infer: bool | None = None,
+        operation_id: str | None = None,
+    ) -> WriteResult:
+        return self._run("extract", {
+            "messages": list(messages), "kind": kind, "ttl_ms": ttl_ms,
+            "links": _dicts(links) or None, "trusted_tools": list(trusted_tools) or None,
+            "infer": infer,
+        }, operation_id)
+
+    def revise(
+        self, record_id: str, *, text: str | None = None, kind: str | None = None,
+        importance: float | None = None, metadata: Mapping[str, Any] | None = None,
+        links: Sequence[Link | Mapping[str, Any]] | None = None, ttl_ms: int | None = None,
+        expected_revision: int | None = None, operation_id: str | None = None,
+    ) -> WriteResult:
+        return self._run("revise", {
+            "id": record_id, "text": text, "kind": kind, "importance": importance,
+            "metadata": metadata, "links": _dicts(links), "ttl_ms": ttl_ms,
+            "expected_revision": expected_revision,
+        }, operation_id)
+
+    def retract(self, record_id: str, *, expected_revision: int | None = None,
+                operation_id: str | None = None) -> WriteResult:
+        return self._run("retract", {"id": record_id, "expected_revision": expected_revision},
+                         operation_id)
+
+    def forget(self, record_id: str, *, operation_id: str | None = None) -> WriteResult:
+        result = self._run("forget", {"id": record_id}, operation_id)
+        if result.receipt.redaction in (None, "none") or not self.on_forget:
+            return result
+        status = run_forget_listeners(self.on_forget, ForgetEvent(
+            scope=self.scope, record_id=record_id, revisions=result.revisions,
+            operation_id=result.receipt.operation_id, already_forgotten=result.already_forgotten,
+        ))
+        self.store.set_redaction(result.receipt.operation_id, status)
+        from dataclasses import replace
+
+        return replace(result, receipt=replace(result.receipt, redaction=status))  # type: ignore[arg-type]
+
+    def get(self, record_id: str) -> Record | None:
+        return self.store.get(self.scope, record_id)
+
+    def history(self, record_id: str) -> list[Record]:
+        return self.store.history(self.scope, record_id)
+
+    def recall(self, text: str | None = None, *, top_k: int = DEFAULT_TOP_K,
+               kind: str | None = None, include_retracted: bool = False,
+               recorded_as_of: datetime | None = None) -> list[Hit]:
+        return self.store.recall(self.scope, text, embedder=self.embedder, top_k=top_k,
+                                 kind=kind, include_retracted=include_retracted,
+                                 recorded_as_of=recorded_as_of)
+
+    def reembed(self, embedder: Embedder, *, batch_size: int = 64) -> ReembedResult:
+        """Move the whole store to ``embedder``; on activation this session uses it."""
+        result = self.store.embeddings.reembed(embedder, batch_size=batch_size)
+        if result.activated:
+            self.embedder = embedder
+        return result
+
+
+def run_forget_listeners(listeners: Sequence[ForgetListener], event: ForgetEvent) -> str:
+    """Await every listener in order; 'complete', or 'failed' if one raised."""
+    status = "complete"
+    for listener in listeners:
+        try:
+            listener(event)
+        except Exception as exc:  # a listener's failure never undoes the forget
+            status = "failed"
+            log.error("forget listener failed", extra={
+                "record_id": event.record_id, "operation_id": event.operation_id,
+                "listener": getattr(listener, "__name__", type(listener).__name__),
+                "error": type(exc).__name__,
+            })
+    return status
+
+
+def _dicts(items: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+    if items is None:
+        return None
+    return [i.as_dict() if hasattr(i, "as_dict") else dict(i) for i in items]

@@ -1,0 +1,465 @@
+"""The write path: replay check, embeddings, then one transaction per batch.
+
+``execute`` takes operations (any scopes, each scope's in the order given),
+returns one outcome per operation in the same order: a ``WriteResult`` or the
+typed error the operation failed with. Embeddings are computed before the
+transaction; inside it the writer locks the fence, then each scope's row (in
+key order), loads the state the batch names, plans it (``planner``) and
+writes the plan with a few set-based statements.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg.types.json import Jsonb
+
+from .embedders import Embedder, Vectors, embed_checked
+from .errors import EmbeddingMismatchError, EngramError, FencedError
+from .extraction import readable_sources
+from .limits import MAX_WRITE_ATTEMPTS
+from .model import Receipt, RecordRef, WriteResult
+from .operations import Extract, Operation, Remember, Revise, derived_record_id, text_digest
+from .planner import (
+    Applied,
+    Current,
+    Plan,
+    PlanContext,
+    Replayed,
+    ScopeState,
+    StoredReceipt,
+    plan_batch,
+    to_record,
+)
+from .rows import (
+    RECEIPT_COLUMNS,
+    REVISION_COLUMNS,
+    receipt_from_row,
+    record_from_row,
+)
+
+log = logging.getLogger(__name__)
+
+Result = WriteResult | EngramError
+
+_RETRYABLE = (
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.UniqueViolation,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A fencing token: commits carrying an older token than one seen are refused."""
+
+    name: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveGeneration:
+    id: int
+    model_id: str
+    dims: int
+
+
+class Writer:
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def execute(
+        self,
+        ops: Sequence[Operation],
+        embedder: Embedder | None,
+        *,
+        fence: Fence | None = None,
+        listeners: bool = False,
+        llm: bool = False,
+        stream_entries: dict[str, str] | None = None,
+    ) -> list[Result]:
+        results: list[Result | None] = [None] * len(ops)
+        ctx = PlanContext(now=datetime.min, listeners=listeners, llm=llm,
+                          stream_entries=stream_entries or {})
+        with self.pool.connection() as conn:
+            # A replay is answered from its receipt: no embedding call for it.
+            stored = _stored_receipts(conn, [op.operation_id for op in ops])
+            retries = 0
+            while True:
+                generation = _active_generation(conn, lock=False)
+                fresh = [op for op in ops if op.operation_id not in stored]
+                vectors, refused = self._embed(fresh, embedder, generation)
+                batch = [i for i, op in enumerate(ops) if op.operation_id not in refused]
+                try:
+                    outcomes = self._commit(conn, [ops[i] for i in batch], embedder, generation,
+                                            vectors, fence, ctx)
+                except _GenerationMoved:
+                    retries += 1
+                    continue
+                except _RETRYABLE as exc:
+                    retries += 1
+                    if retries >= MAX_WRITE_ATTEMPTS:
+                        raise
+                    log.info("write retried",
+                             extra={"reason": type(exc).__name__, "attempt": retries})
+                    continue
+                break
+            for i, op in enumerate(ops):
+                if op.operation_id in refused:
+                    results[i] = refused[op.operation_id]
+            replays = load_results(
+                conn, [o.operation_id for o in outcomes if isinstance(o, Replayed)]
+            )
+            for i, outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, Replayed):
+                    results[i] = replays[outcome.operation_id]
+                elif isinstance(outcome, Applied):
+                    results[i] = WriteResult(
+                        receipt=_receipt(outcome, ops[i]), replayed=False,
+                        records=tuple(to_record(w, ops[i].scope) for w in outcome.written),
+                        conflict_retries=retries,
+                    )
+                else:
+                    results[i] = outcome
+        return [r for r in results if r is not None]
+
+    # -- embedding, outside any transaction -------------------------------------
+
+    def _embed(
+        self, ops: Sequence[Operation], embedder: Embedder | None,
+        generation: ActiveGeneration | None,
+    ) -> tuple[dict[str, np.ndarray], dict[str, EngramError]]:
+        texts: dict[str, str] = {}
+        needs: dict[str, list[str]] = {}
+        for op in ops:
+            op_texts = _texts_to_embed(op)
+            needs[op.operation_id] = op_texts
+            for text in op_texts:
+                texts.setdefault(text_digest(text), text)
+        if embedder is None or not texts:
+            return {}, {}
+        if generation is not None and (
+            generation.model_id != embedder.model_id or generation.dims != embedder.dims
+        ):
+            error = EmbeddingMismatchError(
+                f"the active embedding generation is {generation.model_id} "
+                f"({generation.dims} dimensions), not {embedder.model_id} ({embedder.dims})"
+            )
+            return {}, {op_id: error for op_id, t in needs.items() if t}
+        digests = list(texts)
+        matrix: Vectors = embed_checked(embedder, [texts[d] for d in digests])
+        return dict(zip(digests, matrix, strict=True)), {}
+
+    # -- the transaction ----------------------------------------------------------
+
+    def _commit(
+        self, conn: psycopg.Connection[Any], ops: list[Operation], embedder: Embedder | None,
+        generation: ActiveGeneration | None, vectors: dict[str, np.ndarray],
+        fence: Fence | None, ctx: PlanContext,
+    ) -> list[Any]:
+        by_scope: dict[str, list[int]] = defaultdict(list)
+        for i, op in enumerate(ops):
+            by_scope[op.scope.key].append(i)
+        outcomes: list[Any] = [None] * len(ops)
+        with conn.transaction():
+            if fence is not None:
+                _check_fence(conn, fence)
+            now = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+            locked = _active_generation(conn, lock=True)
+            if locked != generation:
+                raise _GenerationMoved
+            gen_id = locked.id if locked else None
+            for key in sorted(by_scope):
+                indexes = by_scope[key]
+                scope_ops = [ops[i] for i in indexes]
+                state = _load_state(conn, scope_ops)
+                plan = plan_batch(state, scope_ops, replace(ctx, now=now))
+                if plan.changes_anything:
+                    if gen_id is None and embedder is not None and vectors:
+                        gen_id = _start_first_generation(conn, embedder)
+                    _write_plan(conn, state, plan, gen_id, vectors)
+                for i, outcome in zip(indexes, plan.outcomes, strict=True):
+                    outcomes[i] = outcome
+        return outcomes
+
+
+class _GenerationMoved(Exception):
+    """The active generation changed between embedding and commit: embed again."""
+
+
+def _texts_to_embed(op: Operation) -> list[str]:
+    r = op.request
+    if isinstance(r, Remember):
+        return [r.text]
+    if isinstance(r, Revise):
+        return [r.text] if r.text is not None else []
+    if isinstance(r, Extract) and not r.infer:
+        return [item.text for item in readable_sources(r.messages, r.trusted_tools,
+                                                        op.scope.chat_id)]
+    return []
+
+
+def _referenced_ids(op: Operation) -> list[str]:
+    r = op.request
+    if isinstance(r, Remember):
+        return [r.id or derived_record_id(op.operation_id, 0)]
+    if isinstance(r, Extract):
+        count = len(readable_sources(r.messages, r.trusted_tools, op.scope.chat_id))
+        return [derived_record_id(op.operation_id, i) for i in range(count)]
+    return [r.id]
+
+
+def _stored_receipts(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, StoredReceipt]:
+    rows = conn.execute(
+        "SELECT operation_id, request_digest FROM engram_receipts WHERE operation_id = ANY(%s)",
+        (op_ids,),
+    ).fetchall()
+    return {r[0]: StoredReceipt(r[0], r[1]) for r in rows}
+
+
+def _active_generation(conn: psycopg.Connection[Any], *, lock: bool) -> ActiveGeneration | None:
+    sql = "SELECT id, model_id, dims FROM engram_generations WHERE status = 'active'"
+    row = conn.execute(sql + (" FOR SHARE" if lock else "")).fetchone()
+    return ActiveGeneration(*row) if row else None
+
+
+def _start_first_generation(conn: psycopg.Connection[Any], embedder: Embedder) -> int:
+    """The first stored vector starts generation 1 as active (seed 000)."""
+    row = conn.execute(
+        "INSERT INTO engram_generations (model_id, dims, status, activated_at)"
+        " VALUES (%s, %s, 'active', now()) RETURNING id",
+        (embedder.model_id, embedder.dims),
+    ).fetchone()
+    assert row is not None
+    log.info("embedding generation started", extra={"generation": row[0]})
+    return int(row[0])
+
+
+def _check_fence(conn: psycopg.Connection[Any], fence: Fence) -> None:
+    row = conn.execute(
+        "INSERT INTO engram_fences (name, token) VALUES (%s, %s)"
+        " ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token"
+        " WHERE engram_fences.token <= EXCLUDED.token RETURNING token",
+        (fence.name, fence.token),
+    ).fetchone()
+    if row is None:
+        raise FencedError(f"fence {fence.name}: token {fence.token} is stale")
+
+
+def _load_state(conn: psycopg.Connection[Any], ops: list[Operation]) -> ScopeState:
+    scope = ops[0].scope
+    fields = scope.as_dict()
+    row = conn.execute(
+        "INSERT INTO engram_scopes (key, user_id, agent_id, run_id, actor_id, chat_id)"
+        " VALUES (%s, %s, %s, %s, %s, %s)"
+        " ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING id, revision",
+        (scope.key, fields.get("user_id"), fields.get("agent_id"), fields.get("run_id"),
+         fields.get("actor_id"), fields.get("chat_id")),
+    ).fetchone()
+    assert row is not None
+    scope_id, revision = row
+    ids = sorted({rid for op in ops for rid in _referenced_ids(op)})
+    records: dict[str, Current] = {}
+    taken: set[str] = set()
+    for r in conn.execute(
+        f"""
+        SELECT r.scope_id, r.created_at, {REVISION_COLUMNS},
+               (SELECT array_agg(x.revision ORDER BY x.revision)
+                FROM engram_revisions x WHERE x.record_id = r.id)
+        FROM engram_records r
+        JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+        JOIN engram_scopes s ON s.id = r.scope_id
+        WHERE r.id = ANY(%s)
+        """,
+        (ids,),
+    ).fetchall():
+        if r[0] != scope_id:
+            taken.add(r[2])
+            continue
+        rec = record_from_row(r[2:17])
+        records[rec.id] = Current(
+            id=rec.id, revision=rec.revision, status=rec.status, text=rec.text, kind=rec.kind,
+            importance=rec.importance, metadata=rec.metadata, origin=rec.origin,
+            sources=rec.sources, links=rec.links, digest=rec.digest, expires_at=rec.expires_at,
+            created_at=r[1], revisions=tuple(r[17]),
+        )
+    forgotten: set[str] = set()
+    for rid, owner in conn.execute(
+        "SELECT record_id, scope_id FROM engram_forgotten WHERE record_id = ANY(%s)", (ids,)
+    ).fetchall():
+        (forgotten if owner == scope_id else taken).add(rid)
+    receipts = _stored_receipts(conn, [op.operation_id for op in ops])
+    return ScopeState(scope_id=scope_id, scope=scope, revision=revision, records=records,
+                      taken=taken, forgotten=forgotten, receipts=receipts)
+
+
+def _write_plan(
+    conn: psycopg.Connection[Any], state: ScopeState, plan: Plan, gen_id: int | None,
+    vectors: dict[str, np.ndarray],
+) -> None:
+    sid = state.scope_id
+    with conn.cursor() as cur:
+        if plan.forgotten_stored:
+            gone = plan.forgotten_stored
+            cur.execute(
+                "UPDATE engram_receipts SET request = NULL, redacted = true"
+                " WHERE kind <> 'forget' AND operation_id IN"
+                " (SELECT operation_id FROM engram_receipt_records WHERE record_id = ANY(%s))",
+                (gone,),
+            )
+            cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%s)", (gone,))
+            cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%s)", (gone,))
+            cur.execute("DELETE FROM engram_revisions WHERE record_id = ANY(%s)", (gone,))
+            cur.execute("DELETE FROM engram_records WHERE id = ANY(%s)", (gone,))
+        if plan.tombstones:
+            cur.executemany(
+                "INSERT INTO engram_forgotten (record_id, scope_id, forgotten_at, operation_id)"
+                " VALUES (%s, %s, now(), %s)",
+                [(rid, sid, op_id) for rid, op_id in plan.tombstones],
+            )
+        if plan.revisions:
+            cur.executemany(
+                "INSERT INTO engram_revisions (record_id, revision, scope_id, text, kind,"
+                " importance, metadata, origin, sources, links, status, digest, operation_id,"
+                " recorded_at, expires_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                [(c.id, c.revision, sid, c.text, c.kind, c.importance, Jsonb(c.metadata),
+                  c.origin, Jsonb([s.as_dict() for s in c.sources]),
+                  Jsonb([link.as_dict() for link in c.links]), c.status, c.digest,
+                  w.operation_id, w.recorded_at, c.expires_at)
+                 for w in plan.revisions for c in (w.record,)],
+            )
+        _write_records(cur, state, plan)
+        _write_links(cur, sid, plan)
+        _write_vectors(cur, state, plan, gen_id, vectors)
+        cur.executemany(
+            "INSERT INTO engram_receipts (operation_id, scope_id, kind, request_digest,"
+            " scope_revision, committed_at, request, redacted, forgotten_revisions,"
+            " already_forgotten, redaction, stream_entry)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [(r.operation_id, sid, r.kind, r.request_digest, r.scope_revision, r.committed_at,
+              Jsonb(r.request) if r.request is not None else None, r.redacted,
+              r.forgotten_revisions, r.already_forgotten, r.redaction, r.stream_entry)
+             for r in plan.receipts],
+        )
+        refs = [(r.operation_id, ref.id, ref.revision, ref.status)
+                for r in plan.receipts for ref in r.refs]
+        if refs:
+            cur.executemany(
+                "INSERT INTO engram_receipt_records (operation_id, record_id, revision, status)"
+                " VALUES (%s, %s, %s, %s)", refs,
+            )
+        cur.execute("UPDATE engram_scopes SET revision = %s WHERE id = %s",
+                    (plan.scope_revision, sid))
+
+
+def _write_records(cur: psycopg.Cursor[Any], state: ScopeState, plan: Plan) -> None:
+    new = [c for rid, c in plan.final.items() if rid not in state.records]
+    old = [c for rid, c in plan.final.items() if rid in state.records]
+    if new:
+        cur.executemany(
+            "INSERT INTO engram_records (id, scope_id, revision, status, kind, expires_at,"
+            " created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            [(c.id, state.scope_id, c.revision, c.status, c.kind, c.expires_at, c.created_at,
+              c.created_at) for c in new],
+        )
+    if old:
+        cur.executemany(
+            "UPDATE engram_records SET revision = %s, status = %s, kind = %s, expires_at = %s,"
+            " updated_at = clock_timestamp() WHERE id = %s AND scope_id = %s",
+            [(c.revision, c.status, c.kind, c.expires_at, c.id, state.scope_id) for c in old],
+        )
+
+
+def _write_links(cur: psycopg.Cursor[Any], scope_id: int, plan: Plan) -> None:
+    if not plan.links_changed:
+        return
+    cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%s)", (list(plan.links_changed),))
+    rows = [(scope_id, rid, link.relation, link.id) for rid in plan.links_changed
+            if (c := plan.final.get(rid)) is not None for link in set(c.links)]
+    if rows:
+        cur.executemany(
+            "INSERT INTO engram_links (scope_id, record_id, relation, target_id)"
+            " VALUES (%s, %s, %s, %s)", rows,
+        )
+
+
+def _write_vectors(
+    cur: psycopg.Cursor[Any], state: ScopeState, plan: Plan, gen_id: int | None,
+    vectors: dict[str, np.ndarray],
+) -> None:
+    stale = [rid for rid in plan.text_changed if rid in state.records]
+    if stale:
+        # A vector computed for an old text is never kept for a new one, in any generation.
+        cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%s)", (stale,))
+    fresh = [(gen_id, c.id, state.scope_id, c.revision, c.digest, vectors[c.digest])
+             for rid in plan.text_changed if (c := plan.final.get(rid)) is not None
+             and c.digest in vectors]
+    if fresh and gen_id is not None:
+        cur.executemany(
+            "INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,"
+            " embedding) VALUES (%s, %s, %s, %s, %s, %s)", fresh,
+        )
+    moved = [(c.revision, c.id, c.digest) for rid, c in plan.final.items()
+             if rid not in plan.text_changed and rid in state.records]
+    if moved:
+        # Same text, new revision (retract, metadata-only revise): the vector stays.
+        cur.executemany(
+            "UPDATE engram_vectors SET revision = %s WHERE record_id = %s AND digest = %s", moved,
+        )
+
+
+def _receipt(outcome: Applied, op: Operation) -> Receipt:
+    r = outcome.receipt
+    return Receipt(
+        operation_id=r.operation_id, kind=r.kind, scope=op.scope, scope_revision=r.scope_revision,
+        committed_at=r.committed_at, redacted=r.redacted,
+        records=tuple(RecordRef(x.id, x.revision, x.status) for x in r.refs),
+        forgotten_revisions=tuple(r.forgotten_revisions) if r.forgotten_revisions is not None
+        else None,
+        already_forgotten=r.already_forgotten, redaction=r.redaction,  # type: ignore[arg-type]
+        stream_entry=r.stream_entry,
+    )
+
+
+def load_results(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, WriteResult]:
+    """The stored receipts of ``op_ids`` as replayed results, with the revisions still present."""
+    if not op_ids:
+        return {}
+    receipts = {
+        row[0]: receipt_from_row(row)
+        for row in conn.execute(
+            f"SELECT {RECEIPT_COLUMNS} FROM engram_receipts c"
+            " JOIN engram_scopes s ON s.id = c.scope_id WHERE c.operation_id = ANY(%s)",
+            (op_ids,),
+        ).fetchall()
+    }
+    records: dict[str, list[Any]] = defaultdict(list)
+    for row in conn.execute(
+        f"SELECT rr.operation_id, {REVISION_COLUMNS} FROM engram_receipt_records rr"
+        " JOIN engram_revisions v ON v.record_id = rr.record_id AND v.revision = rr.revision"
+        " JOIN engram_scopes s ON s.id = v.scope_id"
+        " WHERE rr.operation_id = ANY(%s) ORDER BY rr.record_id, rr.revision",
+        (op_ids,),
+    ).fetchall():
+        records[row[0]].append(record_from_row(row[1:]))
+    return {
+        op_id: WriteResult(receipt=_as_repeat(receipt), replayed=True, records=tuple(records[op_id]))
+        for op_id, receipt in receipts.items()
+    }
+
+
+def _as_repeat(receipt: Receipt) -> Receipt:
+    """A repeated forget deletes nothing more: revisions [] and already_forgotten (seed 000)."""
+    if receipt.kind != "forget" or receipt.forgotten_revisions is None:
+        return receipt
+    return replace(receipt, forgotten_revisions=(), already_forgotten=True)
+
+

@@ -1,0 +1,71 @@
+"""Fixtures: one real embedded PostgreSQL (with pgvector) for the whole run,
+a fresh database for each test module."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from store import HashingEmbedder, Store
+from store.server import EmbeddedPostgres
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[EmbeddedPostgres]:
+    home = Path(os.environ.get("ENGRAM_TEST_HOME") or tempfile.mkdtemp(prefix="engram-test-"))
+    server = EmbeddedPostgres(home)
+    yield server
+    server.stop()
+
+
+def _fresh_database(postgres: EmbeddedPostgres, name: str) -> str:
+    db = re.sub(r"[^a-z0-9_]", "_", name.lower())[-60:]
+    with psycopg.connect(postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{db}"')
+    return postgres.dsn(db)
+
+
+@pytest.fixture(scope="module")
+def dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> str:
+    return _fresh_database(postgres, "t_" + request.module.__name__.rsplit(".", 1)[-1])
+
+
+@pytest.fixture
+def fresh_dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> str:
+    """A database of its own for one test."""
+    return _fresh_database(postgres, "f_" + request.node.name)
+
+
+@pytest.fixture(scope="module")
+def store(dsn: str) -> Iterator[Store]:
+    s = Store.connect(dsn)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def fresh_store(fresh_dsn: str) -> Iterator[Store]:
+    s = Store.connect(fresh_dsn)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def embedder() -> HashingEmbedder:
+    return HashingEmbedder(dims=64)
+
+
+_counter = iter(range(1_000_000))
+
+
+@pytest.fixture
+def scope(request: pytest.FixtureRequest) -> dict[str, str]:
+    """A scope no other test uses."""
+    return {"user_id": f"u{next(_counter)}-{request.node.name[:40]}"}
