@@ -1,0 +1,1 @@
+"""The stream protocol, the Producer client and the stream Worker."""
