@@ -1,6 +1,12 @@
 """engram's versioned-memory core on PostgreSQL + pgvector."""
 
-from .embedders import Embedder, HashingEmbedder, KeywordEmbedder, WordLlamaEmbedder, default_embedder
+from .embedders import (
+    Embedder,
+    HashingEmbedder,
+    KeywordEmbedder,
+    WordLlamaEmbedder,
+    default_embedder,
+)
 from .errors import (
     EmbeddingMismatchError,
     EngramError,
@@ -11,16 +17,51 @@ from .errors import (
     RevisionConflictError,
     SchemaVersionError,
 )
-from .model import Generation, Hit, Link, Receipt, Record, RecordRef, ReembedResult, Scope, Source, WriteResult
+from .model import (
+    Generation,
+    Hit,
+    Link,
+    Receipt,
+    Record,
+    RecordRef,
+    ReembedResult,
+    Scope,
+    Source,
+    WriteResult,
+)
 from .operations import Operation
 from .store import ForgetEvent, ForgetListener, ScopeSummary, Session, Store
 from .writer import Fence
 
 __all__ = [
-    "EmbeddingMismatchError", "Embedder", "EngramError", "Fence", "FencedError", "ForgetEvent",
-    "ForgetListener", "Generation", "HashingEmbedder", "Hit", "InvalidRequestError",
-    "KeywordEmbedder", "Link", "NotFoundError", "Operation", "OperationConflictError", "Receipt",
-    "Record", "RecordRef", "ReembedResult", "RevisionConflictError", "SchemaVersionError", "Scope",
-    "ScopeSummary", "Session", "Source", "Store", "WordLlamaEmbedder", "WriteResult",
+    "Embedder",
+    "EmbeddingMismatchError",
+    "EngramError",
+    "Fence",
+    "FencedError",
+    "ForgetEvent",
+    "ForgetListener",
+    "Generation",
+    "HashingEmbedder",
+    "Hit",
+    "InvalidRequestError",
+    "KeywordEmbedder",
+    "Link",
+    "NotFoundError",
+    "Operation",
+    "OperationConflictError",
+    "Receipt",
+    "Record",
+    "RecordRef",
+    "ReembedResult",
+    "RevisionConflictError",
+    "SchemaVersionError",
+    "Scope",
+    "ScopeSummary",
+    "Session",
+    "Source",
+    "Store",
+    "WordLlamaEmbedder",
+    "WriteResult",
     "default_embedder",
 ]

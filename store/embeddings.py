@@ -55,17 +55,21 @@ class Embeddings:
 
     def active(self) -> Generation | None:
         with self.pool.connection() as conn:
-            return _generation(conn.execute(
-                f"SELECT {_COLUMNS} FROM engram_generations WHERE status = 'active'"
-            ).fetchone())
+            return _generation(
+                conn.execute(
+                    f"SELECT {_COLUMNS} FROM engram_generations WHERE status = 'active'"
+                ).fetchone()
+            )
 
     def get(self, generation_id: int) -> Generation | None:
         with self.pool.connection() as conn:
-            return _generation(conn.execute(
-                f"SELECT {_COLUMNS} FROM engram_generations WHERE id = %s", (generation_id,)
-            ).fetchone())
+            return _generation(
+                conn.execute(
+                    f"SELECT {_COLUMNS} FROM engram_generations WHERE id = %s", (generation_id,)
+                ).fetchone()
+            )
 
-    def list(self) -> list[Generation]:
+    def all(self) -> list[Generation]:
         with self.pool.connection() as conn:
             rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM engram_generations ORDER BY id DESC"
@@ -86,15 +90,19 @@ class Embeddings:
                     return Generation(*row)
                 _retire(conn, row[0])
             created = conn.execute(
-                f"INSERT INTO engram_generations (model_id, dims, status) VALUES (%s, %s, 'pending')"
-                f" RETURNING {_COLUMNS}",
+                "INSERT INTO engram_generations (model_id, dims, status)"
+                f" VALUES (%s, %s, 'pending') RETURNING {_COLUMNS}",
                 (model_id, dims),
             ).fetchone()
-        log.info("embedding generation begun", extra={"generation": created[0] if created else None})
-        return Generation(*created)  # type: ignore[misc]
+        log.info(
+            "embedding generation begun", extra={"generation": created[0] if created else None}
+        )
+        assert created is not None
+        return Generation(*created)
 
-    def pending(self, generation_id: int, limit: int = REEMBED_BATCH_SIZE,
-                after: str | None = None) -> list[PendingItem]:
+    def pending(
+        self, generation_id: int, limit: int = REEMBED_BATCH_SIZE, after: str | None = None
+    ) -> list[PendingItem]:
         """Current revisions (every scope) without a vector in this pending generation."""
         with self.pool.connection() as conn:
             rows = conn.execute(
@@ -148,11 +156,16 @@ class Embeddings:
                   SET revision = EXCLUDED.revision, digest = EXCLUDED.digest,
                       embedding = EXCLUDED.embedding, scope_id = EXCLUDED.scope_id
                 """,
-                {"g": generation_id, "ids": [i.record_id for i in items],
-                 "revs": [i.revision for i in items], "digests": [i.digest for i in items],
-                 "vecs": vectors},
+                {
+                    "g": generation_id,
+                    "ids": [i.record_id for i in items],
+                    "revs": [i.revision for i in items],
+                    "digests": [i.digest for i in items],
+                    "vecs": vectors,
+                },
             )
-            return cur.rowcount
+            stored: int = cur.rowcount
+            return stored
 
     def activate(self, generation_id: int) -> bool:
         """Make a pending generation active, atomically; False (and no change) if it can't be."""
@@ -160,7 +173,8 @@ class Embeddings:
             # Waits for in-flight writes, which hold the active row FOR SHARE.
             rows = conn.execute(
                 "SELECT id, status FROM engram_generations WHERE status IN ('active', 'pending')"
-                " OR id = %s FOR UPDATE", (generation_id,),
+                " OR id = %s FOR UPDATE",
+                (generation_id,),
             ).fetchall()
             status = {r[0]: r[1] for r in rows}
             if status.get(generation_id) != "pending":
@@ -173,7 +187,8 @@ class Embeddings:
                   WHERE NOT EXISTS (SELECT 1 FROM engram_vectors x WHERE x.generation_id = %s
                                     AND x.record_id = r.id AND x.revision = r.revision
                                     AND x.digest = v.digest))
-                """, (generation_id,),
+                """,
+                (generation_id,),
             ).fetchone()
             if missing and missing[0]:
                 return False
@@ -182,18 +197,24 @@ class Embeddings:
                     _retire(conn, gid)
             conn.execute(
                 "UPDATE engram_generations SET status = 'active', activated_at = now()"
-                " WHERE id = %s", (generation_id,),
+                " WHERE id = %s",
+                (generation_id,),
             )
         log.info("embedding generation activated", extra={"generation": generation_id})
         return True
 
     def set_progress(self, generation_id: int, progress: dict[str, Any]) -> None:
         with self.pool.connection() as conn:
-            conn.execute("UPDATE engram_generations SET progress = %s WHERE id = %s",
-                         (Jsonb(progress), generation_id))
+            conn.execute(
+                "UPDATE engram_generations SET progress = %s WHERE id = %s",
+                (Jsonb(progress), generation_id),
+            )
 
     def reembed(
-        self, embedder: Embedder, *, batch_size: int = REEMBED_BATCH_SIZE,
+        self,
+        embedder: Embedder,
+        *,
+        batch_size: int = REEMBED_BATCH_SIZE,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> ReembedResult:
         """Fill a pending generation for ``embedder`` and activate it (up to three passes)."""
@@ -204,10 +225,13 @@ class Embeddings:
             while batch := self.pending(generation.id, batch_size, after):
                 after = batch[-1].record_id
                 vectors = embed_checked(embedder, [item.text for item in batch])
-                stored = self.put(generation.id, [
-                    VectorItem(i.record_id, i.revision, i.digest, v)
-                    for i, v in zip(batch, vectors, strict=True)
-                ])
+                stored = self.put(
+                    generation.id,
+                    [
+                        VectorItem(i.record_id, i.revision, i.digest, v)
+                        for i, v in zip(batch, vectors, strict=True)
+                    ],
+                )
                 embedded += stored
                 skipped += len(batch) - stored
                 progress = {"pass": pass_number, "embedded": embedded, "skipped": skipped}
@@ -237,7 +261,8 @@ class Embeddings:
                       AND NOT EXISTS (SELECT 1 FROM engram_vector_indexes i
                                       WHERE i.generation_id = g.id AND i.scope_id = x.scope_id)
                     GROUP BY g.id, g.dims, x.scope_id HAVING count(*) >= %s
-                    """, (threshold,),
+                    """,
+                    (threshold,),
                 ).fetchall()
                 for gen, dims, scope in rows:
                     name = f"engram_vectors_hnsw_g{int(gen)}_s{int(scope)}"
@@ -248,7 +273,8 @@ class Embeddings:
                     )
                     conn.execute(
                         "INSERT INTO engram_vector_indexes (generation_id, scope_id, index_name)"
-                        " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (gen, scope, name),
+                        " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                        (gen, scope, name),
                     )
                     log.info("approximate index built", extra={"generation": gen, "scope": scope})
                     created.append(name)

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .model import Source, check_string
 from .limits import MAX_TEXT_CHARS
+from .model import Source, check_string
 from .operations import Message, text_digest
 
 
@@ -38,9 +38,13 @@ def _tool_names(messages: Sequence[Message]) -> dict[str, str]:
         if m.role != "assistant":
             continue
         for part in _parts(m.content):
-            if isinstance(part, dict) and part.get("type") == "tool_use":
-                if isinstance(part.get("id"), str) and isinstance(part.get("name"), str):
-                    names[part["id"]] = part["name"]
+            if (
+                isinstance(part, dict)
+                and part.get("type") == "tool_use"
+                and isinstance(part.get("id"), str)
+                and isinstance(part.get("name"), str)
+            ):
+                names[part["id"]] = part["name"]
     return names
 
 
@@ -62,26 +66,44 @@ def readable_sources(
                 if part.get("isError"):
                     continue
                 call_id = part.get("toolUseId") or part.get("tool_use_id")
-                name = m.tool_name or (tool_names.get(call_id) if isinstance(call_id, str) else None)
+                name = m.tool_name or (
+                    tool_names.get(call_id) if isinstance(call_id, str) else None
+                )
                 if name is None or name not in trusted:
                     continue
                 result = part.get("result")
                 text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
                 if text.strip():
                     out.append(
-                        _readable(m, "tool", text, chat_id, tool_name=name,
-                                  tool_call_id=call_id if isinstance(call_id, str) else None)
+                        _readable(
+                            m,
+                            "tool",
+                            text,
+                            chat_id,
+                            tool_name=name,
+                            tool_call_id=call_id if isinstance(call_id, str) else None,
+                        )
                     )
     return out
 
 
 def _readable(
-    m: Message, kind: str, text: str, chat_id: str | None, *,
-    tool_name: str | None = None, tool_call_id: str | None = None,
+    m: Message,
+    kind: str,
+    text: str,
+    chat_id: str | None,
+    *,
+    tool_name: str | None = None,
+    tool_call_id: str | None = None,
 ) -> Readable:
     check_string(text, f"message {m.id} text", max_chars=MAX_TEXT_CHARS)
     source = Source(
-        kind=kind, digest=text_digest(text), message_id=m.id, tool_name=tool_name,
-        tool_call_id=tool_call_id, run_id=m.run_id, chat_id=chat_id,
+        kind=kind,
+        digest=text_digest(text),
+        message_id=m.id,
+        tool_name=tool_name,
+        tool_call_id=tool_call_id,
+        run_id=m.run_id,
+        chat_id=chat_id,
     )
     return Readable(message_id=m.id, role=kind, text=text, source=source)

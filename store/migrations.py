@@ -35,9 +35,7 @@ def code_version() -> int:
 
 
 def current_version(conn: psycopg.Connection) -> int:
-    row = conn.execute(
-        "SELECT to_regclass('engram_schema') IS NOT NULL"
-    ).fetchone()
+    row = conn.execute("SELECT to_regclass('engram_schema') IS NOT NULL").fetchone()
     if not row or not row[0]:
         return 0
     version = conn.execute("SELECT max(version) FROM engram_schema").fetchone()
@@ -64,7 +62,7 @@ def migrate(conn: psycopg.Connection) -> int:
             if version <= have:
                 continue
             with conn.transaction():
-                conn.execute(sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+                conn.execute(sql.encode())  # our own shipped SQL, several statements
                 conn.execute("INSERT INTO engram_schema (version) VALUES (%s)", (version,))
             log.info("applied migration", extra={"schema_version": version})
         return newest

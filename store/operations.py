@@ -94,7 +94,11 @@ class _Fields:
         value = self.data.get("importance")
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
             raise InvalidRequestError(f"{self.what}.importance must be a number")
         if not 0 <= value <= 1:
             raise InvalidRequestError(f"{self.what}.importance must be between 0 and 1")
@@ -123,7 +127,9 @@ class _Fields:
         if "\\u0000" in encoded or "\x00" in encoded:
             raise InvalidRequestError(f"{self.what}.metadata must not contain NUL characters")
         if len(encoded.encode()) > MAX_METADATA_BYTES:
-            raise InvalidRequestError(f"{self.what}.metadata is larger than {MAX_METADATA_BYTES} bytes")
+            raise InvalidRequestError(
+                f"{self.what}.metadata is larger than {MAX_METADATA_BYTES} bytes"
+            )
         parsed: dict[str, Any] = json.loads(encoded)
         return parsed
 
@@ -150,7 +156,9 @@ class _Fields:
         items = _list(value, f"{self.what}.sources", MAX_SOURCES)
         if not items:
             raise InvalidRequestError(f"{self.what}.sources must not be empty")
-        return tuple(parse_source(item, f"{self.what}.sources[{i}]") for i, item in enumerate(items))
+        return tuple(
+            parse_source(item, f"{self.what}.sources[{i}]") for i, item in enumerate(items)
+        )
 
 
 def _list(value: object, what: str, max_items: int) -> list[Any]:
@@ -184,7 +192,15 @@ class Remember:
     id: str | None = None
 
     FIELDS: ClassVar[tuple[str, ...]] = (
-        "text", "kind", "importance", "metadata", "origin", "sources", "links", "ttl_ms", "id",
+        "text",
+        "kind",
+        "importance",
+        "metadata",
+        "origin",
+        "sources",
+        "links",
+        "ttl_ms",
+        "id",
     )
 
     @classmethod
@@ -206,17 +222,21 @@ class Remember:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return _compact({
-            "text": self.text,
-            "kind": self.kind,
-            "importance": self.importance,
-            "metadata": self.metadata,
-            "origin": self.origin,
-            "sources": [s.as_dict() for s in self.sources] if self.sources is not None else None,
-            "links": [link.as_dict() for link in self.links] or None,
-            "ttl_ms": self.ttl_ms,
-            "id": self.id,
-        })
+        return _compact(
+            {
+                "text": self.text,
+                "kind": self.kind,
+                "importance": self.importance,
+                "metadata": self.metadata,
+                "origin": self.origin,
+                "sources": [s.as_dict() for s in self.sources]
+                if self.sources is not None
+                else None,
+                "links": [link.as_dict() for link in self.links] or None,
+                "ttl_ms": self.ttl_ms,
+                "id": self.id,
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,12 +250,14 @@ class Message:
     tool_name: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return _compact({
-            "id": self.id,
-            "message": {"role": self.role, "content": self.content},
-            "run_id": self.run_id,
-            "tool_name": self.tool_name,
-        })
+        return _compact(
+            {
+                "id": self.id,
+                "message": {"role": self.role, "content": self.content},
+                "run_id": self.run_id,
+                "tool_name": self.tool_name,
+            }
+        )
 
 
 MESSAGE_ROLES = ("user", "assistant", "tool", "system")
@@ -276,7 +298,12 @@ class Extract:
     infer: bool | None = None
 
     FIELDS: ClassVar[tuple[str, ...]] = (
-        "messages", "kind", "ttl_ms", "links", "trusted_tools", "infer",
+        "messages",
+        "kind",
+        "ttl_ms",
+        "links",
+        "trusted_tools",
+        "infer",
     )
 
     @classmethod
@@ -302,14 +329,16 @@ class Extract:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return _compact({
-            "messages": [m.as_dict() for m in self.messages],
-            "kind": self.kind,
-            "ttl_ms": self.ttl_ms,
-            "links": [link.as_dict() for link in self.links] or None,
-            "trusted_tools": list(self.trusted_tools) or None,
-            "infer": self.infer,
-        })
+        return _compact(
+            {
+                "messages": [m.as_dict() for m in self.messages],
+                "kind": self.kind,
+                "ttl_ms": self.ttl_ms,
+                "links": [link.as_dict() for link in self.links] or None,
+                "trusted_tools": list(self.trusted_tools) or None,
+                "infer": self.infer,
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +354,14 @@ class Revise:
     expected_revision: int | None = None
 
     FIELDS: ClassVar[tuple[str, ...]] = (
-        "id", "text", "kind", "importance", "metadata", "links", "ttl_ms", "expected_revision",
+        "id",
+        "text",
+        "kind",
+        "importance",
+        "metadata",
+        "links",
+        "ttl_ms",
+        "expected_revision",
     )
 
     @classmethod
@@ -343,16 +379,20 @@ class Revise:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return _compact({
-            "id": self.id,
-            "text": self.text,
-            "kind": self.kind,
-            "importance": self.importance,
-            "metadata": self.metadata,
-            "links": [link.as_dict() for link in self.links] if self.links is not None else None,
-            "ttl_ms": self.ttl_ms,
-            "expected_revision": self.expected_revision,
-        })
+        return _compact(
+            {
+                "id": self.id,
+                "text": self.text,
+                "kind": self.kind,
+                "importance": self.importance,
+                "metadata": self.metadata,
+                "links": [link.as_dict() for link in self.links]
+                if self.links is not None
+                else None,
+                "ttl_ms": self.ttl_ms,
+                "expected_revision": self.expected_revision,
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,7 +428,9 @@ class Forget:
 
 
 Request = Remember | Extract | Revise | Retract | Forget
-REQUEST_TYPES: dict[str, type[Remember] | type[Extract] | type[Revise] | type[Retract] | type[Forget]] = {
+REQUEST_TYPES: dict[
+    str, type[Remember] | type[Extract] | type[Revise] | type[Retract] | type[Forget]
+] = {
     "remember": Remember,
     "extract": Extract,
     "revise": Revise,
@@ -421,16 +463,21 @@ class Operation:
 
     @classmethod
     def build(
-        cls, kind: str, scope: Scope | Mapping[str, Any], request: Mapping[str, Any],
+        cls,
+        kind: str,
+        scope: Scope | Mapping[str, Any],
+        request: Mapping[str, Any],
         operation_id: str | None = None,
     ) -> Operation:
         """Validate a request given as keyword values; generate an id when none is given."""
-        return cls.from_dict({
-            "operation_id": new_operation_id() if operation_id is None else operation_id,
-            "kind": kind,
-            "scope": scope.as_dict() if isinstance(scope, Scope) else scope,
-            "request": _compact(dict(request)),
-        })
+        return cls.from_dict(
+            {
+                "operation_id": new_operation_id() if operation_id is None else operation_id,
+                "kind": kind,
+                "scope": scope.as_dict() if isinstance(scope, Scope) else scope,
+                "request": _compact(dict(request)),
+            }
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -171,8 +171,10 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
 
 
 def _replay_or_conflict(op: Operation, stored: StoredReceipt | None, plan: Plan) -> Outcome:
-    digest = stored.request_digest if stored else next(
-        r.request_digest for r in plan.receipts if r.operation_id == op.operation_id
+    digest = (
+        stored.request_digest
+        if stored
+        else next(r.request_digest for r in plan.receipts if r.operation_id == op.operation_id)
     )
     if digest != op.digest:
         from .errors import OperationConflictError
@@ -210,7 +212,11 @@ class _Step:
     """One operation planned against the batch's working state."""
 
     def __init__(
-        self, state: ScopeState, records: dict[str, Current], op: Operation, at: datetime,
+        self,
+        state: ScopeState,
+        records: dict[str, Current],
+        op: Operation,
+        at: datetime,
         ctx: PlanContext,
     ) -> None:
         self.state = state
@@ -250,7 +256,8 @@ class _Step:
         current = self.records.get(record_id)
         if current is not None:
             raise RevisionConflictError(
-                f"record {record_id} already exists", expected=0,
+                f"record {record_id} already exists",
+                expected=0,
                 actual=None if current.expired(self.at) else current.revision,
             )
 
@@ -270,16 +277,34 @@ class _Step:
         return RevisionRow(record=record, operation_id=self.op.operation_id, recorded_at=self.at)
 
     def _create(
-        self, record_id: str, *, text: str, kind: str, importance: float | None,
-        metadata: dict[str, Any] | None, origin: str, sources: tuple[Source, ...],
-        links: tuple[Link, ...], ttl_ms: int | None,
+        self,
+        record_id: str,
+        *,
+        text: str,
+        kind: str,
+        importance: float | None,
+        metadata: dict[str, Any] | None,
+        origin: str,
+        sources: tuple[Source, ...],
+        links: tuple[Link, ...],
+        ttl_ms: int | None,
     ) -> RevisionRow:
         self._check_new_id(record_id)
         record = Current(
-            id=record_id, revision=1, status="active", text=text, kind=kind,
-            importance=importance, metadata=metadata or {}, origin=origin, sources=sources,
-            links=links, digest=text_digest(text), expires_at=self._expires(ttl_ms),
-            created_at=self.at, revisions=(),
+            id=record_id,
+            revision=1,
+            status="active",
+            text=text,
+            kind=kind,
+            importance=importance,
+            metadata=metadata or {},
+            origin=origin,
+            sources=sources,
+            links=links,
+            digest=text_digest(text),
+            expires_at=self._expires(ttl_ms),
+            created_at=self.at,
+            revisions=(),
         )
         return self._write(record, text_changed=True, links_changed=bool(links))
 
@@ -288,9 +313,15 @@ class _Step:
     def _remember(self, r: Remember) -> RevisionRow:
         sources = r.sources or (Source(kind="host", digest=text_digest(r.text)),)
         return self._create(
-            r.id or derived_record_id(self.op.operation_id, 0), text=r.text, kind=r.kind,
-            importance=r.importance, metadata=r.metadata, origin=r.origin, sources=sources,
-            links=r.links, ttl_ms=r.ttl_ms,
+            r.id or derived_record_id(self.op.operation_id, 0),
+            text=r.text,
+            kind=r.kind,
+            importance=r.importance,
+            metadata=r.metadata,
+            origin=r.origin,
+            sources=sources,
+            links=r.links,
+            ttl_ms=r.ttl_ms,
         )
 
     def _extract(self, r: Extract) -> list[RevisionRow]:
@@ -300,9 +331,15 @@ class _Step:
         readable = readable_sources(r.messages, r.trusted_tools, self.state.scope.chat_id)
         return [
             self._create(
-                derived_record_id(self.op.operation_id, i), text=item.text,
-                kind=r.kind or "episodic", importance=None, metadata=None, origin="inferred",
-                sources=(item.source,), links=r.links, ttl_ms=r.ttl_ms,
+                derived_record_id(self.op.operation_id, i),
+                text=item.text,
+                kind=r.kind or "episodic",
+                importance=None,
+                metadata=None,
+                origin="inferred",
+                sources=(item.source,),
+                links=r.links,
+                ttl_ms=r.ttl_ms,
             )
             for i, item in enumerate(readable)
         ]
@@ -313,10 +350,15 @@ class _Step:
                 raise InvalidRequestError("revise with expected_revision 0 creates: it needs text")
             return [
                 self._create(
-                    r.id, text=r.text, kind=r.kind or "semantic", importance=r.importance,
-                    metadata=r.metadata, origin="asserted",
+                    r.id,
+                    text=r.text,
+                    kind=r.kind or "semantic",
+                    importance=r.importance,
+                    metadata=r.metadata,
+                    origin="asserted",
                     sources=(Source(kind="host", digest=text_digest(r.text)),),
-                    links=r.links or (), ttl_ms=r.ttl_ms,
+                    links=r.links or (),
+                    ttl_ms=r.ttl_ms,
                 )
             ]
         current = self._existing(r.id, r.expected_revision, creating_conflicts=True)
@@ -350,7 +392,9 @@ class _Step:
         retracted = replace(current, status="retracted", revision=current.revision + 1)
         return [self._write(retracted, text_changed=False, links_changed=False)]
 
-    def _existing(self, record_id: str, expected: int | None, *, creating_conflicts: bool) -> Current:
+    def _existing(
+        self, record_id: str, expected: int | None, *, creating_conflicts: bool
+    ) -> Current:
         if creating_conflicts and record_id in self.state.forgotten:
             raise RevisionConflictError(
                 f"record {record_id} was forgotten", expected=expected, actual=None
@@ -361,7 +405,8 @@ class _Step:
         if expected is not None and expected != current.revision:
             raise RevisionConflictError(
                 f"record {record_id} is at revision {current.revision}, not {expected}",
-                expected=expected, actual=current.revision,
+                expected=expected,
+                actual=current.revision,
             )
         return current
 
@@ -381,8 +426,12 @@ class _Step:
 
 def _same_content(a: Current, b: Current) -> bool:
     return (
-        a.digest == b.digest and a.kind == b.kind and a.importance == b.importance
-        and a.metadata == b.metadata and a.links == b.links and a.status == b.status
+        a.digest == b.digest
+        and a.kind == b.kind
+        and a.importance == b.importance
+        and a.metadata == b.metadata
+        and a.links == b.links
+        and a.status == b.status
         and a.expires_at == b.expires_at
     )
 
@@ -390,9 +439,19 @@ def _same_content(a: Current, b: Current) -> bool:
 def to_record(row: RevisionRow, scope: Scope) -> Record:
     c = row.record
     return Record(
-        id=c.id, revision=c.revision, scope=scope, text=c.text, kind=c.kind,
-        importance=c.importance, metadata=c.metadata, origin=c.origin,  # type: ignore[arg-type]
-        sources=c.sources, links=c.links, status=c.status,  # type: ignore[arg-type]
-        digest=c.digest, operation_id=row.operation_id, recorded_at=row.recorded_at,
+        id=c.id,
+        revision=c.revision,
+        scope=scope,
+        text=c.text,
+        kind=c.kind,
+        importance=c.importance,
+        metadata=c.metadata,
+        origin=c.origin,  # type: ignore[arg-type]
+        sources=c.sources,
+        links=c.links,
+        status=c.status,  # type: ignore[arg-type]
+        digest=c.digest,
+        operation_id=row.operation_id,
+        recorded_at=row.recorded_at,
         expires_at=c.expires_at,
     )

@@ -43,7 +43,7 @@ def lexical_query(text: str) -> str | None:
 def recall(conn: psycopg.Connection[Any], q: RecallQuery) -> list[Hit]:
     vector_ids: list[tuple[str, int]] = []
     lexical_ids: list[tuple[str, int]] = []
-    if q.vector is not None and q.generation_id is not None and np.any(q.vector):
+    if q.vector is not None and q.generation_id is not None and bool(np.any(q.vector)):
         vector_ids = _vector_candidates(conn, q)
     tsq = lexical_query(q.text) if q.text else None
     if tsq:
@@ -59,9 +59,7 @@ def _filters(q: RecallQuery, alias: str) -> tuple[str, dict[str, Any]]:
     params: dict[str, Any] = {"at": q.recorded_as_of}
     if not q.include_retracted:
         clauses.append(f"{alias}.status = 'active'")
-    clauses.append(
-        f"({alias}.expires_at IS NULL OR {alias}.expires_at > coalesce(%(at)s, now()))"
-    )
+    clauses.append(f"({alias}.expires_at IS NULL OR {alias}.expires_at > coalesce(%(at)s, now()))")
     if q.kind is not None:
         clauses.append(f"{alias}.kind = %(kind)s")
         params["kind"] = q.kind
@@ -79,6 +77,7 @@ _AS_OF = """
 
 def _vector_candidates(conn: psycopg.Connection[Any], q: RecallQuery) -> list[tuple[str, int]]:
     where, params = _filters(q, "c")
+    assert q.vector is not None
     params.update(scope=q.scope_id, gen=q.generation_id, q=Vector(q.vector), n=CANDIDATES_PER_LIST)
     if q.recorded_as_of is not None:
         sql = f"""
@@ -148,8 +147,10 @@ def _latest(conn: psycopg.Connection[Any], q: RecallQuery) -> list[tuple[str, in
 
 
 def _fuse(
-    conn: psycopg.Connection[Any], q: RecallQuery,
-    vector_ids: list[tuple[str, int]], lexical_ids: list[tuple[str, int]],
+    conn: psycopg.Connection[Any],
+    q: RecallQuery,
+    vector_ids: list[tuple[str, int]],
+    lexical_ids: list[tuple[str, int]],
 ) -> list[Hit]:
     scores: dict[tuple[str, int], float] = {}
     found: dict[tuple[str, int], set[str]] = {}
@@ -174,7 +175,10 @@ def _fuse(
         if row is None:
             continue  # forgotten between the two queries
         names = found[key]
-        match: Match = "hybrid" if len(names) == 2 else ("vector" if "vector" in names else "lexical")
-        hits.append(Hit(record=record_from_row(row, links.get(key[0], ())), score=scores[key],
-                        match=match))
+        match: Match = (
+            "hybrid" if len(names) == 2 else ("vector" if "vector" in names else "lexical")
+        )
+        hits.append(
+            Hit(record=record_from_row(row, links.get(key[0], ())), score=scores[key], match=match)
+        )
     return hits

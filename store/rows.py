@@ -46,26 +46,69 @@ def links_from_json(items: Sequence[dict[str, Any]]) -> tuple[Link, ...]:
 
 
 def record_from_row(row: Sequence[Any], superseded_by: Sequence[str] = ()) -> Record:
-    (rid, revision, key, text, kind, importance, metadata, origin, sources, links, status,
-     digest, operation_id, recorded_at, expires_at) = row[:15]
+    (
+        rid,
+        revision,
+        key,
+        text,
+        kind,
+        importance,
+        metadata,
+        origin,
+        sources,
+        links,
+        status,
+        digest,
+        operation_id,
+        recorded_at,
+        expires_at,
+    ) = row[:15]
     return Record(
-        id=rid, revision=revision, scope=scope_from_key(key), text=text, kind=kind,
-        importance=importance, metadata=metadata, origin=origin,
-        sources=sources_from_json(sources), links=links_from_json(links), status=status,
-        digest=digest, operation_id=operation_id, recorded_at=recorded_at,
-        expires_at=expires_at, superseded_by=tuple(superseded_by),
+        id=rid,
+        revision=revision,
+        scope=scope_from_key(key),
+        text=text,
+        kind=kind,
+        importance=importance,
+        metadata=metadata,
+        origin=origin,
+        sources=sources_from_json(sources),
+        links=links_from_json(links),
+        status=status,
+        digest=digest,
+        operation_id=operation_id,
+        recorded_at=recorded_at,
+        expires_at=expires_at,
+        superseded_by=tuple(superseded_by),
     )
 
 
 def receipt_from_row(row: Sequence[Any]) -> Receipt:
-    (op_id, kind, key, scope_revision, committed_at, redacted, forgotten_revisions,
-     already_forgotten, redaction, stream_entry, refs) = row
+    (
+        op_id,
+        kind,
+        key,
+        scope_revision,
+        committed_at,
+        redacted,
+        forgotten_revisions,
+        already_forgotten,
+        redaction,
+        stream_entry,
+        refs,
+    ) = row
     return Receipt(
-        operation_id=op_id, kind=kind, scope=scope_from_key(key), scope_revision=scope_revision,
-        committed_at=committed_at, redacted=redacted,
+        operation_id=op_id,
+        kind=kind,
+        scope=scope_from_key(key),
+        scope_revision=scope_revision,
+        committed_at=committed_at,
+        redacted=redacted,
         records=tuple(RecordRef(r[0], r[1], r[2]) for r in refs),
         forgotten_revisions=tuple(forgotten_revisions) if forgotten_revisions is not None else None,
-        already_forgotten=already_forgotten, redaction=redaction, stream_entry=stream_entry,
+        already_forgotten=already_forgotten,
+        redaction=redaction,
+        stream_entry=stream_entry,
     )
 
 

