@@ -1,0 +1,58 @@
+"""Small test helpers shared by several test modules."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from store.embedders import Embedder
+
+
+class CountingEmbedder:
+    """Wraps an embedder and counts its calls and texts."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.calls = 0
+        self.texts: list[str] = []
+
+    @property
+    def model_id(self) -> str:
+        return self.inner.model_id
+
+    @property
+    def dims(self) -> int:
+        return self.inner.dims
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        self.calls += 1
+        self.texts.extend(texts)
+        return self.inner.embed(texts)
+
+
+def text_columns(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+    """Every (table, column) of type text, varchar or jsonb in the public schema."""
+    return [
+        (t, c)
+        for t, c in conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns"
+            " WHERE table_schema = 'public'"
+            " AND data_type IN ('text', 'character varying', 'jsonb', 'json', 'ARRAY', 'tsvector')"
+            " ORDER BY table_name, column_name"
+        ).fetchall()
+    ]
+
+
+def rows_containing(conn: psycopg.Connection[Any], needle: str) -> list[str]:
+    """Tables and columns where ``needle`` occurs in any text, jsonb or tsvector value."""
+    found = []
+    for table, column in text_columns(conn):
+        count = conn.execute(
+            f'SELECT count(*) FROM "{table}" WHERE "{column}"::text ILIKE %s',
+            (f"%{needle}%",),
+        ).fetchone()
+        if count and count[0]:
+            found.append(f"{table}.{column}")
+    return found

@@ -1,0 +1,123 @@
+"""Operations as values: validation, canonical scope keys, digests. No server."""
+
+from __future__ import annotations
+
+import pytest
+
+from store import InvalidRequestError, Operation, Scope
+from store.limits import MAX_TEXT_CHARS
+from store.operations import derived_record_id
+
+
+def build(kind: str, request: dict, scope: object = None, op_id: str | None = "op-1") -> Operation:
+    return Operation.build(kind, scope if scope is not None else {"user_id": "ada"}, request, op_id)
+
+
+def test_scope_key_is_canonical_whatever_the_field_order() -> None:
+    a = Scope.of({"user_id": "ada", "chat_id": "c1"})
+    b = Scope.of({"chat_id": "c1", "user_id": "ada"})
+    assert a == b
+    assert a.key == '{"chat_id":"c1","user_id":"ada"}'
+    assert Scope.of({"user_id": "ada"}).key != a.key
+
+
+@pytest.mark.parametrize(
+    "scope, message",
+    [
+        ({}, "at least one"),
+        ({"user_id": None}, "at least one"),
+        ({"team_id": "x"}, "unknown scope field"),
+        ({"user_id": ""}, "must not be empty"),
+        ({"user_id": 7}, "must be a string"),
+        ({"user_id": "a\x00b"}, "NUL"),
+        ("ada", "must be an object"),
+    ],
+)
+def test_bad_scopes_are_refused(scope: object, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        build("remember", {"text": "x"}, scope=scope)
+
+
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        ({}, "must be a string"),
+        ({"text": 42}, "must be a string"),
+        ({"text": ""}, "must not be empty"),
+        ({"text": "   "}, "must not be empty"),
+        ({"text": "x" * (MAX_TEXT_CHARS + 1)}, "longer than"),
+        ({"text": "nul\x00byte"}, "NUL"),
+        ({"text": "x", "colour": "red"}, "unknown field"),
+        ({"text": "x", "origin": "guessed"}, "origin"),
+        ({"text": "x", "importance": 2}, "between 0 and 1"),
+        ({"text": "x", "importance": float("nan")}, "must be a number"),
+        ({"text": "x", "metadata": []}, "must be an object"),
+        ({"text": "x", "metadata": {"k": "a\x00"}}, "NUL"),
+        ({"text": "x", "sources": [{"kind": "oracle"}]}, "kind must be one of"),
+        ({"text": "x", "sources": []}, "must not be empty"),
+        ({"text": "x", "links": [{"relation": "likes", "id": "m"}]}, "relation"),
+        ({"text": "x", "ttl_ms": 0}, "between"),
+        ({"text": "x", "ttl_ms": True}, "integer"),
+    ],
+)
+def test_bad_remember_requests_are_refused(request_: dict, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        build("remember", request_)
+
+
+def test_error_messages_never_echo_memory_text() -> None:
+    secret = "my-secret-diagnosis " * 2000
+    with pytest.raises(InvalidRequestError) as info:
+        build("remember", {"text": secret})
+    assert "secret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kind, request_, message",
+    [
+        ("revise", {"text": "x"}, "must be a string"),
+        ("revise", {"id": "m", "expected_revision": -1}, "between"),
+        ("retract", {"id": "m", "expected_revision": 0}, "between"),
+        ("forget", {}, "must be a string"),
+        ("extract", {"messages": "hi"}, "must be a list"),
+        ("extract", {"messages": [{"id": "m1", "message": {"role": "bot", "content": "x"}}]},
+         "role"),
+        ("extract", {"messages": [{"id": "m", "message": {"role": "user", "content": "a"}},
+                                  {"id": "m", "message": {"role": "user", "content": "b"}}]},
+         "unique"),
+        ("dance", {}, "operation.kind"),
+    ],
+)
+def test_bad_requests_of_other_kinds_are_refused(kind: str, request_: dict, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        build(kind, request_)
+
+
+def test_an_operation_round_trips_through_its_json_form() -> None:
+    op = build("remember", {"text": "Ada prefers tea.", "kind": "preference",
+                            "metadata": {"b": 1, "a": [1, 2]}, "ttl_ms": 1000,
+                            "links": [{"relation": "about", "id": "m-1"}]})
+    again = Operation.from_dict(op.to_dict())
+    assert again == op
+    assert again.digest == op.digest
+
+
+def test_the_digest_names_the_request_not_the_id() -> None:
+    a = build("remember", {"text": "Ada prefers tea."}, op_id="a")
+    b = build("remember", {"text": "Ada prefers tea."}, op_id="b")
+    c = build("remember", {"text": "Ada prefers coffee."}, op_id="a")
+    d = build("remember", {"text": "Ada prefers tea."}, scope={"user_id": "bob"}, op_id="a")
+    assert a.digest == b.digest
+    assert len({a.digest, c.digest, d.digest}) == 3
+
+
+def test_an_operation_without_id_gets_a_fresh_one() -> None:
+    a = Operation.build("forget", {"user_id": "ada"}, {"id": "m"})
+    b = Operation.build("forget", {"user_id": "ada"}, {"id": "m"})
+    assert a.operation_id != b.operation_id
+
+
+def test_created_record_ids_derive_from_the_operation_id() -> None:
+    assert derived_record_id("op-1", 0) == derived_record_id("op-1", 0)
+    assert derived_record_id("op-1", 0) != derived_record_id("op-1", 1)
+    assert derived_record_id("op-1", 0) != derived_record_id("op-2", 0)
