@@ -1,0 +1,91 @@
+"""Hybrid recall: vector + full text, fused; filters; exact and approximate paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import psycopg
+import pytest
+
+from store import HashingEmbedder, Store, WordLlamaEmbedder
+from store.recall import lexical_query
+
+
+def test_lexical_query_ors_the_words() -> None:
+    assert lexical_query("Where does Ada live? Paris!") == "ada | does | live | paris | where"
+    assert lexical_query("?!") is None
+    assert lexical_query("snake_case's") == "case | s | snake"
+
+
+def test_the_default_embedder_finds_meaning_not_just_words(fresh_store: Store) -> None:
+    mem = fresh_store.session({"user_id": "ada"}, embedder=WordLlamaEmbedder())
+    mem.remember("Ada's favourite drink is green tea.")
+    mem.remember("Ada's car is a red bicycle.")
+    mem.remember("The quarterly report is due on Friday.")
+    hits = mem.recall("What beverage does she like?", top_k=1)
+    assert hits[0].record.text == "Ada's favourite drink is green tea."
+    assert hits[0].match == "vector"
+
+
+def test_kind_and_retracted_filters(store: Store, scope: dict) -> None:
+    mem = store.session(scope, embedder=HashingEmbedder(64))
+    pref = mem.remember("Ada likes tea.", kind="preference").records[0]
+    fact = mem.remember("Ada has tea at noon.", kind="fact").records[0]
+    assert [h.record.id for h in mem.recall("tea", kind="preference")] == [pref.id]
+    mem.retract(fact.id)
+    assert [h.record.id for h in mem.recall("tea")] == [pref.id]
+    assert {h.record.id for h in mem.recall("tea", include_retracted=True)} == {pref.id, fact.id}
+
+
+def test_top_k_and_fusion_order(store: Store, scope: dict) -> None:
+    mem = store.session(scope, embedder=HashingEmbedder(64))
+    for i in range(8):
+        mem.remember(f"note {i} about tea" if i % 2 else f"note {i} about nothing")
+    hits = mem.recall("tea", top_k=3)
+    assert len(hits) == 3
+    assert all("tea" in h.record.text for h in hits)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert all(h.match == "hybrid" for h in hits)
+
+
+def test_recall_without_text_lists_the_latest(store: Store, scope: dict) -> None:
+    mem = store.session(scope)
+    ids = [mem.remember(f"note {i}").records[0].id for i in range(3)]
+    assert [h.record.id for h in mem.recall(top_k=2)] == ids[::-1][:2]
+
+
+def test_recall_in_an_unknown_scope_is_empty(store: Store) -> None:
+    assert store.session({"user_id": "nobody-at-all"}).recall("tea") == []
+
+
+def test_a_large_scope_gets_an_approximate_index_with_the_same_answers(
+    fresh_store: Store, fresh_dsn: str
+) -> None:
+    from store import Operation
+
+    scope = {"user_id": "big"}
+    embedder = HashingEmbedder(64)
+    words = ["tea", "coffee", "paris", "london", "jazz", "code", "river", "stone", "lamp",
+             "cloud", "violin", "maple"]
+    rng = np.random.default_rng(7)
+    texts = [" ".join(rng.choice(words, size=4, replace=False)) + f" item{i}" for i in range(600)]
+    fresh_store.execute([Operation.build("remember", scope, {"text": t}) for t in texts], embedder)
+    mem = fresh_store.session(scope, embedder=embedder)
+    small = fresh_store.session({"user_id": "small"}, embedder=embedder)
+    small.remember("tea in a small scope")
+
+    query = texts[42]
+    exact = [h.record.text for h in mem.recall(query, top_k=10)]
+    created = fresh_store.embeddings.index_large_scopes(threshold=500)
+    assert len(created) == 1, "only the large scope gets an approximate index"
+    with psycopg.connect(fresh_dsn) as conn:
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN SELECT record_id FROM engram_vectors x WHERE x.generation_id = 1"
+            " AND x.scope_id = 1 ORDER BY x.embedding::vector(64) <=> %s::vector(64) LIMIT 5",
+            (str(embedder.embed(["tea"])[0].tolist()),),
+        ))
+    assert created[0] in plan
+    approximate = [h.record.text for h in mem.recall(query, top_k=10)]
+    assert exact[0] == approximate[0] == query
+    # HNSW is approximate: most of the top ten agree with the exact search.
+    assert len(set(exact) & set(approximate)) >= 7
+    assert [h.record.text for h in small.recall("tea")] == ["tea in a small scope"]
