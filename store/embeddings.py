@@ -145,8 +145,9 @@ class Embeddings:
             cur = conn.execute(
                 """
                 INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,
-                                            embedding)
-                SELECT %(g)s, r.id, r.scope_id, r.revision, v.digest, i.embedding
+                                            status, kind, expires_at, embedding)
+                SELECT %(g)s, r.id, r.scope_id, r.revision, v.digest, r.status, r.kind,
+                       r.expires_at, i.embedding
                 FROM unnest(%(ids)s::text[], %(revs)s::int[], %(digests)s::text[],
                             %(vecs)s::vector[]) AS i(id, revision, digest, embedding)
                 JOIN engram_records r ON r.id = i.id AND r.revision = i.revision
@@ -154,7 +155,9 @@ class Embeddings:
                                        AND v.digest = i.digest
                 ON CONFLICT (generation_id, record_id) DO UPDATE
                   SET revision = EXCLUDED.revision, digest = EXCLUDED.digest,
-                      embedding = EXCLUDED.embedding, scope_id = EXCLUDED.scope_id
+                      status = EXCLUDED.status, kind = EXCLUDED.kind,
+                      expires_at = EXCLUDED.expires_at, embedding = EXCLUDED.embedding,
+                      scope_id = EXCLUDED.scope_id
                 """,
                 {
                     "g": generation_id,

@@ -6,6 +6,7 @@ enter the vector list: they are found by text, never scored as zero.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -76,41 +77,49 @@ _AS_OF = """
 
 
 def _vector_candidates(conn: psycopg.Connection[Any], q: RecallQuery) -> list[tuple[str, int]]:
-    where, params = _filters(q, "c")
     assert q.vector is not None
-    params.update(scope=q.scope_id, gen=q.generation_id, q=Vector(q.vector), n=CANDIDATES_PER_LIST)
+    params: dict[str, Any] = {
+        "scope": q.scope_id,
+        "gen": q.generation_id,
+        "q": Vector(q.vector),
+        "n": CANDIDATES_PER_LIST,
+        "at": q.recorded_as_of,
+    }
     if q.recorded_as_of is not None:
+        where, more = _filters(q, "c")
         sql = f"""
             WITH c AS ({_AS_OF})
-            SELECT x.record_id, x.revision FROM engram_vectors x
+            SELECT x.record_id, x.revision, x.embedding <=> %(q)s FROM engram_vectors x
             JOIN c ON c.record_id = x.record_id AND c.revision = x.revision
             WHERE x.generation_id = %(gen)s AND x.scope_id = %(scope)s AND {where}
-              AND (x.embedding <=> %(q)s) <> 'NaN'::float8
-            ORDER BY x.embedding <=> %(q)s LIMIT %(n)s
+            ORDER BY 3 LIMIT %(n)s
         """
-        return [(r[0], r[1]) for r in conn.execute(sql, params).fetchall()]
-    if q.hnsw:
-        # The partial HNSW index of this (generation, scope) matches only when its
-        # predicate and expression appear literally; the ids are integers we own.
+    elif q.hnsw:
+        # The partial HNSW index of this (generation, scope) is used only when its
+        # predicate and expression appear literally; these are integers we own.
         gen, scope, dims = int(q.generation_id or 0), int(q.scope_id), int(q.dims or 0)
-        distance = f"x.embedding::vector({dims}) <=> %(q)s::vector({dims})"
+        where, more = _filters(q, "x")
         conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
         conn.execute("SET LOCAL hnsw.ef_search = 100")
         sql = f"""
-            SELECT x.record_id, x.revision FROM engram_vectors x
-            JOIN engram_records c ON c.id = x.record_id AND c.revision = x.revision
+            SELECT x.record_id, x.revision, x.embedding::vector({dims}) <=> %(q)s::vector({dims})
+            FROM engram_vectors x
             WHERE x.generation_id = {gen} AND x.scope_id = {scope} AND {where}
-            ORDER BY {distance} LIMIT %(n)s
+            ORDER BY 3 LIMIT %(n)s
         """
     else:
+        # Exact search in one scope: the (generation, scope) index and the
+        # status/kind/expiry copies on the vector rows, no join.
+        where, more = _filters(q, "x")
         sql = f"""
-            SELECT x.record_id, x.revision FROM engram_vectors x
-            JOIN engram_records c ON c.id = x.record_id AND c.revision = x.revision
+            SELECT x.record_id, x.revision, x.embedding <=> %(q)s FROM engram_vectors x
             WHERE x.generation_id = %(gen)s AND x.scope_id = %(scope)s AND {where}
-              AND (x.embedding <=> %(q)s) <> 'NaN'::float8
-            ORDER BY x.embedding <=> %(q)s LIMIT %(n)s
+            ORDER BY 3 LIMIT %(n)s
         """
-    return [(r[0], r[1]) for r in conn.execute(sql, params).fetchall()]
+    rows = conn.execute(sql, {**params, **more}).fetchall()
+    # A zero vector has no direction: its distance is NaN and it is not a match.
+    ranked = sorted((r for r in rows if not math.isnan(r[2])), key=lambda r: r[2])
+    return [(r[0], r[1]) for r in ranked]
 
 
 def _lexical_candidates(
@@ -121,14 +130,11 @@ def _lexical_candidates(
     if q.recorded_as_of is not None:
         source = f"({_AS_OF}) c"
     else:
-        source = """(SELECT v.record_id, v.revision, r.status, r.expires_at, r.kind, v.tsv
-                     FROM engram_records r
-                     JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
-                     WHERE r.scope_id = %(scope)s) c"""
+        source = "(SELECT * FROM engram_revisions WHERE scope_id = %(scope)s AND current) c"
     sql = f"""
         SELECT c.record_id, c.revision FROM {source}, to_tsquery('simple', %(tsq)s) query
         WHERE c.tsv @@ query AND {where}
-        ORDER BY ts_rank_cd(c.tsv, query) DESC, c.record_id LIMIT %(n)s
+        ORDER BY ts_rank(c.tsv, query) DESC, c.record_id LIMIT %(n)s
     """
     return [(r[0], r[1]) for r in conn.execute(sql, params).fetchall()]
 

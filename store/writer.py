@@ -363,33 +363,7 @@ def _write_plan(
                 [(rid, sid, op_id) for rid, op_id in plan.tombstones],
             )
         if plan.revisions:
-            cur.executemany(
-                "INSERT INTO engram_revisions (record_id, revision, scope_id, text, kind,"
-                " importance, metadata, origin, sources, links, status, digest, operation_id,"
-                " recorded_at, expires_at)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                [
-                    (
-                        c.id,
-                        c.revision,
-                        sid,
-                        c.text,
-                        c.kind,
-                        c.importance,
-                        Jsonb(c.metadata),
-                        c.origin,
-                        Jsonb([s.as_dict() for s in c.sources]),
-                        Jsonb([link.as_dict() for link in c.links]),
-                        c.status,
-                        c.digest,
-                        w.operation_id,
-                        w.recorded_at,
-                        c.expires_at,
-                    )
-                    for w in plan.revisions
-                    for c in (w.record,)
-                ],
-            )
+            _write_revisions(cur, state, plan)
         _write_records(cur, state, plan)
         _write_links(cur, sid, plan)
         _write_vectors(cur, state, plan, gen_id, vectors)
@@ -429,6 +403,45 @@ def _write_plan(
             )
         cur.execute(
             "UPDATE engram_scopes SET revision = %s WHERE id = %s", (plan.scope_revision, sid)
+        )
+
+
+def _write_revisions(cur: psycopg.Cursor[Any], state: ScopeState, plan: Plan) -> None:
+    sid = state.scope_id
+    cur.executemany(
+        "INSERT INTO engram_revisions (record_id, revision, scope_id, text, kind, importance,"
+        " metadata, origin, sources, links, status, digest, operation_id, recorded_at,"
+        " expires_at, current)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        [
+            (
+                c.id,
+                c.revision,
+                sid,
+                c.text,
+                c.kind,
+                c.importance,
+                Jsonb(c.metadata),
+                c.origin,
+                Jsonb([s.as_dict() for s in c.sources]),
+                Jsonb([link.as_dict() for link in c.links]),
+                c.status,
+                c.digest,
+                w.operation_id,
+                w.recorded_at,
+                c.expires_at,
+                plan.final[c.id].revision == c.revision,
+            )
+            for w in plan.revisions
+            for c in (w.record,)
+        ],
+    )
+    superseded = [(rid, c.revision) for rid, c in plan.final.items() if rid in state.records]
+    if superseded:
+        cur.executemany(
+            "UPDATE engram_revisions SET current = false"
+            " WHERE record_id = %s AND revision < %s AND current",
+            superseded,
         )
 
 
@@ -491,25 +504,36 @@ def _write_vectors(
         # A vector computed for an old text is never kept for a new one, in any generation.
         cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%s)", (stale,))
     fresh = [
-        (gen_id, c.id, state.scope_id, c.revision, c.digest, vectors[c.digest])
+        (
+            gen_id,
+            c.id,
+            state.scope_id,
+            c.revision,
+            c.digest,
+            c.status,
+            c.kind,
+            c.expires_at,
+            vectors[c.digest],
+        )
         for rid in plan.text_changed
         if (c := plan.final.get(rid)) is not None and c.digest in vectors
     ]
     if fresh and gen_id is not None:
         cur.executemany(
             "INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,"
-            " embedding) VALUES (%s, %s, %s, %s, %s, %s)",
+            " status, kind, expires_at, embedding) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
             fresh,
         )
     moved = [
-        (c.revision, c.id, c.digest)
+        (c.revision, c.status, c.kind, c.expires_at, c.id, c.digest)
         for rid, c in plan.final.items()
         if rid not in plan.text_changed and rid in state.records
     ]
     if moved:
         # Same text, new revision (retract, metadata-only revise): the vector stays.
         cur.executemany(
-            "UPDATE engram_vectors SET revision = %s WHERE record_id = %s AND digest = %s",
+            "UPDATE engram_vectors SET revision = %s, status = %s, kind = %s, expires_at = %s"
+            " WHERE record_id = %s AND digest = %s",
             moved,
         )
 

@@ -12,8 +12,9 @@ from store.embedders import Embedder, embed_checked
 def test_wordllama_loads_offline_from_its_wheel_and_is_semantic() -> None:
     embedder = WordLlamaEmbedder()
     assert isinstance(embedder, Embedder)
-    vectors = embed_checked(embedder, ["Ada lives in London.", "Ada resides in London.",
-                                       "Quarterly revenue grew."])
+    vectors = embed_checked(
+        embedder, ["Ada lives in London.", "Ada resides in London.", "Quarterly revenue grew."]
+    )
     assert vectors.shape == (3, 256) and vectors.dtype == np.float32
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
     sims = vectors @ vectors.T

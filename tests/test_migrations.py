@@ -5,8 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from store import SchemaVersionError, Store
-from store import migrations
+from store import SchemaVersionError, Store, migrations
 
 
 def test_migrations_apply_once_and_are_idempotent(fresh_dsn: str) -> None:
@@ -16,9 +15,12 @@ def test_migrations_apply_once_and_are_idempotent(fresh_dsn: str) -> None:
         assert migrations.migrate(conn) == migrations.code_version()
         versions = [r[0] for r in conn.execute("SELECT version FROM engram_schema")]
         assert versions == list(range(1, migrations.code_version() + 1))
-        assert conn.execute(
-            "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
-        ).fetchone()[0] >= "0.8"
+        assert (
+            conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[
+                0
+            ]
+            >= "0.8"
+        )
 
 
 def test_a_database_newer_than_the_code_is_refused(fresh_dsn: str) -> None:

@@ -80,11 +80,21 @@ def test_error_messages_never_echo_memory_text() -> None:
         ("retract", {"id": "m", "expected_revision": 0}, "between"),
         ("forget", {}, "must be a string"),
         ("extract", {"messages": "hi"}, "must be a list"),
-        ("extract", {"messages": [{"id": "m1", "message": {"role": "bot", "content": "x"}}]},
-         "role"),
-        ("extract", {"messages": [{"id": "m", "message": {"role": "user", "content": "a"}},
-                                  {"id": "m", "message": {"role": "user", "content": "b"}}]},
-         "unique"),
+        (
+            "extract",
+            {"messages": [{"id": "m1", "message": {"role": "bot", "content": "x"}}]},
+            "role",
+        ),
+        (
+            "extract",
+            {
+                "messages": [
+                    {"id": "m", "message": {"role": "user", "content": "a"}},
+                    {"id": "m", "message": {"role": "user", "content": "b"}},
+                ]
+            },
+            "unique",
+        ),
         ("dance", {}, "operation.kind"),
     ],
 )
@@ -94,9 +104,16 @@ def test_bad_requests_of_other_kinds_are_refused(kind: str, request_: dict, mess
 
 
 def test_an_operation_round_trips_through_its_json_form() -> None:
-    op = build("remember", {"text": "Ada prefers tea.", "kind": "preference",
-                            "metadata": {"b": 1, "a": [1, 2]}, "ttl_ms": 1000,
-                            "links": [{"relation": "about", "id": "m-1"}]})
+    op = build(
+        "remember",
+        {
+            "text": "Ada prefers tea.",
+            "kind": "preference",
+            "metadata": {"b": 1, "a": [1, 2]},
+            "ttl_ms": 1000,
+            "links": [{"relation": "about", "id": "m-1"}],
+        },
+    )
     again = Operation.from_dict(op.to_dict())
     assert again == op
     assert again.digest == op.digest

@@ -36,8 +36,12 @@ def test_concurrent_writers_never_lose_a_write_nor_share_a_revision(
     with psycopg.connect(fresh_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM engram_records").fetchone() == (total,)
         assert conn.execute("SELECT count(*) FROM engram_vectors").fetchone() == (total,)
-        stored = [r[0] for r in conn.execute(
-            "SELECT scope_revision FROM engram_receipts ORDER BY scope_revision")]
+        stored = [
+            r[0]
+            for r in conn.execute(
+                "SELECT scope_revision FROM engram_receipts ORDER BY scope_revision"
+            )
+        ]
     assert stored == list(range(1, total + 1))
 
 

@@ -61,7 +61,8 @@ def test_a_zero_query_vector_enters_no_vector_list(fresh_store: Store) -> None:
     memory.remember("Nothing in common.")  # a zero vector: its distance is undefined
     assert memory.recall("unrelated words") == []
     assert [(h.record.text, h.match) for h in memory.recall("tea")] == [
-        ("Ada prefers tea.", "hybrid")]
+        ("Ada prefers tea.", "hybrid")
+    ]
 
 
 def test_a_text_change_drops_the_old_vector_and_retract_keeps_it(
@@ -101,8 +102,12 @@ def test_generation_api_begin_pending_put_activate(fresh_store: Store) -> None:
     assert sorted(p.record_id for p in pending) == sorted([a.id, b.id])
 
     first = next(p for p in pending if p.record_id == a.id)
-    assert emb.put(gen.id, [VectorItem(first.record_id, first.revision, first.digest,
-                                       [1.0, 0.0, 0.0])]) == 1
+    assert (
+        emb.put(
+            gen.id, [VectorItem(first.record_id, first.revision, first.digest, [1.0, 0.0, 0.0])]
+        )
+        == 1
+    )
     assert emb.activate(gen.id) is False, "a current revision still lacks a vector"
     assert emb.active().model_id == "keywords-1"  # type: ignore[union-attr]
 
@@ -131,8 +136,9 @@ def test_begin_with_another_model_retires_the_pending_generation(
     newer = emb.begin("keywords-3", 4)
     assert emb.get(abandoned.id).status == "retired"  # type: ignore[union-attr]
     with psycopg.connect(fresh_dsn) as conn:
-        left = conn.execute("SELECT count(*) FROM engram_vectors WHERE generation_id = %s",
-                            (abandoned.id,)).fetchone()
+        left = conn.execute(
+            "SELECT count(*) FROM engram_vectors WHERE generation_id = %s", (abandoned.id,)
+        ).fetchone()
     assert left == (0,)
     # A retired generation lists nothing, stores nothing and never becomes active.
     assert emb.pending(abandoned.id) == []

@@ -54,7 +54,8 @@ def test_receipts_that_wrote_a_forgotten_record_are_redacted(store: Store, scope
     assert receipts[forget.receipt.operation_id].forgotten_revisions == (1, 2)
     # Receipts keep their ids and revision numbers: the audit trail stays.
     assert [(r.id, r.revision) for r in receipts[revise.receipt.operation_id].records] == [
-        (fact.id, 2)]
+        (fact.id, 2)
+    ]
 
 
 def test_a_forgotten_id_can_never_come_back(store: Store, scope: dict) -> None:
@@ -161,10 +162,17 @@ def test_forget_inside_one_batch_drops_what_the_batch_wrote(store: Store, scope:
     ]
     results = store.execute(ops)
     assert [type(r).__name__ for r in results] == [
-        "WriteResult", "WriteResult", "WriteResult", "RevisionConflictError"]
+        "WriteResult",
+        "WriteResult",
+        "WriteResult",
+        "RevisionConflictError",
+    ]
     assert results[2].revisions == (1, 2)  # type: ignore[union-attr]
     assert store.history(scope, f"{scope['user_id']}-b") == []
     receipts = store.receipts(scope=scope)
     assert [(r.kind, r.redacted) for r in receipts] == [
-        ("forget", False), ("revise", True), ("remember", True)]
+        ("forget", False),
+        ("revise", True),
+        ("remember", True),
+    ]
     assert store.scope_revision(scope) == 3

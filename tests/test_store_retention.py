@@ -12,9 +12,13 @@ from store import Store
 
 def _recorded_at(dsn: str, record_id: str) -> list:
     with psycopg.connect(dsn) as conn:
-        return [r[0] for r in conn.execute(
-            "SELECT recorded_at FROM engram_revisions WHERE record_id = %s ORDER BY revision",
-            (record_id,))]
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT recorded_at FROM engram_revisions WHERE record_id = %s ORDER BY revision",
+                (record_id,),
+            )
+        ]
 
 
 def test_prune_history_keeps_current_revisions_and_live_records(

@@ -43,10 +43,14 @@ CREATE TABLE engram_revisions (
     operation_id  text NOT NULL,
     recorded_at   timestamptz NOT NULL,
     expires_at    timestamptz,
+    -- true on the record's current revision only: lexical recall reads one
+    -- table, no join. Everything else in a revision is immutable.
+    current       boolean NOT NULL DEFAULT true,
     tsv           tsvector GENERATED ALWAYS AS (to_tsvector('simple', text)) STORED,
     PRIMARY KEY (record_id, revision)
 );
 CREATE INDEX engram_revisions_scope_time_idx ON engram_revisions (scope_id, recorded_at);
+CREATE INDEX engram_revisions_current_idx ON engram_revisions (scope_id) WHERE current;
 CREATE INDEX engram_revisions_tsv_idx ON engram_revisions USING gin (tsv);
 
 -- The current revisions' links, so superseded_by is one indexed query.
@@ -107,13 +111,17 @@ CREATE UNIQUE INDEX engram_generations_one_active ON engram_generations ((true))
 CREATE UNIQUE INDEX engram_generations_one_pending ON engram_generations ((true)) WHERE status = 'pending';
 
 -- One vector per (generation, record), bound to the revision and text digest
--- it was computed for. Sizes may differ between generations.
+-- it was computed for. Sizes may differ between generations. status, kind and
+-- expires_at copy the record's, so the vector search filters without a join.
 CREATE TABLE engram_vectors (
     generation_id  integer NOT NULL REFERENCES engram_generations(id),
     record_id      text NOT NULL,
     scope_id       bigint NOT NULL,
     revision       integer NOT NULL,
     digest         text NOT NULL,
+    status         text NOT NULL,
+    kind           text NOT NULL,
+    expires_at     timestamptz,
     embedding      vector NOT NULL,
     PRIMARY KEY (generation_id, record_id)
 );

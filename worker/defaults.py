@@ -1,0 +1,42 @@
+"""The worker's defaults, in one place. Each can be overridden through ``Settings``."""
+
+# Partition streams. Changing the count while operations are queued sends a
+# scope's later operations to another stream: drain the streams first.
+PARTITIONS = 16
+
+# Entries read (and committed in one transaction) per partition and batch.
+BATCH_SIZE = 256
+# How long a partition's blocking read waits for new entries: also the
+# longest a stopping worker waits before it can exit.
+BLOCK_MS = 500
+
+# A partition lease lives this long unless renewed (every third of it); a dead
+# worker's partitions are taken over after at most about this long.
+LEASE_TTL_MS = 5_000
+# A worker stops committing for a partition this long before its lease would
+# run out, so a lease that is about to be lost is never relied on to the edge.
+LEASE_MARGIN_MS = 500
+
+# An entry delivered this many times without a commit (its workers crashed or
+# lost the partition each time) is dead-lettered instead of tried again.
+MAX_DELIVERIES = 5
+
+# Replies (receipts or errors) stay in Redis this long for ``wait``.
+REPLY_TTL_S = 3_600
+
+# The producer refuses to enqueue (``QueueFullError``) on a partition stream
+# holding this many unprocessed entries, instead of letting Redis trim them.
+STREAM_MAX_LEN = 100_000
+
+# Back-off after a PostgreSQL or Redis failure: doubles up to the maximum.
+BACKOFF_MIN_S = 0.1
+BACKOFF_MAX_S = 5.0
+
+# Connections a worker process's store pool may open.
+DB_POOL_SIZE = 8
+
+# Worker processes ``engram up`` runs.
+UP_WORKERS = 2
+
+# The largest ``op`` field a producer may send or a worker will parse.
+MAX_ENTRY_BYTES = 8 * 1024 * 1024

@@ -1,0 +1,50 @@
+"""Every Redis key engram's streams use, in one place.
+
+Per-partition keys carry the partition number as a Redis Cluster hash tag
+(``{N}``), so a partition's stream, lease and fencing counter live in one slot
+and a script may touch them together. Keys that span partitions (workers,
+metrics, dead letters) are read and written with single-key commands.
+"""
+
+from __future__ import annotations
+
+PREFIX = "engram"
+
+# The consumer group every worker reads the partition streams through.
+GROUP = "engram-workers"
+
+# XADD here: one entry per operation, field ``op`` (see ``protocol``).
+DEAD_LETTERS = f"{PREFIX}:dead"
+# ZSET worker id -> last heartbeat (ms since the epoch).
+WORKERS = f"{PREFIX}:workers"
+# HASH of counters; field names carry Prometheus labels (see ``metrics``).
+METRICS = f"{PREFIX}:metrics"
+
+
+def stream(partition: int) -> str:
+    return f"{PREFIX}:ops:{{{partition}}}"
+
+
+def lease(partition: int) -> str:
+    """STRING ``<worker id> <token>`` with a TTL: who may commit the partition."""
+    return f"{PREFIX}:lease:{{{partition}}}"
+
+
+def fence_counter(partition: int) -> str:
+    """INCR'd at every acquisition: the fencing token the store checks."""
+    return f"{PREFIX}:fence:{{{partition}}}"
+
+
+def fence_name(partition: int) -> str:
+    """The name of the partition's fence in PostgreSQL (``engram_fences``)."""
+    return f"partition:{partition}"
+
+
+def reply(operation_id: str) -> str:
+    """LIST holding the one reply of an operation (a receipt or an error), with a TTL."""
+    return f"{PREFIX}:reply:{operation_id}"
+
+
+def worker(worker_id: str) -> str:
+    """HASH: a live worker's host, pid, partitions, last beat and counters."""
+    return f"{PREFIX}:worker:{worker_id}"

@@ -1,0 +1,213 @@
+"""``Producer``: enqueue memory operations onto the partition streams, wait for receipts.
+
+A producer needs Redis only. It validates every operation before anything is
+sent (an invalid one raises ``InvalidRequestError`` and enqueues nothing),
+adds it to its scope's partition stream and returns at once; ``wait`` blocks
+on the operation's reply key, which a worker fills after the commit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from store import Operation, Scope
+from store.errors import EngramError
+
+from . import keys
+from .defaults import PARTITIONS, STREAM_MAX_LEN
+from .errors import QueueFullError, QueueUnavailableError, WaitTimeout
+from .protocol import OP_FIELD, StreamReceipt, decode_reply, encode_entry, partition_of
+
+# XADD only while the stream is below its cap. Trimming with MAXLEN instead
+# would silently evict operations no worker has read yet.
+_ENQUEUE = f"""
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
+  return redis.error_reply('ENGRAMFULL partition stream is full')
+end
+return redis.call('XADD', KEYS[1], '*', '{OP_FIELD}', ARGV[2])
+"""
+
+# How long one blocking read of a reply lasts: below the client's socket
+# timeout, and short enough to ride out a Redis restart within a wait.
+_WAIT_SLICE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An enqueued operation: its id, where it went, and a way to wait for its receipt."""
+
+    operation_id: str
+    partition: int
+    entry_id: str
+    producer: Producer
+
+    def wait(self, timeout: float = 30.0) -> StreamReceipt:
+        return self.producer.wait(self.operation_id, timeout)
+
+
+class Producer:
+    def __init__(self, client: redis.Redis, *, partitions: int = PARTITIONS,
+                 stream_max_len: int = STREAM_MAX_LEN) -> None:
+        if partitions < 1:
+            raise ValueError("partitions must be at least 1")
+        self.client = client
+        self.partitions = partitions
+        self.stream_max_len = stream_max_len
+        self._enqueue = client.register_script(_ENQUEUE)
+
+    @classmethod
+    def from_url(cls, url: str, *, partitions: int = PARTITIONS,
+                 stream_max_len: int = STREAM_MAX_LEN, **redis_kwargs: Any) -> Producer:
+        return cls(redis.Redis.from_url(url, **redis_kwargs), partitions=partitions,
+                   stream_max_len=stream_max_len)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- enqueue ----------------------------------------------------------------------
+
+    def enqueue(self, op: Operation) -> Pending:
+        """Add a validated operation to its scope's partition stream."""
+        partition = partition_of(op.scope, self.partitions)
+        stream = keys.stream(partition)
+        fields = encode_entry(op)
+        try:
+            entry_id = self._enqueue(keys=[stream], args=[self.stream_max_len, fields[OP_FIELD]])
+        except redis.ResponseError as exc:
+            if str(exc).startswith("ENGRAMFULL"):
+                raise QueueFullError(
+                    f"operation {op.operation_id} not enqueued: {stream} holds "
+                    f"{self.stream_max_len} unprocessed operations"
+                ) from exc
+            raise _unavailable(op.operation_id, stream, exc) from exc
+        except redis.RedisError as exc:
+            raise _unavailable(op.operation_id, stream, exc) from exc
+        eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        return Pending(op.operation_id, partition, eid, self)
+
+    def submit(self, kind: str, scope: Scope | Mapping[str, Any], request: Mapping[str, Any],
+               *, operation_id: str | None = None) -> Pending:
+        """Validate (raising ``InvalidRequestError``, nothing sent) and enqueue."""
+        return self.enqueue(Operation.build(kind, scope, request, operation_id))
+
+    def remember(
+        self, scope: Scope | Mapping[str, Any], text: str, *, kind: str | None = None,
+        importance: float | None = None, metadata: Mapping[str, Any] | None = None,
+        origin: str | None = None, sources: Sequence[Any] | None = None,
+        links: Sequence[Any] | None = None, ttl_ms: int | None = None, id: str | None = None,
+        operation_id: str | None = None,
+    ) -> Pending:
+        return self.submit("remember", scope, {
+            "text": text, "kind": kind, "importance": importance, "metadata": metadata,
+            "origin": origin, "sources": _dicts(sources), "links": _dicts(links),
+            "ttl_ms": ttl_ms, "id": id,
+        }, operation_id=operation_id)
+
+    def extract(
+        self, scope: Scope | Mapping[str, Any], messages: Sequence[Mapping[str, Any]], *,
+        kind: str | None = None, ttl_ms: int | None = None, links: Sequence[Any] | None = None,
+        trusted_tools: Sequence[str] | None = None, infer: bool | None = None,
+        operation_id: str | None = None,
+    ) -> Pending:
+        return self.submit("extract", scope, {
+            "messages": [dict(m) for m in messages], "kind": kind, "ttl_ms": ttl_ms,
+            "links": _dicts(links), "trusted_tools": list(trusted_tools or []) or None,
+            "infer": infer,
+        }, operation_id=operation_id)
+
+    def revise(
+        self, scope: Scope | Mapping[str, Any], record_id: str, *, text: str | None = None,
+        kind: str | None = None, importance: float | None = None,
+        metadata: Mapping[str, Any] | None = None, links: Sequence[Any] | None = None,
+        ttl_ms: int | None = None, expected_revision: int | None = None,
+        operation_id: str | None = None,
+    ) -> Pending:
+        return self.submit("revise", scope, {
+            "id": record_id, "text": text, "kind": kind, "importance": importance,
+            "metadata": metadata, "links": _dicts(links), "ttl_ms": ttl_ms,
+            "expected_revision": expected_revision,
+        }, operation_id=operation_id)
+
+    def retract(self, scope: Scope | Mapping[str, Any], record_id: str, *,
+                expected_revision: int | None = None, operation_id: str | None = None) -> Pending:
+        return self.submit("retract", scope, {"id": record_id,
+                                              "expected_revision": expected_revision},
+                           operation_id=operation_id)
+
+    def forget(self, scope: Scope | Mapping[str, Any], record_id: str, *,
+               operation_id: str | None = None) -> Pending:
+        return self.submit("forget", scope, {"id": record_id}, operation_id=operation_id)
+
+    # -- replies ----------------------------------------------------------------------
+
+    def wait(self, operation_id: str, timeout: float = 30.0) -> StreamReceipt:
+        """The operation's receipt; raises its typed error, or ``WaitTimeout``.
+
+        Any number of callers may wait for the same id, before or after the
+        reply arrives: the reply stays in Redis for the reply TTL.
+        """
+        key = keys.reply(operation_id)
+        deadline = time.monotonic() + timeout
+        unreachable: redis.RedisError | None = None
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining >= 0.01:
+                    # Rotating the one-element list onto itself returns the reply
+                    # and leaves it there, so every waiter is woken, not just one.
+                    raw = self.client.blmove(key, key, min(remaining, _WAIT_SLICE_S),
+                                             "RIGHT", "LEFT")
+                else:
+                    raw = self.client.lindex(key, -1)
+                unreachable = None
+            except redis.RedisError as exc:
+                unreachable, raw = exc, None
+                time.sleep(min(0.2, max(remaining, 0)))
+            if raw is not None:
+                return _unwrap(decode_reply(raw))
+            if remaining < 0.01:
+                why = f" (redis unreachable: {type(unreachable).__name__})" if unreachable else ""
+                raise WaitTimeout(f"no reply for operation {operation_id} within {timeout}s{why}")
+
+    def results(self, operation_ids: Iterable[str]) -> dict[str, StreamReceipt | EngramError]:
+        """The replies already there, without waiting: receipts, or errors as values."""
+        ids = list(operation_ids)
+        pipe = self.client.pipeline(transaction=False)
+        for op_id in ids:
+            pipe.lindex(keys.reply(op_id), -1)
+        try:
+            raws = pipe.execute()
+        except redis.RedisError as exc:
+            raise QueueUnavailableError(f"could not read replies: {type(exc).__name__}") from exc
+        return {op_id: decode_reply(raw) for op_id, raw in zip(ids, raws, strict=True)
+                if raw is not None}
+
+
+def _unwrap(reply: StreamReceipt | EngramError) -> StreamReceipt:
+    if isinstance(reply, EngramError):
+        raise reply
+    return reply
+
+
+def _unavailable(op_id: str, stream: str, exc: redis.RedisError) -> QueueUnavailableError:
+    return QueueUnavailableError(
+        f"operation {op_id} may not have been enqueued on {stream}: "
+        f"{type(exc).__name__}: {str(exc)[:200]}; retry with the same operation id"
+    )
+
+
+def _dicts(items: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+    if items is None:
+        return None
+    return [i.as_dict() if hasattr(i, "as_dict") else dict(i) for i in items]

@@ -1,0 +1,192 @@
+"""The stream protocol: pure encoding, decoding and checking, no I/O.
+
+An entry of ``engram:ops:{N}`` has exactly one field, ``op``: the operation
+as a JSON object ``{"operation_id", "kind", "scope", "request"}`` (the shape
+``store.Operation.from_dict`` accepts). ``N`` is ``crc32(scope key) % P``
+where the scope key is the JSON object of the set scope fields, keys sorted,
+no whitespace. A reply is one JSON object: ``{"receipt": {...}}`` or
+``{"error": {"code", "message", ...}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from store import Operation, Scope, WriteResult
+from store.errors import EngramError, InvalidRequestError
+from store.model import RecordRef
+
+from .defaults import MAX_ENTRY_BYTES
+from .errors import error_from_dict
+
+OP_FIELD = "op"
+
+
+def partition_of(scope: Scope | Mapping[str, Any], partitions: int) -> int:
+    """The partition a scope's operations go to: all of them, so they keep their order."""
+    if partitions < 1:
+        raise ValueError("partitions must be at least 1")
+    return zlib.crc32(Scope.of(scope).key.encode()) % partitions
+
+
+def encode_entry(op: Operation) -> dict[str, str]:
+    raw = json.dumps(op.to_dict(), separators=(",", ":"), ensure_ascii=False)
+    if len(raw.encode()) > MAX_ENTRY_BYTES:
+        raise InvalidRequestError(
+            f"operation {op.operation_id} is larger than {MAX_ENTRY_BYTES} bytes once encoded"
+        )
+    return {OP_FIELD: raw}
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A stream entry that holds a valid operation for its partition."""
+
+    entry_id: str
+    operation: Operation
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A stream entry that can never be applied: it goes to the dead letters at once."""
+
+    entry_id: str
+    error: InvalidRequestError
+    raw: str | None  # the op field as sent, kept in the dead letter for inspection
+    operation_id: str | None  # when readable, so a waiting producer gets the error
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def decode_entry(
+    entry_id: str | bytes, fields: Mapping[Any, Any], *, partition: int, partitions: int
+) -> Entry | Malformed:
+    """Check one entry read from partition ``partition``'s stream."""
+    eid = _text(entry_id)
+    names = sorted(_text(k) for k in fields)
+    if names != [OP_FIELD]:
+        return Malformed(eid, InvalidRequestError(
+            f"a stream entry has exactly one field, {OP_FIELD!r}; got {names[:8]}"
+        ), None, None)
+    value = next(iter(fields.values()))
+    try:
+        raw = _text(value)
+    except UnicodeDecodeError:
+        return Malformed(eid, InvalidRequestError("the op field is not UTF-8"), None, None)
+    if len(raw.encode()) > MAX_ENTRY_BYTES:
+        return Malformed(eid, InvalidRequestError(
+            f"the op field is larger than {MAX_ENTRY_BYTES} bytes"), raw, None)
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return Malformed(eid, InvalidRequestError(
+            f"the op field is not valid JSON (at character {exc.pos})"), raw, None)
+    op_id = _operation_id(data)
+    try:
+        op = Operation.from_dict(data)
+    except InvalidRequestError as exc:
+        return Malformed(eid, exc, raw, op_id)
+    expected = partition_of(op.scope, partitions)
+    if expected != partition:
+        return Malformed(eid, InvalidRequestError(
+            f"operation {op.operation_id} belongs to partition {expected} of {partitions}, "
+            f"not {partition}: its scope's order could not be kept"
+        ), raw, op.operation_id)
+    return Entry(eid, op)
+
+
+def _operation_id(data: object) -> str | None:
+    if isinstance(data, dict):
+        value = data.get("operation_id")
+        if isinstance(value, str) and 0 < len(value) <= 200:
+            return value
+    return None
+
+
+# -- replies ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReceipt:
+    """A committed operation's receipt, as a producer receives it through Redis."""
+
+    operation_id: str
+    kind: str
+    scope: Scope
+    scope_revision: int
+    committed_at: datetime
+    records: tuple[RecordRef, ...]
+    replayed: bool
+    redacted: bool = False
+    # Only for a forget:
+    revisions: tuple[int, ...] | None = None
+    already_forgotten: bool | None = None
+    redaction: str | None = None
+    stream_entry: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "operation_id": self.operation_id,
+            "kind": self.kind,
+            "scope": self.scope.as_dict(),
+            "scope_revision": self.scope_revision,
+            "committed_at": self.committed_at.isoformat(),
+            "records": [r.as_dict() for r in self.records],
+            "replayed": self.replayed,
+            "redacted": self.redacted,
+        }
+        if self.kind == "forget":
+            out["revisions"] = list(self.revisions or ())
+            out["already_forgotten"] = bool(self.already_forgotten)
+            out["redaction"] = self.redaction
+        if self.stream_entry is not None:
+            out["stream_entry"] = self.stream_entry
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StreamReceipt:
+        forget = data["kind"] == "forget"
+        return cls(
+            operation_id=str(data["operation_id"]),
+            kind=str(data["kind"]),
+            scope=Scope.of(data["scope"]),
+            scope_revision=int(data["scope_revision"]),
+            committed_at=datetime.fromisoformat(data["committed_at"]),
+            records=tuple(RecordRef(str(r["id"]), int(r["revision"]), r["status"])
+                          for r in data["records"]),
+            replayed=bool(data["replayed"]),
+            redacted=bool(data.get("redacted", False)),
+            revisions=tuple(int(r) for r in data.get("revisions", ())) if forget else None,
+            already_forgotten=bool(data.get("already_forgotten")) if forget else None,
+            redaction=data.get("redaction") if forget else None,
+            stream_entry=data.get("stream_entry"),
+        )
+
+
+Outcome = WriteResult | EngramError
+
+
+def encode_reply(outcome: Outcome) -> str:
+    if isinstance(outcome, EngramError):
+        body: dict[str, Any] = {"error": outcome.to_dict()}
+    else:
+        body = {"receipt": {**outcome.receipt.as_dict(), "replayed": outcome.replayed}}
+    return json.dumps(body, separators=(",", ":"))
+
+
+def decode_reply(raw: str | bytes) -> StreamReceipt | EngramError:
+    """The receipt a worker replied with, or the typed error it sent (returned, not raised)."""
+    try:
+        data = json.loads(raw)
+        if "error" in data:
+            return error_from_dict(data["error"])
+        return StreamReceipt.from_dict(data["receipt"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return EngramError(f"unreadable reply ({type(exc).__name__})")
