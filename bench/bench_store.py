@@ -126,7 +126,7 @@ def main() -> None:
 
         print(f"\n## Recall in one scope ({args.queries} queries, top 5, hybrid)\n")
         print("| records in scope | search | p50 ms | p95 ms |\n|---:|---|---:|---:|")
-        queries = sentences(args.queries, seed=99)
+        queries = sentences(args.queries, seed=99, words=5)
         dsn = fresh_database(server, "recall")
         with Store.connect(dsn) as store:
             pre = Precomputed(texts, vectors)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import statistics
 import tempfile
 from collections.abc import Sequence
@@ -12,65 +14,27 @@ import psycopg
 
 from store.server import EmbeddedPostgres
 
-WORDS = [
-    "ada",
-    "bob",
-    "tea",
-    "coffee",
-    "london",
-    "paris",
-    "river",
-    "stone",
-    "jazz",
-    "violin",
-    "garden",
-    "meeting",
-    "report",
-    "friday",
-    "monday",
-    "budget",
-    "travel",
-    "train",
-    "flight",
-    "hotel",
-    "doctor",
-    "dentist",
-    "birthday",
-    "gift",
-    "book",
-    "film",
-    "song",
-    "recipe",
-    "pasta",
-    "salad",
-    "running",
-    "cycling",
-    "swimming",
-    "office",
-    "project",
-    "deadline",
-    "invoice",
-    "client",
-    "server",
-    "deploy",
-    "database",
-    "backup",
-    "holiday",
-    "winter",
-    "summer",
-    "rain",
-    "snow",
-    "mountain",
-    "lake",
-    "city",
-]
+
+def vocabulary() -> list[str]:
+    """Real English word pieces from the default embedder's tokenizer, most frequent first."""
+    import wordllama
+
+    path = Path(wordllama.__file__).parent / "tokenizers" / "l2_supercat_tokenizer_config.json"
+    vocab = json.loads(path.read_text())["model"]["vocab"]
+    return [
+        word[1:]
+        for word, _ in sorted(vocab.items(), key=lambda item: item[1])
+        if word.startswith("\u2581") and re.fullmatch(r"[a-z]{3,12}", word[1:])
+    ]
 
 
-def sentences(n: int, seed: int = 1) -> list[str]:
-    """Distinct synthetic sentences over a small vocabulary: clustered in meaning."""
+def sentences(n: int, seed: int = 1, words: int = 10) -> list[str]:
+    """Distinct synthetic sentences whose word frequencies follow Zipf's law, like text."""
+    vocab = vocabulary()
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(WORDS), size=(n, 6))
-    return [f"{' '.join(WORDS[j] for j in row)} {i}." for i, row in enumerate(picks)]
+    weights = 1.0 / np.arange(1, len(vocab) + 1) ** 1.1
+    ranks = rng.choice(len(vocab), size=(n, words), p=weights / weights.sum())
+    return [f"{' '.join(vocab[r] for r in row)} {seed}x{i}" for i, row in enumerate(ranks)]
 
 
 def scratch_postgres() -> EmbeddedPostgres:

@@ -195,7 +195,7 @@ class Writer:
                 if plan.changes_anything:
                     if gen_id is None and embedder is not None and vectors:
                         gen_id = _start_first_generation(conn, embedder)
-                    _write_plan(conn, state, plan, gen_id, vectors)
+                    _write_plan(conn, state, plan, now, gen_id, vectors)
                 for i, outcome in zip(indexes, plan.outcomes, strict=True):
                     outcomes[i] = outcome
         return outcomes
@@ -339,6 +339,7 @@ def _write_plan(
     conn: psycopg.Connection[Any],
     state: ScopeState,
     plan: Plan,
+    now: datetime,
     gen_id: int | None,
     vectors: dict[str, np.ndarray],
 ) -> None:
@@ -357,21 +358,34 @@ def _write_plan(
             cur.execute("DELETE FROM engram_revisions WHERE record_id = ANY(%s)", (gone,))
             cur.execute("DELETE FROM engram_records WHERE id = ANY(%s)", (gone,))
         if plan.tombstones:
-            cur.executemany(
-                "INSERT INTO engram_forgotten (record_id, scope_id, forgotten_at, operation_id)"
-                " VALUES (%s, %s, now(), %s)",
-                [(rid, sid, op_id) for rid, op_id in plan.tombstones],
+            _copy(
+                cur,
+                "engram_forgotten",
+                ("record_id", "scope_id", "forgotten_at", "operation_id"),
+                [(rid, sid, now, op_id) for rid, op_id in plan.tombstones],
             )
         if plan.revisions:
             _write_revisions(cur, state, plan)
         _write_records(cur, state, plan)
         _write_links(cur, sid, plan)
         _write_vectors(cur, state, plan, gen_id, vectors)
-        cur.executemany(
-            "INSERT INTO engram_receipts (operation_id, scope_id, kind, request_digest,"
-            " scope_revision, committed_at, request, redacted, forgotten_revisions,"
-            " already_forgotten, redaction, stream_entry)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        _copy(
+            cur,
+            "engram_receipts",
+            (
+                "operation_id",
+                "scope_id",
+                "kind",
+                "request_digest",
+                "scope_revision",
+                "committed_at",
+                "request",
+                "redacted",
+                "forgotten_revisions",
+                "already_forgotten",
+                "redaction",
+                "stream_entry",
+            ),
             [
                 (
                     r.operation_id,
@@ -395,24 +409,48 @@ def _write_plan(
             for r in plan.receipts
             for ref in r.refs
         ]
-        if refs:
-            cur.executemany(
-                "INSERT INTO engram_receipt_records (operation_id, record_id, revision, status)"
-                " VALUES (%s, %s, %s, %s)",
-                refs,
-            )
+        _copy(
+            cur, "engram_receipt_records", ("operation_id", "record_id", "revision", "status"), refs
+        )
         cur.execute(
             "UPDATE engram_scopes SET revision = %s WHERE id = %s", (plan.scope_revision, sid)
         )
 
 
+def _copy(
+    cur: psycopg.Cursor[Any], table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+) -> None:
+    """Insert rows with COPY: one round trip and the cheapest path into PostgreSQL."""
+    if not rows:
+        return
+    with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
 def _write_revisions(cur: psycopg.Cursor[Any], state: ScopeState, plan: Plan) -> None:
     sid = state.scope_id
-    cur.executemany(
-        "INSERT INTO engram_revisions (record_id, revision, scope_id, text, kind, importance,"
-        " metadata, origin, sources, links, status, digest, operation_id, recorded_at,"
-        " expires_at, current)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+    _copy(
+        cur,
+        "engram_revisions",
+        (
+            "record_id",
+            "revision",
+            "scope_id",
+            "text",
+            "kind",
+            "importance",
+            "metadata",
+            "origin",
+            "sources",
+            "links",
+            "status",
+            "digest",
+            "operation_id",
+            "recorded_at",
+            "expires_at",
+            "current",
+        ),
         [
             (
                 c.id,
@@ -449,9 +487,19 @@ def _write_records(cur: psycopg.Cursor[Any], state: ScopeState, plan: Plan) -> N
     new = [c for rid, c in plan.final.items() if rid not in state.records]
     old = [c for rid, c in plan.final.items() if rid in state.records]
     if new:
-        cur.executemany(
-            "INSERT INTO engram_records (id, scope_id, revision, status, kind, expires_at,"
-            " created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+        _copy(
+            cur,
+            "engram_records",
+            (
+                "id",
+                "scope_id",
+                "revision",
+                "status",
+                "kind",
+                "expires_at",
+                "created_at",
+                "updated_at",
+            ),
             [
                 (
                     c.id,
@@ -484,12 +532,7 @@ def _write_links(cur: psycopg.Cursor[Any], scope_id: int, plan: Plan) -> None:
         if (c := plan.final.get(rid)) is not None
         for link in set(c.links)
     ]
-    if rows:
-        cur.executemany(
-            "INSERT INTO engram_links (scope_id, record_id, relation, target_id)"
-            " VALUES (%s, %s, %s, %s)",
-            rows,
-        )
+    _copy(cur, "engram_links", ("scope_id", "record_id", "relation", "target_id"), rows)
 
 
 def _write_vectors(
@@ -518,10 +561,21 @@ def _write_vectors(
         for rid in plan.text_changed
         if (c := plan.final.get(rid)) is not None and c.digest in vectors
     ]
-    if fresh and gen_id is not None:
-        cur.executemany(
-            "INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,"
-            " status, kind, expires_at, embedding) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+    if gen_id is not None:
+        _copy(
+            cur,
+            "engram_vectors",
+            (
+                "generation_id",
+                "record_id",
+                "scope_id",
+                "revision",
+                "digest",
+                "status",
+                "kind",
+                "expires_at",
+                "embedding",
+            ),
             fresh,
         )
     moved = [
