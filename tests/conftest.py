@@ -3,6 +3,8 @@ a fresh database for each test module."""
 
 from __future__ import annotations
 
+pytest_plugins = ["tests.redis_fixtures"]
+
 import os
 import re
 import tempfile

@@ -1,1 +1,36 @@
-"""The stream protocol, the Producer client and the stream Worker."""
+"""The stream protocol, the Producer client and the stream Worker.
+
+>>> from worker import Producer
+>>> p = Producer.from_url("redis://127.0.0.1:6379/0")
+>>> receipt = p.remember({"user_id": "ada"}, "Ada lives in London.").wait(timeout=5.0)
+
+Nothing here connects at import time.
+"""
+
+from .errors import (
+    DeadLetteredError,
+    EmbeddingMismatchError,
+    EngramError,
+    FencedError,
+    InvalidRequestError,
+    NotFoundError,
+    OperationConflictError,
+    QueueFullError,
+    QueueUnavailableError,
+    RevisionConflictError,
+    WaitTimeout,
+)
+from .producer import Pending, Producer
+from .protocol import StreamReceipt, partition_of
+from .settings import Settings, WorkerConfig
+from .worker import Worker
+
+# DESIGN's name for a wait that ran out; also a builtin TimeoutError subclass.
+TimeoutError = WaitTimeout
+
+__all__ = [
+    "DeadLetteredError", "EmbeddingMismatchError", "EngramError", "FencedError",
+    "InvalidRequestError", "NotFoundError", "OperationConflictError", "Pending", "Producer",
+    "QueueFullError", "QueueUnavailableError", "RevisionConflictError", "Settings",
+    "StreamReceipt", "TimeoutError", "WaitTimeout", "Worker", "WorkerConfig", "partition_of",
+]

@@ -1,16 +1,21 @@
-"""The ``engram`` command: ``up``, ``migrate``, ``demo``."""
+"""The ``engram`` command: up, worker, enqueue, metrics, migrate, demo."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 from store import Store, WordLlamaEmbedder
-from store.errors import EngramError
+from store.errors import EngramError, InvalidRequestError
 from store.server import EmbeddedPostgres
 
+from . import logs, metrics, runtime
+from .producer import Producer
 from .settings import Settings
 
 log = logging.getLogger("engram")
@@ -53,11 +58,11 @@ def demo(store: Store) -> None:
 
 
 def _demo_id(result: object) -> str:
-    receipt = getattr(result, "receipt")
+    receipt = result.receipt  # type: ignore[attr-defined]
     return str(receipt.records[0].id) if receipt.records else ""
 
 
-def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     dsn, server = _database(settings)
     try:
         with Store.connect(dsn) as store:
@@ -70,20 +75,106 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
             server.stop()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="engram", description=__doc__)
-    parser.add_argument("--log-level", default="WARNING")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="start engram on its embedded default (or the configured servers)")
-    sub.add_parser("migrate", help="apply the schema migrations and exit")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
-    settings = Settings.from_env()
-    commands = {"up": cmd_up, "migrate": cmd_migrate}
+def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
+    from .up import run_up
+
+    return run_up(settings, workers=args.workers or settings.workers, demo=args.demo)
+
+
+def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+    from .worker import Worker
+
+    client = runtime.connect_redis(runtime.redis_url(settings))
+    embedder = runtime.load_embedder(args.embedder or settings.embedder)
+    store = Store.connect(runtime.database_url(settings), migrate=False,
+                          max_connections=settings.db_pool_size)
+    worker = Worker(client, store, embedder, config=settings.worker)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("stop requested", extra={"signal": signal.Signals(signum).name})
+        worker.stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
     try:
-        return commands[args.command](settings, args)
+        worker.run()
+    finally:
+        store.close()
+        client.close()
+    return 0
+
+
+def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        scope, request = json.loads(args.scope), json.loads(args.request)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"--scope and --request must be JSON ({exc.msg})") from None
+    with Producer.from_url(runtime.redis_url(settings),
+                           partitions=settings.worker.partitions) as producer:
+        pending = producer.submit(args.kind, scope, request, operation_id=args.operation_id)
+        if args.wait is None:
+            print(json.dumps({"operation_id": pending.operation_id,
+                              "partition": pending.partition, "entry": pending.entry_id}))
+            return 0
+        try:
+            receipt = pending.wait(args.wait)
+        except EngramError as exc:
+            print(json.dumps({"error": exc.to_dict()}, indent=2))
+            return 1
+        print(json.dumps(receipt.as_dict(), indent=2))
+        return 0
+
+
+def cmd_metrics(settings: Settings, args: argparse.Namespace) -> int:
+    client = runtime.connect_redis(runtime.redis_url(settings))
+    try:
+        sys.stdout.write(metrics.render(client, partitions=settings.worker.partitions,
+                                        lease_ttl_ms=settings.worker.lease_ttl_ms))
+    finally:
+        client.close()
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="engram", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=("text", "json"), default=None,
+                        help="default: ENGRAM_LOG_FORMAT, else text")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="run engram: embedded servers unless configured, workers")
+    up.add_argument("--workers", type=int, default=None, help="worker processes (default 2)")
+    up.add_argument("--demo", action="store_true", help="send a few operations once up")
+    worker = sub.add_parser("worker", help="commit operations from the streams until SIGTERM")
+    worker.add_argument("--embedder", default=None,
+                        help="wordllama (default), hashing[:DIMS] or module:factory")
+    enqueue = sub.add_parser("enqueue", help="send one operation; print its id or receipt")
+    enqueue.add_argument("kind", choices=("remember", "extract", "revise", "retract", "forget"))
+    enqueue.add_argument("--scope", required=True, help='JSON, e.g. \'{"user_id": "ada"}\'')
+    enqueue.add_argument("--request", required=True, help='JSON, e.g. \'{"text": "..."}\'')
+    enqueue.add_argument("--operation-id", default=None)
+    enqueue.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                         help="wait for the receipt and print it")
+    sub.add_parser("metrics", help="print the stream counters in Prometheus text format")
+    sub.add_parser("migrate", help="apply the schema migrations and exit")
+    sub.add_parser("demo", help="remember, revise and recall directly in the store")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
+    args = _parser().parse_args(argv)
+    log_format = args.log_format or os.environ.get("ENGRAM_LOG_FORMAT") or "text"
+    logs.configure(args.log_level, as_json=log_format == "json")
+    commands = {"up": cmd_up, "worker": cmd_worker, "enqueue": cmd_enqueue,
+                "metrics": cmd_metrics, "migrate": cmd_migrate, "demo": cmd_demo}
+    try:
+        return commands[args.command](Settings.from_env(), args)
     except EngramError as exc:
-        print(f"engram: {exc.message}", file=sys.stderr)
+        print(f"engram: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+    except (runtime.ConfigError, ValueError) as exc:
+        print(f"engram: {exc}", file=sys.stderr)
         return 2
 
 

@@ -166,8 +166,9 @@ class Producer:
                 if remaining >= 0.01:
                     # Rotating the one-element list onto itself returns the reply
                     # and leaves it there, so every waiter is woken, not just one.
-                    raw = self.client.blmove(key, key, min(remaining, _WAIT_SLICE_S),
-                                             "RIGHT", "LEFT")
+                    slice_s = min(remaining, _WAIT_SLICE_S)
+                    # Redis takes fractions of a second; redis-py's annotation says int.
+                    raw = self.client.blmove(key, key, slice_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
                 else:
                     raw = self.client.lindex(key, -1)
                 unreachable = None

@@ -7,12 +7,42 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import defaults
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How a stream worker runs; every worker sharing the streams must agree on ``partitions``."""
+
+    partitions: int = defaults.PARTITIONS
+    batch_size: int = defaults.BATCH_SIZE
+    block_ms: int = defaults.BLOCK_MS
+    lease_ttl_ms: int = defaults.LEASE_TTL_MS
+    lease_margin_ms: int = defaults.LEASE_MARGIN_MS
+    max_deliveries: int = defaults.MAX_DELIVERIES
+    reply_ttl_s: int = defaults.REPLY_TTL_S
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1 or self.batch_size < 1 or self.max_deliveries < 1:
+            raise ValueError("partitions, batch_size and max_deliveries must be at least 1")
+        if not 0 <= self.lease_margin_ms < self.lease_ttl_ms // 2:
+            raise ValueError("lease_margin_ms must be below half of lease_ttl_ms")
+
+    @property
+    def tick_s(self) -> float:
+        """How often a worker beats, renews its leases and rebalances."""
+        return min(max(self.lease_ttl_ms / 5000, 0.05), 1.0)
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     home: Path
     database_url: str | None
     redis_url: str | None
+    embedder: str = "wordllama"
+    workers: int = defaults.UP_WORKERS
+    db_pool_size: int = defaults.DB_POOL_SIZE
+    worker: WorkerConfig = WorkerConfig()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -21,4 +51,29 @@ class Settings:
             home=Path(env.get("ENGRAM_HOME") or ".engram"),
             database_url=env.get("DATABASE_URL") or None,
             redis_url=env.get("REDIS_URL") or None,
+            embedder=env.get("ENGRAM_EMBEDDER") or "wordllama",
+            workers=_int(env, "ENGRAM_WORKERS", defaults.UP_WORKERS),
+            db_pool_size=_int(env, "ENGRAM_DB_POOL_SIZE", defaults.DB_POOL_SIZE),
+            worker=WorkerConfig(
+                partitions=_int(env, "ENGRAM_PARTITIONS", defaults.PARTITIONS),
+                batch_size=_int(env, "ENGRAM_BATCH_SIZE", defaults.BATCH_SIZE),
+                block_ms=_int(env, "ENGRAM_BLOCK_MS", defaults.BLOCK_MS),
+                lease_ttl_ms=_int(env, "ENGRAM_LEASE_TTL_MS", defaults.LEASE_TTL_MS),
+                lease_margin_ms=_int(env, "ENGRAM_LEASE_MARGIN_MS",
+                                     min(defaults.LEASE_MARGIN_MS,
+                                         _int(env, "ENGRAM_LEASE_TTL_MS",
+                                              defaults.LEASE_TTL_MS) // 5)),
+                max_deliveries=_int(env, "ENGRAM_MAX_DELIVERIES", defaults.MAX_DELIVERIES),
+                reply_ttl_s=_int(env, "ENGRAM_REPLY_TTL_S", defaults.REPLY_TTL_S),
+            ),
         )
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name)
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, not {value!r}") from None
