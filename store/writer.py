@@ -92,20 +92,20 @@ class Writer:
         with self.pool.connection() as conn:
             # A replay is answered from its receipt: no embedding call for it.
             stored = _stored_receipts(conn, [op.operation_id for op in ops])
+            fresh = [op for op in ops if op.operation_id not in stored]
             retries = 0
+            embedded_for: Any = False  # the generation the vectors were computed for
             while True:
                 generation = _active_generation(conn, lock=False)
-                fresh = [op for op in ops if op.operation_id not in stored]
-                vectors, refused = self._embed(fresh, embedder, generation)
+                if generation != embedded_for:
+                    vectors, refused = self._embed(fresh, embedder, generation)
+                    embedded_for = generation
                 batch = [i for i, op in enumerate(ops) if op.operation_id not in refused]
                 try:
                     outcomes = self._commit(
                         conn, [ops[i] for i in batch], embedder, generation, vectors, fence, ctx
                     )
-                except _GenerationMoved:
-                    retries += 1
-                    continue
-                except _RETRYABLE as exc:
+                except (_GenerationMoved, *_RETRYABLE) as exc:
                     retries += 1
                     if retries >= MAX_WRITE_ATTEMPTS:
                         raise
