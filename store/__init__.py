@@ -30,7 +30,8 @@ from .model import (
     WriteResult,
 )
 from .operations import Operation
-from .store import ForgetEvent, ForgetListener, ScopeSummary, Session, Store
+from .session import ForgetEvent, ForgetListener, Session
+from .store import ScopeSummary, Store
 from .writer import Fence
 
 __all__ = [

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from .errors import EngramError, InvalidRequestError, NotFoundError, RevisionConflictError
+from .errors import (
+    EngramError,
+    InvalidRequestError,
+    NotFoundError,
+    OperationConflictError,
+    RevisionConflictError,
+)
 from .extraction import readable_sources
 from .model import Link, Record, RecordRef, Scope, Source
 from .operations import (
@@ -177,8 +183,6 @@ def _replay_or_conflict(op: Operation, stored: StoredReceipt | None, plan: Plan)
         else next(r.request_digest for r in plan.receipts if r.operation_id == op.operation_id)
     )
     if digest != op.digest:
-        from .errors import OperationConflictError
-
         return OperationConflictError(
             f"operation {op.operation_id} was already used for a different request"
         )

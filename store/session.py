@@ -1,0 +1,231 @@
+"""``Session``: the API of one scope (seed 000's session), synchronous."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .embedders import Embedder
+from .errors import EngramError
+from .limits import DEFAULT_TOP_K
+from .model import Hit, Link, Record, ReembedResult, Scope, Source, WriteResult
+from .operations import Operation
+from .writer import Result
+
+if TYPE_CHECKING:
+    from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetEvent:
+    """What a forget listener is told: ids and revision numbers, never text."""
+
+    scope: Scope
+    record_id: str
+    revisions: tuple[int, ...]
+    operation_id: str
+    already_forgotten: bool
+
+
+ForgetListener = Callable[[ForgetEvent], None]
+
+
+def _unwrap(result: Result) -> WriteResult:
+    if isinstance(result, EngramError):
+        raise result
+    return result
+
+
+class Session:
+    """The API of one scope (seed 000's session), synchronous."""
+
+    def __init__(
+        self,
+        store: Store,
+        scope: Scope,
+        *,
+        embedder: Embedder | None,
+        on_forget: list[ForgetListener],
+    ) -> None:
+        self.store = store
+        self.scope = scope
+        self.embedder = embedder
+        self.on_forget = on_forget
+
+    def _run(self, kind: str, request: dict[str, Any], operation_id: str | None) -> WriteResult:
+        op = Operation.build(kind, self.scope, request, operation_id)
+        [result] = self.store.execute([op], self.embedder, listeners=bool(self.on_forget))
+        return _unwrap(result)
+
+    def remember(
+        self,
+        text: str,
+        *,
+        kind: str | None = None,
+        importance: float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        origin: str | None = None,
+        sources: Sequence[Source | Mapping[str, Any]] | None = None,
+        links: Sequence[Link | Mapping[str, Any]] = (),
+        ttl_ms: int | None = None,
+        id: str | None = None,
+        operation_id: str | None = None,
+    ) -> WriteResult:
+        return self._run(
+            "remember",
+            {
+                "text": text,
+                "kind": kind,
+                "importance": importance,
+                "metadata": metadata,
+                "origin": origin,
+                "sources": _dicts(sources),
+                "links": _dicts(links) or None,
+                "ttl_ms": ttl_ms,
+                "id": id,
+            },
+            operation_id,
+        )
+
+    def extract(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        kind: str | None = None,
+        ttl_ms: int | None = None,
+        links: Sequence[Link | Mapping[str, Any]] = (),
+        trusted_tools: Sequence[str] = (),
+        infer: bool | None = None,
+        operation_id: str | None = None,
+    ) -> WriteResult:
+        return self._run(
+            "extract",
+            {
+                "messages": list(messages),
+                "kind": kind,
+                "ttl_ms": ttl_ms,
+                "links": _dicts(links) or None,
+                "trusted_tools": list(trusted_tools) or None,
+                "infer": infer,
+            },
+            operation_id,
+        )
+
+    def revise(
+        self,
+        record_id: str,
+        *,
+        text: str | None = None,
+        kind: str | None = None,
+        importance: float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        links: Sequence[Link | Mapping[str, Any]] | None = None,
+        ttl_ms: int | None = None,
+        expected_revision: int | None = None,
+        operation_id: str | None = None,
+    ) -> WriteResult:
+        return self._run(
+            "revise",
+            {
+                "id": record_id,
+                "text": text,
+                "kind": kind,
+                "importance": importance,
+                "metadata": metadata,
+                "links": _dicts(links),
+                "ttl_ms": ttl_ms,
+                "expected_revision": expected_revision,
+            },
+            operation_id,
+        )
+
+    def retract(
+        self,
+        record_id: str,
+        *,
+        expected_revision: int | None = None,
+        operation_id: str | None = None,
+    ) -> WriteResult:
+        return self._run(
+            "retract", {"id": record_id, "expected_revision": expected_revision}, operation_id
+        )
+
+    def forget(self, record_id: str, *, operation_id: str | None = None) -> WriteResult:
+        result = self._run("forget", {"id": record_id}, operation_id)
+        if result.receipt.redaction in (None, "none") or not self.on_forget:
+            return result
+        status = run_forget_listeners(
+            self.on_forget,
+            ForgetEvent(
+                scope=self.scope,
+                record_id=record_id,
+                revisions=result.revisions,
+                operation_id=result.receipt.operation_id,
+                already_forgotten=result.already_forgotten,
+            ),
+        )
+        self.store.set_redaction(result.receipt.operation_id, status)
+        return replace(result, receipt=replace(result.receipt, redaction=status))  # type: ignore[arg-type]
+
+    def get(self, record_id: str) -> Record | None:
+        return self.store.get(self.scope, record_id)
+
+    def history(self, record_id: str) -> list[Record]:
+        return self.store.history(self.scope, record_id)
+
+    def recall(
+        self,
+        text: str | None = None,
+        *,
+        top_k: int = DEFAULT_TOP_K,
+        kind: str | None = None,
+        include_retracted: bool = False,
+        recorded_as_of: datetime | None = None,
+    ) -> list[Hit]:
+        return self.store.recall(
+            self.scope,
+            text,
+            embedder=self.embedder,
+            top_k=top_k,
+            kind=kind,
+            include_retracted=include_retracted,
+            recorded_as_of=recorded_as_of,
+        )
+
+    def reembed(self, embedder: Embedder, *, batch_size: int = 64) -> ReembedResult:
+        """Move the whole store to ``embedder``; on activation this session uses it."""
+        result = self.store.embeddings.reembed(embedder, batch_size=batch_size)
+        if result.activated:
+            self.embedder = embedder
+        return result
+
+
+def run_forget_listeners(listeners: Sequence[ForgetListener], event: ForgetEvent) -> str:
+    """Await every listener in order; 'complete', or 'failed' if one raised."""
+    status = "complete"
+    for listener in listeners:
+        try:
+            listener(event)
+        except Exception as exc:  # a listener's failure never undoes the forget
+            status = "failed"
+            log.error(
+                "forget listener failed",
+                extra={
+                    "record_id": event.record_id,
+                    "operation_id": event.operation_id,
+                    "listener": getattr(listener, "__name__", type(listener).__name__),
+                    "error": type(exc).__name__,
+                },
+            )
+    return status
+
+
+def _dicts(items: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+    if items is None:
+        return None
+    return [i.as_dict() if hasattr(i, "as_dict") else dict(i) for i in items]
