@@ -142,13 +142,17 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
     """Apply ``ops`` in order to a copy of ``state``; say what to write."""
     plan = Plan(scope_revision=state.revision)
     records = dict(state.records)
-    in_batch: set[str] = set()
     for index, op in enumerate(ops):
-        stored = state.receipts.get(op.operation_id)
-        if stored is not None or op.operation_id in in_batch:
-            plan.outcomes.append(_replay_or_conflict(op, stored, plan))
+        digest = _stored_digest(op.operation_id, state, plan)
+        if digest is not None:
+            plan.outcomes.append(
+                Replayed(op.operation_id)
+                if digest == op.digest
+                else OperationConflictError(
+                    f"operation {op.operation_id} was already used for a different request"
+                )
+            )
             continue
-        in_batch.add(op.operation_id)
         at = ctx.now + timedelta(microseconds=index)
         try:
             step = _Step(state, records, op, at, ctx)
@@ -176,17 +180,12 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
     return plan
 
 
-def _replay_or_conflict(op: Operation, stored: StoredReceipt | None, plan: Plan) -> Outcome:
-    digest = (
-        stored.request_digest
-        if stored
-        else next(r.request_digest for r in plan.receipts if r.operation_id == op.operation_id)
-    )
-    if digest != op.digest:
-        return OperationConflictError(
-            f"operation {op.operation_id} was already used for a different request"
-        )
-    return Replayed(op.operation_id)
+def _stored_digest(op_id: str, state: ScopeState, plan: Plan) -> str | None:
+    """The request digest committed under ``op_id``, before or earlier in this batch."""
+    stored = state.receipts.get(op_id)
+    if stored is not None:
+        return stored.request_digest
+    return next((r.request_digest for r in plan.receipts if r.operation_id == op_id), None)
 
 
 def _record_writes(plan: Plan, step: _Step, writes: list[RevisionRow]) -> None:
