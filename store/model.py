@@ -42,6 +42,8 @@ class Scope:
     run_id: str | None = None
     actor_id: str | None = None
     chat_id: str | None = None
+    key: str = field(init=False, repr=False, compare=False)
+    """The canonical key: the set fields as JSON, keys sorted, no whitespace."""
 
     def __post_init__(self) -> None:
         set_fields = 0
@@ -52,6 +54,9 @@ class Scope:
                 set_fields += 1
         if set_fields == 0:
             raise InvalidRequestError(f"a scope needs at least one of {', '.join(SCOPE_FIELDS)}")
+        object.__setattr__(
+            self, "key", json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+        )
 
     @classmethod
     def of(cls, value: Scope | Mapping[str, Any]) -> Scope:
@@ -66,11 +71,6 @@ class Scope:
 
     def as_dict(self) -> dict[str, str]:
         return {name: v for name in SCOPE_FIELDS if (v := getattr(self, name)) is not None}
-
-    @property
-    def key(self) -> str:
-        """The canonical key: the set fields as JSON, keys sorted, no whitespace."""
-        return json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True, slots=True)

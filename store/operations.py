@@ -13,7 +13,7 @@ import json
 import math
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from .errors import InvalidRequestError
@@ -444,6 +444,14 @@ class Operation:
     operation_id: str
     scope: Scope
     request: Request
+    digest: str = field(init=False, repr=False, compare=False)
+    """Identifies the request (not the id): same id + other digest = conflict."""
+
+    def __post_init__(self) -> None:
+        body = {"kind": self.kind, "scope": self.scope.as_dict(), "request": self.request.to_dict()}
+        object.__setattr__(
+            self, "digest", hashlib.sha256(canonical_json(body).encode()).hexdigest()
+        )
 
     @property
     def kind(self) -> OperationKind:
@@ -486,12 +494,6 @@ class Operation:
             "scope": self.scope.as_dict(),
             "request": self.request.to_dict(),
         }
-
-    @property
-    def digest(self) -> str:
-        """Identifies the request (not the id): same id + other digest = conflict."""
-        body = {"kind": self.kind, "scope": self.scope.as_dict(), "request": self.request.to_dict()}
-        return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
 def _compact(values: dict[str, Any]) -> dict[str, Any]:

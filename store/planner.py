@@ -123,6 +123,7 @@ class Plan:
     forgotten_stored: list[str] = field(default_factory=list)  # delete from the database
     tombstones: list[tuple[str, str]] = field(default_factory=list)  # (record id, op id)
     receipts: list[ReceiptRow] = field(default_factory=list)
+    digests: dict[str, str] = field(default_factory=dict)  # op id -> request digest, this batch
     scope_revision: int = 0
 
     @property
@@ -176,6 +177,7 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
         if isinstance(op.request, Forget):
             _forget_in_plan(plan, state, op.request.id, op.operation_id, step)
         plan.receipts.append(receipt)
+        plan.digests[op.operation_id] = op.digest
         plan.outcomes.append(Applied(receipt, tuple(writes)))
     return plan
 
@@ -185,7 +187,7 @@ def _stored_digest(op_id: str, state: ScopeState, plan: Plan) -> str | None:
     stored = state.receipts.get(op_id)
     if stored is not None:
         return stored.request_digest
-    return next((r.request_digest for r in plan.receipts if r.operation_id == op_id), None)
+    return plan.digests.get(op_id)
 
 
 def _record_writes(plan: Plan, step: _Step, writes: list[RevisionRow]) -> None:
