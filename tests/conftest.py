@@ -3,8 +3,6 @@ a fresh database for each test module."""
 
 from __future__ import annotations
 
-pytest_plugins = ["tests.redis_fixtures"]
-
 import os
 import re
 import tempfile
@@ -16,6 +14,8 @@ import pytest
 
 from store import HashingEmbedder, Store
 from store.server import EmbeddedPostgres
+
+pytest_plugins = ["tests.redis_fixtures"]
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The ``engram`` command: up, worker, enqueue, metrics, migrate, demo."""
+"""The ``engram`` command: up, worker, enqueue, metrics, health, migrate, demo."""
 
 from __future__ import annotations
 
@@ -86,8 +86,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
 
     client = runtime.connect_redis(runtime.redis_url(settings))
     embedder = runtime.load_embedder(args.embedder or settings.embedder)
-    store = Store.connect(runtime.database_url(settings), migrate=False,
-                          max_connections=settings.db_pool_size)
+    store = _connect_store(runtime.database_url(settings), settings.db_pool_size)
     worker = Worker(client, store, embedder, config=settings.worker)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -102,6 +101,23 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         store.close()
         client.close()
     return 0
+
+
+def _connect_store(dsn: str, pool_size: int) -> Store:
+    """Wait for PostgreSQL if it is not up yet (workers may start before it)."""
+    import time
+
+    import psycopg
+
+    delay = 1.0
+    while True:
+        try:
+            return Store.connect(dsn, migrate=False, max_connections=pool_size)
+        except psycopg.OperationalError as exc:
+            log.warning("database unavailable, will retry",
+                        extra={"error": type(exc).__name__, "retry_in_s": delay})
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
 
 def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
@@ -135,6 +151,22 @@ def cmd_metrics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
+    """Exit 0 when a worker on this host is beating (a container's health check)."""
+    import socket
+
+    from .membership import live_workers
+
+    client = runtime.connect_redis(runtime.redis_url(settings))
+    try:
+        here = [w for w in live_workers(client, settings.worker.lease_ttl_ms)
+                if w.get("host") == socket.gethostname()]
+    finally:
+        client.close()
+    print(json.dumps({"live_workers_on_this_host": len(here)}))
+    return 0 if here else 1
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="engram", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
@@ -155,6 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--wait", type=float, default=None, metavar="SECONDS",
                          help="wait for the receipt and print it")
     sub.add_parser("metrics", help="print the stream counters in Prometheus text format")
+    sub.add_parser("health", help="exit 0 if a worker on this host is alive")
     sub.add_parser("migrate", help="apply the schema migrations and exit")
     sub.add_parser("demo", help="remember, revise and recall directly in the store")
     return parser
@@ -167,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_format = args.log_format or os.environ.get("ENGRAM_LOG_FORMAT") or "text"
     logs.configure(args.log_level, as_json=log_format == "json")
     commands = {"up": cmd_up, "worker": cmd_worker, "enqueue": cmd_enqueue,
-                "metrics": cmd_metrics, "migrate": cmd_migrate, "demo": cmd_demo}
+                "metrics": cmd_metrics, "health": cmd_health, "migrate": cmd_migrate,
+                "demo": cmd_demo}
     try:
         return commands[args.command](Settings.from_env(), args)
     except EngramError as exc:

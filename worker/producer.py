@@ -35,6 +35,8 @@ return redis.call('XADD', KEYS[1], '*', '{OP_FIELD}', ARGV[2])
 # How long one blocking read of a reply lasts: below the client's socket
 # timeout, and short enough to ride out a Redis restart within a wait.
 _WAIT_SLICE_S = 1.0
+# How often a wait looks again when the reply there is to an earlier enqueue.
+_STALE_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +49,7 @@ class Pending:
     producer: Producer
 
     def wait(self, timeout: float = 30.0) -> StreamReceipt:
-        return self.producer.wait(self.operation_id, timeout)
+        return self.producer.wait(self.operation_id, timeout, entry_id=self.entry_id)
 
 
 class Producer:
@@ -93,8 +95,34 @@ class Producer:
             raise _unavailable(op.operation_id, stream, exc) from exc
         except redis.RedisError as exc:
             raise _unavailable(op.operation_id, stream, exc) from exc
-        eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-        return Pending(op.operation_id, partition, eid, self)
+        return Pending(op.operation_id, partition, _text(entry_id), self)
+
+    def enqueue_many(self, ops: Sequence[Operation]) -> list[Pending]:
+        """Add many validated operations in one round trip (bulk loads).
+
+        All or an error: when Redis fails, or a stream is full, the error says
+        how many were enqueued; enqueue them all again with the same operation
+        ids, the receipts make the repeats exact.
+        """
+        targets = [(op, partition_of(op.scope, self.partitions)) for op in ops]
+        pipe = self.client.pipeline(transaction=False)
+        for op, partition in targets:
+            self._enqueue(keys=[keys.stream(partition)],
+                          args=[self.stream_max_len, encode_entry(op)[OP_FIELD]], client=pipe)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except redis.RedisError as exc:
+            raise QueueUnavailableError(
+                f"{len(ops)} operations may not have been enqueued: {type(exc).__name__}; "
+                "retry them with the same operation ids") from exc
+        failed = [r for r in replies if isinstance(r, Exception)]
+        if failed:
+            cls = QueueFullError if all(str(f).startswith("ENGRAMFULL") for f in failed) \
+                else QueueUnavailableError
+            raise cls(f"{len(ops) - len(failed)} of {len(ops)} operations enqueued "
+                      f"({type(failed[0]).__name__}); retry them with the same operation ids")
+        return [Pending(op.operation_id, partition, _text(entry_id), self)
+                for (op, partition), entry_id in zip(targets, replies, strict=True)]
 
     def submit(self, kind: str, scope: Scope | Mapping[str, Any], request: Mapping[str, Any],
                *, operation_id: str | None = None) -> Pending:
@@ -151,17 +179,21 @@ class Producer:
 
     # -- replies ----------------------------------------------------------------------
 
-    def wait(self, operation_id: str, timeout: float = 30.0) -> StreamReceipt:
+    def wait(self, operation_id: str, timeout: float = 30.0, *,
+             entry_id: str | None = None) -> StreamReceipt:
         """The operation's receipt; raises its typed error, or ``WaitTimeout``.
 
         Any number of callers may wait for the same id, before or after the
-        reply arrives: the reply stays in Redis for the reply TTL.
+        reply arrives: the reply stays in Redis for the reply TTL. With
+        ``entry_id`` (``Pending.wait`` passes its own), a reply to an earlier
+        enqueue of the same operation id is passed over.
         """
         key = keys.reply(operation_id)
         deadline = time.monotonic() + timeout
         unreachable: redis.RedisError | None = None
         while True:
             remaining = deadline - time.monotonic()
+            raw = None
             try:
                 if remaining >= 0.01:
                     # Rotating the one-element list onto itself returns the reply
@@ -173,10 +205,14 @@ class Producer:
                     raw = self.client.lindex(key, -1)
                 unreachable = None
             except redis.RedisError as exc:
-                unreachable, raw = exc, None
+                unreachable = exc
                 time.sleep(min(0.2, max(remaining, 0)))
             if raw is not None:
-                return _unwrap(decode_reply(raw))
+                reply = decode_reply(raw)
+                if entry_id is None or _not_older(reply.entry_id, entry_id):
+                    return _unwrap(reply.outcome)
+                # An earlier enqueue's reply: ours will replace it (rare, so poll).
+                time.sleep(min(_STALE_POLL_S, max(remaining, 0)))
             if remaining < 0.01:
                 why = f" (redis unreachable: {type(unreachable).__name__})" if unreachable else ""
                 raise WaitTimeout(f"no reply for operation {operation_id} within {timeout}s{why}")
@@ -191,8 +227,23 @@ class Producer:
             raws = pipe.execute()
         except redis.RedisError as exc:
             raise QueueUnavailableError(f"could not read replies: {type(exc).__name__}") from exc
-        return {op_id: decode_reply(raw) for op_id, raw in zip(ids, raws, strict=True)
+        return {op_id: decode_reply(raw).outcome for op_id, raw in zip(ids, raws, strict=True)
                 if raw is not None}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _not_older(replied: str | None, mine: str) -> bool:
+    """Whether a reply answers our entry, or a later one of the same stream."""
+    if replied is None or replied == mine:
+        return replied == mine
+    try:
+        a, b = (tuple(int(x) for x in e.split("-")) for e in (replied, mine))
+    except ValueError:
+        return False
+    return a >= b
 
 
 def _unwrap(reply: StreamReceipt | EngramError) -> StreamReceipt:

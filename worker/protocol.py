@@ -4,8 +4,8 @@ An entry of ``engram:ops:{N}`` has exactly one field, ``op``: the operation
 as a JSON object ``{"operation_id", "kind", "scope", "request"}`` (the shape
 ``store.Operation.from_dict`` accepts). ``N`` is ``crc32(scope key) % P``
 where the scope key is the JSON object of the set scope fields, keys sorted,
-no whitespace. A reply is one JSON object: ``{"receipt": {...}}`` or
-``{"error": {"code", "message", ...}}``.
+no whitespace. A reply is one JSON object: ``{"entry": ID, "receipt": {...}}``
+or ``{"entry": ID, "error": {"code", "message", ...}}``.
 """
 
 from __future__ import annotations
@@ -173,20 +173,30 @@ class StreamReceipt:
 Outcome = WriteResult | EngramError
 
 
-def encode_reply(outcome: Outcome) -> str:
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What a worker answered for one stream entry of an operation."""
+
+    entry_id: str | None  # the entry answered: an operation id may be enqueued more than once
+    outcome: StreamReceipt | EngramError
+
+
+def encode_reply(outcome: Outcome, entry_id: str | None = None) -> str:
+    body: dict[str, Any] = {"entry": entry_id}
     if isinstance(outcome, EngramError):
-        body: dict[str, Any] = {"error": outcome.to_dict()}
+        body["error"] = outcome.to_dict()
     else:
-        body = {"receipt": {**outcome.receipt.as_dict(), "replayed": outcome.replayed}}
+        body["receipt"] = {**outcome.receipt.as_dict(), "replayed": outcome.replayed}
     return json.dumps(body, separators=(",", ":"))
 
 
-def decode_reply(raw: str | bytes) -> StreamReceipt | EngramError:
+def decode_reply(raw: str | bytes) -> Reply:
     """The receipt a worker replied with, or the typed error it sent (returned, not raised)."""
     try:
         data = json.loads(raw)
+        entry = data.get("entry")
         if "error" in data:
-            return error_from_dict(data["error"])
-        return StreamReceipt.from_dict(data["receipt"])
-    except (ValueError, KeyError, TypeError) as exc:
-        return EngramError(f"unreadable reply ({type(exc).__name__})")
+            return Reply(entry, error_from_dict(data["error"]))
+        return Reply(entry, StreamReceipt.from_dict(data["receipt"]))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return Reply(None, EngramError(f"unreadable reply ({type(exc).__name__})"))

@@ -1,0 +1,445 @@
+"""Stream benchmark: operations end to end (enqueue -> committed receipt), engram
+against three baselines built here, measured side by side in one run.
+
+    python -m bench.bench_worker [--ops 10000] [--workers 2] [--appendfsync always|everysec]
+
+Every system consumes the same ``remember`` operations (distinct sentences over
+1,000 scopes) from Redis, embeds them with the default WordLlama embedder,
+writes them to PostgreSQL (fsync and synchronous_commit on) and answers each
+one on its reply key; a collector in this process notes when each answer
+appears. Systems:
+
+* engram: ``Producer`` -> 16 partition streams -> ``engram worker`` processes
+  (the full versioned write: record, revision, vector, text index, receipt,
+  scope revision; one transaction per partition batch);
+* baseline 1: one RQ job per operation, run by an RQ ``SimpleWorker``;
+* baseline 2: a naive stream consumer: per entry, embed, one plain INSERT, one
+  transaction, reply, acknowledge;
+* baseline 3: the same consumer with one transaction per 100 entries.
+
+For each: the maximum rate (the load is enqueued in bulk, 200 operations per
+round trip, while the consumer runs; ops/s = operations / (last answer - first
+enqueue)), latency p50/p99 at that rate (mostly queueing), then p50/p99 at
+half of it (operations enqueued one by one, paced at that rate). Prints a
+markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+
+from bench.common import fresh_database, percentile, sentences
+from store import Operation
+from store.server import EmbeddedPostgres
+from worker import keys
+from worker.producer import Producer
+from worker.valkey import EmbeddedValkey
+
+REPO = Path(__file__).resolve().parent.parent
+SCOPES = 1_000
+NAIVE_STREAM = "bench:naive"
+RQ_QUEUE = "bench"
+# Operations per round trip in the maximum-rate runs.
+BULK = 200
+PLAIN_TABLE = (
+    "CREATE TABLE IF NOT EXISTS plain_memories (id text PRIMARY KEY, scope text NOT NULL,"
+    " text text NOT NULL, embedding vector(256) NOT NULL)"
+)
+
+
+# -- the consumers of the baselines (run in their own processes) ----------------------
+
+
+_conn: psycopg.Connection[Any] | None = None
+_embedder: Any = None
+
+
+def _plain_writer(dsn: str) -> tuple[psycopg.Connection[Any], Any]:
+    global _conn, _embedder
+    if _conn is None:
+        from pgvector.psycopg import register_vector
+
+        from store import WordLlamaEmbedder
+
+        _conn = psycopg.connect(dsn)
+        register_vector(_conn)
+        _embedder = WordLlamaEmbedder()
+    return _conn, _embedder
+
+
+def rq_job(dsn: str, redis_url: str, op_id: str, scope: str, text: str) -> str:
+    """Baseline 1: one operation as one RQ job (embed, INSERT, commit, answer)."""
+    conn, embedder = _plain_writer(dsn)
+    vector = embedder.embed([text])[0]
+    with conn.transaction():
+        conn.execute("INSERT INTO plain_memories VALUES (%s, %s, %s, %s)",
+                     (op_id, scope, text, vector))
+    client = _redis(redis_url)
+    _answer(client, [op_id])
+    return op_id
+
+
+_clients: dict[str, redis.Redis] = {}
+
+
+def _redis(url: str) -> redis.Redis:
+    if url not in _clients:
+        _clients[url] = redis.Redis.from_url(url)
+    return _clients[url]
+
+
+def _answer(client: redis.Redis, op_ids: list[str]) -> None:
+    pipe = client.pipeline(transaction=False)
+    for op_id in op_ids:
+        key = keys.reply(op_id)
+        pipe.delete(key)
+        pipe.rpush(key, json.dumps({"entry": None, "receipt": {"operation_id": op_id}}))
+        pipe.expire(key, 3600)
+    pipe.execute()
+
+
+def naive_consumer(dsn: str, redis_url: str, tx_entries: int) -> None:
+    """Baselines 2 and 3: read the stream (100 entries at a time); per entry embed and
+    INSERT; commit every ``tx_entries`` entries, then answer and acknowledge those."""
+    client = _redis(redis_url)
+    conn, embedder = _plain_writer(dsn)
+    with contextlib.suppress(redis.ResponseError):  # the group exists already
+        client.xgroup_create(NAIVE_STREAM, "naive", id="0", mkstream=True)
+    while True:
+        reply: Any = client.xreadgroup("naive", "c1", {NAIVE_STREAM: ">"}, count=100,
+                                       block=1000)
+        if not reply:
+            continue
+        entries = reply[0][1]
+        for start in range(0, len(entries), tx_entries):
+            chunk = entries[start:start + tx_entries]
+            done = []
+            with conn.transaction():
+                for entry_id, fields in chunk:
+                    op = json.loads(fields[b"op"])
+                    vector = embedder.embed([op["text"]])[0]
+                    conn.execute("INSERT INTO plain_memories VALUES (%s, %s, %s, %s)",
+                                 (op["id"], op["scope"], op["text"], vector))
+                    done.append((entry_id, op["id"]))
+            _answer(client, [op_id for _, op_id in done])
+            client.xack(NAIVE_STREAM, "naive", *[e for e, _ in done])
+
+
+def rq_worker(redis_url: str) -> None:
+    from rq import Queue, SimpleWorker
+
+    client = redis.Redis.from_url(redis_url)
+    SimpleWorker([Queue(RQ_QUEUE, connection=client)], connection=client).work(
+        logging_level="WARNING")
+
+
+# -- the systems, as the benchmark drives them ----------------------------------------
+
+
+class System:
+    name = ""
+
+    def __init__(self, dsn: str, redis_url: str) -> None:
+        self.dsn = dsn
+        self.redis_url = redis_url
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def _spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.processes.append(subprocess.Popen(
+            [sys.executable, *args], cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def enqueue(self, op_id: str, scope: dict[str, str], text: str) -> None:
+        raise NotImplementedError
+
+    def enqueue_bulk(self, items: list[tuple[str, dict[str, str], str]]) -> None:
+        """One round trip for many (so that the producer is never the bottleneck)."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        for p in self.processes:
+            p.terminate()
+        for p in self.processes:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.processes.clear()
+
+
+class Engram(System):
+    def __init__(self, dsn: str, redis_url: str, workers: int, batch_size: int) -> None:
+        super().__init__(dsn, redis_url)
+        self.name = f"engram ({workers} worker process{'es' if workers > 1 else ''})"
+        self.workers = workers
+        self.batch_size = batch_size
+        self.producer = Producer.from_url(redis_url)
+
+    def start(self) -> None:
+        from store import Store
+
+        Store.connect(self.dsn).close()  # migrate
+        for _ in range(self.workers):
+            self._spawn(["-m", "worker", "--log-level", "WARNING", "worker"], {
+                "DATABASE_URL": self.dsn, "REDIS_URL": self.redis_url,
+                "ENGRAM_BATCH_SIZE": str(self.batch_size), "ENGRAM_EMBEDDER": "wordllama"})
+
+    def enqueue(self, op_id: str, scope: dict[str, str], text: str) -> None:
+        self.producer.remember(scope, text, operation_id=op_id)
+
+    def enqueue_bulk(self, items: list[tuple[str, dict[str, str], str]]) -> None:
+        self.producer.enqueue_many([Operation.build("remember", scope, {"text": text}, op_id)
+                                    for op_id, scope, text in items])
+
+
+class Naive(System):
+    def __init__(self, dsn: str, redis_url: str, tx_entries: int) -> None:
+        super().__init__(dsn, redis_url)
+        self.tx_entries = tx_entries
+        self.name = (f"baseline {2 if tx_entries == 1 else 3}: naive consumer, "
+                     f"1 transaction per {'entry' if tx_entries == 1 else f'{tx_entries} entries'}")
+        self.client = redis.Redis.from_url(redis_url)
+
+    def start(self) -> None:
+        _plain_table(self.dsn)
+        self._spawn(["-c", "import sys; from bench.bench_worker import naive_consumer;"
+                     f" naive_consumer({self.dsn!r}, {self.redis_url!r}, {self.tx_entries})"])
+
+    def enqueue(self, op_id: str, scope: dict[str, str], text: str) -> None:
+        self.enqueue_bulk([(op_id, scope, text)])
+
+    def enqueue_bulk(self, items: list[tuple[str, dict[str, str], str]]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for op_id, scope, text in items:
+            pipe.xadd(NAIVE_STREAM, {"op": json.dumps({
+                "id": op_id, "scope": json.dumps(scope, sort_keys=True), "text": text})})
+        pipe.execute()
+
+
+class Rq(System):
+    name = "baseline 1: one RQ job per operation (SimpleWorker)"
+
+    def __init__(self, dsn: str, redis_url: str) -> None:
+        super().__init__(dsn, redis_url)
+        from rq import Queue
+
+        self.queue = Queue(RQ_QUEUE, connection=redis.Redis.from_url(redis_url))
+
+    def start(self) -> None:
+        _plain_table(self.dsn)
+        self._spawn(["-c", "from bench.bench_worker import rq_worker;"
+                     f" rq_worker({self.redis_url!r})"])
+
+    def enqueue(self, op_id: str, scope: dict[str, str], text: str) -> None:
+        self.enqueue_bulk([(op_id, scope, text)])
+
+    def enqueue_bulk(self, items: list[tuple[str, dict[str, str], str]]) -> None:
+        from rq import Queue
+
+        # By name: run as ``python -m bench.bench_worker``, this module is __main__ here.
+        self.queue.enqueue_many([Queue.prepare_data(
+            "bench.bench_worker.rq_job",
+            (self.dsn, self.redis_url, op_id, json.dumps(scope, sort_keys=True), text),
+            result_ttl=600) for op_id, scope, text in items])
+
+
+def _plain_table(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        conn.execute(PLAIN_TABLE)
+
+
+# -- measuring ------------------------------------------------------------------------
+
+
+class Collector(threading.Thread):
+    """Notes when each operation's answer appears on its reply key, through keyspace
+    notifications (no polling: the benchmark process stays off the CPU)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        super().__init__(daemon=True)
+        client.config_set("notify-keyspace-events", "El")
+        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe("__keyevent@0__:rpush")
+        self.sent: dict[str, float] = {}
+        self.seen: dict[str, float] = {}
+        self.prefix = keys.reply("").encode()
+        self.expected = -1
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            message = self.pubsub.get_message(timeout=0.5)
+            if message is None:
+                continue
+            now = time.perf_counter()
+            key: bytes = message["data"]
+            if not key.startswith(self.prefix):
+                continue  # another list (RQ's queue, say)
+            self.seen.setdefault(key.removeprefix(self.prefix).decode(), now)
+            if len(self.seen) == self.expected:
+                self.done.set()
+
+    def result(self, start: float) -> Result:
+        latencies = [(self.seen[op_id] - at) * 1000 for op_id, at in self.sent.items()]
+        return Result(len(self.sent), max(self.seen.values()) - start,
+                      percentile(latencies, 50), percentile(latencies, 99))
+
+
+@dataclass
+class Result:
+    ops: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def rate(self) -> float:
+        return self.ops / self.seconds
+
+
+def drive(system: System, client: redis.Redis, load: list[tuple[str, dict[str, str], str]],
+          rate: float | None) -> Result:
+    """Enqueue ``load`` (in bulk, or one by one at ``rate``/s); wait for every answer."""
+    collector = Collector(client)
+    collector.expected = len(load)
+    collector.start()
+    start = time.perf_counter()
+    if rate is None:
+        for i in range(0, len(load), BULK):
+            chunk = load[i:i + BULK]
+            t = time.perf_counter()
+            system.enqueue_bulk(chunk)
+            collector.sent.update((op_id, t) for op_id, _, _ in chunk)
+    else:
+        for i, (op_id, scope, text) in enumerate(load):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            t = time.perf_counter()
+            system.enqueue(op_id, scope, text)
+            collector.sent[op_id] = t
+    if not collector.done.wait(timeout=900):
+        raise RuntimeError(f"{system.name}: {len(load) - len(collector.seen)} answers missing")
+    collector.pubsub.close()
+    return collector.result(start)
+
+
+def make_load(tag: str, n: int, texts: list[str]) -> list[tuple[str, dict[str, str], str]]:
+    return [(f"{tag}:{i}", {"user_id": f"user-{i % SCOPES}"}, texts[i % len(texts)] + f" {tag}")
+            for i in range(n)]
+
+
+def measure(make: Callable[[], System], redis_client: redis.Redis, n_max: int,
+            half_seconds: float, texts: list[str], tag: str) -> tuple[str, Result, Result]:
+    redis_client.flushall()
+    system = make()
+    system.start()
+    try:
+        drive(system, redis_client, make_load(f"{tag}-warm", min(500, n_max), texts), None)
+        full = drive(system, redis_client, make_load(f"{tag}-max", n_max, texts), None)
+        half_rate = full.rate / 2
+        n_half = max(int(half_rate * half_seconds), 50)
+        half = drive(system, redis_client, make_load(f"{tag}-half", n_half, texts), half_rate)
+    finally:
+        system.stop()
+    print(f"  {system.name}: {full.rate:,.0f} ops/s; p50/p99 {full.p50_ms:.0f}/{full.p99_ms:.0f}"
+          f" ms at max, {half.p50_ms:.1f}/{half.p99_ms:.1f} ms at {half_rate:,.0f}/s",
+          file=sys.stderr, flush=True)
+    return system.name, full, half
+
+
+def _median_run(runs: list[tuple[str, Result, Result]]) -> tuple[str, Result, Result]:
+    """The run with the median maximum rate (its latencies with it)."""
+    return sorted(runs, key=lambda r: r[1].rate)[len(runs) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", type=int, default=10_000, help="engram's maximum-rate run")
+    parser.add_argument("--workers", type=int, default=2, help="engram worker processes")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--half-seconds", type=float, default=8.0)
+    parser.add_argument("--appendfsync", choices=("always", "everysec"), default="always",
+                        help="the valkey append-only file's sync policy")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of every system (interleaved); the median is reported")
+    parser.add_argument("--skip-baselines", action="store_true")
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="engram-bench-"))
+    postgres = EmbeddedPostgres(home)
+    valkey = EmbeddedValkey(home, appendfsync=args.appendfsync).start()
+    client = redis.Redis(port=valkey.port)
+    try:
+        with psycopg.connect(postgres.dsn()) as conn:
+            settings = {name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+                        for name in ("fsync", "synchronous_commit")}
+        assert settings == {"fsync": "on", "synchronous_commit": "on"}, settings
+        texts = sentences(20_000)
+        runs = [("engram", lambda: Engram(fresh_database(postgres, "b_engram"), valkey.url,
+                                          args.workers, args.batch_size), args.ops)]
+        if not args.skip_baselines:
+            runs += [
+                ("rq", lambda: Rq(fresh_database(postgres, "b_rq"), valkey.url),
+                 max(args.ops // 20, 500)),
+                ("naive1", lambda: Naive(fresh_database(postgres, "b_naive1"), valkey.url, 1),
+                 max(args.ops // 4, 2000)),
+                ("naive100", lambda: Naive(fresh_database(postgres, "b_naive100"), valkey.url,
+                                           100), max(args.ops // 2, 4000)),
+            ]
+        by_system: list[list[tuple[str, Result, Result]]] = [[] for _ in runs]
+        for r in range(args.repeat):  # interleaved, so that a noisy minute hits everyone
+            for i, (tag, make, n) in enumerate(runs):
+                by_system[i].append(measure(make, client, n, args.half_seconds, texts,
+                                            f"{tag}{r}"))
+        results = [_median_run(system_runs) for system_runs in by_system]
+    finally:
+        client.close()
+        valkey.stop()
+        postgres.stop()
+    _report(results, args)
+
+
+def _report(results: list[tuple[str, Result, Result]], args: argparse.Namespace) -> None:
+    print(f"\n## Stream benchmark ({os.cpu_count()} CPUs; PostgreSQL fsync and "
+          f"synchronous_commit on; valkey appendfsync {args.appendfsync}; "
+          f"median of {args.repeat} runs)\n")
+    print("| system | ops/s (max) | p50 / p99 ms at max | p50 / p99 ms at half max |")
+    print("|---|---:|---:|---:|")
+    for name, full, half in results:
+        print(f"| {name} | {full.rate:,.0f} | {full.p50_ms:,.0f} / {full.p99_ms:,.0f} | "
+              f"{half.p50_ms:,.1f} / {half.p99_ms:,.1f} |")
+    if len(results) == 4:
+        engram = results[0][1].rate
+        print("\n| engram vs | ratio | target |\n|---|---:|---:|")
+        for (name, full, _), target in zip(results[1:], ("25x", "2x", "1x (stretch)"),
+                                           strict=True):
+            print(f"| {name} | {engram / full.rate:.1f}x | {target} |")
+    half = results[0][2]
+    print(f"\nengram p99 at half max: {half.p99_ms:.1f} ms (target < 100 ms); "
+          f"batch size {args.batch_size}, {args.workers} worker process(es), 16 partitions.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Fixtures for the stream tests: one real valkey-server (append-only file on)
+for the whole run, flushed before each test that asks for it; workers run in
+this process or as ``engram worker`` subprocesses, always stopped by pid."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from store import Embedder, HashingEmbedder, Store
+from worker.runtime import connect_redis
+from worker.settings import WorkerConfig
+from worker.valkey import EmbeddedValkey
+from worker.worker import Worker
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Short leases so that takeovers in the tests take about a second.
+FAST = WorkerConfig(partitions=4, batch_size=64, block_ms=100, lease_ttl_ms=1000,
+                    lease_margin_ms=200)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05,
+               what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedValkey]:
+    server = EmbeddedValkey(tmp_path_factory.mktemp("valkey")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(valkey: EmbeddedValkey) -> str:
+    """The session valkey, emptied for this test."""
+    client = redis.Redis(port=valkey.port)
+    client.flushall()
+    client.close()
+    return valkey.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = connect_redis(redis_url)
+    yield client
+    client.close()
+
+
+class InProcessWorker:
+    """A ``Worker`` running on a thread of the test process."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
+
+    def __enter__(self) -> Worker:
+        self.thread.start()
+        return self.worker
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker.stop()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "the worker did not stop"
+
+
+@pytest.fixture
+def start_worker(redis_url: str) -> Callable[..., InProcessWorker]:
+    """``with start_worker(store) as w:`` runs a worker until the block ends."""
+
+    def start(store: Store, embedder: Embedder | None = None, *,
+              config: WorkerConfig = FAST, worker_id: str | None = None) -> InProcessWorker:
+        client = connect_redis(redis_url)
+        return InProcessWorker(Worker(client, store, embedder or HashingEmbedder(64),
+                                      config=config, worker_id=worker_id))
+
+    return start
+
+
+@dataclass
+class WorkerProcess:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def signal(self, signum: int) -> None:
+        if self.process.poll() is None:
+            os.kill(self.pid, signum)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def worker_processes(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``engram worker`` subprocesses; every one is stopped (by pid) at the end."""
+    started: list[WorkerProcess] = []
+
+    def start(*, database_url: str, redis_url: str, config: WorkerConfig = FAST,
+              embedder: str = "hashing:64", env: dict[str, str] | None = None) -> WorkerProcess:
+        log_path = tmp_path / f"worker-{len(started)}.log"
+        full_env = {
+            **os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
+            "ENGRAM_EMBEDDER": embedder, "ENGRAM_PARTITIONS": str(config.partitions),
+            "ENGRAM_BATCH_SIZE": str(config.batch_size), "ENGRAM_BLOCK_MS": str(config.block_ms),
+            "ENGRAM_LEASE_TTL_MS": str(config.lease_ttl_ms),
+            "ENGRAM_LEASE_MARGIN_MS": str(config.lease_margin_ms),
+            "ENGRAM_MAX_DELIVERIES": str(config.max_deliveries), "ENGRAM_DB_POOL_SIZE": "4",
+            "PYTHONPATH": str(REPO), **(env or {}),
+        }
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "worker", "--log-level", "INFO", "worker"],
+                env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            )
+        proc = WorkerProcess(process, log_path)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.stop(timeout=10)
+        if proc.process.poll() is None:
+            proc.process.kill()
+            proc.process.wait()
+
+
+# -- embedders the stream tests plug into workers (``ENGRAM_EMBEDDER=module:factory``) --
+
+
+class PoisonEmbedder(HashingEmbedder):
+    """The test hashing embedder, except that it fails on any text holding ``POISON``."""
+
+    def __init__(self) -> None:
+        super().__init__(64)
+
+    def embed(self, texts: Any) -> Any:
+        if any("POISON" in t for t in texts):
+            raise ValueError("this embedder cannot embed that text")
+        return super().embed(texts)
+
+
+class SlowEmbedder(HashingEmbedder):
+    """The test hashing embedder, slowed by ``ENGRAM_TEST_EMBED_DELAY_S`` per call; each call
+    appends a line to ``ENGRAM_TEST_EMBED_MARK`` first, so a test knows a batch is in hand."""
+
+    def __init__(self) -> None:
+        super().__init__(64)
+        self.delay_s = float(os.environ.get("ENGRAM_TEST_EMBED_DELAY_S", "0"))
+        self.mark = os.environ.get("ENGRAM_TEST_EMBED_MARK")
+
+    def embed(self, texts: Any) -> Any:
+        if self.mark:
+            with open(self.mark, "a") as f:
+                f.write(f"{len(texts)}\n")
+        time.sleep(self.delay_s)
+        return super().embed(texts)

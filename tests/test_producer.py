@@ -1,0 +1,215 @@
+"""The Producer against a real valkey-server, with replies written by hand
+(the worker's side is in test_worker_*)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+import redis
+
+from store import Operation
+from store.errors import InvalidRequestError, NotFoundError, RevisionConflictError
+from worker import Producer, QueueFullError, QueueUnavailableError, StreamReceipt, WaitTimeout, keys
+from worker.protocol import encode_reply, partition_of
+
+SCOPE = {"user_id": "ada"}
+
+
+@pytest.fixture
+def producer(redis_url: str) -> Producer:
+    return Producer.from_url(redis_url, partitions=16)
+
+
+def _entries(client: redis.Redis, scope: dict[str, str] = SCOPE) -> list[dict[str, object]]:
+    stream = keys.stream(partition_of(scope, 16))
+    return [json.loads(fields[b"op"]) for _, fields in client.xrange(stream)]
+
+
+def _receipt_reply(op_id: str, revision: int = 1, entry: str | None = None) -> str:
+    return json.dumps({"entry": entry, "receipt": {
+        "operation_id": op_id, "kind": "remember", "scope": SCOPE, "scope_revision": revision,
+        "committed_at": "2025-01-01T00:00:00+00:00",
+        "records": [{"id": "mem_1", "revision": 1, "status": "active"}],
+        "replayed": False, "redacted": False}})
+
+
+def _reply(client: redis.Redis, op_id: str, body: str) -> None:
+    """As a worker replies: the one reply replaces any earlier one."""
+    client.delete(keys.reply(op_id))
+    client.rpush(keys.reply(op_id), body)
+    client.expire(keys.reply(op_id), 60)
+
+
+def test_enqueue_writes_one_entry_on_the_scope_partition(producer: Producer,
+                                                         redis_client: redis.Redis) -> None:
+    pending = producer.remember(SCOPE, "Ada lives in London.", operation_id="signup:ada:1",
+                                metadata={"source": "form"})
+    assert pending.operation_id == "signup:ada:1"
+    assert pending.partition == partition_of(SCOPE, 16)
+    [entry] = _entries(redis_client)
+    assert entry == {"operation_id": "signup:ada:1", "kind": "remember", "scope": SCOPE,
+                     "request": {"text": "Ada lives in London.", "kind": "semantic",
+                                 "metadata": {"source": "form"}, "origin": "asserted"}}
+    [(entry_id, _)] = redis_client.xrange(keys.stream(pending.partition))
+    assert entry_id.decode() == pending.entry_id
+
+
+def test_every_kind_is_enqueued_with_its_request(producer: Producer,
+                                                  redis_client: redis.Redis) -> None:
+    producer.revise(SCOPE, "mem_1", text="new", expected_revision=2)
+    producer.retract(SCOPE, "mem_1", expected_revision=3)
+    producer.forget(SCOPE, "mem_1")
+    producer.extract(SCOPE, [{"id": "m1", "message": {"role": "user", "content": "hi"}}],
+                     infer=False)
+    kinds = [(e["kind"], e["request"]) for e in _entries(redis_client)]
+    assert kinds == [
+        ("revise", {"id": "mem_1", "text": "new", "expected_revision": 2}),
+        ("retract", {"id": "mem_1", "expected_revision": 3}),
+        ("forget", {"id": "mem_1"}),
+        ("extract", {"messages": [{"id": "m1", "message": {"role": "user", "content": "hi"}}],
+                     "infer": False}),
+    ]
+    assert all(e["operation_id"].startswith("op_") for e in _entries(redis_client))
+
+
+@pytest.mark.parametrize("call", [
+    lambda p: p.remember(SCOPE, ""),
+    lambda p: p.remember({}, "text"),
+    lambda p: p.remember({"tenant": "x"}, "text"),
+    lambda p: p.revise(SCOPE, "mem_1", expected_revision=-1),
+    lambda p: p.retract(SCOPE, ""),
+    lambda p: p.submit("fly", SCOPE, {}),
+    lambda p: p.remember(SCOPE, "x", importance=3),
+])
+def test_invalid_requests_are_refused_before_anything_is_enqueued(
+    producer: Producer, redis_client: redis.Redis, call: object
+) -> None:
+    with pytest.raises(InvalidRequestError):
+        call(producer)  # type: ignore[operator]
+    assert redis_client.keys("engram:ops:*") == []
+
+
+def test_wait_returns_the_receipt(producer: Producer, redis_client: redis.Redis) -> None:
+    pending = producer.remember(SCOPE, "x", operation_id="w1")
+    timer = threading.Timer(0.2, _reply, (redis_client, "w1",
+                                          _receipt_reply("w1", entry=pending.entry_id)))
+    timer.start()
+    receipt = pending.wait(timeout=5)
+    timer.join()
+    assert isinstance(receipt, StreamReceipt)
+    assert receipt.operation_id == "w1" and receipt.scope_revision == 1
+    # The reply stays: a second wait, by id, returns it at once.
+    start = time.monotonic()
+    assert producer.wait("w1", timeout=5) == receipt
+    assert time.monotonic() - start < 0.5
+
+
+def test_a_pending_wait_passes_over_the_reply_to_an_earlier_enqueue(
+    producer: Producer, redis_client: redis.Redis
+) -> None:
+    first = producer.remember(SCOPE, "x", operation_id="again")
+    _reply(redis_client, "again", _receipt_reply("again", 1, entry=first.entry_id))
+    second = producer.remember(SCOPE, "y", operation_id="again")
+    with pytest.raises(WaitTimeout):
+        second.wait(timeout=0.3)
+    _reply(redis_client, "again", encode_reply(InvalidRequestError("used"), second.entry_id))
+    with pytest.raises(InvalidRequestError):
+        second.wait(timeout=2)
+    with pytest.raises(InvalidRequestError):  # by id: the latest reply
+        producer.wait("again", timeout=1)
+
+
+def test_many_waiters_on_one_operation_are_all_woken(producer: Producer,
+                                                     redis_client: redis.Redis) -> None:
+    got: list[StreamReceipt] = []
+    waiters = [threading.Thread(target=lambda: got.append(producer.wait("w2", timeout=5)))
+               for _ in range(4)]
+    for w in waiters:
+        w.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    _reply(redis_client, "w2", _receipt_reply("w2"))
+    for w in waiters:
+        w.join()
+    assert len(got) == 4 and time.monotonic() - start < 1.0
+    assert redis_client.llen(keys.reply("w2")) == 1
+
+
+def test_wait_raises_the_typed_error(producer: Producer, redis_client: redis.Redis) -> None:
+    _reply(redis_client, "e1", encode_reply(RevisionConflictError("stale", expected=1, actual=3)))
+    _reply(redis_client, "e2", encode_reply(NotFoundError("no record mem_9")))
+    with pytest.raises(RevisionConflictError) as info:
+        producer.wait("e1", timeout=1)
+    assert (info.value.expected, info.value.actual, info.value.attempts) == (1, 3, 1)
+    with pytest.raises(NotFoundError):
+        producer.wait("e2", timeout=1)
+
+
+def test_wait_times_out(producer: Producer) -> None:
+    start = time.monotonic()
+    with pytest.raises(WaitTimeout) as info:
+        producer.wait("never", timeout=0.3)
+    assert 0.25 < time.monotonic() - start < 1.5
+    assert isinstance(info.value, TimeoutError)
+    assert info.value.code == "timeout"
+
+
+def test_results_reads_replies_without_waiting(producer: Producer,
+                                               redis_client: redis.Redis) -> None:
+    _reply(redis_client, "r1", _receipt_reply("r1"))
+    _reply(redis_client, "r2", encode_reply(InvalidRequestError("bad")))
+    got = producer.results(["r1", "r2", "r3"])
+    assert set(got) == {"r1", "r2"}
+    assert isinstance(got["r1"], StreamReceipt)
+    assert isinstance(got["r2"], InvalidRequestError)
+
+
+def test_a_full_stream_refuses_with_a_typed_error(redis_url: str,
+                                                  redis_client: redis.Redis) -> None:
+    small = Producer.from_url(redis_url, partitions=1, stream_max_len=2)
+    small.remember(SCOPE, "one")
+    small.remember(SCOPE, "two")
+    with pytest.raises(QueueFullError):
+        small.remember(SCOPE, "three")
+    assert redis_client.xlen(keys.stream(0)) == 2
+
+
+def test_enqueue_many_sends_a_bulk_in_one_round_trip(producer: Producer,
+                                                   redis_client: redis.Redis) -> None:
+    ops = [Operation.build("remember", {"user_id": f"bulk-{i % 3}"}, {"text": f"fact {i}"})
+           for i in range(30)]
+    pendings = producer.enqueue_many(ops)
+    assert [p.operation_id for p in pendings] == [op.operation_id for op in ops]
+    for scope in ({"user_id": f"bulk-{i}"} for i in range(3)):
+        # Each scope's stream holds its operations in the order given.
+        assert [e["request"]["text"] for e in _entries(redis_client, scope)] == [
+            op.request.to_dict()["text"] for op in ops if op.scope.as_dict() == scope]
+    assert producer.enqueue_many([]) == []
+
+
+def test_enqueue_many_says_when_a_stream_was_full(redis_url: str,
+                                                  redis_client: redis.Redis) -> None:
+    small = Producer.from_url(redis_url, partitions=1, stream_max_len=2)
+    ops = [Operation.build("remember", SCOPE, {"text": f"fact {i}"}) for i in range(3)]
+    with pytest.raises(QueueFullError, match="2 of 3 operations enqueued"):
+        small.enqueue_many(ops)
+
+
+def test_an_unreachable_redis_is_a_clear_error_not_a_silent_drop() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    producer = Producer.from_url(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=0.5)
+    op = Operation.build("remember", SCOPE, {"text": "x"}, "lost:1")
+    with pytest.raises(QueueUnavailableError) as info:
+        producer.enqueue(op)
+    assert "lost:1" in info.value.message and "retry with the same operation id" in \
+        info.value.message
+    with pytest.raises(QueueUnavailableError, match="retry them with the same operation ids"):
+        producer.enqueue_many([op])
+    with pytest.raises(WaitTimeout, match="redis unreachable"):
+        producer.wait("lost:1", timeout=0.3)

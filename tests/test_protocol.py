@@ -1,0 +1,238 @@
+"""The stream protocol, keys, shares and metrics rendering: pure, no server
+(fakeredis where a Redis-shaped object is needed)."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from datetime import UTC, datetime
+
+import fakeredis
+import pytest
+from redis.crc import key_slot
+
+from store import Operation, Receipt, RecordRef, Scope, WriteResult
+from store.errors import (
+    EngramError,
+    InvalidRequestError,
+    OperationConflictError,
+    RevisionConflictError,
+)
+from worker import keys, metrics
+from worker.errors import DeadLetteredError, QueueFullError, WaitTimeout, error_from_dict
+from worker.membership import first_choice, share
+from worker.partition import unique_segments
+from worker.protocol import (
+    Entry,
+    Malformed,
+    StreamReceipt,
+    decode_entry,
+    decode_reply,
+    encode_entry,
+    encode_reply,
+    partition_of,
+)
+from worker.settings import Settings, WorkerConfig
+
+
+def op(kind: str = "remember", scope: dict[str, str] | None = None, **request: object) -> Operation:
+    return Operation.build(kind, scope or {"user_id": "ada"}, request or {"text": "Ada likes tea."})
+
+
+def test_partition_is_crc32_of_the_canonical_scope_key() -> None:
+    scope = {"user_id": "ada", "agent_id": "helper"}
+    key = '{"agent_id":"helper","user_id":"ada"}'
+    assert Scope.of(scope).key == key
+    assert partition_of(scope, 16) == zlib.crc32(key.encode()) % 16
+    assert partition_of({"agent_id": "helper", "user_id": "ada"}, 16) == partition_of(scope, 16)
+
+
+def test_partitions_spread_scopes() -> None:
+    seen = {partition_of({"user_id": f"u{i}"}, 16) for i in range(200)}
+    assert seen == set(range(16))
+
+
+def test_a_partition_keys_share_one_cluster_slot() -> None:
+    for p in (0, 7, 15):
+        slots = {key_slot(k.encode()) for k in (keys.stream(p), keys.lease(p),
+                                                 keys.fence_counter(p))}
+        assert len(slots) == 1
+    assert keys.stream(3) == "engram:ops:{3}"
+    assert keys.fence_name(3) == "partition:3"
+
+
+def test_entry_round_trip() -> None:
+    original = op(metadata={"k": 1}, text="Ada likes tea.")
+    fields = encode_entry(original)
+    assert list(fields) == ["op"]
+    assert json.loads(fields["op"]) == original.to_dict()
+    raw = {b"op": fields["op"].encode()}
+    decoded = decode_entry(b"1-0", raw, partition=partition_of(original.scope, 16), partitions=16)
+    assert decoded == Entry("1-0", original)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({b"op": b"{not json"}, "not valid JSON"),
+    ({b"op": b"\xff\xfe"}, "not UTF-8"),
+    ({b"op": b"[]"}, "operation must be an object"),
+    ({b"op": b"{}", b"extra": b"1"}, "exactly one field"),
+    ({b"payload": b"{}"}, "exactly one field"),
+    ({b"op": json.dumps({"operation_id": "x1", "kind": "remember", "scope": {"user_id": "a"},
+                         "request": {"text": ""}}).encode()}, "must not be empty"),
+    ({b"op": json.dumps({"operation_id": "x2", "kind": "fly", "scope": {"user_id": "a"},
+                         "request": {}}).encode()}, "operation.kind"),
+])
+def test_malformed_entries(fields: dict[bytes, bytes], message: str) -> None:
+    decoded = decode_entry("9-0", fields, partition=partition_of({"user_id": "a"}, 4),
+                           partitions=4)
+    assert isinstance(decoded, Malformed)
+    assert isinstance(decoded.error, InvalidRequestError)
+    assert message in decoded.error.message
+
+
+def test_malformed_keeps_the_operation_id_so_the_producer_hears_of_it() -> None:
+    body = {"operation_id": "bad:1", "kind": "remember", "scope": {"user_id": "a"},
+            "request": {"text": 3}}
+    decoded = decode_entry("1-0", {"op": json.dumps(body)}, partition=0, partitions=1)
+    assert isinstance(decoded, Malformed) and decoded.operation_id == "bad:1"
+    assert decoded.raw == json.dumps(body)
+
+
+def test_an_entry_on_the_wrong_partition_is_refused() -> None:
+    o = op(scope={"user_id": "zed"})
+    right = partition_of(o.scope, 8)
+    decoded = decode_entry("1-0", encode_entry(o), partition=(right + 1) % 8, partitions=8)
+    assert isinstance(decoded, Malformed)
+    assert f"belongs to partition {right}" in decoded.error.message
+
+
+def test_error_messages_never_quote_memory_text() -> None:
+    secret = "my secret diagnosis"
+    body = {"operation_id": "x", "kind": "remember", "scope": {"user_id": "a"},
+            "request": {"text": secret, "bogus": secret}}
+    decoded = decode_entry("1-0", {"op": json.dumps(body)}, partition=0, partitions=1)
+    assert isinstance(decoded, Malformed)
+    assert secret not in decoded.error.message
+    bad_json = decode_entry("1-0", {"op": secret + "{"}, partition=0, partitions=1)
+    assert isinstance(bad_json, Malformed) and secret not in bad_json.error.message
+
+
+def _write_result(kind: str = "remember", replayed: bool = False) -> WriteResult:
+    receipt = Receipt(
+        operation_id="op1", kind=kind, scope=Scope(user_id="ada"), scope_revision=3,
+        committed_at=datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC),
+        records=(RecordRef("mem_1", 2, "active"),),
+        forgotten_revisions=(1, 2) if kind == "forget" else None,
+        already_forgotten=False if kind == "forget" else None,
+        redaction="none" if kind == "forget" else None, stream_entry="5-0",
+    )
+    return WriteResult(receipt=receipt, replayed=replayed, records=())
+
+
+def test_receipt_reply_round_trip() -> None:
+    envelope = decode_reply(encode_reply(_write_result(replayed=True), "7-1"))
+    assert envelope.entry_id == "7-1"
+    reply = envelope.outcome
+    assert isinstance(reply, StreamReceipt)
+    assert reply.operation_id == "op1" and reply.scope_revision == 3 and reply.replayed
+    assert reply.records == (RecordRef("mem_1", 2, "active"),)
+    assert reply.committed_at == datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert reply.stream_entry == "5-0" and reply.revisions is None
+    assert reply.as_dict()["records"] == [{"id": "mem_1", "revision": 2, "status": "active"}]
+
+
+def test_forget_reply_carries_revisions_and_redaction() -> None:
+    reply = decode_reply(encode_reply(_write_result("forget"))).outcome
+    assert isinstance(reply, StreamReceipt)
+    assert reply.revisions == (1, 2) and reply.already_forgotten is False
+    assert reply.as_dict()["redaction"] == "none"
+
+
+@pytest.mark.parametrize("error", [
+    RevisionConflictError("stale", expected=1, actual=2, attempts=1),
+    OperationConflictError("used"),
+    InvalidRequestError("bad"),
+    QueueFullError("full"),
+    DeadLetteredError("gone"),
+])
+def test_error_replies_come_back_as_the_same_class(error: EngramError) -> None:
+    back = decode_reply(encode_reply(error, "1-0")).outcome
+    assert type(back) is type(error)
+    assert back.to_dict() == error.to_dict()
+
+
+def test_revision_conflict_keeps_its_fields() -> None:
+    back = decode_reply(encode_reply(RevisionConflictError("x", expected=4, actual=None))).outcome
+    assert isinstance(back, RevisionConflictError)
+    assert (back.expected, back.actual, back.attempts) == (4, None, 1)
+
+
+def test_unknown_codes_and_garbage_are_base_errors() -> None:
+    assert type(error_from_dict({"code": "weird", "message": "m"})) is EngramError
+    assert type(decode_reply("not json").outcome) is EngramError
+    assert type(decode_reply("[]").outcome) is EngramError
+
+
+def test_wait_timeout_is_both_an_engram_error_and_a_timeout() -> None:
+    import worker
+
+    assert worker.TimeoutError is WaitTimeout
+    assert issubclass(WaitTimeout, EngramError) and issubclass(WaitTimeout, TimeoutError)
+
+
+def test_unique_segments_cut_on_a_repeated_operation_id() -> None:
+    a, b = op(text="a"), op(text="b")
+    entries = [Entry("1", a), Entry("2", b), Entry("3", a), Entry("4", a)]
+    assert [[e.entry_id for e in s] for s in unique_segments(entries)] == [["1", "2"], ["3"],
+                                                                            ["4"]]
+    assert unique_segments([]) == []
+
+
+@pytest.mark.parametrize(("workers", "partitions"), [(1, 16), (3, 16), (5, 16), (16, 4), (4, 4)])
+def test_shares_cover_every_partition_once(workers: int, partitions: int) -> None:
+    live = [f"w{i}" for i in range(workers)]
+    shares = [share(w, live, partitions) for w in live]
+    assert sum(shares) == partitions
+    assert max(shares) - min(shares) <= 1
+    starts = {first_choice(w, live, partitions) for w in live}
+    assert len(starts) == min(workers, partitions)
+
+
+def test_metrics_render_in_prometheus_text_format() -> None:
+    client = fakeredis.FakeRedis()
+    stats = metrics.BatchStats(entries=3, committed=2, replayed=1, seconds=0.5)
+    stats.failed["revision_conflict"] += 1
+    stats.dead["malformed"] += 1
+    pipe = client.pipeline(transaction=False)
+    metrics.record_batch(pipe, stats, "w1")
+    pipe.execute()
+    client.xgroup_create(keys.stream(0), keys.GROUP, id="0", mkstream=True)
+    client.xadd(keys.stream(0), {"op": "{}"})
+    text = metrics.render(client, partitions=2, lease_ttl_ms=1000)
+    lines = text.splitlines()
+    assert "# TYPE engram_ops_committed_total counter" in lines
+    assert "engram_ops_committed_total 2" in lines
+    assert 'engram_ops_failed_total{code="revision_conflict"} 1' in lines
+    assert 'engram_dead_lettered_total{reason="malformed"} 1' in lines
+    assert 'engram_stream_lag{partition="0"} 1' in lines
+    assert 'engram_stream_length{partition="1"} 0' in lines
+    buckets = [ln for ln in lines if ln.startswith("engram_batch_size_bucket")]
+    assert buckets[0].startswith('engram_batch_size_bucket{le="1"}')
+    assert buckets[-1] == 'engram_batch_size_bucket{le="+Inf"} 1'
+    assert 'engram_batch_size_bucket{le="4"} 1' in lines
+    assert 'engram_batch_size_bucket{le="1"} 0' in lines  # 3 entries: not in le=1
+    for line in lines:
+        assert line.startswith("# ") or line.startswith("engram_")
+
+
+def test_settings_from_env() -> None:
+    s = Settings.from_env({"ENGRAM_PARTITIONS": "8", "ENGRAM_LEASE_TTL_MS": "2000",
+                           "REDIS_URL": "redis://x", "ENGRAM_EMBEDDER": "hashing:64"})
+    assert s.worker.partitions == 8 and s.worker.lease_ttl_ms == 2000
+    assert s.worker.lease_margin_ms == 400  # a fifth of a short lease
+    assert s.redis_url == "redis://x" and s.embedder == "hashing:64"
+    assert Settings.from_env({}).worker == WorkerConfig()
+    with pytest.raises(ValueError, match="ENGRAM_PARTITIONS"):
+        Settings.from_env({"ENGRAM_PARTITIONS": "many"})
+    with pytest.raises(ValueError):
+        WorkerConfig(lease_ttl_ms=1000, lease_margin_ms=600)

@@ -1,0 +1,69 @@
+"""docker-compose.yml cannot run here (no Docker engine): check its shape instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return data
+
+
+def test_services(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == {"postgres", "redis", "migrate", "worker"}
+    assert set(compose["volumes"]) == {"postgres-data", "redis-data"}
+
+
+def test_servers_have_health_checks_and_durable_storage(compose: dict[str, Any]) -> None:
+    pg, redis = compose["services"]["postgres"], compose["services"]["redis"]
+    assert pg["image"].startswith("pgvector/pgvector:")
+    assert "pg_isready" in " ".join(pg["healthcheck"]["test"])
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in pg["volumes"])
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--appendfsync") + 1] in ("always", "everysec")
+    assert "ping" in redis["healthcheck"]["test"]
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+
+
+def test_engram_services_are_configured_by_url(compose: dict[str, Any]) -> None:
+    for name in ("migrate", "worker"):
+        service = compose["services"][name]
+        env = service["environment"]
+        assert env["DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in env[
+            "DATABASE_URL"]
+        assert env["REDIS_URL"].startswith("redis://redis:6379/")
+        assert service["command"][0] == "engram"
+    assert compose["services"]["migrate"]["command"] == ["engram", "migrate"]
+    assert compose["services"]["migrate"]["restart"] == "no"
+
+
+def test_workers_start_after_a_healthy_database_and_a_finished_migration(
+    compose: dict[str, Any]
+) -> None:
+    worker = compose["services"]["worker"]
+    assert worker["command"] == ["engram", "worker"]
+    assert worker["deploy"]["replicas"] >= 2
+    assert worker["depends_on"] == {
+        "postgres": {"condition": "service_healthy"},
+        "redis": {"condition": "service_healthy"},
+        "migrate": {"condition": "service_completed_successfully"},
+    }
+    assert worker["healthcheck"]["test"] == ["CMD", "engram", "health"]
+    assert worker["stop_signal"] == "SIGTERM"
+    assert compose["services"]["migrate"]["depends_on"] == {
+        "postgres": {"condition": "service_healthy"}}
+
+
+def test_every_long_running_service_has_a_health_check(compose: dict[str, Any]) -> None:
+    for name, service in compose["services"].items():
+        if service.get("restart") != "no":
+            assert "healthcheck" in service, name

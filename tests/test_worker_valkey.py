@@ -1,0 +1,50 @@
+"""The embedded valkey-server: loopback, append-only file, data kept across restarts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from worker.valkey import EmbeddedValkey
+
+
+def test_it_keeps_queued_entries_across_a_restart(tmp_path: Path) -> None:
+    server = EmbeddedValkey(tmp_path).start()
+    try:
+        client = redis.Redis(port=server.port, decode_responses=True)
+        assert client.config_get("appendonly")["appendonly"] == "yes"
+        assert client.config_get("appendfsync")["appendfsync"] == "always"
+        assert client.config_get("bind")["bind"] == "127.0.0.1"
+        assert server.url == f"redis://127.0.0.1:{server.port}/0"
+        assert (tmp_path / "valkey").is_dir()
+        client.xadd("engram:ops:{0}", {"op": "{}"})
+        client.close()
+        port = server.port
+        server.kill()  # as a crash: only the append-only file survives
+        server = EmbeddedValkey(tmp_path, port=port).start()
+        client = redis.Redis(port=server.port)
+        assert client.xlen("engram:ops:{0}") == 1
+        client.close()
+    finally:
+        server.stop()
+    assert server.pid == 0
+
+
+def test_a_server_left_running_on_its_folder_is_stopped_first(tmp_path: Path) -> None:
+    orphan = EmbeddedValkey(tmp_path).start()  # its owner "died" without stopping it
+    orphan_pid = orphan.pid
+    client = redis.Redis(port=orphan.port)
+    client.set("kept", "1")
+    client.close()
+    fresh = EmbeddedValkey(tmp_path).start()
+    try:
+        assert fresh.pid != orphan_pid
+        import psutil
+
+        assert not psutil.pid_exists(orphan_pid)
+        client = redis.Redis(port=fresh.port)
+        assert client.get("kept") == b"1"  # SIGTERM let it sync its file
+        client.close()
+    finally:
+        fresh.stop()

@@ -1,0 +1,5 @@
+"""``python -m worker`` is the ``engram`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

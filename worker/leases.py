@@ -1,0 +1,108 @@
+"""Partition leases: who may commit a partition, and its fencing token.
+
+A lease is the key ``engram:lease:{N}`` = ``"<worker id> <token>"`` with a TTL,
+taken only when free and extended only by its holder (compare-and-extend in
+Lua). Every acquisition draws a new token, strictly greater than any before;
+the worker passes it to the store as ``Fence("partition:N", token)``, and the
+store refuses a commit whose token is older than one it has seen. So a worker
+that lost its lease (paused, cut off) can never commit for the partition again,
+whatever its clock or its view of Redis says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import redis
+
+from . import keys
+
+# The token is at least the Redis server's clock in ms and above the last one
+# drawn: it keeps growing even if the counter key is lost (a flushed or
+# rebuilt Redis), so the store's fence never refuses every new holder.
+_ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local now = redis.call('TIME')
+local floor_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local token = redis.call('INCR', KEYS[2])
+if token < floor_ms then
+  token = floor_ms
+  redis.call('SET', KEYS[2], token)
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. token, 'PX', ARGV[2])
+return token
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    partition: int
+    worker_id: str
+    token: int
+
+    @property
+    def value(self) -> str:
+        return f"{self.worker_id} {self.token}"
+
+
+class Leases:
+    def __init__(self, client: redis.Redis, *, ttl_ms: int) -> None:
+        self.client = client
+        self.ttl_ms = ttl_ms
+        self._acquire = client.register_script(_ACQUIRE)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+
+    def acquire(self, partition: int, worker_id: str) -> Lease | None:
+        """Take the partition if no one holds it; a new token each time."""
+        token = self._acquire(keys=[keys.lease(partition), keys.fence_counter(partition)],
+                              args=[worker_id, self.ttl_ms])
+        return Lease(partition, worker_id, int(token)) if token is not None else None
+
+    def renew(self, leases: Sequence[Lease]) -> list[bool]:
+        """Extend each lease still held by its owner; False where it was lost."""
+        if not leases:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for lease in leases:
+            self._renew(keys=[keys.lease(lease.partition)], args=[lease.value, self.ttl_ms],
+                        client=pipe)
+        return [bool(x) for x in pipe.execute()]
+
+    def release(self, leases: Iterable[Lease]) -> None:
+        for lease in leases:
+            self._release(keys=[keys.lease(lease.partition)], args=[lease.value])
+
+    def holders(self, partitions: Iterable[int]) -> dict[int, tuple[str, int] | None]:
+        """Who holds each partition now (worker id, token), or None when free."""
+        parts = list(partitions)
+        if not parts:
+            return {}
+        # One GET per key (not MGET): the keys live in different cluster slots.
+        pipe = self.client.pipeline(transaction=False)
+        for p in parts:
+            pipe.get(keys.lease(p))
+        return {p: _parse(v) for p, v in zip(parts, pipe.execute(), strict=True)}
+
+
+def _parse(value: bytes | str | None) -> tuple[str, int] | None:
+    if value is None:
+        return None
+    text = value.decode() if isinstance(value, bytes) else value
+    worker_id, _, token = text.rpartition(" ")
+    return worker_id, int(token)

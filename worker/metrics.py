@@ -1,0 +1,150 @@
+"""Prometheus-style counters kept in Redis, and their text rendering.
+
+Workers add to the hash ``engram:metrics`` (one field per sample, the field
+name being the sample's name and labels in Prometheus syntax) in the same
+pipeline that acknowledges a batch. ``render`` reads it back, adds the live
+gauges (stream length, pending, lag per partition, dead letters, live
+workers) and returns the text exposition format. No memory text goes here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from . import keys
+from .membership import now_ms
+
+BATCH_BUCKETS = (1, 4, 16, 64, 256, 1024)
+
+_HELP: dict[str, tuple[str, str]] = {
+    "ops_committed_total": ("counter", "Operations applied and committed by the workers."),
+    "ops_replayed_total": ("counter", "Operations answered from their stored receipt."),
+    "ops_failed_total": ("counter", "Operations refused with a typed error, by code."),
+    "dead_lettered_total": ("counter", "Entries moved to the dead-letter stream, by reason."),
+    "batch_size": ("histogram", "Entries per committed batch."),
+    "batch_seconds_total": ("counter", "Time spent committing batches (embedding included)."),
+    "commits_fenced_total": ("counter", "Commits the store refused: the partition was lost."),
+    "partitions_acquired_total": ("counter", "Partition leases taken."),
+    "partitions_lost_total": ("counter", "Partitions a worker lost instead of releasing them."),
+    "stream_length": ("gauge", "Entries in a partition stream (acknowledged ones are deleted)."),
+    "stream_pending": ("gauge", "Entries delivered to a worker and not yet acknowledged."),
+    "stream_lag": ("gauge", "Entries no worker has read yet."),
+    "dead_letters": ("gauge", "Entries in the dead-letter stream."),
+    "workers_live": ("gauge", "Workers whose heartbeat is recent."),
+}
+
+
+@dataclass(slots=True)
+class BatchStats:
+    entries: int = 0
+    committed: int = 0
+    replayed: int = 0
+    failed: Counter[str] = field(default_factory=Counter)  # by error code
+    dead: Counter[str] = field(default_factory=Counter)  # by reason
+    seconds: float = 0.0
+
+
+def record_batch(pipe: Any, stats: BatchStats, worker_id: str) -> None:
+    """Add a batch's counts, in the caller's pipeline (so they land with its ack)."""
+    m = keys.METRICS
+    pipe.hincrby(m, "ops_committed_total", stats.committed)
+    pipe.hincrby(m, "ops_replayed_total", stats.replayed)
+    for code, n in stats.failed.items():
+        pipe.hincrby(m, f'ops_failed_total{{code="{code}"}}', n)
+    for reason, n in stats.dead.items():
+        pipe.hincrby(m, f'dead_lettered_total{{reason="{reason}"}}', n)
+    for le in BATCH_BUCKETS:
+        if stats.entries <= le:
+            pipe.hincrby(m, f'batch_size_bucket{{le="{le}"}}', 1)
+    pipe.hincrby(m, 'batch_size_bucket{le="+Inf"}', 1)
+    pipe.hincrby(m, "batch_size_sum", stats.entries)
+    pipe.hincrby(m, "batch_size_count", 1)
+    pipe.hincrbyfloat(m, "batch_seconds_total", round(stats.seconds, 6))
+    w = keys.worker(worker_id)
+    pipe.hincrby(w, "committed", stats.committed)
+    pipe.hincrby(w, "replayed", stats.replayed)
+
+
+def record_partition_event(client: Any, worker_id: str, event: str, reason: str = "") -> None:
+    """``acquired`` or ``lost`` (with its reason: fenced, lease_expired, crashed)."""
+    pipe = client.pipeline(transaction=False)
+    if event == "acquired":
+        pipe.hincrby(keys.METRICS, "partitions_acquired_total", 1)
+    else:
+        pipe.hincrby(keys.METRICS, f'partitions_lost_total{{reason="{reason}"}}', 1)
+        pipe.hincrby(keys.worker(worker_id), f"lost_{reason}", 1)
+    pipe.execute()
+
+
+def read_counters(client: redis.Redis) -> dict[str, float]:
+    raw = client.hgetall(keys.METRICS)
+    return {_s(k): float(_s(v)) for k, v in raw.items()}
+
+
+def render(client: redis.Redis, *, partitions: int, lease_ttl_ms: int) -> str:
+    """The Prometheus text exposition of the counters and the live gauges."""
+    counters = read_counters(client)
+    if "batch_size_count" in counters:  # a histogram lists every bucket, empty ones too
+        for le in BATCH_BUCKETS:
+            counters.setdefault(f'batch_size_bucket{{le="{le}"}}', 0.0)
+    samples: list[tuple[str, float]] = [(f"engram_{k}", v) for k, v in counters.items()]
+    pipe = client.pipeline(transaction=False)
+    for p in range(partitions):
+        pipe.xlen(keys.stream(p))
+    pipe.xlen(keys.DEAD_LETTERS)
+    pipe.zcount(keys.WORKERS, now_ms() - lease_ttl_ms, "+inf")
+    *lengths, dead, live = pipe.execute()
+    for p, length in enumerate(lengths):
+        pending, lag = _group_state(client, p, int(length))
+        samples += [(f'engram_stream_length{{partition="{p}"}}', length),
+                    (f'engram_stream_pending{{partition="{p}"}}', pending),
+                    (f'engram_stream_lag{{partition="{p}"}}', lag)]
+    samples += [("engram_dead_letters", dead), ("engram_workers_live", live)]
+    return _exposition(samples)
+
+
+def _group_state(client: redis.Redis, partition: int, length: int) -> tuple[int, int]:
+    try:
+        groups = client.xinfo_groups(keys.stream(partition))
+    except redis.ResponseError:  # no stream yet
+        return 0, 0
+    for g in groups:
+        if _s(g.get("name", b"")) == keys.GROUP:
+            pending = int(g.get("pending", 0))
+            lag = g.get("lag")
+            # Acknowledged entries are deleted, so whatever is neither pending
+            # nor deleted is unread: the lag, when Redis cannot tell it.
+            return pending, int(lag) if lag is not None else max(length - pending, 0)
+    return 0, length
+
+
+def _exposition(samples: list[tuple[str, float]]) -> str:
+    by_family: dict[str, list[str]] = {}
+    for name, value in sorted(samples, key=_order):
+        base = name.split("{", 1)[0].removeprefix("engram_")
+        family = base
+        for suffix in ("_bucket", "_sum", "_count"):
+            if base.endswith(suffix) and base.removesuffix(suffix) in _HELP:
+                family = base.removesuffix(suffix)
+        text = str(int(value)) if float(value).is_integer() else repr(float(value))
+        by_family.setdefault(family, []).append(f"{name} {text}")
+    lines = []
+    for family, rows in by_family.items():
+        kind, help_text = _HELP.get(family, ("untyped", family))
+        lines += [f"# HELP engram_{family} {help_text}", f"# TYPE engram_{family} {kind}", *rows]
+    return "\n".join(lines) + "\n"
+
+
+def _order(sample: tuple[str, float]) -> tuple[str, float, str]:
+    """By family, buckets by increasing bound (``+Inf`` last), then by name."""
+    name = sample[0]
+    bound = name.partition('le="')[2].partition('"')[0]
+    return name.split("{", 1)[0], float(bound.replace("+Inf", "inf")) if bound else 0.0, name
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,81 @@
+"""Startup helpers: find the servers, connect to them, build the embedder.
+
+``engram up`` writes ``ENGRAM_HOME/run.json`` (where its embedded servers
+listen) while it runs, so ``engram worker``, ``engram enqueue`` and
+``engram metrics`` started from another shell find them without any
+configuration. ``DATABASE_URL`` / ``REDIS_URL`` always win.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from store import Embedder, HashingEmbedder, WordLlamaEmbedder
+
+from .settings import Settings
+
+RUN_FILE = "run.json"
+
+
+class ConfigError(Exception):
+    """Something engram needs to start is not configured."""
+
+
+def write_run_file(home: Path, *, database_url: str, redis_url: str) -> Path:
+    path = Path(home) / RUN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"database_url": database_url, "redis_url": redis_url,
+                                "pid": os.getpid()}))
+    return path
+
+
+def read_run_file(home: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((Path(home) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def redis_url(settings: Settings) -> str:
+    if settings.redis_url:
+        return settings.redis_url
+    run = read_run_file(settings.home)
+    if run and run.get("redis_url"):
+        return str(run["redis_url"])
+    raise ConfigError("set REDIS_URL, or start `engram up` with this ENGRAM_HOME")
+
+
+def database_url(settings: Settings) -> str:
+    if settings.database_url:
+        return settings.database_url
+    run = read_run_file(settings.home)
+    if run and run.get("database_url"):
+        return str(run["database_url"])
+    raise ConfigError("set DATABASE_URL, or start `engram up` with this ENGRAM_HOME")
+
+
+def connect_redis(url: str) -> redis.Redis:
+    """A client for workers and producers: bytes in and out (entries may be any bytes)."""
+    return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5,
+                                health_check_interval=30)
+
+
+def load_embedder(spec: str) -> Embedder:
+    """``wordllama`` (the default), ``hashing[:DIMS]``, or ``package.module:factory``."""
+    name, _, arg = spec.partition(":")
+    if name == "wordllama":
+        return WordLlamaEmbedder(int(arg)) if arg else WordLlamaEmbedder()
+    if name == "hashing":
+        return HashingEmbedder(int(arg)) if arg else HashingEmbedder()
+    if "." in name and arg:
+        factory = getattr(importlib.import_module(name), arg)
+        embedder: Embedder = factory()
+        return embedder
+    raise ConfigError(f"unknown embedder {spec!r}: use wordllama, hashing[:DIMS] or module:factory")
