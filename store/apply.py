@@ -1,9 +1,12 @@
-"""Applying a plan: load the state a batch names, then write the plan with a few
-set-based statements (COPY for the inserts). Runs inside the writer's transaction."""
+"""Applying plans: load the state a batch names, then write every scope's plan
+with one set-based statement per table (COPY for the inserts). Runs inside the
+writer's transaction; the number of round trips does not grow with the number
+of scopes or operations in the batch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -12,20 +15,25 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from .extraction import readable_sources
+from .model import SCOPE_FIELDS, Scope
 from .operations import Extract, Operation, Remember, derived_record_id
 from .planner import Current, Plan, ScopeState, StoredReceipt
 from .rows import REVISION_COLUMNS, record_from_row
 
+Pairs = Sequence[tuple[ScopeState, Plan]]
+
 
 def stored_receipts(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, StoredReceipt]:
     rows = conn.execute(
-        "SELECT operation_id, request_digest FROM engram_receipts WHERE operation_id = ANY(%s)",
+        "SELECT operation_id, request_digest, error FROM engram_receipts"
+        " WHERE operation_id = ANY(%s)",
         (op_ids,),
     ).fetchall()
-    return {r[0]: StoredReceipt(r[0], r[1]) for r in rows}
+    return {r[0]: StoredReceipt(r[0], r[1], r[2]) for r in rows}
 
 
-def _referenced_ids(op: Operation) -> list[str]:
+def referenced_ids(op: Operation) -> list[str]:
+    """The record ids an operation may read or write."""
     r = op.request
     if isinstance(r, Remember):
         return [r.id or derived_record_id(op.operation_id, 0)]
@@ -35,131 +43,217 @@ def _referenced_ids(op: Operation) -> list[str]:
     return [r.id]
 
 
-def load_state(conn: psycopg.Connection[Any], ops: list[Operation]) -> ScopeState:
-    scope = ops[0].scope
-    fields = scope.as_dict()
-    row = conn.execute(
-        "INSERT INTO engram_scopes (key, user_id, agent_id, run_id, actor_id, chat_id)"
-        " VALUES (%s, %s, %s, %s, %s, %s)"
-        " ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING id, revision",
-        (
-            scope.key,
-            fields.get("user_id"),
-            fields.get("agent_id"),
-            fields.get("run_id"),
-            fields.get("actor_id"),
-            fields.get("chat_id"),
-        ),
-    ).fetchone()
-    assert row is not None
-    scope_id, revision = row
-    ids = sorted({rid for op in ops for rid in _referenced_ids(op)})
-    records: dict[str, Current] = {}
-    taken: set[str] = set()
-    for r in conn.execute(
-        f"""
-        SELECT r.scope_id, r.created_at, {REVISION_COLUMNS},
-               (SELECT array_agg(x.revision ORDER BY x.revision)
-                FROM engram_revisions x WHERE x.record_id = r.id)
-        FROM engram_records r
-        JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
-        JOIN engram_scopes s ON s.id = r.scope_id
-        WHERE r.id = ANY(%s)
-        """,
-        (ids,),
-    ).fetchall():
-        if r[0] != scope_id:
-            taken.add(r[2])
-            continue
-        rec = record_from_row(r[2:17])
-        records[rec.id] = Current(
-            id=rec.id,
-            revision=rec.revision,
-            status=rec.status,
-            text=rec.text,
-            kind=rec.kind,
-            importance=rec.importance,
-            metadata=rec.metadata,
-            origin=rec.origin,
-            sources=rec.sources,
-            links=rec.links,
-            digest=rec.digest,
-            expires_at=rec.expires_at,
-            created_at=r[1],
-            revisions=tuple(r[17]),
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """Rows read for a batch, before they are split by scope."""
+
+    records: dict[str, tuple[int, Current]]  # id -> (scope id, current revision)
+    forgotten: dict[str, int]  # id -> scope id
+    receipts: dict[str, StoredReceipt]
+
+
+def load_states(
+    conn: psycopg.Connection[Any], groups: dict[str, list[Operation]]
+) -> list[ScopeState]:
+    """Lock every scope of the batch (in key order) and read what its operations name."""
+    keys = sorted(groups)
+    locked = _lock_scopes(conn, [groups[k][0].scope for k in keys])
+    ids = {k: sorted({rid for op in groups[k] for rid in referenced_ids(op)}) for k in keys}
+    found = _read(
+        conn,
+        sorted({i for v in ids.values() for i in v}),
+        [op.operation_id for k in keys for op in groups[k]],
+    )
+    states = []
+    for key in keys:
+        scope_id, revision = locked[key]
+        mine = {
+            i: row[1]
+            for i in ids[key]
+            if (row := found.records.get(i)) is not None and row[0] == scope_id
+        }
+        taken = {i for i in ids[key] if i in found.records and i not in mine}
+        taken |= {i for i in ids[key] if found.forgotten.get(i, scope_id) != scope_id}
+        states.append(
+            ScopeState(
+                scope_id=scope_id,
+                scope=groups[key][0].scope,
+                revision=revision,
+                records=mine,
+                taken=taken,
+                forgotten={i for i in ids[key] if found.forgotten.get(i) == scope_id},
+                # One dict for the whole batch: an id committed by one scope's plan
+                # is seen by the next (a repeat in another scope is a conflict).
+                receipts=found.receipts,
+            )
         )
-    forgotten: set[str] = set()
-    for rid, owner in conn.execute(
-        "SELECT record_id, scope_id FROM engram_forgotten WHERE record_id = ANY(%s)", (ids,)
-    ).fetchall():
-        (forgotten if owner == scope_id else taken).add(rid)
-    receipts = stored_receipts(conn, [op.operation_id for op in ops])
-    return ScopeState(
-        scope_id=scope_id,
-        scope=scope,
-        revision=revision,
-        records=records,
-        taken=taken,
-        forgotten=forgotten,
-        receipts=receipts,
+    return states
+
+
+def _lock_scopes(conn: psycopg.Connection[Any], scopes: list[Scope]) -> dict[str, tuple[int, int]]:
+    columns = [[s.key for s in scopes]] + [[getattr(s, f) for s in scopes] for f in SCOPE_FIELDS]
+    rows = conn.execute(
+        f"INSERT INTO engram_scopes (key, {', '.join(SCOPE_FIELDS)})"
+        " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],"
+        " %s::text[]) ORDER BY 1"
+        " ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING key, id, revision",
+        columns,
+    ).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def _read(conn: psycopg.Connection[Any], ids: list[str], op_ids: list[str]) -> _Found:
+    with conn.pipeline():
+        records = conn.execute(
+            f"""
+            SELECT r.scope_id, r.created_at, {REVISION_COLUMNS},
+                   (SELECT array_agg(x.revision ORDER BY x.revision)
+                    FROM engram_revisions x WHERE x.record_id = r.id)
+            FROM engram_records r
+            JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+            JOIN engram_scopes s ON s.id = r.scope_id
+            WHERE r.id = ANY(%s)
+            """,
+            (ids,),
+        )
+        forgotten = conn.execute(
+            "SELECT record_id, scope_id FROM engram_forgotten WHERE record_id = ANY(%s)", (ids,)
+        )
+        receipts = conn.execute(
+            "SELECT operation_id, request_digest, error FROM engram_receipts"
+            " WHERE operation_id = ANY(%s)",
+            (op_ids,),
+        )
+        return _Found(
+            records={r[2]: (r[0], _current(r)) for r in records.fetchall()},
+            forgotten={r[0]: r[1] for r in forgotten.fetchall()},
+            receipts={r[0]: StoredReceipt(r[0], r[1], r[2]) for r in receipts.fetchall()},
+        )
+
+
+def _current(row: Sequence[Any]) -> Current:
+    rec = record_from_row(row[2:17])
+    return Current(
+        id=rec.id,
+        revision=rec.revision,
+        status=rec.status,
+        text=rec.text,
+        kind=rec.kind,
+        importance=rec.importance,
+        metadata=rec.metadata,
+        origin=rec.origin,
+        sources=rec.sources,
+        links=rec.links,
+        digest=rec.digest,
+        expires_at=rec.expires_at,
+        created_at=row[1],
+        revisions=tuple(row[17]),
     )
 
 
-def write_plan(
+# -- writing ---------------------------------------------------------------------------
+
+VECTOR_COLUMNS = (
+    "generation_id",
+    "record_id",
+    "scope_id",
+    "revision",
+    "digest",
+    "status",
+    "kind",
+    "expires_at",
+    "embedding",
+)
+VECTOR_TYPES = ("int4", "text", "int8", "int4", "text", "text", "text", "timestamptz", "vector")
+REVISION_INSERT = (
+    "record_id",
+    "revision",
+    "scope_id",
+    "text",
+    "kind",
+    "importance",
+    "metadata",
+    "origin",
+    "sources",
+    "links",
+    "status",
+    "digest",
+    "operation_id",
+    "recorded_at",
+    "expires_at",
+    "current",
+)
+RECEIPT_INSERT = (
+    "operation_id",
+    "scope_id",
+    "kind",
+    "request_digest",
+    "scope_revision",
+    "committed_at",
+    "request",
+    "redacted",
+    "forgotten_revisions",
+    "already_forgotten",
+    "redaction",
+    "stream_entry",
+    "error",
+)
+
+
+def write_plans(
     conn: psycopg.Connection[Any],
-    state: ScopeState,
-    plan: Plan,
+    pairs: Pairs,
     now: datetime,
     gen_id: int | None,
     vectors: dict[str, np.ndarray],
 ) -> None:
-    sid = state.scope_id
     with conn.cursor() as cur:
-        if plan.forgotten_stored:
-            gone = plan.forgotten_stored
-            cur.execute(
-                "UPDATE engram_receipts SET request = NULL, redacted = true"
-                " WHERE kind <> 'forget' AND operation_id IN"
-                " (SELECT operation_id FROM engram_receipt_records WHERE record_id = ANY(%s))",
-                (gone,),
-            )
-            cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%s)", (gone,))
-            cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%s)", (gone,))
-            cur.execute("DELETE FROM engram_revisions WHERE record_id = ANY(%s)", (gone,))
-            cur.execute("DELETE FROM engram_records WHERE id = ANY(%s)", (gone,))
-        if plan.tombstones:
-            _copy(
-                cur,
-                "engram_forgotten",
-                ("record_id", "scope_id", "forgotten_at", "operation_id"),
-                [(rid, sid, now, op_id) for rid, op_id in plan.tombstones],
-            )
-        if plan.revisions:
-            _write_revisions(cur, state, plan)
-        _write_records(cur, state, plan)
-        _write_links(cur, sid, plan)
-        _write_vectors(cur, state, plan, gen_id, vectors)
+        _forget(cur, [(s.scope_id, p) for s, p in pairs], now)
+        _copy(
+            cur,
+            "engram_revisions",
+            REVISION_INSERT,
+            [
+                (
+                    c.id,
+                    c.revision,
+                    s.scope_id,
+                    c.text,
+                    c.kind,
+                    c.importance,
+                    Jsonb(c.metadata),
+                    c.origin,
+                    Jsonb([x.as_dict() for x in c.sources]),
+                    Jsonb([link.as_dict() for link in c.links]),
+                    c.status,
+                    c.digest,
+                    w.operation_id,
+                    w.recorded_at,
+                    c.expires_at,
+                    p.final[c.id].revision == c.revision,
+                )
+                for s, p in pairs
+                for w in p.revisions
+                for c in (w.record,)
+            ],
+        )
+        _executemany(
+            cur,
+            "UPDATE engram_revisions SET current = false"
+            " WHERE record_id = %s AND revision < %s AND current",
+            [(rid, c.revision) for s, p in pairs for rid, c in p.final.items() if rid in s.records],
+        )
+        _write_records(cur, pairs)
+        _write_links(cur, pairs)
+        _write_vectors(cur, pairs, gen_id, vectors)
         _copy(
             cur,
             "engram_receipts",
-            (
-                "operation_id",
-                "scope_id",
-                "kind",
-                "request_digest",
-                "scope_revision",
-                "committed_at",
-                "request",
-                "redacted",
-                "forgotten_revisions",
-                "already_forgotten",
-                "redaction",
-                "stream_entry",
-            ),
+            RECEIPT_INSERT,
             [
                 (
                     r.operation_id,
-                    sid,
+                    s.scope_id,
                     r.kind,
                     r.request_digest,
                     r.scope_revision,
@@ -170,34 +264,54 @@ def write_plan(
                     r.already_forgotten,
                     r.redaction,
                     r.stream_entry,
+                    Jsonb(r.error) if r.error is not None else None,
                 )
-                for r in plan.receipts
+                for s, p in pairs
+                for r in p.receipts
             ],
         )
-        refs = [
-            (r.operation_id, ref.id, ref.revision, ref.status)
-            for r in plan.receipts
-            for ref in r.refs
-        ]
         _copy(
-            cur, "engram_receipt_records", ("operation_id", "record_id", "revision", "status"), refs
+            cur,
+            "engram_receipt_records",
+            ("operation_id", "record_id", "revision", "status"),
+            [
+                (r.operation_id, ref.id, ref.revision, ref.status)
+                for _, p in pairs
+                for r in p.receipts
+                for ref in r.refs
+            ],
         )
+        moved = [(p.scope_revision, s.scope_id) for s, p in pairs if p.scope_revision != s.revision]
+        if moved:
+            cur.execute(
+                "UPDATE engram_scopes s SET revision = v.revision"
+                " FROM unnest(%s::bigint[], %s::bigint[]) AS v(revision, id) WHERE s.id = v.id",
+                ([m[0] for m in moved], [m[1] for m in moved]),
+            )
+
+
+def _forget(cur: psycopg.Cursor[Any], plans: list[tuple[int, Plan]], now: datetime) -> None:
+    gone = [rid for _, p in plans for rid in p.forgotten_stored]
+    if gone:
         cur.execute(
-            "UPDATE engram_scopes SET revision = %s WHERE id = %s", (plan.scope_revision, sid)
+            "UPDATE engram_receipts SET request = NULL, redacted = true"
+            " WHERE kind <> 'forget' AND operation_id IN"
+            " (SELECT operation_id FROM engram_receipt_records WHERE record_id = ANY(%s))",
+            (gone,),
         )
-
-
-VECTOR_COPY_TYPES = (
-    "int4",
-    "text",
-    "int8",
-    "int4",
-    "text",
-    "text",
-    "text",
-    "timestamptz",
-    "vector",
-)
+        for table, column in (
+            ("engram_vectors", "record_id"),
+            ("engram_links", "record_id"),
+            ("engram_revisions", "record_id"),
+            ("engram_records", "id"),
+        ):
+            cur.execute(f"DELETE FROM {table} WHERE {column} = ANY(%s)", (gone,))
+    _copy(
+        cur,
+        "engram_forgotten",
+        ("record_id", "scope_id", "forgotten_at", "operation_id"),
+        [(rid, sid, now, op_id) for sid, p in plans for rid, op_id in p.tombstones],
+    )
 
 
 def _copy(
@@ -222,166 +336,104 @@ def _copy(
             copy.write_row(row)
 
 
-def _write_revisions(cur: psycopg.Cursor[Any], state: ScopeState, plan: Plan) -> None:
-    sid = state.scope_id
+def _executemany(cur: psycopg.Cursor[Any], sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    params = list(rows)
+    if params:
+        cur.executemany(sql, params)
+
+
+def _write_records(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
     _copy(
         cur,
-        "engram_revisions",
-        (
-            "record_id",
-            "revision",
-            "scope_id",
-            "text",
-            "kind",
-            "importance",
-            "metadata",
-            "origin",
-            "sources",
-            "links",
-            "status",
-            "digest",
-            "operation_id",
-            "recorded_at",
-            "expires_at",
-            "current",
-        ),
+        "engram_records",
+        ("id", "scope_id", "revision", "status", "kind", "expires_at", "created_at", "updated_at"),
         [
             (
                 c.id,
+                s.scope_id,
                 c.revision,
-                sid,
-                c.text,
-                c.kind,
-                c.importance,
-                Jsonb(c.metadata),
-                c.origin,
-                Jsonb([s.as_dict() for s in c.sources]),
-                Jsonb([link.as_dict() for link in c.links]),
                 c.status,
-                c.digest,
-                w.operation_id,
-                w.recorded_at,
+                c.kind,
                 c.expires_at,
-                plan.final[c.id].revision == c.revision,
+                c.created_at,
+                c.created_at,
             )
-            for w in plan.revisions
-            for c in (w.record,)
+            for s, p in pairs
+            for rid, c in p.final.items()
+            if rid not in s.records
         ],
     )
-    superseded = [(rid, c.revision) for rid, c in plan.final.items() if rid in state.records]
-    if superseded:
-        cur.executemany(
-            "UPDATE engram_revisions SET current = false"
-            " WHERE record_id = %s AND revision < %s AND current",
-            superseded,
-        )
+    _executemany(
+        cur,
+        "UPDATE engram_records SET revision = %s, status = %s, kind = %s, expires_at = %s,"
+        " updated_at = clock_timestamp() WHERE id = %s AND scope_id = %s",
+        [
+            (c.revision, c.status, c.kind, c.expires_at, c.id, s.scope_id)
+            for s, p in pairs
+            for rid, c in p.final.items()
+            if rid in s.records
+        ],
+    )
 
 
-def _write_records(cur: psycopg.Cursor[Any], state: ScopeState, plan: Plan) -> None:
-    new = [c for rid, c in plan.final.items() if rid not in state.records]
-    old = [c for rid, c in plan.final.items() if rid in state.records]
-    if new:
-        _copy(
-            cur,
-            "engram_records",
-            (
-                "id",
-                "scope_id",
-                "revision",
-                "status",
-                "kind",
-                "expires_at",
-                "created_at",
-                "updated_at",
-            ),
-            [
-                (
-                    c.id,
-                    state.scope_id,
-                    c.revision,
-                    c.status,
-                    c.kind,
-                    c.expires_at,
-                    c.created_at,
-                    c.created_at,
-                )
-                for c in new
-            ],
-        )
-    if old:
-        cur.executemany(
-            "UPDATE engram_records SET revision = %s, status = %s, kind = %s, expires_at = %s,"
-            " updated_at = clock_timestamp() WHERE id = %s AND scope_id = %s",
-            [(c.revision, c.status, c.kind, c.expires_at, c.id, state.scope_id) for c in old],
-        )
-
-
-def _write_links(cur: psycopg.Cursor[Any], scope_id: int, plan: Plan) -> None:
-    if not plan.links_changed:
+def _write_links(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
+    changed = [rid for _, p in pairs for rid in p.links_changed]
+    if not changed:
         return
-    cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%s)", (list(plan.links_changed),))
-    rows = [
-        (scope_id, rid, link.relation, link.id)
-        for rid in plan.links_changed
-        if (c := plan.final.get(rid)) is not None
-        for link in set(c.links)
-    ]
-    _copy(cur, "engram_links", ("scope_id", "record_id", "relation", "target_id"), rows)
+    cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%s)", (changed,))
+    _copy(
+        cur,
+        "engram_links",
+        ("scope_id", "record_id", "relation", "target_id"),
+        [
+            (s.scope_id, rid, link.relation, link.id)
+            for s, p in pairs
+            for rid in p.links_changed
+            if (c := p.final.get(rid)) is not None
+            for link in set(c.links)
+        ],
+    )
 
 
 def _write_vectors(
-    cur: psycopg.Cursor[Any],
-    state: ScopeState,
-    plan: Plan,
-    gen_id: int | None,
-    vectors: dict[str, np.ndarray],
+    cur: psycopg.Cursor[Any], pairs: Pairs, gen_id: int | None, vectors: dict[str, np.ndarray]
 ) -> None:
-    stale = [rid for rid in plan.text_changed if rid in state.records]
+    stale = [rid for s, p in pairs for rid in p.text_changed if rid in s.records]
     if stale:
         # A vector computed for an old text is never kept for a new one, in any generation.
         cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%s)", (stale,))
-    fresh = [
-        (
-            gen_id,
-            c.id,
-            state.scope_id,
-            c.revision,
-            c.digest,
-            c.status,
-            c.kind,
-            c.expires_at,
-            vectors[c.digest],
-        )
-        for rid in plan.text_changed
-        if (c := plan.final.get(rid)) is not None and c.digest in vectors
-    ]
     if gen_id is not None:
         _copy(
             cur,
             "engram_vectors",
-            (
-                "generation_id",
-                "record_id",
-                "scope_id",
-                "revision",
-                "digest",
-                "status",
-                "kind",
-                "expires_at",
-                "embedding",
-            ),
-            fresh,
-            binary_types=VECTOR_COPY_TYPES,
+            VECTOR_COLUMNS,
+            [
+                (
+                    gen_id,
+                    c.id,
+                    s.scope_id,
+                    c.revision,
+                    c.digest,
+                    c.status,
+                    c.kind,
+                    c.expires_at,
+                    vectors[c.digest],
+                )
+                for s, p in pairs
+                for rid in p.text_changed
+                if (c := p.final.get(rid)) is not None and c.digest in vectors
+            ],
+            binary_types=VECTOR_TYPES,
         )
-    moved = [
-        (c.revision, c.status, c.kind, c.expires_at, c.id, c.digest)
-        for rid, c in plan.final.items()
-        if rid not in plan.text_changed and rid in state.records
-    ]
-    if moved:
-        # Same text, new revision (retract, metadata-only revise): the vector stays.
-        cur.executemany(
-            "UPDATE engram_vectors SET revision = %s, status = %s, kind = %s, expires_at = %s"
-            " WHERE record_id = %s AND digest = %s",
-            moved,
-        )
+    # Same text, new revision (retract, metadata-only revise): the vector stays.
+    _executemany(
+        cur,
+        "UPDATE engram_vectors SET revision = %s, status = %s, kind = %s, expires_at = %s"
+        " WHERE record_id = %s AND digest = %s",
+        [
+            (c.revision, c.status, c.kind, c.expires_at, c.id, c.digest)
+            for s, p in pairs
+            for rid, c in p.final.items()
+            if rid not in p.text_changed and rid in s.records
+        ],
+    )

@@ -147,6 +147,7 @@ class Receipt:
     already_forgotten: bool | None = None
     redaction: Redaction | None = None
     stream_entry: str | None = None
+    error: dict[str, Any] | None = None  # a refusal: committed nothing
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -164,6 +165,8 @@ class Receipt:
             out["redaction"] = self.redaction
         if self.stream_entry is not None:
             out["stream_entry"] = self.stream_entry
+        if self.error is not None:
+            out["error"] = self.error
         return out
 
 

@@ -18,6 +18,7 @@ from .errors import (
     NotFoundError,
     OperationConflictError,
     RevisionConflictError,
+    error_from_dict,
 )
 from .extraction import readable_sources
 from .model import Link, Record, RecordRef, Scope, Source
@@ -60,6 +61,7 @@ class Current:
 class StoredReceipt:
     operation_id: str
     request_digest: str
+    error: dict[str, Any] | None = None  # a refusal: replayed as the same error
 
 
 @dataclass(slots=True)
@@ -93,10 +95,8 @@ class ReceiptRow:
     already_forgotten: bool | None = None
     redaction: str | None = None
     stream_entry: str | None = None
-
-    @property
-    def redacted(self) -> bool:
-        return self.request is None and self.kind != "forget"
+    redacted: bool = False
+    error: dict[str, Any] | None = None  # set on a refusal: nothing else was written
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +123,6 @@ class Plan:
     forgotten_stored: list[str] = field(default_factory=list)  # delete from the database
     tombstones: list[tuple[str, str]] = field(default_factory=list)  # (record id, op id)
     receipts: list[ReceiptRow] = field(default_factory=list)
-    digests: dict[str, str] = field(default_factory=dict)  # op id -> request digest, this batch
     scope_revision: int = 0
 
     @property
@@ -140,25 +139,40 @@ class PlanContext:
 
 
 def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Plan:
-    """Apply ``ops`` in order to a copy of ``state``; say what to write."""
+    """Apply ``ops`` in order to a copy of ``state``; say what to write.
+
+    ``state.receipts`` holds what was committed under these operation ids
+    before (a receipt, or a refusal), including earlier in the same batch.
+    """
     plan = Plan(scope_revision=state.revision)
     records = dict(state.records)
     for index, op in enumerate(ops):
-        digest = _stored_digest(op.operation_id, state, plan)
-        if digest is not None:
-            plan.outcomes.append(
-                Replayed(op.operation_id)
-                if digest == op.digest
-                else OperationConflictError(
-                    f"operation {op.operation_id} was already used for a different request"
-                )
-            )
+        stored = state.receipts.get(op.operation_id)
+        if stored is not None:
+            plan.outcomes.append(_replay(op, stored))
             continue
         at = ctx.now + timedelta(microseconds=index)
+        step = _Step(state, records, op, at, ctx)
         try:
-            step = _Step(state, records, op, at, ctx)
             writes, extra = step.run()
         except EngramError as error:
+            # The refusal is kept (content-free) so a redelivery answers the same.
+            plan.receipts.append(
+                ReceiptRow(
+                    operation_id=op.operation_id,
+                    kind=op.kind,
+                    request_digest=op.digest,
+                    request=None,
+                    scope_revision=plan.scope_revision,
+                    committed_at=at,
+                    refs=[],
+                    stream_entry=ctx.stream_entries.get(op.operation_id),
+                    error=error.to_dict(),
+                )
+            )
+            state.receipts[op.operation_id] = StoredReceipt(
+                op.operation_id, op.digest, error.to_dict()
+            )
             plan.outcomes.append(error)
             continue
         plan.scope_revision += 1
@@ -177,17 +191,19 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
         if isinstance(op.request, Forget):
             _forget_in_plan(plan, state, op.request.id, op.operation_id, step)
         plan.receipts.append(receipt)
-        plan.digests[op.operation_id] = op.digest
+        state.receipts[op.operation_id] = StoredReceipt(op.operation_id, op.digest)
         plan.outcomes.append(Applied(receipt, tuple(writes)))
     return plan
 
 
-def _stored_digest(op_id: str, state: ScopeState, plan: Plan) -> str | None:
-    """The request digest committed under ``op_id``, before or earlier in this batch."""
-    stored = state.receipts.get(op_id)
-    if stored is not None:
-        return stored.request_digest
-    return plan.digests.get(op_id)
+def _replay(op: Operation, stored: StoredReceipt) -> Outcome:
+    if stored.request_digest != op.digest:
+        return OperationConflictError(
+            f"operation {op.operation_id} was already used for a different request"
+        )
+    if stored.error is not None:
+        return error_from_dict(stored.error)
+    return Replayed(op.operation_id)
 
 
 def _record_writes(plan: Plan, step: _Step, writes: list[RevisionRow]) -> None:
@@ -208,6 +224,7 @@ def _forget_in_plan(plan: Plan, state: ScopeState, record_id: str, op_id: str, s
     for receipt in plan.receipts:
         if any(ref.id == record_id for ref in receipt.refs):
             receipt.request = None
+            receipt.redacted = True
     if record_id in state.records:
         plan.forgotten_stored.append(record_id)
     plan.tombstones.append((record_id, op_id))

@@ -149,7 +149,7 @@ class Store:
         return [ScopeSummary(scope_from_key(r[0]), r[1], r[2]) for r in rows]
 
     def receipt(self, operation_id: str) -> Receipt | None:
-        found = self.receipts(operation_id=operation_id, limit=1)
+        found = self.receipts(operation_id=operation_id, limit=1, refused=True)
         return found[0] if found else None
 
     def receipts(
@@ -161,9 +161,13 @@ class Store:
         operation_id: str | None = None,
         limit: int = 50,
         before_revision: int | None = None,
+        refused: bool = False,
     ) -> list[Receipt]:
-        """Receipts, newest first, filtered by scope, record, kind or operation id."""
+        """Receipts, newest first, filtered by scope, record, kind or operation id;
+        with ``refused``, also the refusals (operations that failed and committed nothing)."""
         clauses, params = ["true"], {"limit": min(max(limit, 1), 1000)}
+        if not refused:
+            clauses.append("c.error IS NULL")
         if scope is not None:
             clauses.append("s.key = %(key)s")
             params["key"] = Scope.of(scope).key  # type: ignore[assignment]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from .apply import load_state, stored_receipts, write_plan
+from .apply import load_states, stored_receipts, write_plans
 from .embedders import Embedder, Vectors, embed_checked
 from .errors import EmbeddingMismatchError, EngramError, FencedError
 from .extraction import readable_sources
@@ -29,8 +29,10 @@ from .model import Receipt, RecordRef, WriteResult
 from .operations import Extract, Operation, Remember, Revise, text_digest
 from .planner import (
     Applied,
+    Plan,
     PlanContext,
     Replayed,
+    ScopeState,
     plan_batch,
     to_record,
 )
@@ -87,12 +89,15 @@ class Writer:
         )
         with self.pool.connection() as conn:
             # A replay is answered from its receipt: no embedding call for it.
-            stored = stored_receipts(conn, [op.operation_id for op in ops])
+            with conn.pipeline():
+                stored = stored_receipts(conn, [op.operation_id for op in ops])
+                generation = _active_generation(conn)
             fresh = [op for op in ops if op.operation_id not in stored]
             retries = 0
             embedded_for: Any = False  # the generation the vectors were computed for
             while True:
-                generation = _active_generation(conn, lock=False)
+                if retries:
+                    generation = _active_generation(conn)
                 if generation != embedded_for:
                     vectors, refused = self._embed(fresh, embedder, generation)
                     embedded_for = generation
@@ -171,30 +176,29 @@ class Writer:
         fence: Fence | None,
         ctx: PlanContext,
     ) -> list[Any]:
-        by_scope: dict[str, list[int]] = defaultdict(list)
-        for i, op in enumerate(ops):
-            by_scope[op.scope.key].append(i)
-        outcomes: list[Any] = [None] * len(ops)
+        groups: dict[str, list[Operation]] = defaultdict(list)
+        for op in ops:
+            groups[op.scope.key].append(op)
         with conn.transaction():
-            if fence is not None:
-                _check_fence(conn, fence)
-            now = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
-            locked = _active_generation(conn, lock=True)
+            now, locked = _begin(conn, fence)
             if locked != generation:
                 raise _GenerationMoved
             gen_id = locked.id if locked else None
-            for key in sorted(by_scope):
-                indexes = by_scope[key]
-                scope_ops = [ops[i] for i in indexes]
-                state = load_state(conn, scope_ops)
-                plan = plan_batch(state, scope_ops, replace(ctx, now=now))
-                if plan.changes_anything:
-                    if gen_id is None and embedder is not None and vectors:
-                        gen_id = _start_first_generation(conn, embedder)
-                    write_plan(conn, state, plan, now, gen_id, vectors)
-                for i, outcome in zip(indexes, plan.outcomes, strict=True):
-                    outcomes[i] = outcome
-        return outcomes
+            ctx = replace(ctx, now=now)
+            pairs: list[tuple[ScopeState, Plan]] = []
+            claimed: set[str] = set()  # ids created or forgotten by the scopes planned so far
+            for state in load_states(conn, groups):
+                state.taken |= claimed - state.records.keys()
+                plan = plan_batch(state, groups[state.scope.key], ctx)
+                claimed |= {rid for rid in plan.final if rid not in state.records}
+                claimed |= {rid for rid, _ in plan.tombstones}
+                pairs.append((state, plan))
+            if any(plan.changes_anything for _, plan in pairs):
+                if gen_id is None and embedder is not None and vectors:
+                    gen_id = _start_first_generation(conn, embedder)
+                write_plans(conn, pairs, now, gen_id, vectors)
+        by_key = {state.scope.key: iter(plan.outcomes) for state, plan in pairs}
+        return [next(by_key[op.scope.key]) for op in ops]
 
 
 class _GenerationMoved(Exception):
@@ -214,10 +218,37 @@ def _texts_to_embed(op: Operation) -> list[str]:
     return []
 
 
-def _active_generation(conn: psycopg.Connection[Any], *, lock: bool) -> ActiveGeneration | None:
-    sql = "SELECT id, model_id, dims FROM engram_generations WHERE status = 'active'"
-    row = conn.execute(sql + (" FOR SHARE" if lock else "")).fetchone()
+def _active_generation(conn: psycopg.Connection[Any]) -> ActiveGeneration | None:
+    row = conn.execute(
+        "SELECT id, model_id, dims FROM engram_generations WHERE status = 'active'"
+    ).fetchone()
     return ActiveGeneration(*row) if row else None
+
+
+def _begin(
+    conn: psycopg.Connection[Any], fence: Fence | None
+) -> tuple[datetime, ActiveGeneration | None]:
+    """One round trip: raise the fence, read the store clock, and hold the active
+    generation (FOR SHARE: an activation waits for this transaction)."""
+    row = conn.execute(
+        """
+        WITH fence AS (
+            INSERT INTO engram_fences (name, token) SELECT %(name)s, %(token)s
+            WHERE %(name)s::text IS NOT NULL
+            ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token
+            WHERE engram_fences.token <= EXCLUDED.token RETURNING token
+        )
+        SELECT clock_timestamp(), EXISTS (SELECT 1 FROM fence), g.id, g.model_id, g.dims
+        FROM (SELECT 1) AS one LEFT JOIN (
+            SELECT id, model_id, dims FROM engram_generations WHERE status = 'active' FOR SHARE
+        ) AS g ON true
+        """,
+        {"name": fence.name if fence else None, "token": fence.token if fence else 0},
+    ).fetchone()
+    assert row is not None
+    if fence is not None and not row[1]:
+        raise FencedError(f"fence {fence.name}: token {fence.token} is stale")
+    return row[0], ActiveGeneration(*row[2:]) if row[2] is not None else None
 
 
 def _start_first_generation(conn: psycopg.Connection[Any], embedder: Embedder) -> int:
@@ -230,17 +261,6 @@ def _start_first_generation(conn: psycopg.Connection[Any], embedder: Embedder) -
     assert row is not None
     log.info("embedding generation started", extra={"generation": row[0]})
     return int(row[0])
-
-
-def _check_fence(conn: psycopg.Connection[Any], fence: Fence) -> None:
-    row = conn.execute(
-        "INSERT INTO engram_fences (name, token) VALUES (%s, %s)"
-        " ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token"
-        " WHERE engram_fences.token <= EXCLUDED.token RETURNING token",
-        (fence.name, fence.token),
-    ).fetchone()
-    if row is None:
-        raise FencedError(f"fence {fence.name}: token {fence.token} is stale")
 
 
 def _receipt(outcome: Applied, op: Operation) -> Receipt:

@@ -75,7 +75,10 @@ CREATE TABLE engram_receipts (
     forgotten_revisions integer[],         -- forget only
     already_forgotten   boolean,           -- forget only
     redaction       text CHECK (redaction IN ('pending', 'complete', 'failed', 'none')),
-    stream_entry    text
+    stream_entry    text,
+    -- A refusal (revision conflict, not found, ...): its error, content-free. It
+    -- committed nothing and raised no scope revision; a redelivery answers the same.
+    error           jsonb
 );
 CREATE INDEX engram_receipts_scope_idx ON engram_receipts (scope_id, scope_revision DESC);
 CREATE INDEX engram_receipts_time_idx ON engram_receipts (committed_at);

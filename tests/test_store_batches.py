@@ -1,0 +1,84 @@
+"""The batch path (``Store.execute``): many scopes in one transaction, refusals kept."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from store import (
+    HashingEmbedder,
+    NotFoundError,
+    Operation,
+    OperationConflictError,
+    RevisionConflictError,
+    Store,
+    WriteResult,
+)
+from tests.helpers import rows_containing
+
+
+def test_a_refusal_is_kept_and_a_redelivery_answers_the_same(
+    fresh_store: Store, fresh_dsn: str
+) -> None:
+    scope = {"user_id": "ada"}
+    early = Operation.build("revise", scope, {"id": "r1", "text": "Ada's secret plan."}, "op-early")
+    [refused] = fresh_store.execute([early])
+    assert isinstance(refused, NotFoundError)
+    fresh_store.session(scope).revise("r1", text="created now", expected_revision=0)
+
+    # Redelivered after the record exists: the same answer, not a late success.
+    [again] = fresh_store.execute([early])
+    assert isinstance(again, NotFoundError) and again.message == refused.message
+    assert fresh_store.session(scope).get("r1").revision == 1  # type: ignore[union-attr]
+
+    kept = fresh_store.receipt("op-early")
+    assert kept is not None and kept.error is not None and kept.error["code"] == "not_found"
+    assert kept.scope_revision == 0 and kept.records == ()
+    assert [r.operation_id for r in fresh_store.receipts(scope=scope)] != ["op-early"]
+    assert "op-early" in [r.operation_id for r in fresh_store.receipts(scope=scope, refused=True)]
+    assert fresh_store.scope_revision(scope) == 1, "a refusal raises no scope revision"
+    with psycopg.connect(fresh_dsn) as conn:
+        assert rows_containing(conn, "secret plan") == [], "a refusal keeps no text"
+
+
+def test_many_scopes_commit_in_one_call_each_with_its_own_revisions(fresh_store: Store) -> None:
+    ops = []
+    for i in range(40):
+        for user in ("a", "b", "c"):
+            ops.append(Operation.build("remember", {"user_id": user}, {"text": f"{user} note {i}"}))
+    results = fresh_store.execute(ops, HashingEmbedder(32))
+    assert all(isinstance(r, WriteResult) for r in results)
+    for user in ("a", "b", "c"):
+        revisions = [
+            r.receipt.scope_revision
+            for r, op in zip(results, ops, strict=True)  # type: ignore[union-attr]
+            if op.scope.user_id == user
+        ]
+        assert revisions == list(range(1, 41))
+        assert fresh_store.scope_revision({"user_id": user}) == 40
+
+
+def test_one_id_created_by_two_scopes_in_one_batch_goes_to_the_first(fresh_store: Store) -> None:
+    a = Operation.build("remember", {"user_id": "a"}, {"text": "a's", "id": "shared"})
+    b = Operation.build("remember", {"user_id": "b"}, {"text": "b's", "id": "shared"})
+    first, second = fresh_store.execute([a, b])
+    assert isinstance(first, WriteResult)
+    assert isinstance(second, RevisionConflictError) and second.actual is None
+    assert fresh_store.scope_revision({"user_id": "b"}) == 0
+
+
+def test_one_operation_id_in_two_scopes_of_one_batch_is_a_conflict(fresh_store: Store) -> None:
+    a = Operation.build("remember", {"user_id": "a"}, {"text": "x"}, "same-id")
+    b = Operation.build("remember", {"user_id": "b"}, {"text": "x"}, "same-id")
+    first, second = fresh_store.execute([a, b])
+    assert isinstance(first, WriteResult)
+    assert isinstance(second, OperationConflictError)
+
+
+def test_an_empty_batch_raises_only_the_fence(fresh_store: Store) -> None:
+    from store import Fence, FencedError
+
+    assert fresh_store.execute([], fence=Fence("partition:0", 5)) == []
+    assert fresh_store.execute([], fence=Fence("partition:0", 5)) == [], "the same token passes"
+    with pytest.raises(FencedError):
+        fresh_store.execute([], fence=Fence("partition:0", 4))
