@@ -72,10 +72,14 @@ class EmbeddingMismatchError(EngramError):
 
 
 class FencedError(EngramError):
-    """A writer holding a stale partition lease tried to commit."""
+    """A writer holding a stale partition lease tried to commit; ``fences`` names them."""
 
     code = "fenced"
     status = 409
+
+    def __init__(self, message: str, *, fences: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fences = fences
 
 
 class SchemaVersionError(EngramError):

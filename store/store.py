@@ -101,7 +101,7 @@ class Store:
         ops: Sequence[Operation],
         embedder: Embedder | None = None,
         *,
-        fence: Fence | None = None,
+        fence: Fence | Sequence[Fence] | None = None,
         listeners: bool = False,
         stream_entries: dict[str, str] | None = None,
     ) -> list[Result]:
@@ -109,7 +109,8 @@ class Store:
 
         Returns, per operation and in order, its ``WriteResult`` or the typed
         error it failed with; a failed operation changes nothing. Raises only
-        for the whole batch: ``FencedError``, or a database error.
+        for the whole batch: ``FencedError`` (naming the stale fences; nothing is
+        committed), or a database error.
         """
         return self.writer.execute(
             ops, embedder, fence=fence, listeners=listeners, stream_entries=stream_entries

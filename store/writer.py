@@ -78,7 +78,7 @@ class Writer:
         ops: Sequence[Operation],
         embedder: Embedder | None,
         *,
-        fence: Fence | None = None,
+        fence: Fence | Sequence[Fence] | None = None,
         listeners: bool = False,
         llm: bool = False,
         stream_entries: dict[str, str] | None = None,
@@ -173,7 +173,7 @@ class Writer:
         embedder: Embedder | None,
         generation: ActiveGeneration | None,
         vectors: dict[str, np.ndarray],
-        fence: Fence | None,
+        fence: Fence | Sequence[Fence] | None,
         ctx: PlanContext,
     ) -> list[Any]:
         groups: dict[str, list[Operation]] = defaultdict(list)
@@ -226,28 +226,30 @@ def _active_generation(conn: psycopg.Connection[Any]) -> ActiveGeneration | None
 
 
 def _begin(
-    conn: psycopg.Connection[Any], fence: Fence | None
+    conn: psycopg.Connection[Any], fence: Fence | Sequence[Fence] | None
 ) -> tuple[datetime, ActiveGeneration | None]:
-    """One round trip: raise the fence, read the store clock, and hold the active
+    """One round trip: raise the fences, read the store clock, and hold the active
     generation (FOR SHARE: an activation waits for this transaction)."""
+    fences = [fence] if isinstance(fence, Fence) else list(fence or ())
     row = conn.execute(
         """
-        WITH fence AS (
-            INSERT INTO engram_fences (name, token) SELECT %(name)s, %(token)s
-            WHERE %(name)s::text IS NOT NULL
+        WITH raised AS (
+            INSERT INTO engram_fences (name, token)
+            SELECT * FROM unnest(%(names)s::text[], %(tokens)s::bigint[]) ORDER BY 1
             ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token
-            WHERE engram_fences.token <= EXCLUDED.token RETURNING token
+            WHERE engram_fences.token <= EXCLUDED.token RETURNING name
         )
-        SELECT clock_timestamp(), EXISTS (SELECT 1 FROM fence), g.id, g.model_id, g.dims
+        SELECT clock_timestamp(), ARRAY(SELECT name FROM raised), g.id, g.model_id, g.dims
         FROM (SELECT 1) AS one LEFT JOIN (
             SELECT id, model_id, dims FROM engram_generations WHERE status = 'active' FOR SHARE
         ) AS g ON true
         """,
-        {"name": fence.name if fence else None, "token": fence.token if fence else 0},
+        {"names": [f.name for f in fences], "tokens": [f.token for f in fences]},
     ).fetchone()
     assert row is not None
-    if fence is not None and not row[1]:
-        raise FencedError(f"fence {fence.name}: token {fence.token} is stale")
+    stale = tuple(sorted({f.name for f in fences} - set(row[1])))
+    if stale:
+        raise FencedError(f"stale fencing token for {', '.join(stale)}", fences=stale)
     return row[0], ActiveGeneration(*row[2:]) if row[2] is not None else None
 
 

@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
@@ -30,6 +30,7 @@ from store import Embedder, Fence, Store
 from store.errors import EngramError, FencedError
 
 from . import deadletters, keys
+from .committer import Committer
 from .defaults import BACKOFF_MAX_S, BACKOFF_MIN_S
 from .errors import DeadLetteredError
 from .leases import Lease
@@ -70,6 +71,10 @@ class Shared:
     embedder: Embedder | None
     config: WorkerConfig
     worker_id: str
+    committer: Committer = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "committer", Committer(self.store, self.embedder))
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,8 +253,7 @@ class PartitionRunner(threading.Thread):
             if time.monotonic() > self.valid_until:
                 raise PartitionLost("lease_expired")
             try:
-                return shared.store.execute(ops, shared.embedder, fence=self.fence,
-                                            stream_entries=stream_entries)
+                return shared.committer.execute(ops, self.fence, stream_entries)
             except FencedError:
                 self._count_fenced()
                 raise PartitionLost("fenced") from None
