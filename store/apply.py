@@ -5,6 +5,7 @@ of scopes or operations in the batch."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,10 +13,9 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg.types.json import Jsonb
 
 from .extraction import readable_sources
-from .model import SCOPE_FIELDS, Scope
+from .model import SCOPE_FIELDS
 from .operations import Extract, Operation, Remember, derived_record_id
 from .planner import Current, Plan, ScopeState, StoredReceipt
 from .rows import REVISION_COLUMNS, record_from_row
@@ -52,59 +52,26 @@ class _Found:
     receipts: dict[str, StoredReceipt]
 
 
-def load_states(
-    conn: psycopg.Connection[Any], groups: dict[str, list[Operation]]
-) -> list[ScopeState]:
-    """Lock every scope of the batch (in key order) and read what its operations name."""
-    keys = sorted(groups)
-    locked = _lock_scopes(conn, [groups[k][0].scope for k in keys])
-    ids = {k: sorted({rid for op in groups[k] for rid in referenced_ids(op)}) for k in keys}
-    found = _read(
-        conn,
-        sorted({i for v in ids.values() for i in v}),
-        [op.operation_id for k in keys for op in groups[k]],
-    )
-    states = []
-    for key in keys:
-        scope_id, revision = locked[key]
-        mine = {
-            i: row[1]
-            for i in ids[key]
-            if (row := found.records.get(i)) is not None and row[0] == scope_id
+class Loading:
+    """The reads of a batch, sent at once (one round trip in pipeline mode): lock
+    every scope of the batch in key order, then read what its operations name."""
+
+    def __init__(self, conn: psycopg.Connection[Any], groups: dict[str, list[Operation]]) -> None:
+        self.groups = groups
+        self.keys = sorted(groups)
+        scopes = [groups[k][0].scope for k in self.keys]
+        self.ids = {
+            k: sorted({rid for op in groups[k] for rid in referenced_ids(op)}) for k in self.keys
         }
-        taken = {i for i in ids[key] if i in found.records and i not in mine}
-        taken |= {i for i in ids[key] if found.forgotten.get(i, scope_id) != scope_id}
-        states.append(
-            ScopeState(
-                scope_id=scope_id,
-                scope=groups[key][0].scope,
-                revision=revision,
-                records=mine,
-                taken=taken,
-                forgotten={i for i in ids[key] if found.forgotten.get(i) == scope_id},
-                # One dict for the whole batch: an id committed by one scope's plan
-                # is seen by the next (a repeat in another scope is a conflict).
-                receipts=found.receipts,
-            )
+        every_id = sorted({i for v in self.ids.values() for i in v})
+        self._locked = conn.execute(
+            f"INSERT INTO engram_scopes (key, {', '.join(SCOPE_FIELDS)})"
+            " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],"
+            " %s::text[]) ORDER BY 1"
+            " ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING key, id, revision",
+            [[sc.key for sc in scopes]] + [[getattr(sc, f) for sc in scopes] for f in SCOPE_FIELDS],
         )
-    return states
-
-
-def _lock_scopes(conn: psycopg.Connection[Any], scopes: list[Scope]) -> dict[str, tuple[int, int]]:
-    columns = [[s.key for s in scopes]] + [[getattr(s, f) for s in scopes] for f in SCOPE_FIELDS]
-    rows = conn.execute(
-        f"INSERT INTO engram_scopes (key, {', '.join(SCOPE_FIELDS)})"
-        " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],"
-        " %s::text[]) ORDER BY 1"
-        " ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING key, id, revision",
-        columns,
-    ).fetchall()
-    return {r[0]: (r[1], r[2]) for r in rows}
-
-
-def _read(conn: psycopg.Connection[Any], ids: list[str], op_ids: list[str]) -> _Found:
-    with conn.pipeline():
-        records = conn.execute(
+        self._records = conn.execute(
             f"""
             SELECT r.scope_id, r.created_at, {REVISION_COLUMNS},
                    (SELECT array_agg(x.revision ORDER BY x.revision)
@@ -114,21 +81,46 @@ def _read(conn: psycopg.Connection[Any], ids: list[str], op_ids: list[str]) -> _
             JOIN engram_scopes s ON s.id = r.scope_id
             WHERE r.id = ANY(%s)
             """,
-            (ids,),
+            (every_id,),
         )
-        forgotten = conn.execute(
-            "SELECT record_id, scope_id FROM engram_forgotten WHERE record_id = ANY(%s)", (ids,)
+        self._forgotten = conn.execute(
+            "SELECT record_id, scope_id FROM engram_forgotten WHERE record_id = ANY(%s)",
+            (every_id,),
         )
-        receipts = conn.execute(
+        self._receipts = conn.execute(
             "SELECT operation_id, request_digest, error FROM engram_receipts"
             " WHERE operation_id = ANY(%s)",
-            (op_ids,),
+            ([op.operation_id for k in self.keys for op in groups[k]],),
         )
-        return _Found(
-            records={r[2]: (r[0], _current(r)) for r in records.fetchall()},
-            forgotten={r[0]: r[1] for r in forgotten.fetchall()},
-            receipts={r[0]: StoredReceipt(r[0], r[1], r[2]) for r in receipts.fetchall()},
-        )
+
+    def states(self) -> list[ScopeState]:
+        locked = {r[0]: (r[1], r[2]) for r in self._locked.fetchall()}
+        records = {r[2]: (r[0], _current(r)) for r in self._records.fetchall()}
+        forgotten = {r[0]: r[1] for r in self._forgotten.fetchall()}
+        # One dict for the whole batch: an id committed by one scope's plan is seen
+        # by the next (a repeat in another scope is a conflict).
+        receipts = {r[0]: StoredReceipt(r[0], r[1], r[2]) for r in self._receipts.fetchall()}
+        states = []
+        for key in self.keys:
+            scope_id, revision = locked[key]
+            ids = self.ids[key]
+            mine = {
+                i: row[1] for i in ids if (row := records.get(i)) is not None and row[0] == scope_id
+            }
+            taken = {i for i in ids if i in records and i not in mine}
+            taken |= {i for i in ids if forgotten.get(i, scope_id) != scope_id}
+            states.append(
+                ScopeState(
+                    scope_id=scope_id,
+                    scope=self.groups[key][0].scope,
+                    revision=revision,
+                    records=mine,
+                    taken=taken,
+                    forgotten={i for i in ids if forgotten.get(i) == scope_id},
+                    receipts=receipts,
+                )
+            )
+        return states
 
 
 def _current(row: Sequence[Any]) -> Current:
@@ -153,50 +145,78 @@ def _current(row: Sequence[Any]) -> Current:
 
 # -- writing ---------------------------------------------------------------------------
 
-VECTOR_COLUMNS = (
-    "generation_id",
-    "record_id",
-    "scope_id",
-    "revision",
-    "digest",
-    "status",
-    "kind",
-    "expires_at",
-    "embedding",
-)
-VECTOR_TYPES = ("int4", "text", "int8", "int4", "text", "text", "text", "timestamptz", "vector")
+# Each table's insert: (column, PostgreSQL type) in the order rows are built.
 REVISION_INSERT = (
-    "record_id",
-    "revision",
-    "scope_id",
-    "text",
-    "kind",
-    "importance",
-    "metadata",
-    "origin",
-    "sources",
-    "links",
-    "status",
-    "digest",
-    "operation_id",
-    "recorded_at",
-    "expires_at",
-    "current",
+    ("record_id", "text"),
+    ("revision", "int4"),
+    ("scope_id", "int8"),
+    ("text", "text"),
+    ("kind", "text"),
+    ("importance", "float4"),
+    ("metadata", "jsonb"),
+    ("origin", "text"),
+    ("sources", "jsonb"),
+    ("links", "jsonb"),
+    ("status", "text"),
+    ("digest", "text"),
+    ("operation_id", "text"),
+    ("recorded_at", "timestamptz"),
+    ("expires_at", "timestamptz"),
+    ("current", "bool"),
+)
+RECORD_INSERT = (
+    ("id", "text"),
+    ("scope_id", "int8"),
+    ("revision", "int4"),
+    ("status", "text"),
+    ("kind", "text"),
+    ("expires_at", "timestamptz"),
+    ("created_at", "timestamptz"),
+    ("updated_at", "timestamptz"),
+)
+VECTOR_INSERT = (
+    ("generation_id", "int4"),
+    ("record_id", "text"),
+    ("scope_id", "int8"),
+    ("revision", "int4"),
+    ("digest", "text"),
+    ("status", "text"),
+    ("kind", "text"),
+    ("expires_at", "timestamptz"),
+    ("embedding", "vector"),
 )
 RECEIPT_INSERT = (
-    "operation_id",
-    "scope_id",
-    "kind",
-    "request_digest",
-    "scope_revision",
-    "committed_at",
-    "request",
-    "redacted",
-    "forgotten_revisions",
-    "already_forgotten",
-    "redaction",
-    "stream_entry",
-    "error",
+    ("operation_id", "text"),
+    ("scope_id", "int8"),
+    ("kind", "text"),
+    ("request_digest", "text"),
+    ("scope_revision", "int8"),
+    ("committed_at", "timestamptz"),
+    ("request", "jsonb"),
+    ("redacted", "bool"),
+    ("forgotten_revisions", "int4[]"),
+    ("already_forgotten", "bool"),
+    ("redaction", "text"),
+    ("stream_entry", "text"),
+    ("error", "jsonb"),
+)
+RECEIPT_RECORD_INSERT = (
+    ("operation_id", "text"),
+    ("record_id", "text"),
+    ("revision", "int4"),
+    ("status", "text"),
+)
+TOMBSTONE_INSERT = (
+    ("record_id", "text"),
+    ("scope_id", "int8"),
+    ("forgotten_at", "timestamptz"),
+    ("operation_id", "text"),
+)
+LINK_INSERT = (
+    ("scope_id", "int8"),
+    ("record_id", "text"),
+    ("relation", "text"),
+    ("target_id", "text"),
 )
 
 
@@ -207,9 +227,10 @@ def write_plans(
     gen_id: int | None,
     vectors: dict[str, np.ndarray],
 ) -> None:
+    """Queue every write of the batch; in pipeline mode they travel in one round trip."""
     with conn.cursor() as cur:
         _forget(cur, [(s.scope_id, p) for s, p in pairs], now)
-        _copy(
+        _insert(
             cur,
             "engram_revisions",
             REVISION_INSERT,
@@ -221,10 +242,10 @@ def write_plans(
                     c.text,
                     c.kind,
                     c.importance,
-                    Jsonb(c.metadata),
+                    _json(c.metadata),
                     c.origin,
-                    Jsonb([x.as_dict() for x in c.sources]),
-                    Jsonb([link.as_dict() for link in c.links]),
+                    _json([x.as_dict() for x in c.sources]),
+                    _json([link.as_dict() for link in c.links]),
                     c.status,
                     c.digest,
                     w.operation_id,
@@ -246,7 +267,7 @@ def write_plans(
         _write_records(cur, pairs)
         _write_links(cur, pairs)
         _write_vectors(cur, pairs, gen_id, vectors)
-        _copy(
+        _insert(
             cur,
             "engram_receipts",
             RECEIPT_INSERT,
@@ -258,22 +279,22 @@ def write_plans(
                     r.request_digest,
                     r.scope_revision,
                     r.committed_at,
-                    Jsonb(r.request) if r.request is not None else None,
+                    _json(r.request) if r.request is not None else None,
                     r.redacted,
-                    r.forgotten_revisions,
+                    _int_array(r.forgotten_revisions),
                     r.already_forgotten,
                     r.redaction,
                     r.stream_entry,
-                    Jsonb(r.error) if r.error is not None else None,
+                    _json(r.error) if r.error is not None else None,
                 )
                 for s, p in pairs
                 for r in p.receipts
             ],
         )
-        _copy(
+        _insert(
             cur,
             "engram_receipt_records",
-            ("operation_id", "record_id", "revision", "status"),
+            RECEIPT_RECORD_INSERT,
             [
                 (r.operation_id, ref.id, ref.revision, ref.status)
                 for _, p in pairs
@@ -306,34 +327,47 @@ def _forget(cur: psycopg.Cursor[Any], plans: list[tuple[int, Plan]], now: dateti
             ("engram_records", "id"),
         ):
             cur.execute(f"DELETE FROM {table} WHERE {column} = ANY(%s)", (gone,))
-    _copy(
+    _insert(
         cur,
         "engram_forgotten",
-        ("record_id", "scope_id", "forgotten_at", "operation_id"),
+        TOMBSTONE_INSERT,
         [(rid, sid, now, op_id) for sid, p in plans for rid, op_id in p.tombstones],
     )
 
 
-def _copy(
+def _insert(
     cur: psycopg.Cursor[Any],
     table: str,
-    columns: Sequence[str],
+    columns: Sequence[tuple[str, str]],
     rows: Sequence[Sequence[Any]],
-    binary_types: Sequence[str] | None = None,
 ) -> None:
-    """Insert rows with COPY: one round trip and the cheapest path into PostgreSQL.
-
-    Binary when the column types are given: a vector then travels as packed
-    floats instead of being formatted and parsed as text.
-    """
+    """Insert rows as one statement over arrays, one per column: a single round trip
+    (none of its own in pipeline mode) whatever the number of rows."""
     if not rows:
         return
-    binary = " WITH (FORMAT BINARY)" if binary_types else ""
-    with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN{binary}") as copy:
-        if binary_types:
-            copy.set_types(list(binary_types))
-        for row in rows:
-            copy.write_row(row)
+    names = ", ".join(name for name, _ in columns)
+    arrays = ", ".join(
+        # An int4[] column travels as text literals: unnest would flatten a 2-D array.
+        "%s::text[]" if kind.endswith("[]") else f"%s::{kind}[]"
+        for _, kind in columns
+    )
+    casts = ", ".join(
+        f"c{i}::{kind}" if kind.endswith("[]") else f"c{i}" for i, (_, kind) in enumerate(columns)
+    )
+    aliases = ", ".join(f"c{i}" for i in range(len(columns)))
+    cur.execute(
+        f"INSERT INTO {table} ({names}) SELECT {casts} FROM unnest({arrays}) AS t({aliases})",
+        # %b: binary parameters, so vectors travel as packed floats, texts unescaped.
+        [list(column) for column in zip(*rows, strict=True)],
+    )
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _int_array(values: Sequence[int] | None) -> str | None:
+    return None if values is None else "{" + ",".join(str(int(v)) for v in values) + "}"
 
 
 def _executemany(cur: psycopg.Cursor[Any], sql: str, rows: Iterable[Sequence[Any]]) -> None:
@@ -343,10 +377,10 @@ def _executemany(cur: psycopg.Cursor[Any], sql: str, rows: Iterable[Sequence[Any
 
 
 def _write_records(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
-    _copy(
+    _insert(
         cur,
         "engram_records",
-        ("id", "scope_id", "revision", "status", "kind", "expires_at", "created_at", "updated_at"),
+        RECORD_INSERT,
         [
             (
                 c.id,
@@ -381,10 +415,10 @@ def _write_links(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
     if not changed:
         return
     cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%s)", (changed,))
-    _copy(
+    _insert(
         cur,
         "engram_links",
-        ("scope_id", "record_id", "relation", "target_id"),
+        LINK_INSERT,
         [
             (s.scope_id, rid, link.relation, link.id)
             for s, p in pairs
@@ -403,10 +437,10 @@ def _write_vectors(
         # A vector computed for an old text is never kept for a new one, in any generation.
         cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%s)", (stale,))
     if gen_id is not None:
-        _copy(
+        _insert(
             cur,
             "engram_vectors",
-            VECTOR_COLUMNS,
+            VECTOR_INSERT,
             [
                 (
                     gen_id,
@@ -423,7 +457,6 @@ def _write_vectors(
                 for rid in p.text_changed
                 if (c := p.final.get(rid)) is not None and c.digest in vectors
             ],
-            binary_types=VECTOR_TYPES,
         )
     # Same text, new revision (retract, metadata-only revise): the vector stays.
     _executemany(

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from .apply import load_states, stored_receipts, write_plans
+from .apply import Loading, stored_receipts, write_plans
 from .embedders import Embedder, Vectors, embed_checked
 from .errors import EmbeddingMismatchError, EngramError, FencedError
 from .extraction import readable_sources
@@ -179,15 +179,19 @@ class Writer:
         groups: dict[str, list[Operation]] = defaultdict(list)
         for op in ops:
             groups[op.scope.key].append(op)
-        with conn.transaction():
-            now, locked = _begin(conn, fence)
+        # Two round trips in all: the fence, the locks and the reads; then the
+        # writes with the COMMIT.
+        with conn.pipeline(), conn.transaction():
+            begun = _begin(conn, fence)
+            loading = Loading(conn, groups)
+            now, locked = _begun(begun, fence)
             if locked != generation:
                 raise _GenerationMoved
             gen_id = locked.id if locked else None
             ctx = replace(ctx, now=now)
             pairs: list[tuple[ScopeState, Plan]] = []
             claimed: set[str] = set()  # ids created or forgotten by the scopes planned so far
-            for state in load_states(conn, groups):
+            for state in loading.states():
                 state.taken |= claimed - state.records.keys()
                 plan = plan_batch(state, groups[state.scope.key], ctx)
                 claimed |= {rid for rid in plan.final if rid not in state.records}
@@ -225,13 +229,15 @@ def _active_generation(conn: psycopg.Connection[Any]) -> ActiveGeneration | None
     return ActiveGeneration(*row) if row else None
 
 
-def _begin(
-    conn: psycopg.Connection[Any], fence: Fence | Sequence[Fence] | None
-) -> tuple[datetime, ActiveGeneration | None]:
-    """One round trip: raise the fences, read the store clock, and hold the active
-    generation (FOR SHARE: an activation waits for this transaction)."""
-    fences = [fence] if isinstance(fence, Fence) else list(fence or ())
-    row = conn.execute(
+def _fences(fence: Fence | Sequence[Fence] | None) -> list[Fence]:
+    return [fence] if isinstance(fence, Fence) else list(fence or ())
+
+
+def _begin(conn: psycopg.Connection[Any], fence: Fence | Sequence[Fence] | None) -> Any:
+    """Raise the fences, read the store clock, and hold the active generation
+    (FOR SHARE: an activation waits for this transaction). Read by ``_begun``."""
+    fences = _fences(fence)
+    return conn.execute(
         """
         WITH raised AS (
             INSERT INTO engram_fences (name, token)
@@ -245,9 +251,15 @@ def _begin(
         ) AS g ON true
         """,
         {"names": [f.name for f in fences], "tokens": [f.token for f in fences]},
-    ).fetchone()
+    )
+
+
+def _begun(
+    cursor: Any, fence: Fence | Sequence[Fence] | None
+) -> tuple[datetime, ActiveGeneration | None]:
+    row = cursor.fetchone()
     assert row is not None
-    stale = tuple(sorted({f.name for f in fences} - set(row[1])))
+    stale = tuple(sorted({f.name for f in _fences(fence)} - set(row[1])))
     if stale:
         raise FencedError(f"stale fencing token for {', '.join(stale)}", fences=stale)
     return row[0], ActiveGeneration(*row[2:]) if row[2] is not None else None
