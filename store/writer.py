@@ -10,6 +10,7 @@ writes the plan with a few set-based statements.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -46,6 +47,11 @@ from .rows import (
 log = logging.getLogger(__name__)
 
 Result = WriteResult | EngramError
+
+# Batches up to this many operations are written by pipelined statements; larger
+# ones by COPY (measured here: ~4 ms for one operation pipelined, ~0.28 ms per
+# operation by COPY at 256 against ~0.5 ms pipelined).
+PIPELINED_MAX_OPS = 32
 
 _RETRYABLE = (
     psycopg.errors.SerializationFailure,
@@ -179,19 +185,23 @@ class Writer:
         groups: dict[str, list[Operation]] = defaultdict(list)
         for op in ops:
             groups[op.scope.key].append(op)
-        # Two round trips in all: the fence, the locks and the reads; then the
-        # writes with the COMMIT.
-        with conn.pipeline(), conn.transaction():
-            begun = _begin(conn, fence)
-            loading = Loading(conn, groups)
-            now, locked = _begun(begun, fence)
+        # A small batch is two round trips: the fence, the locks and the reads; then
+        # the writes with the COMMIT, all pipelined. A large one writes with COPY,
+        # which is faster per row but cannot be pipelined.
+        small = len(ops) <= PIPELINED_MAX_OPS
+        with conn.pipeline() if small else contextlib.nullcontext(), conn.transaction():
+            with conn.pipeline():
+                begun = _begin(conn, fence)
+                loading = Loading(conn, groups)
+                now, locked = _begun(begun, fence)
+                states = loading.states()
             if locked != generation:
                 raise _GenerationMoved
             gen_id = locked.id if locked else None
             ctx = replace(ctx, now=now)
             pairs: list[tuple[ScopeState, Plan]] = []
             claimed: set[str] = set()  # ids created or forgotten by the scopes planned so far
-            for state in loading.states():
+            for state in states:
                 state.taken |= claimed - state.records.keys()
                 plan = plan_batch(state, groups[state.scope.key], ctx)
                 claimed |= {rid for rid in plan.final if rid not in state.records}
@@ -200,7 +210,7 @@ class Writer:
             if any(plan.changes_anything for _, plan in pairs):
                 if gen_id is None and embedder is not None and vectors:
                     gen_id = _start_first_generation(conn, embedder)
-                write_plans(conn, pairs, now, gen_id, vectors)
+                write_plans(conn, pairs, now, gen_id, vectors, copy=not small)
         by_key = {state.scope.key: iter(plan.outcomes) for state, plan in pairs}
         return [next(by_key[op.scope.key]) for op in ops]
 
