@@ -87,8 +87,9 @@ def rq_job(dsn: str, redis_url: str, op_id: str, scope: str, text: str) -> str:
     conn, embedder = _plain_writer(dsn)
     vector = embedder.embed([text])[0]
     with conn.transaction():
-        conn.execute("INSERT INTO plain_memories VALUES (%s, %s, %s, %s)",
-                     (op_id, scope, text, vector))
+        conn.execute(
+            "INSERT INTO plain_memories VALUES (%s, %s, %s, %s)", (op_id, scope, text, vector)
+        )
     client = _redis(redis_url)
     _answer(client, [op_id])
     return op_id
@@ -121,20 +122,21 @@ def naive_consumer(dsn: str, redis_url: str, tx_entries: int) -> None:
     with contextlib.suppress(redis.ResponseError):  # the group exists already
         client.xgroup_create(NAIVE_STREAM, "naive", id="0", mkstream=True)
     while True:
-        reply: Any = client.xreadgroup("naive", "c1", {NAIVE_STREAM: ">"}, count=100,
-                                       block=1000)
+        reply: Any = client.xreadgroup("naive", "c1", {NAIVE_STREAM: ">"}, count=100, block=1000)
         if not reply:
             continue
         entries = reply[0][1]
         for start in range(0, len(entries), tx_entries):
-            chunk = entries[start:start + tx_entries]
+            chunk = entries[start : start + tx_entries]
             done = []
             with conn.transaction():
                 for entry_id, fields in chunk:
                     op = json.loads(fields[b"op"])
                     vector = embedder.embed([op["text"]])[0]
-                    conn.execute("INSERT INTO plain_memories VALUES (%s, %s, %s, %s)",
-                                 (op["id"], op["scope"], op["text"], vector))
+                    conn.execute(
+                        "INSERT INTO plain_memories VALUES (%s, %s, %s, %s)",
+                        (op["id"], op["scope"], op["text"], vector),
+                    )
                     done.append((entry_id, op["id"]))
             _answer(client, [op_id for _, op_id in done])
             client.xack(NAIVE_STREAM, "naive", *[e for e, _ in done])
@@ -145,7 +147,8 @@ def rq_worker(redis_url: str) -> None:
 
     client = redis.Redis.from_url(redis_url)
     SimpleWorker([Queue(RQ_QUEUE, connection=client)], connection=client).work(
-        logging_level="WARNING")
+        logging_level="WARNING"
+    )
 
 
 # -- the systems, as the benchmark drives them ----------------------------------------
@@ -160,10 +163,15 @@ class System:
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def _spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.processes.append(subprocess.Popen(
-            [sys.executable, *args], cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.processes.append(
+            subprocess.Popen(
+                [sys.executable, *args],
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
 
     def start(self) -> None:
         raise NotImplementedError
@@ -200,30 +208,47 @@ class Engram(System):
 
         Store.connect(self.dsn).close()  # migrate
         for _ in range(self.workers):
-            self._spawn(["-m", "worker", "--log-level", "WARNING", "worker"], {
-                "DATABASE_URL": self.dsn, "REDIS_URL": self.redis_url,
-                "ENGRAM_BATCH_SIZE": str(self.batch_size), "ENGRAM_EMBEDDER": "wordllama"})
+            self._spawn(
+                ["-m", "worker", "--log-level", "WARNING", "worker"],
+                {
+                    "DATABASE_URL": self.dsn,
+                    "REDIS_URL": self.redis_url,
+                    "ENGRAM_BATCH_SIZE": str(self.batch_size),
+                    "ENGRAM_EMBEDDER": "wordllama",
+                },
+            )
 
     def enqueue(self, op_id: str, scope: dict[str, str], text: str) -> None:
         self.producer.remember(scope, text, operation_id=op_id)
 
     def enqueue_bulk(self, items: list[tuple[str, dict[str, str], str]]) -> None:
-        self.producer.enqueue_many([Operation.build("remember", scope, {"text": text}, op_id)
-                                    for op_id, scope, text in items])
+        self.producer.enqueue_many(
+            [
+                Operation.build("remember", scope, {"text": text}, op_id)
+                for op_id, scope, text in items
+            ]
+        )
 
 
 class Naive(System):
     def __init__(self, dsn: str, redis_url: str, tx_entries: int) -> None:
         super().__init__(dsn, redis_url)
         self.tx_entries = tx_entries
-        self.name = (f"baseline {2 if tx_entries == 1 else 3}: naive consumer, "
-                     f"1 transaction per {'entry' if tx_entries == 1 else f'{tx_entries} entries'}")
+        self.name = (
+            f"baseline {2 if tx_entries == 1 else 3}: naive consumer, "
+            f"1 transaction per {'entry' if tx_entries == 1 else f'{tx_entries} entries'}"
+        )
         self.client = redis.Redis.from_url(redis_url)
 
     def start(self) -> None:
         _plain_table(self.dsn)
-        self._spawn(["-c", "import sys; from bench.bench_worker import naive_consumer;"
-                     f" naive_consumer({self.dsn!r}, {self.redis_url!r}, {self.tx_entries})"])
+        self._spawn(
+            [
+                "-c",
+                "import sys; from bench.bench_worker import naive_consumer;"
+                f" naive_consumer({self.dsn!r}, {self.redis_url!r}, {self.tx_entries})",
+            ]
+        )
 
     def enqueue(self, op_id: str, scope: dict[str, str], text: str) -> None:
         self.enqueue_bulk([(op_id, scope, text)])
@@ -231,8 +256,14 @@ class Naive(System):
     def enqueue_bulk(self, items: list[tuple[str, dict[str, str], str]]) -> None:
         pipe = self.client.pipeline(transaction=False)
         for op_id, scope, text in items:
-            pipe.xadd(NAIVE_STREAM, {"op": json.dumps({
-                "id": op_id, "scope": json.dumps(scope, sort_keys=True), "text": text})})
+            pipe.xadd(
+                NAIVE_STREAM,
+                {
+                    "op": json.dumps(
+                        {"id": op_id, "scope": json.dumps(scope, sort_keys=True), "text": text}
+                    )
+                },
+            )
         pipe.execute()
 
 
@@ -247,8 +278,9 @@ class Rq(System):
 
     def start(self) -> None:
         _plain_table(self.dsn)
-        self._spawn(["-c", "from bench.bench_worker import rq_worker;"
-                     f" rq_worker({self.redis_url!r})"])
+        self._spawn(
+            ["-c", f"from bench.bench_worker import rq_worker; rq_worker({self.redis_url!r})"]
+        )
 
     def enqueue(self, op_id: str, scope: dict[str, str], text: str) -> None:
         self.enqueue_bulk([(op_id, scope, text)])
@@ -257,10 +289,16 @@ class Rq(System):
         from rq import Queue
 
         # By name: run as ``python -m bench.bench_worker``, this module is __main__ here.
-        self.queue.enqueue_many([Queue.prepare_data(
-            "bench.bench_worker.rq_job",
-            (self.dsn, self.redis_url, op_id, json.dumps(scope, sort_keys=True), text),
-            result_ttl=600) for op_id, scope, text in items])
+        self.queue.enqueue_many(
+            [
+                Queue.prepare_data(
+                    "bench.bench_worker.rq_job",
+                    (self.dsn, self.redis_url, op_id, json.dumps(scope, sort_keys=True), text),
+                    result_ttl=600,
+                )
+                for op_id, scope, text in items
+            ]
+        )
 
 
 def _plain_table(dsn: str) -> None:
@@ -302,8 +340,12 @@ class Collector(threading.Thread):
 
     def result(self, start: float) -> Result:
         latencies = [(self.seen[op_id] - at) * 1000 for op_id, at in self.sent.items()]
-        return Result(len(self.sent), max(self.seen.values()) - start,
-                      percentile(latencies, 50), percentile(latencies, 99))
+        return Result(
+            len(self.sent),
+            max(self.seen.values()) - start,
+            percentile(latencies, 50),
+            percentile(latencies, 99),
+        )
 
 
 @dataclass
@@ -318,8 +360,12 @@ class Result:
         return self.ops / self.seconds
 
 
-def drive(system: System, client: redis.Redis, load: list[tuple[str, dict[str, str], str]],
-          rate: float | None) -> Result:
+def drive(
+    system: System,
+    client: redis.Redis,
+    load: list[tuple[str, dict[str, str], str]],
+    rate: float | None,
+) -> Result:
     """Enqueue ``load`` (in bulk, or one by one at ``rate``/s); wait for every answer."""
     collector = Collector(client)
     collector.expected = len(load)
@@ -327,7 +373,7 @@ def drive(system: System, client: redis.Redis, load: list[tuple[str, dict[str, s
     start = time.perf_counter()
     if rate is None:
         for i in range(0, len(load), BULK):
-            chunk = load[i:i + BULK]
+            chunk = load[i : i + BULK]
             t = time.perf_counter()
             system.enqueue_bulk(chunk)
             collector.sent.update((op_id, t) for op_id, _, _ in chunk)
@@ -346,12 +392,20 @@ def drive(system: System, client: redis.Redis, load: list[tuple[str, dict[str, s
 
 
 def make_load(tag: str, n: int, texts: list[str]) -> list[tuple[str, dict[str, str], str]]:
-    return [(f"{tag}:{i}", {"user_id": f"user-{i % SCOPES}"}, texts[i % len(texts)] + f" {tag}")
-            for i in range(n)]
+    return [
+        (f"{tag}:{i}", {"user_id": f"user-{i % SCOPES}"}, texts[i % len(texts)] + f" {tag}")
+        for i in range(n)
+    ]
 
 
-def measure(make: Callable[[], System], redis_client: redis.Redis, n_max: int,
-            half_seconds: float, texts: list[str], tag: str) -> tuple[str, Result, Result]:
+def measure(
+    make: Callable[[], System],
+    redis_client: redis.Redis,
+    n_max: int,
+    half_seconds: float,
+    texts: list[str],
+    tag: str,
+) -> tuple[str, Result, Result]:
     redis_client.flushall()
     system = make()
     system.start()
@@ -363,9 +417,12 @@ def measure(make: Callable[[], System], redis_client: redis.Redis, n_max: int,
         half = drive(system, redis_client, make_load(f"{tag}-half", n_half, texts), half_rate)
     finally:
         system.stop()
-    print(f"  {system.name}: {full.rate:,.0f} ops/s; p50/p99 {full.p50_ms:.0f}/{full.p99_ms:.0f}"
-          f" ms at max, {half.p50_ms:.1f}/{half.p99_ms:.1f} ms at {half_rate:,.0f}/s",
-          file=sys.stderr, flush=True)
+    print(
+        f"  {system.name}: {full.rate:,.0f} ops/s; p50/p99 {full.p50_ms:.0f}/{full.p99_ms:.0f}"
+        f" ms at max, {half.p50_ms:.1f}/{half.p99_ms:.1f} ms at {half_rate:,.0f}/s",
+        file=sys.stderr,
+        flush=True,
+    )
     return system.name, full, half
 
 
@@ -380,10 +437,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="engram worker processes")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--half-seconds", type=float, default=8.0)
-    parser.add_argument("--appendfsync", choices=("always", "everysec"), default="always",
-                        help="the valkey append-only file's sync policy")
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="runs of every system (interleaved); the median is reported")
+    parser.add_argument(
+        "--appendfsync",
+        choices=("always", "everysec"),
+        default="always",
+        help="the valkey append-only file's sync policy",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="runs of every system (interleaved); the median is reported",
+    )
     parser.add_argument("--skip-baselines", action="store_true")
     args = parser.parse_args()
 
@@ -393,26 +458,43 @@ def main() -> None:
     client = redis.Redis(port=valkey.port)
     try:
         with psycopg.connect(postgres.dsn()) as conn:
-            settings = {name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
-                        for name in ("fsync", "synchronous_commit")}
+            settings = {
+                name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+                for name in ("fsync", "synchronous_commit")
+            }
         assert settings == {"fsync": "on", "synchronous_commit": "on"}, settings
         texts = sentences(20_000)
-        runs = [("engram", lambda: Engram(fresh_database(postgres, "b_engram"), valkey.url,
-                                          args.workers, args.batch_size), args.ops)]
+        runs = [
+            (
+                "engram",
+                lambda: Engram(
+                    fresh_database(postgres, "b_engram"), valkey.url, args.workers, args.batch_size
+                ),
+                args.ops,
+            )
+        ]
         if not args.skip_baselines:
             runs += [
-                ("rq", lambda: Rq(fresh_database(postgres, "b_rq"), valkey.url),
-                 max(args.ops // 20, 500)),
-                ("naive1", lambda: Naive(fresh_database(postgres, "b_naive1"), valkey.url, 1),
-                 max(args.ops // 4, 2000)),
-                ("naive100", lambda: Naive(fresh_database(postgres, "b_naive100"), valkey.url,
-                                           100), max(args.ops // 2, 4000)),
+                (
+                    "rq",
+                    lambda: Rq(fresh_database(postgres, "b_rq"), valkey.url),
+                    max(args.ops // 20, 500),
+                ),
+                (
+                    "naive1",
+                    lambda: Naive(fresh_database(postgres, "b_naive1"), valkey.url, 1),
+                    max(args.ops // 4, 2000),
+                ),
+                (
+                    "naive100",
+                    lambda: Naive(fresh_database(postgres, "b_naive100"), valkey.url, 100),
+                    max(args.ops // 2, 4000),
+                ),
             ]
         by_system: list[list[tuple[str, Result, Result]]] = [[] for _ in runs]
         for r in range(args.repeat):  # interleaved, so that a noisy minute hits everyone
             for i, (tag, make, n) in enumerate(runs):
-                by_system[i].append(measure(make, client, n, args.half_seconds, texts,
-                                            f"{tag}{r}"))
+                by_system[i].append(measure(make, client, n, args.half_seconds, texts, f"{tag}{r}"))
         results = [_median_run(system_runs) for system_runs in by_system]
     finally:
         client.close()
@@ -422,23 +504,28 @@ def main() -> None:
 
 
 def _report(results: list[tuple[str, Result, Result]], args: argparse.Namespace) -> None:
-    print(f"\n## Stream benchmark ({os.cpu_count()} CPUs; PostgreSQL fsync and "
-          f"synchronous_commit on; valkey appendfsync {args.appendfsync}; "
-          f"median of {args.repeat} runs)\n")
+    print(
+        f"\n## Stream benchmark ({os.cpu_count()} CPUs; PostgreSQL fsync and "
+        f"synchronous_commit on; valkey appendfsync {args.appendfsync}; "
+        f"median of {args.repeat} runs)\n"
+    )
     print("| system | ops/s (max) | p50 / p99 ms at max | p50 / p99 ms at half max |")
     print("|---|---:|---:|---:|")
     for name, full, half in results:
-        print(f"| {name} | {full.rate:,.0f} | {full.p50_ms:,.0f} / {full.p99_ms:,.0f} | "
-              f"{half.p50_ms:,.1f} / {half.p99_ms:,.1f} |")
+        print(
+            f"| {name} | {full.rate:,.0f} | {full.p50_ms:,.0f} / {full.p99_ms:,.0f} | "
+            f"{half.p50_ms:,.1f} / {half.p99_ms:,.1f} |"
+        )
     if len(results) == 4:
         engram = results[0][1].rate
         print("\n| engram vs | ratio | target |\n|---|---:|---:|")
-        for (name, full, _), target in zip(results[1:], ("25x", "2x", "1x (stretch)"),
-                                           strict=True):
+        for (name, full, _), target in zip(results[1:], ("25x", "2x", "1x (stretch)"), strict=True):
             print(f"| {name} | {engram / full.rate:.1f}x | {target} |")
     half = results[0][2]
-    print(f"\nengram p99 at half max: {half.p99_ms:.1f} ms (target < 100 ms); "
-          f"batch size {args.batch_size}, {args.workers} worker process(es), 16 partitions.")
+    print(
+        f"\nengram p99 at half max: {half.p99_ms:.1f} ms (target < 100 ms); "
+        f"batch size {args.batch_size}, {args.workers} worker process(es), 16 partitions."
+    )
 
 
 if __name__ == "__main__":

@@ -28,12 +28,17 @@ from worker.worker import Worker
 REPO = Path(__file__).resolve().parent.parent
 
 # Short leases so that takeovers in the tests take about a second.
-FAST = WorkerConfig(partitions=4, batch_size=64, block_ms=100, lease_ttl_ms=1000,
-                    lease_margin_ms=200)
+FAST = WorkerConfig(
+    partitions=4, batch_size=64, block_ms=100, lease_ttl_ms=1000, lease_margin_ms=200
+)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05,
-               what: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 10.0,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -88,11 +93,19 @@ class InProcessWorker:
 def start_worker(redis_url: str) -> Callable[..., InProcessWorker]:
     """``with start_worker(store) as w:`` runs a worker until the block ends."""
 
-    def start(store: Store, embedder: Embedder | None = None, *,
-              config: WorkerConfig = FAST, worker_id: str | None = None) -> InProcessWorker:
+    def start(
+        store: Store,
+        embedder: Embedder | None = None,
+        *,
+        config: WorkerConfig = FAST,
+        worker_id: str | None = None,
+    ) -> InProcessWorker:
         client = connect_redis(redis_url)
-        return InProcessWorker(Worker(client, store, embedder or HashingEmbedder(64),
-                                      config=config, worker_id=worker_id))
+        return InProcessWorker(
+            Worker(
+                client, store, embedder or HashingEmbedder(64), config=config, worker_id=worker_id
+            )
+        )
 
     return start
 
@@ -129,22 +142,37 @@ def worker_processes(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``engram worker`` subprocesses; every one is stopped (by pid) at the end."""
     started: list[WorkerProcess] = []
 
-    def start(*, database_url: str, redis_url: str, config: WorkerConfig = FAST,
-              embedder: str = "hashing:64", env: dict[str, str] | None = None) -> WorkerProcess:
+    def start(
+        *,
+        database_url: str,
+        redis_url: str,
+        config: WorkerConfig = FAST,
+        embedder: str = "hashing:64",
+        env: dict[str, str] | None = None,
+    ) -> WorkerProcess:
         log_path = tmp_path / f"worker-{len(started)}.log"
         full_env = {
-            **os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
-            "ENGRAM_EMBEDDER": embedder, "ENGRAM_PARTITIONS": str(config.partitions),
-            "ENGRAM_BATCH_SIZE": str(config.batch_size), "ENGRAM_BLOCK_MS": str(config.block_ms),
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "ENGRAM_EMBEDDER": embedder,
+            "ENGRAM_PARTITIONS": str(config.partitions),
+            "ENGRAM_BATCH_SIZE": str(config.batch_size),
+            "ENGRAM_BLOCK_MS": str(config.block_ms),
             "ENGRAM_LEASE_TTL_MS": str(config.lease_ttl_ms),
             "ENGRAM_LEASE_MARGIN_MS": str(config.lease_margin_ms),
-            "ENGRAM_MAX_DELIVERIES": str(config.max_deliveries), "ENGRAM_DB_POOL_SIZE": "4",
-            "PYTHONPATH": str(REPO), **(env or {}),
+            "ENGRAM_MAX_DELIVERIES": str(config.max_deliveries),
+            "ENGRAM_DB_POOL_SIZE": "4",
+            "PYTHONPATH": str(REPO),
+            **(env or {}),
         }
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "worker", "--log-level", "INFO", "worker"],
-                env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                env=full_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
             )
         proc = WorkerProcess(process, log_path)
         started.append(proc)

@@ -30,11 +30,21 @@ def _entries(client: redis.Redis, scope: dict[str, str] = SCOPE) -> list[dict[st
 
 
 def _receipt_reply(op_id: str, revision: int = 1, entry: str | None = None) -> str:
-    return json.dumps({"entry": entry, "receipt": {
-        "operation_id": op_id, "kind": "remember", "scope": SCOPE, "scope_revision": revision,
-        "committed_at": "2025-01-01T00:00:00+00:00",
-        "records": [{"id": "mem_1", "revision": 1, "status": "active"}],
-        "replayed": False, "redacted": False}})
+    return json.dumps(
+        {
+            "entry": entry,
+            "receipt": {
+                "operation_id": op_id,
+                "kind": "remember",
+                "scope": SCOPE,
+                "scope_revision": revision,
+                "committed_at": "2025-01-01T00:00:00+00:00",
+                "records": [{"id": "mem_1", "revision": 1, "status": "active"}],
+                "replayed": False,
+                "redacted": False,
+            },
+        }
+    )
 
 
 def _reply(client: redis.Redis, op_id: str, body: str) -> None:
@@ -44,47 +54,67 @@ def _reply(client: redis.Redis, op_id: str, body: str) -> None:
     client.expire(keys.reply(op_id), 60)
 
 
-def test_enqueue_writes_one_entry_on_the_scope_partition(producer: Producer,
-                                                         redis_client: redis.Redis) -> None:
-    pending = producer.remember(SCOPE, "Ada lives in London.", operation_id="signup:ada:1",
-                                metadata={"source": "form"})
+def test_enqueue_writes_one_entry_on_the_scope_partition(
+    producer: Producer, redis_client: redis.Redis
+) -> None:
+    pending = producer.remember(
+        SCOPE, "Ada lives in London.", operation_id="signup:ada:1", metadata={"source": "form"}
+    )
     assert pending.operation_id == "signup:ada:1"
     assert pending.partition == partition_of(SCOPE, 16)
     [entry] = _entries(redis_client)
-    assert entry == {"operation_id": "signup:ada:1", "kind": "remember", "scope": SCOPE,
-                     "request": {"text": "Ada lives in London.", "kind": "semantic",
-                                 "metadata": {"source": "form"}, "origin": "asserted"}}
+    assert entry == {
+        "operation_id": "signup:ada:1",
+        "kind": "remember",
+        "scope": SCOPE,
+        "request": {
+            "text": "Ada lives in London.",
+            "kind": "semantic",
+            "metadata": {"source": "form"},
+            "origin": "asserted",
+        },
+    }
     [(entry_id, _)] = redis_client.xrange(keys.stream(pending.partition))
     assert entry_id.decode() == pending.entry_id
 
 
-def test_every_kind_is_enqueued_with_its_request(producer: Producer,
-                                                  redis_client: redis.Redis) -> None:
+def test_every_kind_is_enqueued_with_its_request(
+    producer: Producer, redis_client: redis.Redis
+) -> None:
     producer.revise(SCOPE, "mem_1", text="new", expected_revision=2)
     producer.retract(SCOPE, "mem_1", expected_revision=3)
     producer.forget(SCOPE, "mem_1")
-    producer.extract(SCOPE, [{"id": "m1", "message": {"role": "user", "content": "hi"}}],
-                     infer=False)
+    producer.extract(
+        SCOPE, [{"id": "m1", "message": {"role": "user", "content": "hi"}}], infer=False
+    )
     kinds = [(e["kind"], e["request"]) for e in _entries(redis_client)]
     assert kinds == [
         ("revise", {"id": "mem_1", "text": "new", "expected_revision": 2}),
         ("retract", {"id": "mem_1", "expected_revision": 3}),
         ("forget", {"id": "mem_1"}),
-        ("extract", {"messages": [{"id": "m1", "message": {"role": "user", "content": "hi"}}],
-                     "infer": False}),
+        (
+            "extract",
+            {
+                "messages": [{"id": "m1", "message": {"role": "user", "content": "hi"}}],
+                "infer": False,
+            },
+        ),
     ]
     assert all(e["operation_id"].startswith("op_") for e in _entries(redis_client))
 
 
-@pytest.mark.parametrize("call", [
-    lambda p: p.remember(SCOPE, ""),
-    lambda p: p.remember({}, "text"),
-    lambda p: p.remember({"tenant": "x"}, "text"),
-    lambda p: p.revise(SCOPE, "mem_1", expected_revision=-1),
-    lambda p: p.retract(SCOPE, ""),
-    lambda p: p.submit("fly", SCOPE, {}),
-    lambda p: p.remember(SCOPE, "x", importance=3),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: p.remember(SCOPE, ""),
+        lambda p: p.remember({}, "text"),
+        lambda p: p.remember({"tenant": "x"}, "text"),
+        lambda p: p.revise(SCOPE, "mem_1", expected_revision=-1),
+        lambda p: p.retract(SCOPE, ""),
+        lambda p: p.submit("fly", SCOPE, {}),
+        lambda p: p.remember(SCOPE, "x", importance=3),
+    ],
+)
 def test_invalid_requests_are_refused_before_anything_is_enqueued(
     producer: Producer, redis_client: redis.Redis, call: object
 ) -> None:
@@ -95,8 +125,9 @@ def test_invalid_requests_are_refused_before_anything_is_enqueued(
 
 def test_wait_returns_the_receipt(producer: Producer, redis_client: redis.Redis) -> None:
     pending = producer.remember(SCOPE, "x", operation_id="w1")
-    timer = threading.Timer(0.2, _reply, (redis_client, "w1",
-                                          _receipt_reply("w1", entry=pending.entry_id)))
+    timer = threading.Timer(
+        0.2, _reply, (redis_client, "w1", _receipt_reply("w1", entry=pending.entry_id))
+    )
     timer.start()
     receipt = pending.wait(timeout=5)
     timer.join()
@@ -123,11 +154,14 @@ def test_a_pending_wait_passes_over_the_reply_to_an_earlier_enqueue(
         producer.wait("again", timeout=1)
 
 
-def test_many_waiters_on_one_operation_are_all_woken(producer: Producer,
-                                                     redis_client: redis.Redis) -> None:
+def test_many_waiters_on_one_operation_are_all_woken(
+    producer: Producer, redis_client: redis.Redis
+) -> None:
     got: list[StreamReceipt] = []
-    waiters = [threading.Thread(target=lambda: got.append(producer.wait("w2", timeout=5)))
-               for _ in range(4)]
+    waiters = [
+        threading.Thread(target=lambda: got.append(producer.wait("w2", timeout=5)))
+        for _ in range(4)
+    ]
     for w in waiters:
         w.start()
     time.sleep(0.3)
@@ -158,8 +192,9 @@ def test_wait_times_out(producer: Producer) -> None:
     assert info.value.code == "timeout"
 
 
-def test_results_reads_replies_without_waiting(producer: Producer,
-                                               redis_client: redis.Redis) -> None:
+def test_results_reads_replies_without_waiting(
+    producer: Producer, redis_client: redis.Redis
+) -> None:
     _reply(redis_client, "r1", _receipt_reply("r1"))
     _reply(redis_client, "r2", encode_reply(InvalidRequestError("bad")))
     got = producer.results(["r1", "r2", "r3"])
@@ -168,8 +203,9 @@ def test_results_reads_replies_without_waiting(producer: Producer,
     assert isinstance(got["r2"], InvalidRequestError)
 
 
-def test_a_full_stream_refuses_with_a_typed_error(redis_url: str,
-                                                  redis_client: redis.Redis) -> None:
+def test_a_full_stream_refuses_with_a_typed_error(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     small = Producer.from_url(redis_url, partitions=1, stream_max_len=2)
     small.remember(SCOPE, "one")
     small.remember(SCOPE, "two")
@@ -178,21 +214,26 @@ def test_a_full_stream_refuses_with_a_typed_error(redis_url: str,
     assert redis_client.xlen(keys.stream(0)) == 2
 
 
-def test_enqueue_many_sends_a_bulk_in_one_round_trip(producer: Producer,
-                                                   redis_client: redis.Redis) -> None:
-    ops = [Operation.build("remember", {"user_id": f"bulk-{i % 3}"}, {"text": f"fact {i}"})
-           for i in range(30)]
+def test_enqueue_many_sends_a_bulk_in_one_round_trip(
+    producer: Producer, redis_client: redis.Redis
+) -> None:
+    ops = [
+        Operation.build("remember", {"user_id": f"bulk-{i % 3}"}, {"text": f"fact {i}"})
+        for i in range(30)
+    ]
     pendings = producer.enqueue_many(ops)
     assert [p.operation_id for p in pendings] == [op.operation_id for op in ops]
     for scope in ({"user_id": f"bulk-{i}"} for i in range(3)):
         # Each scope's stream holds its operations in the order given.
         assert [e["request"]["text"] for e in _entries(redis_client, scope)] == [
-            op.request.to_dict()["text"] for op in ops if op.scope.as_dict() == scope]
+            op.request.to_dict()["text"] for op in ops if op.scope.as_dict() == scope
+        ]
     assert producer.enqueue_many([]) == []
 
 
-def test_enqueue_many_says_when_a_stream_was_full(redis_url: str,
-                                                  redis_client: redis.Redis) -> None:
+def test_enqueue_many_says_when_a_stream_was_full(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     small = Producer.from_url(redis_url, partitions=1, stream_max_len=2)
     ops = [Operation.build("remember", SCOPE, {"text": f"fact {i}"}) for i in range(3)]
     with pytest.raises(QueueFullError, match="2 of 3 operations enqueued"):
@@ -207,8 +248,9 @@ def test_an_unreachable_redis_is_a_clear_error_not_a_silent_drop() -> None:
     op = Operation.build("remember", SCOPE, {"text": "x"}, "lost:1")
     with pytest.raises(QueueUnavailableError) as info:
         producer.enqueue(op)
-    assert "lost:1" in info.value.message and "retry with the same operation id" in \
-        info.value.message
+    assert (
+        "lost:1" in info.value.message and "retry with the same operation id" in info.value.message
+    )
     with pytest.raises(QueueUnavailableError, match="retry them with the same operation ids"):
         producer.enqueue_many([op])
     with pytest.raises(WaitTimeout, match="redis unreachable"):

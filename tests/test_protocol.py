@@ -54,8 +54,9 @@ def test_partitions_spread_scopes() -> None:
 
 def test_a_partition_keys_share_one_cluster_slot() -> None:
     for p in (0, 7, 15):
-        slots = {key_slot(k.encode()) for k in (keys.stream(p), keys.lease(p),
-                                                 keys.fence_counter(p))}
+        slots = {
+            key_slot(k.encode()) for k in (keys.stream(p), keys.lease(p), keys.fence_counter(p))
+        }
         assert len(slots) == 1
     assert keys.stream(3) == "engram:ops:{3}"
     assert keys.fence_name(3) == "partition:3"
@@ -71,28 +72,51 @@ def test_entry_round_trip() -> None:
     assert decoded == Entry("1-0", original)
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({b"op": b"{not json"}, "not valid JSON"),
-    ({b"op": b"\xff\xfe"}, "not UTF-8"),
-    ({b"op": b"[]"}, "operation must be an object"),
-    ({b"op": b"{}", b"extra": b"1"}, "exactly one field"),
-    ({b"payload": b"{}"}, "exactly one field"),
-    ({b"op": json.dumps({"operation_id": "x1", "kind": "remember", "scope": {"user_id": "a"},
-                         "request": {"text": ""}}).encode()}, "must not be empty"),
-    ({b"op": json.dumps({"operation_id": "x2", "kind": "fly", "scope": {"user_id": "a"},
-                         "request": {}}).encode()}, "operation.kind"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({b"op": b"{not json"}, "not valid JSON"),
+        ({b"op": b"\xff\xfe"}, "not UTF-8"),
+        ({b"op": b"[]"}, "operation must be an object"),
+        ({b"op": b"{}", b"extra": b"1"}, "exactly one field"),
+        ({b"payload": b"{}"}, "exactly one field"),
+        (
+            {
+                b"op": json.dumps(
+                    {
+                        "operation_id": "x1",
+                        "kind": "remember",
+                        "scope": {"user_id": "a"},
+                        "request": {"text": ""},
+                    }
+                ).encode()
+            },
+            "must not be empty",
+        ),
+        (
+            {
+                b"op": json.dumps(
+                    {"operation_id": "x2", "kind": "fly", "scope": {"user_id": "a"}, "request": {}}
+                ).encode()
+            },
+            "operation.kind",
+        ),
+    ],
+)
 def test_malformed_entries(fields: dict[bytes, bytes], message: str) -> None:
-    decoded = decode_entry("9-0", fields, partition=partition_of({"user_id": "a"}, 4),
-                           partitions=4)
+    decoded = decode_entry("9-0", fields, partition=partition_of({"user_id": "a"}, 4), partitions=4)
     assert isinstance(decoded, Malformed)
     assert isinstance(decoded.error, InvalidRequestError)
     assert message in decoded.error.message
 
 
 def test_malformed_keeps_the_operation_id_so_the_producer_hears_of_it() -> None:
-    body = {"operation_id": "bad:1", "kind": "remember", "scope": {"user_id": "a"},
-            "request": {"text": 3}}
+    body = {
+        "operation_id": "bad:1",
+        "kind": "remember",
+        "scope": {"user_id": "a"},
+        "request": {"text": 3},
+    }
     decoded = decode_entry("1-0", {"op": json.dumps(body)}, partition=0, partitions=1)
     assert isinstance(decoded, Malformed) and decoded.operation_id == "bad:1"
     assert decoded.raw == json.dumps(body)
@@ -108,8 +132,12 @@ def test_an_entry_on_the_wrong_partition_is_refused() -> None:
 
 def test_error_messages_never_quote_memory_text() -> None:
     secret = "my secret diagnosis"
-    body = {"operation_id": "x", "kind": "remember", "scope": {"user_id": "a"},
-            "request": {"text": secret, "bogus": secret}}
+    body = {
+        "operation_id": "x",
+        "kind": "remember",
+        "scope": {"user_id": "a"},
+        "request": {"text": secret, "bogus": secret},
+    }
     decoded = decode_entry("1-0", {"op": json.dumps(body)}, partition=0, partitions=1)
     assert isinstance(decoded, Malformed)
     assert secret not in decoded.error.message
@@ -119,12 +147,16 @@ def test_error_messages_never_quote_memory_text() -> None:
 
 def _write_result(kind: str = "remember", replayed: bool = False) -> WriteResult:
     receipt = Receipt(
-        operation_id="op1", kind=kind, scope=Scope(user_id="ada"), scope_revision=3,
+        operation_id="op1",
+        kind=kind,
+        scope=Scope(user_id="ada"),
+        scope_revision=3,
         committed_at=datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC),
         records=(RecordRef("mem_1", 2, "active"),),
         forgotten_revisions=(1, 2) if kind == "forget" else None,
         already_forgotten=False if kind == "forget" else None,
-        redaction="none" if kind == "forget" else None, stream_entry="5-0",
+        redaction="none" if kind == "forget" else None,
+        stream_entry="5-0",
     )
     return WriteResult(receipt=receipt, replayed=replayed, records=())
 
@@ -148,13 +180,16 @@ def test_forget_reply_carries_revisions_and_redaction() -> None:
     assert reply.as_dict()["redaction"] == "none"
 
 
-@pytest.mark.parametrize("error", [
-    RevisionConflictError("stale", expected=1, actual=2, attempts=1),
-    OperationConflictError("used"),
-    InvalidRequestError("bad"),
-    QueueFullError("full"),
-    DeadLetteredError("gone"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        RevisionConflictError("stale", expected=1, actual=2, attempts=1),
+        OperationConflictError("used"),
+        InvalidRequestError("bad"),
+        QueueFullError("full"),
+        DeadLetteredError("gone"),
+    ],
+)
 def test_error_replies_come_back_as_the_same_class(error: EngramError) -> None:
     back = decode_reply(encode_reply(error, "1-0")).outcome
     assert type(back) is type(error)
@@ -183,8 +218,7 @@ def test_wait_timeout_is_both_an_engram_error_and_a_timeout() -> None:
 def test_unique_segments_cut_on_a_repeated_operation_id() -> None:
     a, b = op(text="a"), op(text="b")
     entries = [Entry("1", a), Entry("2", b), Entry("3", a), Entry("4", a)]
-    assert [[e.entry_id for e in s] for s in unique_segments(entries)] == [["1", "2"], ["3"],
-                                                                            ["4"]]
+    assert [[e.entry_id for e in s] for s in unique_segments(entries)] == [["1", "2"], ["3"], ["4"]]
     assert unique_segments([]) == []
 
 
@@ -226,8 +260,14 @@ def test_metrics_render_in_prometheus_text_format() -> None:
 
 
 def test_settings_from_env() -> None:
-    s = Settings.from_env({"ENGRAM_PARTITIONS": "8", "ENGRAM_LEASE_TTL_MS": "2000",
-                           "REDIS_URL": "redis://x", "ENGRAM_EMBEDDER": "hashing:64"})
+    s = Settings.from_env(
+        {
+            "ENGRAM_PARTITIONS": "8",
+            "ENGRAM_LEASE_TTL_MS": "2000",
+            "REDIS_URL": "redis://x",
+            "ENGRAM_EMBEDDER": "hashing:64",
+        }
+    )
     assert s.worker.partitions == 8 and s.worker.lease_ttl_ms == 2000
     assert s.worker.lease_margin_ms == 400  # a fifth of a short lease
     assert s.redis_url == "redis://x" and s.embedder == "hashing:64"

@@ -181,12 +181,18 @@ def test_forget_inside_one_batch_drops_what_the_batch_wrote(store: Store, scope:
 def test_an_operation_id_repeated_in_one_batch(store: Store, scope: dict) -> None:
     rid = f"{scope['user_id']}-dup"
     bad = Operation.build("revise", scope, {"id": rid, "text": "x"}, "dup-1")
-    good = Operation.build("revise", scope, {"id": rid, "text": "x", "expected_revision": 0},
-                           "dup-2")
+    good = Operation.build(
+        "revise", scope, {"id": rid, "text": "x", "expected_revision": 0}, "dup-2"
+    )
     other = Operation.build("remember", scope, {"text": "y"}, "dup-2")
     results = store.execute([bad, bad, good, good, other])
     names = [type(r).__name__ for r in results]
-    assert names == ["NotFoundError", "NotFoundError", "WriteResult", "WriteResult",
-                     "OperationConflictError"]
+    assert names == [
+        "NotFoundError",
+        "NotFoundError",
+        "WriteResult",
+        "WriteResult",
+        "OperationConflictError",
+    ]
     assert [results[2].replayed, results[3].replayed] == [False, True]  # type: ignore[union-attr]
     assert store.scope_revision(scope) == 1

@@ -38,8 +38,10 @@ def test_engram_services_are_configured_by_url(compose: dict[str, Any]) -> None:
     for name in ("migrate", "worker"):
         service = compose["services"][name]
         env = service["environment"]
-        assert env["DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in env[
-            "DATABASE_URL"]
+        assert (
+            env["DATABASE_URL"].startswith("postgresql://")
+            and "@postgres:5432/" in env["DATABASE_URL"]
+        )
         assert env["REDIS_URL"].startswith("redis://redis:6379/")
         assert service["command"][0] == "engram"
     assert compose["services"]["migrate"]["command"] == ["engram", "migrate"]
@@ -47,7 +49,7 @@ def test_engram_services_are_configured_by_url(compose: dict[str, Any]) -> None:
 
 
 def test_workers_start_after_a_healthy_database_and_a_finished_migration(
-    compose: dict[str, Any]
+    compose: dict[str, Any],
 ) -> None:
     worker = compose["services"]["worker"]
     assert worker["command"] == ["engram", "worker"]
@@ -60,7 +62,8 @@ def test_workers_start_after_a_healthy_database_and_a_finished_migration(
     assert worker["healthcheck"]["test"] == ["CMD", "engram", "health"]
     assert worker["stop_signal"] == "SIGTERM"
     assert compose["services"]["migrate"]["depends_on"] == {
-        "postgres": {"condition": "service_healthy"}}
+        "postgres": {"condition": "service_healthy"}
+    }
 
 
 def test_every_long_running_service_has_a_health_check(compose: dict[str, Any]) -> None:

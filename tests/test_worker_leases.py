@@ -46,14 +46,16 @@ def test_tokens_keep_growing_when_the_counter_is_lost(redis_client: redis.Redis)
     assert second is not None and second.token > first.token
 
 
-def _partition_worker(store: Store, client: redis.Redis, token: int, embedder: Any,
-                      config: WorkerConfig = FAST) -> PartitionRunner:
+def _partition_worker(
+    store: Store, client: redis.Redis, token: int, embedder: Any, config: WorkerConfig = FAST
+) -> PartitionRunner:
     shared = Shared(client, store, embedder, config, f"worker-{token}")
     return PartitionRunner(shared, Lease(0, shared.worker_id, token), time.monotonic() + 60)
 
 
-def test_a_worker_with_an_older_token_commits_nothing(fresh_store: Store,
-                                                      redis_client: redis.Redis) -> None:
+def test_a_worker_with_an_older_token_commits_nothing(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
     """The partition moved to a newer token while this worker held a batch: the store
     refuses its commit, it acknowledges nothing, and the entries wait for the new owner."""
     config = WorkerConfig(partitions=1, block_ms=50, lease_ttl_ms=1000, lease_margin_ms=200)
@@ -66,8 +68,7 @@ def test_a_worker_with_an_older_token_commits_nothing(fresh_store: Store,
             fresh_store.execute([], None, fence=Fence(keys.fence_name(0), 20))
             return super().embed(texts)
 
-    runner = _partition_worker(fresh_store, redis_client, 10, TakenOverWhileEmbedding(64),
-                               config)
+    runner = _partition_worker(fresh_store, redis_client, 10, TakenOverWhileEmbedding(64), config)
     runner.start()
     runner.join(timeout=10)
     assert not runner.is_alive() and runner.lost == "fenced"
@@ -95,8 +96,9 @@ def test_a_worker_with_an_older_token_commits_nothing(fresh_store: Store,
     assert redis_client.xpending(stream, keys.GROUP)["pending"] == 0
 
 
-def test_a_runner_past_its_lease_commits_nothing(fresh_store: Store,
-                                                 redis_client: redis.Redis) -> None:
+def test_a_runner_past_its_lease_commits_nothing(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
     config = WorkerConfig(partitions=1, block_ms=50, lease_ttl_ms=1000, lease_margin_ms=200)
     Producer(redis_client, partitions=1).remember({"user_id": "ada"}, "fact")
     shared = Shared(redis_client, fresh_store, HashingEmbedder(64), config, "late")
@@ -114,13 +116,19 @@ def test_workers_share_the_partitions_and_take_over_a_stopped_one(
     with start_worker(store, worker_id="a") as a:
         second = start_worker(store, worker_id="b")
         with second as b:
-            wait_until(lambda: len(a.partitions) == 2 and len(b.partitions) == 2,
-                       what="two partitions each")
+            wait_until(
+                lambda: len(a.partitions) == 2 and len(b.partitions) == 2,
+                what="two partitions each",
+            )
             assert set(a.partitions) | set(b.partitions) == set(range(FAST.partitions))
             owned_by_b = b.partitions
         # b stopped (released its leases): a takes everything.
-        wait_until(lambda: len(a.partitions) == FAST.partitions, timeout=5,
-                   what="a to take b's partitions")
-        scope = next({"user_id": f"s{i}"} for i in range(100)
-                     if partition_of({"user_id": f"s{i}"}, FAST.partitions) in owned_by_b)
+        wait_until(
+            lambda: len(a.partitions) == FAST.partitions, timeout=5, what="a to take b's partitions"
+        )
+        scope = next(
+            {"user_id": f"s{i}"}
+            for i in range(100)
+            if partition_of({"user_id": f"s{i}"}, FAST.partitions) in owned_by_b
+        )
         assert producer.remember(scope, "after the handover").wait(10).scope_revision >= 1

@@ -29,23 +29,31 @@ def producer(redis_url: str) -> Producer:
     return Producer.from_url(redis_url, partitions=FAST.partitions)
 
 
-def test_every_kind_round_trips(store: Store, start_worker: StartWorker, producer: Producer,
-                                scope: dict[str, str]) -> None:
+def test_every_kind_round_trips(
+    store: Store, start_worker: StartWorker, producer: Producer, scope: dict[str, str]
+) -> None:
     with start_worker(store):
-        first = producer.remember(scope, "Ada lives in London.", metadata={"k": 1},
-                                  id="mem_ada_city").wait(10)
+        first = producer.remember(
+            scope, "Ada lives in London.", metadata={"k": 1}, id="mem_ada_city"
+        ).wait(10)
         assert isinstance(first, StreamReceipt)
         assert (first.kind, first.scope_revision, first.replayed) == ("remember", 1, False)
         assert [r.as_dict() for r in first.records] == [
-            {"id": "mem_ada_city", "revision": 1, "status": "active"}]
-        revised = producer.revise(scope, "mem_ada_city", text="Ada lives in Paris.",
-                                  expected_revision=1).wait(10)
+            {"id": "mem_ada_city", "revision": 1, "status": "active"}
+        ]
+        revised = producer.revise(
+            scope, "mem_ada_city", text="Ada lives in Paris.", expected_revision=1
+        ).wait(10)
         assert revised.records[0].revision == 2 and revised.scope_revision == 2
         retracted = producer.retract(scope, "mem_ada_city", expected_revision=2).wait(10)
         assert retracted.records[0].status == "retracted"
-        extracted = producer.extract(scope, [
-            {"id": "m1", "message": {"role": "user", "content": "I drink tea every morning."}},
-        ], infer=False).wait(10)
+        extracted = producer.extract(
+            scope,
+            [
+                {"id": "m1", "message": {"role": "user", "content": "I drink tea every morning."}},
+            ],
+            infer=False,
+        ).wait(10)
         assert extracted.kind == "extract" and len(extracted.records) == 1
         forgot = producer.forget(scope, "mem_ada_city").wait(10)
         assert forgot.kind == "forget" and forgot.revisions == (1, 2, 3)
@@ -58,20 +66,33 @@ def test_every_kind_round_trips(store: Store, start_worker: StartWorker, produce
     assert receipt.stream_entry is not None  # the worker recorded where the op came from
 
 
-def test_a_raw_xadd_from_any_language_is_accepted(store: Store, start_worker: StartWorker,
-                                                  producer: Producer, scope: dict[str, str],
-                                                  redis_client: redis.Redis) -> None:
-    body = {"operation_id": "raw:1", "kind": "remember", "scope": scope,
-            "request": {"text": "Sent with redis-cli."}}
+def test_a_raw_xadd_from_any_language_is_accepted(
+    store: Store,
+    start_worker: StartWorker,
+    producer: Producer,
+    scope: dict[str, str],
+    redis_client: redis.Redis,
+) -> None:
+    body = {
+        "operation_id": "raw:1",
+        "kind": "remember",
+        "scope": scope,
+        "request": {"text": "Sent with redis-cli."},
+    }
     stream = keys.stream(partition_of(scope, FAST.partitions))
     redis_client.execute_command("XADD", stream, "*", "op", json.dumps(body))
     with start_worker(store):
         assert producer.wait("raw:1", timeout=10).scope_revision == 1
 
 
-def test_a_redelivered_entry_is_replayed(store: Store, start_worker: StartWorker,
-                                         producer: Producer, scope: dict[str, str],
-                                         redis_client: redis.Redis, embedder: object) -> None:
+def test_a_redelivered_entry_is_replayed(
+    store: Store,
+    start_worker: StartWorker,
+    producer: Producer,
+    scope: dict[str, str],
+    redis_client: redis.Redis,
+    embedder: object,
+) -> None:
     """A worker committed an entry and died before acknowledging it: the next owner
     claims it, the store answers from the receipt, nothing is applied twice."""
     op = Operation.build("remember", scope, {"text": "Ada likes tea."}, "redeliver:1")
@@ -93,9 +114,13 @@ def test_a_redelivered_entry_is_replayed(store: Store, start_worker: StartWorker
     assert metrics.read_counters(redis_client)["ops_replayed_total"] == 2
 
 
-def test_conflicts_surface_as_typed_errors(store: Store, start_worker: StartWorker,
-                                           producer: Producer, scope: dict[str, str],
-                                           redis_client: redis.Redis) -> None:
+def test_conflicts_surface_as_typed_errors(
+    store: Store,
+    start_worker: StartWorker,
+    producer: Producer,
+    scope: dict[str, str],
+    redis_client: redis.Redis,
+) -> None:
     with start_worker(store):
         rec = producer.remember(scope, "v1", id="mem_conflict", operation_id="c:1").wait(10)
         producer.revise(scope, rec.records[0].id, text="v2").wait(10)
@@ -106,10 +131,15 @@ def test_conflicts_surface_as_typed_errors(store: Store, start_worker: StartWork
             producer.remember(scope, "something else", operation_id="c:1").wait(10)
         with pytest.raises(NotFoundError):
             producer.retract(scope, "mem_nobody").wait(10)
-        body = {"operation_id": "c:bad", "kind": "remember", "scope": scope,
-                "request": {"text": "x", "colour": "red"}}
-        redis_client.xadd(keys.stream(partition_of(scope, FAST.partitions)),
-                          {"op": json.dumps(body)})
+        body = {
+            "operation_id": "c:bad",
+            "kind": "remember",
+            "scope": scope,
+            "request": {"text": "x", "colour": "red"},
+        }
+        redis_client.xadd(
+            keys.stream(partition_of(scope, FAST.partitions)), {"op": json.dumps(body)}
+        )
         with pytest.raises(InvalidRequestError, match="colour"):
             producer.wait("c:bad", timeout=10)
     assert store.scope_revision(scope) == 2
@@ -119,7 +149,10 @@ def test_conflicts_surface_as_typed_errors(store: Store, start_worker: StartWork
 
 
 def test_a_poison_entry_is_dead_lettered_and_the_entries_after_it_commit(
-    store: Store, start_worker: StartWorker, producer: Producer, scope: dict[str, str],
+    store: Store,
+    start_worker: StartWorker,
+    producer: Producer,
+    scope: dict[str, str],
     redis_client: redis.Redis,
 ) -> None:
     stream = keys.stream(partition_of(scope, FAST.partitions))
@@ -145,7 +178,10 @@ def test_a_poison_entry_is_dead_lettered_and_the_entries_after_it_commit(
 
 
 def test_an_entry_delivered_too_often_is_dead_lettered(
-    store: Store, start_worker: StartWorker, producer: Producer, scope: dict[str, str],
+    store: Store,
+    start_worker: StartWorker,
+    producer: Producer,
+    scope: dict[str, str],
     redis_client: redis.Redis,
 ) -> None:
     """Its workers kept dying on it: after max_deliveries it stops blocking the partition."""
@@ -164,16 +200,23 @@ def test_an_entry_delivered_too_often_is_dead_lettered(
     assert (letter.reason, letter.deliveries) == (deadletters.DELIVERIES, 6)
 
 
-def test_batches_keep_each_scope_in_order(store: Store, start_worker: StartWorker,
-                                          producer: Producer, scope: dict[str, str],
-                                          redis_client: redis.Redis) -> None:
+def test_batches_keep_each_scope_in_order(
+    store: Store,
+    start_worker: StartWorker,
+    producer: Producer,
+    scope: dict[str, str],
+    redis_client: redis.Redis,
+) -> None:
     scopes = [{"user_id": f"{scope['user_id']}-{i}"} for i in range(8)]
     sent: dict[str, list[str]] = {}
     for i in range(120):  # all queued before the worker starts: large batches
         s = scopes[i % len(scopes)]
         record_id = f"mem_order_{i % len(scopes)}_{s['user_id'][:8]}"
-        p = (producer.remember(s, f"v{i}", id=record_id) if i < len(scopes)
-             else producer.revise(s, record_id, text=f"v{i}"))
+        p = (
+            producer.remember(s, f"v{i}", id=record_id)
+            if i < len(scopes)
+            else producer.revise(s, record_id, text=f"v{i}")
+        )
         sent.setdefault(s["user_id"], []).append(p.operation_id)
     with start_worker(store):
         for s in scopes:
@@ -188,18 +231,29 @@ def test_batches_keep_each_scope_in_order(store: Store, start_worker: StartWorke
     assert counters["batch_size_count"] < 120  # batched, not one by one
 
 
-def test_counters_heartbeats_and_a_clean_stop(store: Store, start_worker: StartWorker,
-                                              producer: Producer, scope: dict[str, str],
-                                              redis_client: redis.Redis) -> None:
+def test_counters_heartbeats_and_a_clean_stop(
+    store: Store,
+    start_worker: StartWorker,
+    producer: Producer,
+    scope: dict[str, str],
+    redis_client: redis.Redis,
+) -> None:
     with start_worker(store, worker_id="test-worker-1") as worker:
         producer.remember(scope, "x").wait(10)
         wait_until(lambda: len(worker.partitions) == FAST.partitions, what="all partitions")
-        [info] = wait_until(lambda: [w for w in live_workers(redis_client, FAST.lease_ttl_ms)
-                                     if w["partitions"] == "0,1,2,3"], what="a heartbeat")
+        [info] = wait_until(
+            lambda: [
+                w
+                for w in live_workers(redis_client, FAST.lease_ttl_ms)
+                if w["partitions"] == "0,1,2,3"
+            ],
+            what="a heartbeat",
+        )
         assert info["id"] == "test-worker-1" and int(info["pid"]) > 0
         assert int(info["last_beat_ms"]) > 0 and info["host"]
-        text = metrics.render(redis_client, partitions=FAST.partitions,
-                              lease_ttl_ms=FAST.lease_ttl_ms)
+        text = metrics.render(
+            redis_client, partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms
+        )
         assert "engram_ops_committed_total 1" in text and "engram_workers_live 1" in text
         stream = keys.stream(partition_of(scope, FAST.partitions))
         assert redis_client.xlen(stream) == 0  # acknowledged entries are deleted

@@ -29,8 +29,23 @@ from .worker import Worker
 TimeoutError = WaitTimeout
 
 __all__ = [
-    "DeadLetteredError", "EmbeddingMismatchError", "EngramError", "FencedError",
-    "InvalidRequestError", "NotFoundError", "OperationConflictError", "Pending", "Producer",
-    "QueueFullError", "QueueUnavailableError", "RevisionConflictError", "Settings",
-    "StreamReceipt", "TimeoutError", "WaitTimeout", "Worker", "WorkerConfig", "partition_of",
+    "DeadLetteredError",
+    "EmbeddingMismatchError",
+    "EngramError",
+    "FencedError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "OperationConflictError",
+    "Pending",
+    "Producer",
+    "QueueFullError",
+    "QueueUnavailableError",
+    "RevisionConflictError",
+    "Settings",
+    "StreamReceipt",
+    "TimeoutError",
+    "WaitTimeout",
+    "Worker",
+    "WorkerConfig",
+    "partition_of",
 ]

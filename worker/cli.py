@@ -48,8 +48,12 @@ def demo(store: Store) -> None:
     record = first.records[0] if first.records else mem.store.get(mem.scope, _demo_id(first))
     assert record is not None
     if record.revision == 1:
-        mem.revise(record.id, text="The demo user lives in Paris.", expected_revision=1,
-                   operation_id="demo:revise:1")
+        mem.revise(
+            record.id,
+            text="The demo user lives in Paris.",
+            expected_revision=1,
+            operation_id="demo:revise:1",
+        )
     print(f"record {record.id} (scope revision {store.scope_revision(mem.scope)}):")
     for rev in mem.history(record.id):
         print(f"  revision {rev.revision} [{rev.status}] {rev.text}")
@@ -114,8 +118,10 @@ def _connect_store(dsn: str, pool_size: int) -> Store:
         try:
             return Store.connect(dsn, migrate=False, max_connections=pool_size)
         except psycopg.OperationalError as exc:
-            log.warning("database unavailable, will retry",
-                        extra={"error": type(exc).__name__, "retry_in_s": delay})
+            log.warning(
+                "database unavailable, will retry",
+                extra={"error": type(exc).__name__, "retry_in_s": delay},
+            )
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
 
@@ -125,12 +131,20 @@ def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
         scope, request = json.loads(args.scope), json.loads(args.request)
     except json.JSONDecodeError as exc:
         raise InvalidRequestError(f"--scope and --request must be JSON ({exc.msg})") from None
-    with Producer.from_url(runtime.redis_url(settings),
-                           partitions=settings.worker.partitions) as producer:
+    with Producer.from_url(
+        runtime.redis_url(settings), partitions=settings.worker.partitions
+    ) as producer:
         pending = producer.submit(args.kind, scope, request, operation_id=args.operation_id)
         if args.wait is None:
-            print(json.dumps({"operation_id": pending.operation_id,
-                              "partition": pending.partition, "entry": pending.entry_id}))
+            print(
+                json.dumps(
+                    {
+                        "operation_id": pending.operation_id,
+                        "partition": pending.partition,
+                        "entry": pending.entry_id,
+                    }
+                )
+            )
             return 0
         try:
             receipt = pending.wait(args.wait)
@@ -144,8 +158,13 @@ def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_metrics(settings: Settings, args: argparse.Namespace) -> int:
     client = runtime.connect_redis(runtime.redis_url(settings))
     try:
-        sys.stdout.write(metrics.render(client, partitions=settings.worker.partitions,
-                                        lease_ttl_ms=settings.worker.lease_ttl_ms))
+        sys.stdout.write(
+            metrics.render(
+                client,
+                partitions=settings.worker.partitions,
+                lease_ttl_ms=settings.worker.lease_ttl_ms,
+            )
+        )
     finally:
         client.close()
     return 0
@@ -159,8 +178,11 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
 
     client = runtime.connect_redis(runtime.redis_url(settings))
     try:
-        here = [w for w in live_workers(client, settings.worker.lease_ttl_ms)
-                if w.get("host") == socket.gethostname()]
+        here = [
+            w
+            for w in live_workers(client, settings.worker.lease_ttl_ms)
+            if w.get("host") == socket.gethostname()
+        ]
     finally:
         client.close()
     print(json.dumps({"live_workers_on_this_host": len(here)}))
@@ -170,22 +192,32 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="engram", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
-    parser.add_argument("--log-format", choices=("text", "json"), default=None,
-                        help="default: ENGRAM_LOG_FORMAT, else text")
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help="default: ENGRAM_LOG_FORMAT, else text",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="run engram: embedded servers unless configured, workers")
     up.add_argument("--workers", type=int, default=None, help="worker processes (default 2)")
     up.add_argument("--demo", action="store_true", help="send a few operations once up")
     worker = sub.add_parser("worker", help="commit operations from the streams until SIGTERM")
-    worker.add_argument("--embedder", default=None,
-                        help="wordllama (default), hashing[:DIMS] or module:factory")
+    worker.add_argument(
+        "--embedder", default=None, help="wordllama (default), hashing[:DIMS] or module:factory"
+    )
     enqueue = sub.add_parser("enqueue", help="send one operation; print its id or receipt")
     enqueue.add_argument("kind", choices=("remember", "extract", "revise", "retract", "forget"))
     enqueue.add_argument("--scope", required=True, help='JSON, e.g. \'{"user_id": "ada"}\'')
     enqueue.add_argument("--request", required=True, help='JSON, e.g. \'{"text": "..."}\'')
     enqueue.add_argument("--operation-id", default=None)
-    enqueue.add_argument("--wait", type=float, default=None, metavar="SECONDS",
-                         help="wait for the receipt and print it")
+    enqueue.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="wait for the receipt and print it",
+    )
     sub.add_parser("metrics", help="print the stream counters in Prometheus text format")
     sub.add_parser("health", help="exit 0 if a worker on this host is alive")
     sub.add_parser("migrate", help="apply the schema migrations and exit")
@@ -199,9 +231,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     log_format = args.log_format or os.environ.get("ENGRAM_LOG_FORMAT") or "text"
     logs.configure(args.log_level, as_json=log_format == "json")
-    commands = {"up": cmd_up, "worker": cmd_worker, "enqueue": cmd_enqueue,
-                "metrics": cmd_metrics, "health": cmd_health, "migrate": cmd_migrate,
-                "demo": cmd_demo}
+    commands = {
+        "up": cmd_up,
+        "worker": cmd_worker,
+        "enqueue": cmd_enqueue,
+        "metrics": cmd_metrics,
+        "health": cmd_health,
+        "migrate": cmd_migrate,
+        "demo": cmd_demo,
+    }
     try:
         return commands[args.command](Settings.from_env(), args)
     except EngramError as exc:

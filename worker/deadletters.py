@@ -37,14 +37,31 @@ class DeadLetter:
     op: str | None  # the op field as sent
 
 
-def add(pipe: Any, *, partition: int, entry_id: str, operation_id: str | None, raw: str | None,
-        reason: str, error: EngramError, deliveries: int) -> None:
+def add(
+    pipe: Any,
+    *,
+    partition: int,
+    entry_id: str,
+    operation_id: str | None,
+    raw: str | None,
+    reason: str,
+    error: EngramError,
+    deliveries: int,
+) -> None:
     """XADD a dead letter, in the caller's pipeline."""
-    pipe.xadd(keys.DEAD_LETTERS, {
-        "partition": partition, "entry": entry_id, "operation_id": operation_id or "",
-        "reason": reason, "error": json.dumps(error.to_dict()), "deliveries": deliveries,
-        "at_ms": now_ms(), "op": raw or "",
-    })
+    pipe.xadd(
+        keys.DEAD_LETTERS,
+        {
+            "partition": partition,
+            "entry": entry_id,
+            "operation_id": operation_id or "",
+            "reason": reason,
+            "error": json.dumps(error.to_dict()),
+            "deliveries": deliveries,
+            "at_ms": now_ms(),
+            "op": raw or "",
+        },
+    )
 
 
 def read(client: redis.Redis, count: int = 100) -> list[DeadLetter]:
@@ -52,12 +69,19 @@ def read(client: redis.Redis, count: int = 100) -> list[DeadLetter]:
     out = []
     for raw_id, fields in client.xrange(keys.DEAD_LETTERS, count=count) or []:
         f = {_s(k): _s(v) for k, v in (fields or {}).items()}
-        out.append(DeadLetter(
-            id=_s(raw_id), partition=int(f["partition"]), entry_id=f["entry"],
-            operation_id=f["operation_id"] or None, reason=f["reason"],
-            error=json.loads(f["error"]), deliveries=int(f["deliveries"]),
-            at_ms=int(f["at_ms"]), op=f["op"] or None,
-        ))
+        out.append(
+            DeadLetter(
+                id=_s(raw_id),
+                partition=int(f["partition"]),
+                entry_id=f["entry"],
+                operation_id=f["operation_id"] or None,
+                reason=f["reason"],
+                error=json.loads(f["error"]),
+                deliveries=int(f["deliveries"]),
+                at_ms=int(f["at_ms"]),
+                op=f["op"] or None,
+            )
+        )
     return out
 
 

@@ -71,7 +71,16 @@ def error_from_dict(data: dict[str, Any]) -> EngramError:
 
 
 __all__ = [
-    "DeadLetteredError", "EmbeddingMismatchError", "EngramError", "FencedError",
-    "InvalidRequestError", "NotFoundError", "OperationConflictError", "QueueFullError",
-    "QueueUnavailableError", "RevisionConflictError", "WaitTimeout", "error_from_dict",
+    "DeadLetteredError",
+    "EmbeddingMismatchError",
+    "EngramError",
+    "FencedError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "OperationConflictError",
+    "QueueFullError",
+    "QueueUnavailableError",
+    "RevisionConflictError",
+    "WaitTimeout",
+    "error_from_dict",
 ]

@@ -70,8 +70,10 @@ class Leases:
 
     def acquire(self, partition: int, worker_id: str) -> Lease | None:
         """Take the partition if no one holds it; a new token each time."""
-        token = self._acquire(keys=[keys.lease(partition), keys.fence_counter(partition)],
-                              args=[worker_id, self.ttl_ms])
+        token = self._acquire(
+            keys=[keys.lease(partition), keys.fence_counter(partition)],
+            args=[worker_id, self.ttl_ms],
+        )
         return Lease(partition, worker_id, int(token)) if token is not None else None
 
     def renew(self, leases: Sequence[Lease]) -> list[bool]:
@@ -80,8 +82,9 @@ class Leases:
             return []
         pipe = self.client.pipeline(transaction=False)
         for lease in leases:
-            self._renew(keys=[keys.lease(lease.partition)], args=[lease.value, self.ttl_ms],
-                        client=pipe)
+            self._renew(
+                keys=[keys.lease(lease.partition)], args=[lease.value, self.ttl_ms], client=pipe
+            )
         return [bool(x) for x in pipe.execute()]
 
     def release(self, leases: Iterable[Lease]) -> None:

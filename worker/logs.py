@@ -27,10 +27,16 @@ class StructuredFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = fields_of(record)
         if self.as_json:
-            return json.dumps({
-                "ts": round(record.created, 3), "level": record.levelname,
-                "logger": record.name, "event": record.getMessage(), **fields,
-            }, default=str)
+            return json.dumps(
+                {
+                    "ts": round(record.created, 3),
+                    "level": record.levelname,
+                    "logger": record.name,
+                    "event": record.getMessage(),
+                    **fields,
+                },
+                default=str,
+            )
         extras = " ".join(f"{k}={v}" for k, v in fields.items())
         stamp = self.formatTime(record, "%H:%M:%S")
         line = f"{stamp} {record.levelname:<7} {record.name}: {record.getMessage()} {extras}"

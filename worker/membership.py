@@ -59,10 +59,16 @@ class Membership:
         key = keys.worker(self.worker_id)
         pipe = self.client.pipeline(transaction=False)
         pipe.zadd(keys.WORKERS, {self.worker_id: now})
-        pipe.hset(key, mapping={
-            "host": socket.gethostname(), "pid": os.getpid(), "started_ms": self.started_ms,
-            "last_beat_ms": now, "partitions": ",".join(map(str, sorted(partitions))),
-        })
+        pipe.hset(
+            key,
+            mapping={
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started_ms": self.started_ms,
+                "last_beat_ms": now,
+                "partitions": ",".join(map(str, sorted(partitions))),
+            },
+        )
         # Kept a while after the worker stops beating, so its counters can be read.
         pipe.pexpire(key, self.ttl_ms * 20)
         # Forget workers long gone, so the set does not grow without bound.
@@ -85,8 +91,15 @@ def live_workers(client: redis.Redis, ttl_ms: int) -> list[dict[str, Any]]:
     for raw in ids:
         worker_id = raw.decode() if isinstance(raw, bytes) else str(raw)
         info = client.hgetall(keys.worker(worker_id))
-        out.append({"id": worker_id, **{
-            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-            for k, v in info.items()
-        }})
+        out.append(
+            {
+                "id": worker_id,
+                **{
+                    (k.decode() if isinstance(k, bytes) else k): (
+                        v.decode() if isinstance(v, bytes) else v
+                    )
+                    for k, v in info.items()
+                },
+            }
+        )
     return out

@@ -100,9 +100,11 @@ def render(client: redis.Redis, *, partitions: int, lease_ttl_ms: int) -> str:
     *lengths, dead, live = pipe.execute()
     for p, length in enumerate(lengths):
         pending, lag = _group_state(client, p, int(length))
-        samples += [(f'engram_stream_length{{partition="{p}"}}', length),
-                    (f'engram_stream_pending{{partition="{p}"}}', pending),
-                    (f'engram_stream_lag{{partition="{p}"}}', lag)]
+        samples += [
+            (f'engram_stream_length{{partition="{p}"}}', length),
+            (f'engram_stream_pending{{partition="{p}"}}', pending),
+            (f'engram_stream_lag{{partition="{p}"}}', lag),
+        ]
     samples += [("engram_dead_letters", dead), ("engram_workers_live", live)]
     return _exposition(samples)
 

@@ -148,10 +148,14 @@ class PartitionRunner(threading.Thread):
         except Exception as exc:
             self.lost = "crashed"
             # The frames, not the message: a database error's message may quote data.
-            log.error("partition runner crashed", extra={
-                **self._ids(), "error": type(exc).__name__,
-                "where": "".join(traceback.format_tb(exc.__traceback__))[-2000:],
-            })
+            log.error(
+                "partition runner crashed",
+                extra={
+                    **self._ids(),
+                    "error": type(exc).__name__,
+                    "where": "".join(traceback.format_tb(exc.__traceback__))[-2000:],
+                },
+            )
 
     # -- reading ---------------------------------------------------------------------
 
@@ -173,25 +177,48 @@ class PartitionRunner(threading.Thread):
         client, cfg, me = self.shared.client, self.shared.config, self.shared.worker_id
         cursor: Any = "0-0"
         while not self._stop_requested.is_set():
-            cursor, entries, deleted = self._redis(partial(
-                client.xautoclaim, self.stream, keys.GROUP, me, 0, start_id=cursor,
-                count=cfg.batch_size))
+            cursor, entries, deleted = self._redis(
+                partial(
+                    client.xautoclaim,
+                    self.stream,
+                    keys.GROUP,
+                    me,
+                    0,
+                    start_id=cursor,
+                    count=cfg.batch_size,
+                )
+            )
             if deleted:
                 self._redis(partial(client.xack, self.stream, keys.GROUP, *deleted))
             if entries:
-                pending = self._redis(partial(
-                    client.xpending_range, self.stream, keys.GROUP, min=entries[0][0],
-                    max=entries[-1][0], count=len(entries), consumername=me))
-                self._handle(entries, {_s(p["message_id"]): int(p["times_delivered"])
-                                       for p in pending})
+                pending = self._redis(
+                    partial(
+                        client.xpending_range,
+                        self.stream,
+                        keys.GROUP,
+                        min=entries[0][0],
+                        max=entries[-1][0],
+                        count=len(entries),
+                        consumername=me,
+                    )
+                )
+                self._handle(
+                    entries, {_s(p["message_id"]): int(p["times_delivered"]) for p in pending}
+                )
             if _s(cursor) == "0-0":
                 return
 
     def _read_new(self) -> list[Any]:
         cfg = self.shared.config
-        reply: Any = self._redis(lambda: self.shared.client.xreadgroup(
-            keys.GROUP, self.shared.worker_id, {self.stream: ">"}, count=cfg.batch_size,
-            block=cfg.block_ms))
+        reply: Any = self._redis(
+            lambda: self.shared.client.xreadgroup(
+                keys.GROUP,
+                self.shared.worker_id,
+                {self.stream: ">"},
+                count=cfg.batch_size,
+                block=cfg.block_ms,
+            )
+        )
         # redis-py gives [[stream, [(id, fields), ...]]], or [] when the block timed out.
         return list(reply[0][1]) if reply else []
 
@@ -204,24 +231,50 @@ class PartitionRunner(threading.Thread):
         good: list[Entry] = []
         raws: dict[str, str | None] = {}
         for raw_id, fields in entries:
-            item = decode_entry(raw_id, fields or {}, partition=self.partition,
-                                partitions=cfg.partitions)
+            item = decode_entry(
+                raw_id, fields or {}, partition=self.partition, partitions=cfg.partitions
+            )
             count = deliveries.get(item.entry_id, 1)
             if isinstance(item, Malformed):
-                dead.append(_Dead(item.entry_id, item.operation_id, item.raw, deadletters.MALFORMED,
-                                  item.error, count))
+                dead.append(
+                    _Dead(
+                        item.entry_id,
+                        item.operation_id,
+                        item.raw,
+                        deadletters.MALFORMED,
+                        item.error,
+                        count,
+                    )
+                )
             elif count > cfg.max_deliveries:
                 op_id = item.operation.operation_id
-                dead.append(_Dead(item.entry_id, op_id, _raw(fields), deadletters.DELIVERIES,
-                                  DeadLetteredError(f"operation {op_id} was delivered {count} "
-                                                    "times without being committed"), count))
+                dead.append(
+                    _Dead(
+                        item.entry_id,
+                        op_id,
+                        _raw(fields),
+                        deadletters.DELIVERIES,
+                        DeadLetteredError(
+                            f"operation {op_id} was delivered {count} times without being committed"
+                        ),
+                        count,
+                    )
+                )
             else:
                 good.append(item)
                 raws[item.entry_id] = _raw(fields)
         outcomes, failed = self._commit(good)
         for d in failed:
-            dead.append(_Dead(d.entry_id, d.operation_id, raws.get(d.entry_id), d.reason, d.error,
-                              deliveries.get(d.entry_id, 1)))
+            dead.append(
+                _Dead(
+                    d.entry_id,
+                    d.operation_id,
+                    raws.get(d.entry_id),
+                    d.reason,
+                    d.error,
+                    deliveries.get(d.entry_id, 1),
+                )
+            )
         self._finish([_s(e[0]) for e in entries], outcomes, dead, started)
 
     def _commit(self, good: list[Entry]) -> tuple[list[tuple[Entry, Outcome]], list[_Dead]]:
@@ -239,9 +292,16 @@ class PartitionRunner(threading.Thread):
                     outcomes += zip([entry], self._execute([entry]), strict=True)
                 except _Unappliable as exc:
                     op_id = entry.operation.operation_id
-                    failed.append(_Dead(entry.entry_id, op_id, None, deadletters.FAILED,
-                                        DeadLetteredError(f"operation {op_id} could not be "
-                                                          f"applied ({exc})"), 1))
+                    failed.append(
+                        _Dead(
+                            entry.entry_id,
+                            op_id,
+                            None,
+                            deadletters.FAILED,
+                            DeadLetteredError(f"operation {op_id} could not be applied ({exc})"),
+                            1,
+                        )
+                    )
         return outcomes, failed
 
     def _execute(self, entries: list[Entry]) -> list[Outcome]:
@@ -258,16 +318,27 @@ class PartitionRunner(threading.Thread):
                 self._count_fenced()
                 raise PartitionLost("fenced") from None
             except TRANSIENT_DB as exc:
-                log.warning("database unavailable, will retry",
-                            extra={**self._ids(), "error": type(exc).__name__, "entries": len(ops),
-                                   "retry_in_s": delay})
+                log.warning(
+                    "database unavailable, will retry",
+                    extra={
+                        **self._ids(),
+                        "error": type(exc).__name__,
+                        "entries": len(ops),
+                        "retry_in_s": delay,
+                    },
+                )
                 self._backoff(delay)
                 delay = min(delay * 2, BACKOFF_MAX_S)
             except Exception as exc:
                 raise _Unappliable(type(exc).__name__) from exc
 
-    def _finish(self, entry_ids: list[str], outcomes: list[tuple[Entry, Outcome]],
-                dead: list[_Dead], started: float) -> None:
+    def _finish(
+        self,
+        entry_ids: list[str],
+        outcomes: list[tuple[Entry, Outcome]],
+        dead: list[_Dead],
+        started: float,
+    ) -> None:
         """Replies, dead letters, counters and the acknowledgement, in one pipeline."""
         shared = self.shared
         stats = BatchStats(entries=len(entry_ids))
@@ -280,23 +351,46 @@ class PartitionRunner(threading.Thread):
                 stats.committed += 1
         for d in dead:
             stats.dead[d.reason] += 1
-            log.warning("entry dead-lettered", extra={
-                **self._ids(), "entry": d.entry_id, "operation_id": d.operation_id,
-                "reason": d.reason, "code": d.error.code, "deliveries": d.deliveries})
+            log.warning(
+                "entry dead-lettered",
+                extra={
+                    **self._ids(),
+                    "entry": d.entry_id,
+                    "operation_id": d.operation_id,
+                    "reason": d.reason,
+                    "code": d.error.code,
+                    "deliveries": d.deliveries,
+                },
+            )
         stats.seconds = time.monotonic() - started
 
         def send() -> None:
             pipe = shared.client.pipeline(transaction=False)
             for entry, outcome in outcomes:
-                _reply(pipe, entry.operation.operation_id, encode_reply(outcome, entry.entry_id),
-                       shared.config.reply_ttl_s)
+                _reply(
+                    pipe,
+                    entry.operation.operation_id,
+                    encode_reply(outcome, entry.entry_id),
+                    shared.config.reply_ttl_s,
+                )
             for d in dead:
-                deadletters.add(pipe, partition=self.partition, entry_id=d.entry_id,
-                                operation_id=d.operation_id, raw=d.raw, reason=d.reason,
-                                error=d.error, deliveries=d.deliveries)
+                deadletters.add(
+                    pipe,
+                    partition=self.partition,
+                    entry_id=d.entry_id,
+                    operation_id=d.operation_id,
+                    raw=d.raw,
+                    reason=d.reason,
+                    error=d.error,
+                    deliveries=d.deliveries,
+                )
                 if d.operation_id is not None:
-                    _reply(pipe, d.operation_id, encode_reply(d.error, d.entry_id),
-                           shared.config.reply_ttl_s)
+                    _reply(
+                        pipe,
+                        d.operation_id,
+                        encode_reply(d.error, d.entry_id),
+                        shared.config.reply_ttl_s,
+                    )
             if entry_ids:
                 pipe.xack(self.stream, keys.GROUP, *entry_ids)
                 # Acknowledged entries are deleted: the stream holds only work to do,
@@ -306,10 +400,18 @@ class PartitionRunner(threading.Thread):
             pipe.execute()
 
         self._redis(send)
-        log.debug("batch done", extra={
-            **self._ids(), "entries": stats.entries, "committed": stats.committed,
-            "replayed": stats.replayed, "failed": sum(stats.failed.values()),
-            "dead_lettered": len(dead), "ms": round(stats.seconds * 1000, 1)})
+        log.debug(
+            "batch done",
+            extra={
+                **self._ids(),
+                "entries": stats.entries,
+                "committed": stats.committed,
+                "replayed": stats.replayed,
+                "failed": sum(stats.failed.values()),
+                "dead_lettered": len(dead),
+                "ms": round(stats.seconds * 1000, 1),
+            },
+        )
 
     # -- failures --------------------------------------------------------------------
 
@@ -329,8 +431,10 @@ class PartitionRunner(threading.Thread):
             try:
                 return call()
             except TRANSIENT_REDIS as exc:
-                log.warning("redis unavailable, will retry",
-                            extra={**self._ids(), "error": type(exc).__name__, "retry_in_s": delay})
+                log.warning(
+                    "redis unavailable, will retry",
+                    extra={**self._ids(), "error": type(exc).__name__, "retry_in_s": delay},
+                )
                 self._backoff(delay)
                 delay = min(delay * 2, BACKOFF_MAX_S)
 

@@ -53,8 +53,13 @@ class Pending:
 
 
 class Producer:
-    def __init__(self, client: redis.Redis, *, partitions: int = PARTITIONS,
-                 stream_max_len: int = STREAM_MAX_LEN) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        partitions: int = PARTITIONS,
+        stream_max_len: int = STREAM_MAX_LEN,
+    ) -> None:
         if partitions < 1:
             raise ValueError("partitions must be at least 1")
         self.client = client
@@ -63,10 +68,19 @@ class Producer:
         self._enqueue = client.register_script(_ENQUEUE)
 
     @classmethod
-    def from_url(cls, url: str, *, partitions: int = PARTITIONS,
-                 stream_max_len: int = STREAM_MAX_LEN, **redis_kwargs: Any) -> Producer:
-        return cls(redis.Redis.from_url(url, **redis_kwargs), partitions=partitions,
-                   stream_max_len=stream_max_len)
+    def from_url(
+        cls,
+        url: str,
+        *,
+        partitions: int = PARTITIONS,
+        stream_max_len: int = STREAM_MAX_LEN,
+        **redis_kwargs: Any,
+    ) -> Producer:
+        return cls(
+            redis.Redis.from_url(url, **redis_kwargs),
+            partitions=partitions,
+            stream_max_len=stream_max_len,
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -107,80 +121,158 @@ class Producer:
         targets = [(op, partition_of(op.scope, self.partitions)) for op in ops]
         pipe = self.client.pipeline(transaction=False)
         for op, partition in targets:
-            self._enqueue(keys=[keys.stream(partition)],
-                          args=[self.stream_max_len, encode_entry(op)[OP_FIELD]], client=pipe)
+            self._enqueue(
+                keys=[keys.stream(partition)],
+                args=[self.stream_max_len, encode_entry(op)[OP_FIELD]],
+                client=pipe,
+            )
         try:
             replies = pipe.execute(raise_on_error=False)
         except redis.RedisError as exc:
             raise QueueUnavailableError(
                 f"{len(ops)} operations may not have been enqueued: {type(exc).__name__}; "
-                "retry them with the same operation ids") from exc
+                "retry them with the same operation ids"
+            ) from exc
         failed = [r for r in replies if isinstance(r, Exception)]
         if failed:
-            cls = QueueFullError if all(str(f).startswith("ENGRAMFULL") for f in failed) \
+            cls = (
+                QueueFullError
+                if all(str(f).startswith("ENGRAMFULL") for f in failed)
                 else QueueUnavailableError
-            raise cls(f"{len(ops) - len(failed)} of {len(ops)} operations enqueued "
-                      f"({type(failed[0]).__name__}); retry them with the same operation ids")
-        return [Pending(op.operation_id, partition, _text(entry_id), self)
-                for (op, partition), entry_id in zip(targets, replies, strict=True)]
+            )
+            raise cls(
+                f"{len(ops) - len(failed)} of {len(ops)} operations enqueued "
+                f"({type(failed[0]).__name__}); retry them with the same operation ids"
+            )
+        return [
+            Pending(op.operation_id, partition, _text(entry_id), self)
+            for (op, partition), entry_id in zip(targets, replies, strict=True)
+        ]
 
-    def submit(self, kind: str, scope: Scope | Mapping[str, Any], request: Mapping[str, Any],
-               *, operation_id: str | None = None) -> Pending:
+    def submit(
+        self,
+        kind: str,
+        scope: Scope | Mapping[str, Any],
+        request: Mapping[str, Any],
+        *,
+        operation_id: str | None = None,
+    ) -> Pending:
         """Validate (raising ``InvalidRequestError``, nothing sent) and enqueue."""
         return self.enqueue(Operation.build(kind, scope, request, operation_id))
 
     def remember(
-        self, scope: Scope | Mapping[str, Any], text: str, *, kind: str | None = None,
-        importance: float | None = None, metadata: Mapping[str, Any] | None = None,
-        origin: str | None = None, sources: Sequence[Any] | None = None,
-        links: Sequence[Any] | None = None, ttl_ms: int | None = None, id: str | None = None,
+        self,
+        scope: Scope | Mapping[str, Any],
+        text: str,
+        *,
+        kind: str | None = None,
+        importance: float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        origin: str | None = None,
+        sources: Sequence[Any] | None = None,
+        links: Sequence[Any] | None = None,
+        ttl_ms: int | None = None,
+        id: str | None = None,
         operation_id: str | None = None,
     ) -> Pending:
-        return self.submit("remember", scope, {
-            "text": text, "kind": kind, "importance": importance, "metadata": metadata,
-            "origin": origin, "sources": _dicts(sources), "links": _dicts(links),
-            "ttl_ms": ttl_ms, "id": id,
-        }, operation_id=operation_id)
+        return self.submit(
+            "remember",
+            scope,
+            {
+                "text": text,
+                "kind": kind,
+                "importance": importance,
+                "metadata": metadata,
+                "origin": origin,
+                "sources": _dicts(sources),
+                "links": _dicts(links),
+                "ttl_ms": ttl_ms,
+                "id": id,
+            },
+            operation_id=operation_id,
+        )
 
     def extract(
-        self, scope: Scope | Mapping[str, Any], messages: Sequence[Mapping[str, Any]], *,
-        kind: str | None = None, ttl_ms: int | None = None, links: Sequence[Any] | None = None,
-        trusted_tools: Sequence[str] | None = None, infer: bool | None = None,
+        self,
+        scope: Scope | Mapping[str, Any],
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        kind: str | None = None,
+        ttl_ms: int | None = None,
+        links: Sequence[Any] | None = None,
+        trusted_tools: Sequence[str] | None = None,
+        infer: bool | None = None,
         operation_id: str | None = None,
     ) -> Pending:
-        return self.submit("extract", scope, {
-            "messages": [dict(m) for m in messages], "kind": kind, "ttl_ms": ttl_ms,
-            "links": _dicts(links), "trusted_tools": list(trusted_tools or []) or None,
-            "infer": infer,
-        }, operation_id=operation_id)
+        return self.submit(
+            "extract",
+            scope,
+            {
+                "messages": [dict(m) for m in messages],
+                "kind": kind,
+                "ttl_ms": ttl_ms,
+                "links": _dicts(links),
+                "trusted_tools": list(trusted_tools or []) or None,
+                "infer": infer,
+            },
+            operation_id=operation_id,
+        )
 
     def revise(
-        self, scope: Scope | Mapping[str, Any], record_id: str, *, text: str | None = None,
-        kind: str | None = None, importance: float | None = None,
-        metadata: Mapping[str, Any] | None = None, links: Sequence[Any] | None = None,
-        ttl_ms: int | None = None, expected_revision: int | None = None,
+        self,
+        scope: Scope | Mapping[str, Any],
+        record_id: str,
+        *,
+        text: str | None = None,
+        kind: str | None = None,
+        importance: float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        links: Sequence[Any] | None = None,
+        ttl_ms: int | None = None,
+        expected_revision: int | None = None,
         operation_id: str | None = None,
     ) -> Pending:
-        return self.submit("revise", scope, {
-            "id": record_id, "text": text, "kind": kind, "importance": importance,
-            "metadata": metadata, "links": _dicts(links), "ttl_ms": ttl_ms,
-            "expected_revision": expected_revision,
-        }, operation_id=operation_id)
+        return self.submit(
+            "revise",
+            scope,
+            {
+                "id": record_id,
+                "text": text,
+                "kind": kind,
+                "importance": importance,
+                "metadata": metadata,
+                "links": _dicts(links),
+                "ttl_ms": ttl_ms,
+                "expected_revision": expected_revision,
+            },
+            operation_id=operation_id,
+        )
 
-    def retract(self, scope: Scope | Mapping[str, Any], record_id: str, *,
-                expected_revision: int | None = None, operation_id: str | None = None) -> Pending:
-        return self.submit("retract", scope, {"id": record_id,
-                                              "expected_revision": expected_revision},
-                           operation_id=operation_id)
+    def retract(
+        self,
+        scope: Scope | Mapping[str, Any],
+        record_id: str,
+        *,
+        expected_revision: int | None = None,
+        operation_id: str | None = None,
+    ) -> Pending:
+        return self.submit(
+            "retract",
+            scope,
+            {"id": record_id, "expected_revision": expected_revision},
+            operation_id=operation_id,
+        )
 
-    def forget(self, scope: Scope | Mapping[str, Any], record_id: str, *,
-               operation_id: str | None = None) -> Pending:
+    def forget(
+        self, scope: Scope | Mapping[str, Any], record_id: str, *, operation_id: str | None = None
+    ) -> Pending:
         return self.submit("forget", scope, {"id": record_id}, operation_id=operation_id)
 
     # -- replies ----------------------------------------------------------------------
 
-    def wait(self, operation_id: str, timeout: float = 30.0, *,
-             entry_id: str | None = None) -> StreamReceipt:
+    def wait(
+        self, operation_id: str, timeout: float = 30.0, *, entry_id: str | None = None
+    ) -> StreamReceipt:
         """The operation's receipt; raises its typed error, or ``WaitTimeout``.
 
         Any number of callers may wait for the same id, before or after the
@@ -227,8 +319,11 @@ class Producer:
             raws = pipe.execute()
         except redis.RedisError as exc:
             raise QueueUnavailableError(f"could not read replies: {type(exc).__name__}") from exc
-        return {op_id: decode_reply(raw).outcome for op_id, raw in zip(ids, raws, strict=True)
-                if raw is not None}
+        return {
+            op_id: decode_reply(raw).outcome
+            for op_id, raw in zip(ids, raws, strict=True)
+            if raw is not None
+        }
 
 
 def _text(value: Any) -> str:

@@ -72,22 +72,35 @@ def decode_entry(
     eid = _text(entry_id)
     names = sorted(_text(k) for k in fields)
     if names != [OP_FIELD]:
-        return Malformed(eid, InvalidRequestError(
-            f"a stream entry has exactly one field, {OP_FIELD!r}; got {names[:8]}"
-        ), None, None)
+        return Malformed(
+            eid,
+            InvalidRequestError(
+                f"a stream entry has exactly one field, {OP_FIELD!r}; got {names[:8]}"
+            ),
+            None,
+            None,
+        )
     value = next(iter(fields.values()))
     try:
         raw = _text(value)
     except UnicodeDecodeError:
         return Malformed(eid, InvalidRequestError("the op field is not UTF-8"), None, None)
     if len(raw.encode()) > MAX_ENTRY_BYTES:
-        return Malformed(eid, InvalidRequestError(
-            f"the op field is larger than {MAX_ENTRY_BYTES} bytes"), raw, None)
+        return Malformed(
+            eid,
+            InvalidRequestError(f"the op field is larger than {MAX_ENTRY_BYTES} bytes"),
+            raw,
+            None,
+        )
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
-        return Malformed(eid, InvalidRequestError(
-            f"the op field is not valid JSON (at character {exc.pos})"), raw, None)
+        return Malformed(
+            eid,
+            InvalidRequestError(f"the op field is not valid JSON (at character {exc.pos})"),
+            raw,
+            None,
+        )
     op_id = _operation_id(data)
     try:
         op = Operation.from_dict(data)
@@ -95,10 +108,15 @@ def decode_entry(
         return Malformed(eid, exc, raw, op_id)
     expected = partition_of(op.scope, partitions)
     if expected != partition:
-        return Malformed(eid, InvalidRequestError(
-            f"operation {op.operation_id} belongs to partition {expected} of {partitions}, "
-            f"not {partition}: its scope's order could not be kept"
-        ), raw, op.operation_id)
+        return Malformed(
+            eid,
+            InvalidRequestError(
+                f"operation {op.operation_id} belongs to partition {expected} of {partitions}, "
+                f"not {partition}: its scope's order could not be kept"
+            ),
+            raw,
+            op.operation_id,
+        )
     return Entry(eid, op)
 
 
@@ -159,8 +177,9 @@ class StreamReceipt:
             scope=Scope.of(data["scope"]),
             scope_revision=int(data["scope_revision"]),
             committed_at=datetime.fromisoformat(data["committed_at"]),
-            records=tuple(RecordRef(str(r["id"]), int(r["revision"]), r["status"])
-                          for r in data["records"]),
+            records=tuple(
+                RecordRef(str(r["id"]), int(r["revision"]), r["status"]) for r in data["records"]
+            ),
             replayed=bool(data["replayed"]),
             redacted=bool(data.get("redacted", False)),
             revisions=tuple(int(r) for r in data.get("revisions", ())) if forget else None,

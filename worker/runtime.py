@@ -30,8 +30,9 @@ class ConfigError(Exception):
 def write_run_file(home: Path, *, database_url: str, redis_url: str) -> Path:
     path = Path(home) / RUN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"database_url": database_url, "redis_url": redis_url,
-                                "pid": os.getpid()}))
+    path.write_text(
+        json.dumps({"database_url": database_url, "redis_url": redis_url, "pid": os.getpid()})
+    )
     return path
 
 
@@ -63,8 +64,9 @@ def database_url(settings: Settings) -> str:
 
 def connect_redis(url: str) -> redis.Redis:
     """A client for workers and producers: bytes in and out (entries may be any bytes)."""
-    return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5,
-                                health_check_interval=30)
+    return redis.Redis.from_url(
+        url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
+    )
 
 
 def load_embedder(spec: str) -> Embedder:

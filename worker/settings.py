@@ -59,10 +59,14 @@ class Settings:
                 batch_size=_int(env, "ENGRAM_BATCH_SIZE", defaults.BATCH_SIZE),
                 block_ms=_int(env, "ENGRAM_BLOCK_MS", defaults.BLOCK_MS),
                 lease_ttl_ms=_int(env, "ENGRAM_LEASE_TTL_MS", defaults.LEASE_TTL_MS),
-                lease_margin_ms=_int(env, "ENGRAM_LEASE_MARGIN_MS",
-                                     min(defaults.LEASE_MARGIN_MS,
-                                         _int(env, "ENGRAM_LEASE_TTL_MS",
-                                              defaults.LEASE_TTL_MS) // 5)),
+                lease_margin_ms=_int(
+                    env,
+                    "ENGRAM_LEASE_MARGIN_MS",
+                    min(
+                        defaults.LEASE_MARGIN_MS,
+                        _int(env, "ENGRAM_LEASE_TTL_MS", defaults.LEASE_TTL_MS) // 5,
+                    ),
+                ),
                 max_deliveries=_int(env, "ENGRAM_MAX_DELIVERIES", defaults.MAX_DELIVERIES),
                 reply_ttl_s=_int(env, "ENGRAM_REPLY_TTL_S", defaults.REPLY_TTL_S),
             ),

@@ -66,8 +66,10 @@ class Workers:
                 continue
             if time.monotonic() - child.started < _RESTART_PAUSE_S:
                 continue
-            log.warning("worker process exited, restarting",
-                        extra={"index": child.index, "pid": child.process.pid, "code": code})
+            log.warning(
+                "worker process exited, restarting",
+                extra={"index": child.index, "pid": child.process.pid, "code": code},
+            )
             self.children[i] = self._spawn(child.index)
 
     def stop(self) -> None:
@@ -79,8 +81,9 @@ class Workers:
             try:
                 child.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                log.warning("worker process did not stop, killing it",
-                            extra={"pid": child.process.pid})
+                log.warning(
+                    "worker process did not stop, killing it", extra={"pid": child.process.pid}
+                )
                 child.process.kill()
                 child.process.wait()
 
@@ -107,8 +110,12 @@ def run_up(settings: Settings, *, workers: int, demo: bool = False) -> int:
         with Store.connect(database_url):
             pass  # migrates
         run_file = write_run_file(settings.home, database_url=database_url, redis_url=redis_url)
-        env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
-               "ENGRAM_HOME": str(settings.home)}
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "ENGRAM_HOME": str(settings.home),
+        }
         pool = Workers(workers, env)
         pool.start()
         _print_where(settings, database_url, redis_url, postgres, valkey, workers, run_file)
@@ -131,20 +138,29 @@ def run_up(settings: Settings, *, workers: int, demo: bool = False) -> int:
             signal.signal(signum, handler)
 
 
-def _print_where(settings: Settings, database_url: str, redis_url: str,
-                 postgres: EmbeddedPostgres | None, valkey: EmbeddedValkey | None,
-                 workers: int, run_file: object) -> None:
+def _print_where(
+    settings: Settings,
+    database_url: str,
+    redis_url: str,
+    postgres: EmbeddedPostgres | None,
+    valkey: EmbeddedValkey | None,
+    workers: int,
+    run_file: object,
+) -> None:
     pg = f"embedded, data in {postgres.data_dir}" if postgres else "DATABASE_URL"
     vk = f"embedded, data in {valkey.data_dir}" if valkey else "REDIS_URL"
-    print(f"engram is up (ENGRAM_HOME={settings.home.resolve()})\n"
-          f"  PostgreSQL  {database_url}  ({pg})\n"
-          f"  Redis       {redis_url}  ({vk})\n"
-          f"  workers     {workers} x `engram worker`, "
-          f"{settings.worker.partitions} partition streams\n"
-          f"  run file    {run_file}\n"
-          "try:  engram enqueue remember --scope '{\"user_id\": \"ada\"}' "
-          "--request '{\"text\": \"Ada lives in London.\"}' --wait 10\n"
-          "Ctrl-C stops everything.", flush=True)
+    print(
+        f"engram is up (ENGRAM_HOME={settings.home.resolve()})\n"
+        f"  PostgreSQL  {database_url}  ({pg})\n"
+        f"  Redis       {redis_url}  ({vk})\n"
+        f"  workers     {workers} x `engram worker`, "
+        f"{settings.worker.partitions} partition streams\n"
+        f"  run file    {run_file}\n"
+        'try:  engram enqueue remember --scope \'{"user_id": "ada"}\' '
+        '--request \'{"text": "Ada lives in London."}\' --wait 10\n'
+        "Ctrl-C stops everything.",
+        flush=True,
+    )
 
 
 def _stream_demo(redis_url: str, settings: Settings) -> None:
@@ -153,13 +169,22 @@ def _stream_demo(redis_url: str, settings: Settings) -> None:
 
     with Producer.from_url(redis_url, partitions=settings.worker.partitions) as producer:
         scope = {"user_id": "engram-demo"}
-        first = producer.remember(scope, "The demo user lives in London.",
-                                  operation_id="demo:stream:remember:1").wait(60)
-        print(f"demo: {first.kind} -> {[r.as_dict() for r in first.records]}"
-              f" (scope revision {first.scope_revision}, replayed {first.replayed})", flush=True)
+        first = producer.remember(
+            scope, "The demo user lives in London.", operation_id="demo:stream:remember:1"
+        ).wait(60)
+        print(
+            f"demo: {first.kind} -> {[r.as_dict() for r in first.records]}"
+            f" (scope revision {first.scope_revision}, replayed {first.replayed})",
+            flush=True,
+        )
         record_id = first.records[0].id
-        second = producer.revise(scope, record_id, text="The demo user lives in Paris.",
-                                 expected_revision=1, operation_id="demo:stream:revise:1")
+        second = producer.revise(
+            scope,
+            record_id,
+            text="The demo user lives in Paris.",
+            expected_revision=1,
+            operation_id="demo:stream:revise:1",
+        )
         try:
             receipt = second.wait(60)
             print(f"demo: revise -> {[r.as_dict() for r in receipt.records]}", flush=True)

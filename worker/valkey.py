@@ -21,12 +21,13 @@ log = logging.getLogger(__name__)
 
 
 class EmbeddedValkey:
-    def __init__(self, home: Path, *, port: int | None = None,
-                 appendfsync: str = "always") -> None:
+    def __init__(self, home: Path, *, port: int | None = None, appendfsync: str = "always") -> None:
         self.data_dir = (Path(home) / "valkey").resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._server = ValkeyServer(
-            port=port, host="127.0.0.1", data_dir=str(self.data_dir),
+            port=port,
+            host="127.0.0.1",
+            data_dir=str(self.data_dir),
             config={
                 "appendonly": "yes",
                 "appendfsync": appendfsync,
@@ -37,8 +38,9 @@ class EmbeddedValkey:
     def start(self) -> EmbeddedValkey:
         self._stop_stale()
         self._server.start()
-        log.info("embedded valkey running", extra={"port": self._server.port,
-                                                   "dir": str(self.data_dir)})
+        log.info(
+            "embedded valkey running", extra={"port": self._server.port, "dir": str(self.data_dir)}
+        )
         return self
 
     @property

@@ -32,8 +32,15 @@ STOP_TIMEOUT_S = 60.0
 
 
 class Worker:
-    def __init__(self, client: redis.Redis, store: Store, embedder: Embedder | None, *,
-                 config: WorkerConfig | None = None, worker_id: str | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        store: Store,
+        embedder: Embedder | None,
+        *,
+        config: WorkerConfig | None = None,
+        worker_id: str | None = None,
+    ) -> None:
         self.config = config or WorkerConfig()
         self.worker_id = worker_id or new_worker_id()
         self.client = client
@@ -54,8 +61,9 @@ class Worker:
         self._stop.set()
 
     def run(self) -> None:
-        log.info("worker started", extra={"worker": self.worker_id,
-                                          "partitions": self.config.partitions})
+        log.info(
+            "worker started", extra={"worker": self.worker_id, "partitions": self.config.partitions}
+        )
         try:
             while not self._stop.is_set():
                 self.tick()
@@ -77,8 +85,10 @@ class Worker:
             # The runners stop committing when their leases run out; nothing to do but wait.
             if self._redis_down_since is None:
                 self._redis_down_since = time.monotonic()
-                log.warning("redis unavailable", extra={"worker": self.worker_id,
-                                                        "error": type(exc).__name__})
+                log.warning(
+                    "redis unavailable",
+                    extra={"worker": self.worker_id, "error": type(exc).__name__},
+                )
 
     # -- leases ----------------------------------------------------------------------
 
@@ -93,8 +103,9 @@ class Worker:
             if ok:
                 runner.valid_until = valid_until
             else:
-                log.warning("lease lost", extra={"worker": self.worker_id,
-                                                 "partition": runner.partition})
+                log.warning(
+                    "lease lost", extra={"worker": self.worker_id, "partition": runner.partition}
+                )
                 runner.lose("lease_lost")
 
     def _reap(self) -> None:
@@ -106,8 +117,10 @@ class Worker:
             self.leases.release([runner.lease])
             if runner.lost is not None:
                 metrics.record_partition_event(self.client, self.worker_id, "lost", runner.lost)
-            log.info("partition released", extra={"worker": self.worker_id,
-                                                   "partition": partition, "lost": runner.lost})
+            log.info(
+                "partition released",
+                extra={"worker": self.worker_id, "partition": partition, "lost": runner.lost},
+            )
 
     def _rebalance(self, live: list[str]) -> None:
         wanted = share(self.worker_id, live, self.config.partitions)
@@ -139,8 +152,10 @@ class Worker:
         self.runners[partition] = runner
         runner.start()
         metrics.record_partition_event(self.client, self.worker_id, "acquired")
-        log.info("partition acquired", extra={"worker": self.worker_id, "partition": partition,
-                                              "token": lease.token})
+        log.info(
+            "partition acquired",
+            extra={"worker": self.worker_id, "partition": partition, "token": lease.token},
+        )
 
     # -- stopping --------------------------------------------------------------------
 
@@ -159,6 +174,8 @@ class Worker:
             self.leases.release(held)
             self.membership.leave()
         except redis.RedisError as exc:
-            log.warning("could not release leases", extra={"worker": self.worker_id,
-                                                          "error": type(exc).__name__})
+            log.warning(
+                "could not release leases",
+                extra={"worker": self.worker_id, "error": type(exc).__name__},
+            )
         self.runners.clear()
