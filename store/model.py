@@ -169,6 +169,34 @@ class Receipt:
             out["error"] = self.error
         return out
 
+    @classmethod
+    def fields_from_dict(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor arguments that ``as_dict`` output describes."""
+        forget = data["kind"] == "forget"
+        return {
+            "operation_id": str(data["operation_id"]),
+            "kind": str(data["kind"]),
+            "scope": Scope.of(data["scope"]),
+            "scope_revision": int(data["scope_revision"]),
+            "committed_at": datetime.fromisoformat(data["committed_at"]),
+            "records": tuple(
+                RecordRef(str(r["id"]), int(r["revision"]), r["status"]) for r in data["records"]
+            ),
+            "redacted": bool(data.get("redacted", False)),
+            "forgotten_revisions": tuple(int(r) for r in data.get("revisions", ()))
+            if forget
+            else None,
+            "already_forgotten": bool(data.get("already_forgotten")) if forget else None,
+            "redaction": data.get("redaction") if forget else None,
+            "stream_entry": data.get("stream_entry"),
+            "error": data.get("error"),
+        }
+
+    @property
+    def revisions(self) -> tuple[int, ...] | None:
+        """A forget's deleted revision numbers (``()`` when it deleted nothing more)."""
+        return self.forgotten_revisions
+
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:

@@ -14,12 +14,11 @@ import json
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from store import Operation, Scope, WriteResult
 from store.errors import EngramError, InvalidRequestError
-from store.model import RecordRef
+from store.model import Receipt
 
 from .defaults import MAX_ENTRY_BYTES
 from .errors import error_from_dict
@@ -132,61 +131,17 @@ def _operation_id(data: object) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamReceipt:
+class StreamReceipt(Receipt):
     """A committed operation's receipt, as a producer receives it through Redis."""
 
-    operation_id: str
-    kind: str
-    scope: Scope
-    scope_revision: int
-    committed_at: datetime
-    records: tuple[RecordRef, ...]
-    replayed: bool
-    redacted: bool = False
-    # Only for a forget:
-    revisions: tuple[int, ...] | None = None
-    already_forgotten: bool | None = None
-    redaction: str | None = None
-    stream_entry: str | None = None
+    replayed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "operation_id": self.operation_id,
-            "kind": self.kind,
-            "scope": self.scope.as_dict(),
-            "scope_revision": self.scope_revision,
-            "committed_at": self.committed_at.isoformat(),
-            "records": [r.as_dict() for r in self.records],
-            "replayed": self.replayed,
-            "redacted": self.redacted,
-        }
-        if self.kind == "forget":
-            out["revisions"] = list(self.revisions or ())
-            out["already_forgotten"] = bool(self.already_forgotten)
-            out["redaction"] = self.redaction
-        if self.stream_entry is not None:
-            out["stream_entry"] = self.stream_entry
-        return out
+        return {**Receipt.as_dict(self), "replayed": self.replayed}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StreamReceipt:
-        forget = data["kind"] == "forget"
-        return cls(
-            operation_id=str(data["operation_id"]),
-            kind=str(data["kind"]),
-            scope=Scope.of(data["scope"]),
-            scope_revision=int(data["scope_revision"]),
-            committed_at=datetime.fromisoformat(data["committed_at"]),
-            records=tuple(
-                RecordRef(str(r["id"]), int(r["revision"]), r["status"]) for r in data["records"]
-            ),
-            replayed=bool(data["replayed"]),
-            redacted=bool(data.get("redacted", False)),
-            revisions=tuple(int(r) for r in data.get("revisions", ())) if forget else None,
-            already_forgotten=bool(data.get("already_forgotten")) if forget else None,
-            redaction=data.get("redaction") if forget else None,
-            stream_entry=data.get("stream_entry"),
-        )
+        return cls(**Receipt.fields_from_dict(data), replayed=bool(data["replayed"]))
 
 
 Outcome = WriteResult | EngramError
