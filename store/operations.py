@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -20,22 +19,16 @@ from .errors import InvalidRequestError
 from .limits import (
     DEFAULT_KIND,
     MAX_ID_CHARS,
-    MAX_KIND_CHARS,
-    MAX_LINKS,
     MAX_MESSAGES,
-    MAX_METADATA_BYTES,
     MAX_SOURCES,
     MAX_TEXT_CHARS,
 )
-from .model import LINK_RELATIONS, ORIGINS, SOURCE_KINDS, Link, Scope, Source, check_string
+from .model import ORIGINS, Link, Scope, Source, check_string
+from .validation import Fields, as_list, canonical_json
 
 OperationKind = Literal["remember", "extract", "revise", "retract", "forget"]
 OPERATION_KINDS: tuple[OperationKind, ...] = ("remember", "extract", "revise", "retract", "forget")
 MAX_TTL_MS = 100 * 365 * 24 * 3600 * 1000
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def text_digest(text: str) -> str:
@@ -55,127 +48,6 @@ def derived_record_id(operation_id: str, index: int) -> str:
     """
     digest = hashlib.sha256(f"{operation_id}\x00{index}".encode()).hexdigest()
     return f"mem_{digest[:26]}"
-
-
-class _Fields:
-    """Strict reading of one request object: unknown fields are refused."""
-
-    def __init__(self, data: object, what: str, allowed: Sequence[str]) -> None:
-        if not isinstance(data, Mapping):
-            raise InvalidRequestError(f"{what} must be an object")
-        unknown = sorted(set(data) - set(allowed))
-        if unknown:
-            raise InvalidRequestError(f"unknown field(s) in {what}: {', '.join(map(str, unknown))}")
-        self.data = data
-        self.what = what
-
-    def get(self, name: str) -> Any:
-        return self.data.get(name)
-
-    def text(self, name: str, *, required: bool = True) -> str | None:
-        value = self.data.get(name)
-        if value is None and not required:
-            return None
-        return check_string(value, f"{self.what}.{name}", max_chars=MAX_TEXT_CHARS)
-
-    def ident(self, name: str, *, required: bool = True) -> str | None:
-        value = self.data.get(name)
-        if value is None and not required:
-            return None
-        return check_string(value, f"{self.what}.{name}", max_chars=MAX_ID_CHARS)
-
-    def kind(self) -> str | None:
-        value = self.data.get("kind")
-        if value is None:
-            return None
-        return check_string(value, f"{self.what}.kind", max_chars=MAX_KIND_CHARS)
-
-    def importance(self) -> float | None:
-        value = self.data.get("importance")
-        if value is None:
-            return None
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            raise InvalidRequestError(f"{self.what}.importance must be a number")
-        if not 0 <= value <= 1:
-            raise InvalidRequestError(f"{self.what}.importance must be between 0 and 1")
-        return float(value)
-
-    def integer(self, name: str, *, minimum: int, maximum: int) -> int | None:
-        value = self.data.get(name)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidRequestError(f"{self.what}.{name} must be an integer")
-        if not minimum <= value <= maximum:
-            raise InvalidRequestError(f"{self.what}.{name} must be between {minimum} and {maximum}")
-        return value
-
-    def metadata(self) -> dict[str, Any] | None:
-        value = self.data.get("metadata")
-        if value is None:
-            return None
-        if not isinstance(value, Mapping):
-            raise InvalidRequestError(f"{self.what}.metadata must be an object")
-        try:
-            encoded = canonical_json(value)
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(f"{self.what}.metadata must be plain JSON") from exc
-        if "\\u0000" in encoded or "\x00" in encoded:
-            raise InvalidRequestError(f"{self.what}.metadata must not contain NUL characters")
-        if len(encoded.encode()) > MAX_METADATA_BYTES:
-            raise InvalidRequestError(
-                f"{self.what}.metadata is larger than {MAX_METADATA_BYTES} bytes"
-            )
-        parsed: dict[str, Any] = json.loads(encoded)
-        return parsed
-
-    def links(self) -> tuple[Link, ...] | None:
-        value = self.data.get("links")
-        if value is None:
-            return None
-        items = _list(value, f"{self.what}.links", MAX_LINKS)
-        links = []
-        for i, item in enumerate(items):
-            f = _Fields(item, f"{self.what}.links[{i}]", ("relation", "id"))
-            relation = f.ident("relation")
-            if relation not in LINK_RELATIONS:
-                raise InvalidRequestError(
-                    f"{f.what}.relation must be one of {', '.join(LINK_RELATIONS)}"
-                )
-            links.append(Link(relation=relation, id=str(f.ident("id"))))
-        return tuple(links)
-
-    def sources(self) -> tuple[Source, ...] | None:
-        value = self.data.get("sources")
-        if value is None:
-            return None
-        items = _list(value, f"{self.what}.sources", MAX_SOURCES)
-        if not items:
-            raise InvalidRequestError(f"{self.what}.sources must not be empty")
-        return tuple(
-            parse_source(item, f"{self.what}.sources[{i}]") for i, item in enumerate(items)
-        )
-
-
-def _list(value: object, what: str, max_items: int) -> list[Any]:
-    if not isinstance(value, list | tuple):
-        raise InvalidRequestError(f"{what} must be a list")
-    if len(value) > max_items:
-        raise InvalidRequestError(f"{what} has more than {max_items} items")
-    return list(value)
-
-
-def parse_source(item: object, what: str) -> Source:
-    f = _Fields(item, what, Source.__slots__)
-    kind = f.ident("kind")
-    if kind not in SOURCE_KINDS:
-        raise InvalidRequestError(f"{what}.kind must be one of {', '.join(SOURCE_KINDS)}")
-    optional = {name: f.ident(name, required=False) for name in Source.__slots__ if name != "kind"}
-    return Source(kind=kind, **optional)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +77,7 @@ class Remember:
 
     @classmethod
     def from_dict(cls, data: object) -> Remember:
-        f = _Fields(data, "remember", cls.FIELDS)
+        f = Fields(data, "remember", cls.FIELDS)
         origin = f.get("origin") or "asserted"
         if origin not in ORIGINS:
             raise InvalidRequestError(f"remember.origin must be one of {', '.join(ORIGINS)}")
@@ -264,8 +136,8 @@ MESSAGE_ROLES = ("user", "assistant", "tool", "system")
 
 
 def parse_message(item: object, what: str) -> Message:
-    f = _Fields(item, what, ("id", "message", "run_id", "tool_name"))
-    inner = _Fields(f.get("message"), f"{what}.message", ("role", "content"))
+    f = Fields(item, what, ("id", "message", "run_id", "tool_name"))
+    inner = Fields(f.get("message"), f"{what}.message", ("role", "content"))
     role = inner.get("role")
     if role not in MESSAGE_ROLES:
         raise InvalidRequestError(f"{what}.message.role must be one of {', '.join(MESSAGE_ROLES)}")
@@ -308,12 +180,12 @@ class Extract:
 
     @classmethod
     def from_dict(cls, data: object) -> Extract:
-        f = _Fields(data, "extract", cls.FIELDS)
-        items = _list(f.get("messages"), "extract.messages", MAX_MESSAGES)
+        f = Fields(data, "extract", cls.FIELDS)
+        items = as_list(f.get("messages"), "extract.messages", MAX_MESSAGES)
         messages = tuple(parse_message(m, f"extract.messages[{i}]") for i, m in enumerate(items))
         if len({m.id for m in messages}) != len(messages):
             raise InvalidRequestError("extract.messages ids must be unique")
-        trusted = _list(f.get("trusted_tools") or [], "extract.trusted_tools", MAX_SOURCES)
+        trusted = as_list(f.get("trusted_tools") or [], "extract.trusted_tools", MAX_SOURCES)
         infer = f.get("infer")
         if infer is not None and not isinstance(infer, bool):
             raise InvalidRequestError("extract.infer must be true or false")
@@ -366,7 +238,7 @@ class Revise:
 
     @classmethod
     def from_dict(cls, data: object) -> Revise:
-        f = _Fields(data, "revise", cls.FIELDS)
+        f = Fields(data, "revise", cls.FIELDS)
         return cls(
             id=str(f.ident("id")),
             text=f.text("text", required=False),
@@ -403,7 +275,7 @@ class Retract:
 
     @classmethod
     def from_dict(cls, data: object) -> Retract:
-        f = _Fields(data, "retract", ("id", "expected_revision"))
+        f = Fields(data, "retract", ("id", "expected_revision"))
         return cls(
             id=str(f.ident("id")),
             expected_revision=f.integer("expected_revision", minimum=1, maximum=2**31 - 1),
@@ -420,7 +292,7 @@ class Forget:
 
     @classmethod
     def from_dict(cls, data: object) -> Forget:
-        f = _Fields(data, "forget", ("id",))
+        f = Fields(data, "forget", ("id",))
         return cls(id=str(f.ident("id")))
 
     def to_dict(self) -> dict[str, Any]:
@@ -459,7 +331,7 @@ class Operation:
 
     @classmethod
     def from_dict(cls, data: object) -> Operation:
-        f = _Fields(data, "operation", ("operation_id", "kind", "scope", "request"))
+        f = Fields(data, "operation", ("operation_id", "kind", "scope", "request"))
         kind = f.get("kind")
         if kind not in REQUEST_TYPES:
             raise InvalidRequestError(f"operation.kind must be one of {', '.join(OPERATION_KINDS)}")

@@ -1,0 +1,148 @@
+"""Strict reading of request objects: types, limits, unknown fields refused.
+
+Every check raises ``InvalidRequestError`` with a message that names the
+field and never quotes memory text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import InvalidRequestError
+from .limits import (
+    MAX_ID_CHARS,
+    MAX_KIND_CHARS,
+    MAX_LINKS,
+    MAX_METADATA_BYTES,
+    MAX_SOURCES,
+    MAX_TEXT_CHARS,
+)
+from .model import LINK_RELATIONS, SOURCE_KINDS, Link, Source, check_string
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class Fields:
+    """Strict reading of one request object: unknown fields are refused."""
+
+    def __init__(self, data: object, what: str, allowed: Sequence[str]) -> None:
+        if not isinstance(data, Mapping):
+            raise InvalidRequestError(f"{what} must be an object")
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise InvalidRequestError(f"unknown field(s) in {what}: {', '.join(map(str, unknown))}")
+        self.data = data
+        self.what = what
+
+    def get(self, name: str) -> Any:
+        return self.data.get(name)
+
+    def text(self, name: str, *, required: bool = True) -> str | None:
+        value = self.data.get(name)
+        if value is None and not required:
+            return None
+        return check_string(value, f"{self.what}.{name}", max_chars=MAX_TEXT_CHARS)
+
+    def ident(self, name: str, *, required: bool = True) -> str | None:
+        value = self.data.get(name)
+        if value is None and not required:
+            return None
+        return check_string(value, f"{self.what}.{name}", max_chars=MAX_ID_CHARS)
+
+    def kind(self) -> str | None:
+        value = self.data.get("kind")
+        if value is None:
+            return None
+        return check_string(value, f"{self.what}.kind", max_chars=MAX_KIND_CHARS)
+
+    def importance(self) -> float | None:
+        value = self.data.get("importance")
+        if value is None:
+            return None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise InvalidRequestError(f"{self.what}.importance must be a number")
+        if not 0 <= value <= 1:
+            raise InvalidRequestError(f"{self.what}.importance must be between 0 and 1")
+        return float(value)
+
+    def integer(self, name: str, *, minimum: int, maximum: int) -> int | None:
+        value = self.data.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidRequestError(f"{self.what}.{name} must be an integer")
+        if not minimum <= value <= maximum:
+            raise InvalidRequestError(f"{self.what}.{name} must be between {minimum} and {maximum}")
+        return value
+
+    def metadata(self) -> dict[str, Any] | None:
+        value = self.data.get("metadata")
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise InvalidRequestError(f"{self.what}.metadata must be an object")
+        try:
+            encoded = canonical_json(value)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"{self.what}.metadata must be plain JSON") from exc
+        if "\\u0000" in encoded or "\x00" in encoded:
+            raise InvalidRequestError(f"{self.what}.metadata must not contain NUL characters")
+        if len(encoded.encode()) > MAX_METADATA_BYTES:
+            raise InvalidRequestError(
+                f"{self.what}.metadata is larger than {MAX_METADATA_BYTES} bytes"
+            )
+        parsed: dict[str, Any] = json.loads(encoded)
+        return parsed
+
+    def links(self) -> tuple[Link, ...] | None:
+        value = self.data.get("links")
+        if value is None:
+            return None
+        items = as_list(value, f"{self.what}.links", MAX_LINKS)
+        links = []
+        for i, item in enumerate(items):
+            f = Fields(item, f"{self.what}.links[{i}]", ("relation", "id"))
+            relation = f.ident("relation")
+            if relation not in LINK_RELATIONS:
+                raise InvalidRequestError(
+                    f"{f.what}.relation must be one of {', '.join(LINK_RELATIONS)}"
+                )
+            links.append(Link(relation=relation, id=str(f.ident("id"))))
+        return tuple(links)
+
+    def sources(self) -> tuple[Source, ...] | None:
+        value = self.data.get("sources")
+        if value is None:
+            return None
+        items = as_list(value, f"{self.what}.sources", MAX_SOURCES)
+        if not items:
+            raise InvalidRequestError(f"{self.what}.sources must not be empty")
+        return tuple(
+            parse_source(item, f"{self.what}.sources[{i}]") for i, item in enumerate(items)
+        )
+
+
+def as_list(value: object, what: str, max_items: int) -> list[Any]:
+    if not isinstance(value, list | tuple):
+        raise InvalidRequestError(f"{what} must be a list")
+    if len(value) > max_items:
+        raise InvalidRequestError(f"{what} has more than {max_items} items")
+    return list(value)
+
+
+def parse_source(item: object, what: str) -> Source:
+    f = Fields(item, what, Source.__slots__)
+    kind = f.ident("kind")
+    if kind not in SOURCE_KINDS:
+        raise InvalidRequestError(f"{what}.kind must be one of {', '.join(SOURCE_KINDS)}")
+    optional = {name: f.ident(name, required=False) for name in Source.__slots__ if name != "kind"}
+    return Source(kind=kind, **optional)
