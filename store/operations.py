@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -37,6 +37,13 @@ def text_digest(text: str) -> str:
 
 def new_operation_id() -> str:
     return f"op_{uuid.uuid4().hex}"
+
+
+def plain_items(items: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+    """Sources or links given as values (``Source``, ``Link``) or mappings, as plain dicts."""
+    if items is None:
+        return None
+    return [i.as_dict() if hasattr(i, "as_dict") else dict(i) for i in items]
 
 
 def derived_record_id(operation_id: str, index: int) -> str:

@@ -12,7 +12,7 @@ from .embedders import Embedder
 from .errors import EngramError
 from .limits import DEFAULT_TOP_K
 from .model import Hit, Link, Record, ReembedResult, Scope, Source, WriteResult
-from .operations import Operation
+from .operations import Operation, plain_items
 from .writer import Result
 
 if TYPE_CHECKING:
@@ -84,8 +84,8 @@ class Session:
                 "importance": importance,
                 "metadata": metadata,
                 "origin": origin,
-                "sources": _dicts(sources),
-                "links": _dicts(links) or None,
+                "sources": plain_items(sources),
+                "links": plain_items(links) or None,
                 "ttl_ms": ttl_ms,
                 "id": id,
             },
@@ -109,7 +109,7 @@ class Session:
                 "messages": list(messages),
                 "kind": kind,
                 "ttl_ms": ttl_ms,
-                "links": _dicts(links) or None,
+                "links": plain_items(links) or None,
                 "trusted_tools": list(trusted_tools) or None,
                 "infer": infer,
             },
@@ -137,7 +137,7 @@ class Session:
                 "kind": kind,
                 "importance": importance,
                 "metadata": metadata,
-                "links": _dicts(links),
+                "links": plain_items(links),
                 "ttl_ms": ttl_ms,
                 "expected_revision": expected_revision,
             },
@@ -223,9 +223,3 @@ def run_forget_listeners(listeners: Sequence[ForgetListener], event: ForgetEvent
                 },
             )
     return status
-
-
-def _dicts(items: Sequence[Any] | None) -> list[dict[str, Any]] | None:
-    if items is None:
-        return None
-    return [i.as_dict() if hasattr(i, "as_dict") else dict(i) for i in items]

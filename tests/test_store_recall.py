@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -100,7 +101,24 @@ def test_a_large_scope_gets_an_approximate_index_with_the_same_answers(
             )
         )
     assert created[0] in plan
-    approximate = [h.record.text for h in mem.recall(query, top_k=10)]
+
+    def index_scans() -> int:
+        with psycopg.connect(fresh_dsn) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = %s", (created[0],)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    before = index_scans()
+    # A store of its own: its backends report their statistics when they exit.
+    with Store.connect(fresh_dsn) as own:
+        own_mem = own.session(scope, embedder=embedder)
+        approximate = [h.record.text for h in own_mem.recall(query, top_k=10)]
+    deadline = time.monotonic() + 5
+    while index_scans() == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert index_scans() > before, "recall in the large scope used its HNSW index"
     assert exact[0] == approximate[0] == query
 
     # HNSW is approximate: its nearest ten are (nearly) as near as the exact ten.

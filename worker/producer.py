@@ -17,6 +17,7 @@ import redis
 
 from store import Operation, Scope
 from store.errors import EngramError
+from store.operations import plain_items
 
 from . import keys
 from .defaults import PARTITIONS, STREAM_MAX_LEN
@@ -184,8 +185,8 @@ class Producer:
                 "importance": importance,
                 "metadata": metadata,
                 "origin": origin,
-                "sources": _dicts(sources),
-                "links": _dicts(links),
+                "sources": plain_items(sources),
+                "links": plain_items(links),
                 "ttl_ms": ttl_ms,
                 "id": id,
             },
@@ -211,7 +212,7 @@ class Producer:
                 "messages": [dict(m) for m in messages],
                 "kind": kind,
                 "ttl_ms": ttl_ms,
-                "links": _dicts(links),
+                "links": plain_items(links),
                 "trusted_tools": list(trusted_tools or []) or None,
                 "infer": infer,
             },
@@ -241,7 +242,7 @@ class Producer:
                 "kind": kind,
                 "importance": importance,
                 "metadata": metadata,
-                "links": _dicts(links),
+                "links": plain_items(links),
                 "ttl_ms": ttl_ms,
                 "expected_revision": expected_revision,
             },
@@ -352,9 +353,3 @@ def _unavailable(op_id: str, stream: str, exc: redis.RedisError) -> QueueUnavail
         f"operation {op_id} may not have been enqueued on {stream}: "
         f"{type(exc).__name__}: {str(exc)[:200]}; retry with the same operation id"
     )
-
-
-def _dicts(items: Sequence[Any] | None) -> list[dict[str, Any]] | None:
-    if items is None:
-        return None
-    return [i.as_dict() if hasattr(i, "as_dict") else dict(i) for i in items]
