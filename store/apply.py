@@ -377,18 +377,24 @@ def _insert_rows(
     if not rows:
         return
     names = ", ".join(name for name, _ in columns)
+    # Binary parameters: vectors travel as packed floats and texts as they are, with
+    # no formatting or escaping of each element. An int4[] column travels as text
+    # literals (unnest would flatten a 2-D array); JSON as text, cast on the server.
     arrays = ", ".join(
-        # An int4[] column travels as text literals: unnest would flatten a 2-D array.
-        "%s::text[]" if kind.endswith("[]") else f"%s::{kind}[]"
+        "%b::text[]"
+        if kind.endswith("[]") or kind == "jsonb"
+        else "%b"
+        if kind == "vector"
+        else f"%b::{kind}[]"
         for _, kind in columns
     )
     casts = ", ".join(
-        f"c{i}::{kind}" if kind.endswith("[]") else f"c{i}" for i, (_, kind) in enumerate(columns)
+        f"c{i}::{kind}" if kind.endswith("[]") or kind == "jsonb" else f"c{i}"
+        for i, (_, kind) in enumerate(columns)
     )
     aliases = ", ".join(f"c{i}" for i in range(len(columns)))
     cur.execute(
         f"INSERT INTO {table} ({names}) SELECT {casts} FROM unnest({arrays}) AS t({aliases})",
-        # %b: binary parameters, so vectors travel as packed floats, texts unescaped.
         [list(column) for column in zip(*rows, strict=True)],
     )
 
