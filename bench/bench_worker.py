@@ -20,8 +20,8 @@ appears. Systems:
 For each: the maximum rate (the load is enqueued in bulk, 200 operations per
 round trip, while the consumer runs; ops/s = operations / (last answer - first
 enqueue)), latency p50/p99 at that rate (mostly queueing), then p50/p99 at
-half of it (operations enqueued one by one, paced at that rate). Prints a
-markdown table.
+half of it (operations enqueued one by one by 4 producer threads, paced
+together at that rate). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,8 @@ NAIVE_STREAM = "bench:naive"
 RQ_QUEUE = "bench"
 # Operations per round trip in the maximum-rate runs.
 BULK = 200
+# Threads enqueueing one operation at a time in the paced runs, each its share.
+PACED_PRODUCERS = 4
 PLAIN_TABLE = (
     "CREATE TABLE IF NOT EXISTS plain_memories (id text PRIMARY KEY, scope text NOT NULL,"
     " text text NOT NULL, embedding vector(256) NOT NULL)"
@@ -217,6 +220,26 @@ class Engram(System):
                     "ENGRAM_EMBEDDER": "wordllama",
                 },
             )
+        self._wait_balanced()
+
+    def _wait_balanced(self) -> None:
+        """Measure once the workers share the partitions evenly (not while they rebalance)."""
+        from worker.defaults import PARTITIONS
+        from worker.leases import Leases
+
+        leases = Leases(self.producer.client, ttl_ms=1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            holders = leases.holders(range(PARTITIONS)).values()
+            counts = Counter(h[0] for h in holders if h is not None)
+            if (
+                sum(counts.values()) == PARTITIONS
+                and len(counts) == self.workers
+                and max(counts.values()) - min(counts.values()) <= 1
+            ):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the engram workers did not share the partitions within 60 s")
 
     def enqueue(self, op_id: str, scope: dict[str, str], text: str) -> None:
         self.producer.remember(scope, text, operation_id=op_id)
@@ -378,13 +401,25 @@ def drive(
             system.enqueue_bulk(chunk)
             collector.sent.update((op_id, t) for op_id, _, _ in chunk)
     else:
-        for i, (op_id, scope, text) in enumerate(load):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            t = time.perf_counter()
-            system.enqueue(op_id, scope, text)
-            collector.sent[op_id] = t
+        # Several producers, as in production: one alone cannot enqueue one by one
+        # at these rates (each XADD waits for valkey's fsync).
+        def produce(first: int) -> None:
+            for i in range(first, len(load), PACED_PRODUCERS):
+                op_id, scope, text = load[i]
+                delay = start + i / rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                t = time.perf_counter()
+                system.enqueue(op_id, scope, text)
+                collector.sent[op_id] = t
+
+        producers = [
+            threading.Thread(target=produce, args=(k,), daemon=True) for k in range(PACED_PRODUCERS)
+        ]
+        for thread in producers:
+            thread.start()
+        for thread in producers:
+            thread.join()
     if not collector.done.wait(timeout=900):
         raise RuntimeError(f"{system.name}: {len(load) - len(collector.seen)} answers missing")
     collector.pubsub.close()

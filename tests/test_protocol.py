@@ -19,9 +19,9 @@ from store.errors import (
     RevisionConflictError,
 )
 from worker import keys, metrics
+from worker.consumer import unique_segments
 from worker.errors import DeadLetteredError, QueueFullError, WaitTimeout, error_from_dict
 from worker.membership import first_choice, share
-from worker.partition import unique_segments
 from worker.protocol import (
     Entry,
     Malformed,
@@ -218,8 +218,9 @@ def test_wait_timeout_is_both_an_engram_error_and_a_timeout() -> None:
 def test_unique_segments_cut_on_a_repeated_operation_id() -> None:
     a, b = op(text="a"), op(text="b")
     entries = [Entry("1", a), Entry("2", b), Entry("3", a), Entry("4", a)]
-    assert [[e.entry_id for e in s] for s in unique_segments(entries)] == [["1", "2"], ["3"], ["4"]]
-    assert unique_segments([]) == []
+    segments = unique_segments(entries, lambda e: e.operation.operation_id)
+    assert [[e.entry_id for e in s] for s in segments] == [["1", "2"], ["3"], ["4"]]
+    assert unique_segments([], str) == []
 
 
 @pytest.mark.parametrize(("workers", "partitions"), [(1, 16), (3, 16), (5, 16), (16, 4), (4, 4)])

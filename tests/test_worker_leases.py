@@ -11,8 +11,8 @@ import redis
 from store import Fence, HashingEmbedder, Store
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
 from worker import Producer, keys, metrics
+from worker.consumer import Consumer, Partition, Shared
 from worker.leases import Lease, Leases
-from worker.partition import PartitionRunner, Shared
 from worker.protocol import partition_of
 from worker.settings import WorkerConfig
 
@@ -46,11 +46,26 @@ def test_tokens_keep_growing_when_the_counter_is_lost(redis_client: redis.Redis)
     assert second is not None and second.token > first.token
 
 
-def _partition_worker(
-    store: Store, client: redis.Redis, token: int, embedder: Any, config: WorkerConfig = FAST
-) -> PartitionRunner:
-    shared = Shared(client, store, embedder, config, f"worker-{token}")
-    return PartitionRunner(shared, Lease(0, shared.worker_id, token), time.monotonic() + 60)
+def _consume(
+    store: Store,
+    client: redis.Redis,
+    token: int,
+    embedder: Any,
+    config: WorkerConfig,
+    valid_for_s: float = 60,
+) -> tuple[Consumer, Partition]:
+    """A consumer serving partition 0 under ``token``, started."""
+    consumer = Consumer(Shared(client, store, embedder, config, f"worker-{token}"))
+    partition = Partition(Lease(0, f"worker-{token}", token), time.monotonic() + valid_for_s)
+    consumer.add(partition)
+    consumer.start()
+    return consumer, partition
+
+
+def _stop(consumer: Consumer) -> None:
+    consumer.stop()
+    consumer.join(timeout=10)
+    assert not consumer.is_alive()
 
 
 def test_a_worker_with_an_older_token_commits_nothing(
@@ -68,10 +83,11 @@ def test_a_worker_with_an_older_token_commits_nothing(
             fresh_store.execute([], None, fence=Fence(keys.fence_name(0), 20))
             return super().embed(texts)
 
-    runner = _partition_worker(fresh_store, redis_client, 10, TakenOverWhileEmbedding(64), config)
-    runner.start()
-    runner.join(timeout=10)
-    assert not runner.is_alive() and runner.lost == "fenced"
+    consumer, partition = _consume(
+        fresh_store, redis_client, 10, TakenOverWhileEmbedding(64), config
+    )
+    assert partition.done.wait(10) and partition.lost == "fenced"
+    _stop(consumer)
     assert fresh_store.scope_revision({"user_id": "ada"}) == 0
     stream = keys.stream(0)
     assert redis_client.xpending(stream, keys.GROUP)["pending"] == 3  # not acknowledged
@@ -79,33 +95,30 @@ def test_a_worker_with_an_older_token_commits_nothing(
     assert producer.results(p.operation_id for p in pending) == {}
 
     # An even older holder is refused as soon as it starts.
-    stale = _partition_worker(fresh_store, redis_client, 5, HashingEmbedder(64), config)
-    stale.start()
-    stale.join(timeout=10)
-    assert stale.lost == "fenced"
+    stale, stale_partition = _consume(fresh_store, redis_client, 5, HashingEmbedder(64), config)
+    assert stale_partition.done.wait(10) and stale_partition.lost == "fenced"
+    _stop(stale)
 
     # The new owner claims the pending entries and commits them, in order.
-    owner = _partition_worker(fresh_store, redis_client, 20, HashingEmbedder(64), config)
-    owner.start()
+    owner, _ = _consume(fresh_store, redis_client, 20, HashingEmbedder(64), config)
     try:
         receipts = [p.wait(10) for p in pending]
     finally:
-        owner.request_stop()
-        owner.join(timeout=10)
+        _stop(owner)
     assert [r.scope_revision for r in receipts] == [1, 2, 3]
     assert redis_client.xpending(stream, keys.GROUP)["pending"] == 0
 
 
-def test_a_runner_past_its_lease_commits_nothing(
+def test_a_partition_past_its_lease_commits_nothing(
     fresh_store: Store, redis_client: redis.Redis
 ) -> None:
     config = WorkerConfig(partitions=1, block_ms=50, lease_ttl_ms=1000, lease_margin_ms=200)
     Producer(redis_client, partitions=1).remember({"user_id": "ada"}, "fact")
-    shared = Shared(redis_client, fresh_store, HashingEmbedder(64), config, "late")
-    runner = PartitionRunner(shared, Lease(0, "late", 7), valid_until=time.monotonic() - 1)
-    runner.start()
-    runner.join(timeout=10)
-    assert runner.lost == "lease_expired"
+    consumer, partition = _consume(
+        fresh_store, redis_client, 7, HashingEmbedder(64), config, valid_for_s=-1
+    )
+    assert partition.done.wait(10) and partition.lost == "lease_expired"
+    _stop(consumer)
     assert fresh_store.scope_revision({"user_id": "ada"}) == 0
 
 

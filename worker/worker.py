@@ -1,11 +1,11 @@
-"""``Worker``: owns a share of the partitions and runs one ``PartitionRunner`` per partition.
+"""``Worker``: owns a share of the partitions; its ``Consumer`` serves them all.
 
 Any number of workers, on any number of hosts, share the streams. Each tick
-(a fifth of the lease TTL) a worker beats, renews its leases, notices runners
-that stopped, and rebalances: above its share it releases partitions (their
-runners finish the batch in hand first), below it it takes free ones. A gone
-worker stops beating, so the others' shares grow and they take its partitions
-once its leases run out.
+(a fifth of the lease TTL) a worker beats, renews its leases, notices the
+partitions its consumer let go of, and rebalances: above its share it
+releases partitions (the consumer finishes the cycle in hand first), below it
+it takes free ones. A gone worker stops beating, so the others' shares grow
+and they take its partitions once its leases run out.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import redis
 from store import Embedder, Store
 
 from . import metrics
+from .consumer import Consumer, Partition, Shared
 from .leases import Lease, Leases
 from .membership import Membership, first_choice, new_worker_id, share
-from .partition import PartitionRunner, Shared
 from .settings import WorkerConfig
 
 log = logging.getLogger(__name__)
 
-# How long a stopping worker waits for its runners to finish their batches.
+# How long a stopping worker waits for its consumer to finish the cycle in hand.
 STOP_TIMEOUT_S = 60.0
 
 
@@ -47,14 +47,15 @@ class Worker:
         self.shared = Shared(client, store, embedder, self.config, self.worker_id)
         self.leases = Leases(client, ttl_ms=self.config.lease_ttl_ms)
         self.membership = Membership(client, self.worker_id, ttl_ms=self.config.lease_ttl_ms)
-        self.runners: dict[int, PartitionRunner] = {}
+        self.held: dict[int, Partition] = {}
+        self.consumer = Consumer(self.shared)
         self._stop = threading.Event()
         self._redis_down_since: float | None = None
 
     @property
     def partitions(self) -> list[int]:
         """The partitions this worker holds now (including ones it is releasing)."""
-        return sorted(self.runners)
+        return sorted(self.held)
 
     def stop(self) -> None:
         """Ask the worker to finish its batches, release its partitions and return from ``run``."""
@@ -76,13 +77,13 @@ class Worker:
         try:
             self._renew()
             self._reap()
-            live = self.membership.beat(self.runners)
+            live = self.membership.beat(self.held)
             self._rebalance(live)
             if self._redis_down_since is not None:
                 log.info("redis reachable again", extra={"worker": self.worker_id})
                 self._redis_down_since = None
         except redis.RedisError as exc:
-            # The runners stop committing when their leases run out; nothing to do but wait.
+            # The consumer commits nothing once the leases run out; nothing to do but wait.
             if self._redis_down_since is None:
                 self._redis_down_since = time.monotonic()
                 log.warning(
@@ -93,52 +94,57 @@ class Worker:
     # -- leases ----------------------------------------------------------------------
 
     def _renew(self) -> None:
-        held = [r for r in self.runners.values() if r.lost is None]
+        held = [p for p in self.held.values() if p.lost is None]
         if not held:
             return
         sent = time.monotonic()
-        renewed = self.leases.renew([r.lease for r in held])
+        renewed = self.leases.renew([p.lease for p in held])
         valid_until = sent + (self.config.lease_ttl_ms - self.config.lease_margin_ms) / 1000
-        for runner, ok in zip(held, renewed, strict=True):
+        for p, ok in zip(held, renewed, strict=True):
             if ok:
-                runner.valid_until = valid_until
+                p.valid_until = valid_until
             else:
-                log.warning(
-                    "lease lost", extra={"worker": self.worker_id, "partition": runner.partition}
-                )
-                runner.lose("lease_lost")
+                log.warning("lease lost", extra={"worker": self.worker_id, "partition": p.number})
+                p.lose("lease_lost")
 
     def _reap(self) -> None:
-        """Forget runners that have stopped; give back their leases if still held."""
-        for partition, runner in list(self.runners.items()):
-            if runner.is_alive():
+        """Forget the partitions the consumer let go of; give back their leases if still
+        held. A consumer that died (it logged why) lets go of everything and is replaced."""
+        if self.consumer.ident is not None and not self.consumer.is_alive():
+            for p in self.held.values():
+                if not p.done.is_set():
+                    p.lose("crashed")
+                    p.done.set()
+            self.consumer = Consumer(self.shared)
+        for number, p in list(self.held.items()):
+            if not p.done.is_set():
                 continue
-            del self.runners[partition]
-            self.leases.release([runner.lease])
-            if runner.lost is not None:
-                metrics.record_partition_event(self.client, self.worker_id, "lost", runner.lost)
+            del self.held[number]
+            self.leases.release([p.lease])
+            if p.lost is not None:
+                metrics.record_partition_event(self.client, self.worker_id, "lost", p.lost)
             log.info(
                 "partition released",
-                extra={"worker": self.worker_id, "partition": partition, "lost": runner.lost},
+                extra={"worker": self.worker_id, "partition": number, "lost": p.lost},
             )
 
     def _rebalance(self, live: list[str]) -> None:
         wanted = share(self.worker_id, live, self.config.partitions)
-        active = sorted(p for p, r in self.runners.items() if not r.stopping)
+        active = sorted(n for n, p in self.held.items() if not p.stopping)
         if len(active) > wanted:
-            for partition in active[wanted:]:
-                self.runners[partition].request_stop()
+            for number in active[wanted:]:
+                self.held[number].release_requested = True
             return
-        if len(active) == wanted or any(r.stopping for r in self.runners.values()):
+        if len(active) == wanted or any(p.stopping for p in self.held.values()):
             return  # wait for releases to finish before taking more
         count = self.config.partitions
         start = first_choice(self.worker_id, live, count)
         candidates = [(start + i) % count for i in range(count)]
-        holders = self.leases.holders(p for p in candidates if p not in self.runners)
+        holders = self.leases.holders(p for p in candidates if p not in self.held)
         for partition in candidates:
-            if len(self.runners) >= wanted:
+            if len(self.held) >= wanted:
                 break
-            if partition in self.runners or holders.get(partition) is not None:
+            if partition in self.held or holders.get(partition) is not None:
                 continue
             self._take(partition)
 
@@ -148,9 +154,10 @@ class Worker:
         if lease is None:
             return
         valid_until = sent + (self.config.lease_ttl_ms - self.config.lease_margin_ms) / 1000
-        runner = PartitionRunner(self.shared, lease, valid_until)
-        self.runners[partition] = runner
-        runner.start()
+        self.held[partition] = p = Partition(lease, valid_until)
+        self.consumer.add(p)
+        if self.consumer.ident is None:
+            self.consumer.start()
         metrics.record_partition_event(self.client, self.worker_id, "acquired")
         log.info(
             "partition acquired",
@@ -160,16 +167,14 @@ class Worker:
     # -- stopping --------------------------------------------------------------------
 
     def _shutdown(self) -> None:
-        for runner in self.runners.values():
-            runner.request_stop()
+        self.consumer.stop()
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        while any(r.is_alive() for r in self.runners.values()) and time.monotonic() < deadline:
-            # Keep the leases while the batches in hand finish.
+        while self.consumer.is_alive() and time.monotonic() < deadline:
+            # Keep the leases while the cycle in hand finishes.
             with contextlib.suppress(redis.RedisError):
                 self._renew()
-            for runner in self.runners.values():
-                runner.join(timeout=0.1)
-        held: list[Lease] = [r.lease for r in self.runners.values() if not r.is_alive()]
+            self.consumer.join(timeout=0.1)
+        held: list[Lease] = [p.lease for p in self.held.values() if p.done.is_set()]
         try:
             self.leases.release(held)
             self.membership.leave()
@@ -178,4 +183,4 @@ class Worker:
                 "could not release leases",
                 extra={"worker": self.worker_id, "error": type(exc).__name__},
             )
-        self.runners.clear()
+        self.held.clear()

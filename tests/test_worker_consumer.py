@@ -1,0 +1,142 @@
+"""One consumer serves all of a worker's partitions: what one cycle reads from
+several partitions is one commit, and a refused fence fails only its partition."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from store import Fence, HashingEmbedder, Store
+from tests.helpers import CountingEmbedder
+from tests.redis_fixtures import wait_until
+from worker import Producer, keys, metrics
+from worker.consumer import Consumer, Partition, Shared
+from worker.leases import Lease
+from worker.protocol import partition_of
+from worker.settings import WorkerConfig
+
+CONFIG = WorkerConfig(partitions=3, block_ms=50, lease_ttl_ms=1000, lease_margin_ms=200)
+
+
+def _scope_in(partition: int) -> dict[str, str]:
+    return next(
+        {"user_id": f"u{i}"}
+        for i in range(1000)
+        if partition_of({"user_id": f"u{i}"}, CONFIG.partitions) == partition
+    )
+
+
+def _consumer(
+    store: Store, client: redis.Redis, embedder: Any, tokens: dict[int, int]
+) -> tuple[Consumer, dict[int, Partition]]:
+    consumer = Consumer(Shared(client, store, embedder, CONFIG, "w"))
+    held = {n: Partition(Lease(n, "w", t), time.monotonic() + 60) for n, t in tokens.items()}
+    for p in held.values():
+        consumer.add(p)
+    return consumer, held
+
+
+def _enqueue(producer: Producer, counts: dict[int, int]) -> dict[int, list[Any]]:
+    return {
+        n: [producer.remember(_scope_in(n), f"fact {n}.{i}") for i in range(k)]
+        for n, k in counts.items()
+    }
+
+
+def test_partitions_read_in_one_cycle_share_one_commit(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
+    producer = Producer(redis_client, partitions=CONFIG.partitions)
+    pending = _enqueue(producer, {0: 2, 1: 3, 2: 1})
+    embedder = CountingEmbedder(HashingEmbedder(32))
+    consumer, _ = _consumer(fresh_store, redis_client, embedder, {0: 1, 1: 1, 2: 1})
+    consumer.start()
+    try:
+        for waits in pending.values():
+            assert [w.wait(10).scope_revision for w in waits] == list(range(1, len(waits) + 1))
+    finally:
+        consumer.stop()
+        consumer.join(10)
+    # One embedding call, so one store.execute, for the six operations of three streams.
+    assert embedder.calls == 1 and len(embedder.texts) == 6
+    counters = metrics.read_counters(redis_client)
+    assert counters["batch_size_count"] == 1 and counters["batch_size_sum"] == 6
+    assert not consumer.is_alive()
+
+
+def test_a_stale_fence_at_the_start_fails_only_its_partition(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
+    fresh_store.execute([], fence=Fence(keys.fence_name(2), 10))  # a newer holder of 2
+    producer = Producer(redis_client, partitions=CONFIG.partitions)
+    pending = _enqueue(producer, {0: 1, 1: 2, 2: 2})
+    consumer, held = _consumer(fresh_store, redis_client, HashingEmbedder(32), {0: 1, 1: 1, 2: 5})
+    consumer.start()
+    try:
+        assert held[2].done.wait(10) and held[2].lost == "fenced"
+        assert [w.wait(10).scope_revision for w in pending[1]] == [1, 2]
+        assert pending[0][0].wait(10).scope_revision == 1
+    finally:
+        consumer.stop()
+        consumer.join(10)
+    assert fresh_store.scope_revision(_scope_in(2)) == 0
+    # Partition 2's entries were never read: they wait for its owner.
+    assert redis_client.xlen(keys.stream(2)) == 2
+    assert producer.results(w.operation_id for w in pending[2]) == {}
+    assert held[0].lost is None and held[1].lost is None
+
+
+def test_a_fence_raised_during_a_commit_fails_only_its_partition(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
+    """Partition 1 is taken over while the merged batch is being embedded: the commit
+    is refused, partition 1's entries stay pending and the others commit without it."""
+
+    class TakenOverWhileEmbedding(HashingEmbedder):
+        calls = 0
+
+        def embed(self, texts: Sequence[str]) -> Any:
+            self.calls += 1
+            if self.calls == 1:
+                fresh_store.execute([], fence=Fence(keys.fence_name(1), 20))
+            return super().embed(texts)
+
+    producer = Producer(redis_client, partitions=CONFIG.partitions)
+    pending = _enqueue(producer, {0: 2, 1: 2})
+    embedder = TakenOverWhileEmbedding(32)
+    consumer, held = _consumer(fresh_store, redis_client, embedder, {0: 1, 1: 1})
+    consumer.start()
+    try:
+        assert [w.wait(10).scope_revision for w in pending[0]] == [1, 2]
+        assert held[1].done.wait(10) and held[1].lost == "fenced"
+    finally:
+        consumer.stop()
+        consumer.join(10)
+    assert embedder.calls == 2  # the merged batch, then partition 0's alone
+    assert fresh_store.scope_revision(_scope_in(1)) == 0
+    assert redis_client.xpending(keys.stream(1), keys.GROUP)["pending"] == 2
+    assert redis_client.xpending(keys.stream(0), keys.GROUP)["pending"] == 0
+    assert metrics.read_counters(redis_client)["commits_fenced_total"] == 1
+
+
+def test_a_released_partition_is_let_go_between_cycles(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
+    producer = Producer(redis_client, partitions=CONFIG.partitions)
+    consumer, held = _consumer(fresh_store, redis_client, HashingEmbedder(32), {0: 1, 1: 1})
+    consumer.start()
+    try:
+        assert _enqueue(producer, {1: 1})[1][0].wait(10).scope_revision == 1
+        held[1].release_requested = True
+        assert held[1].done.wait(10) and held[1].lost is None
+        late = _enqueue(producer, {0: 1, 1: 1})
+        assert late[0][0].wait(10).scope_revision == 1
+        time.sleep(0.3)  # a few cycles: partition 1 is not read any more
+        assert redis_client.xlen(keys.stream(1)) == 1
+    finally:
+        consumer.stop()
+        consumer.join(10)
+    wait_until(lambda: held[0].done.is_set(), what="partition 0 let go on stop")

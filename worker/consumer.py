@@ -1,0 +1,591 @@
+"""The partitions a worker owns, consumed by one loop: read, commit, reply, acknowledge.
+
+A worker holds a share of the partitions (``Partition``: its lease, its fence,
+where it stands). One ``Consumer`` thread serves all of them, in cycles:
+
+1. a partition just taken first raises its fence in the store (from then on,
+   commits of any earlier holder are refused), then claims (``XAUTOCLAIM``)
+   the entries earlier holders read but never acknowledged, in stream order;
+2. every other partition is read with one ``XREADGROUP`` over all their
+   streams, which blocks until one of them has work;
+3. what the cycle read is checked (a malformed entry, or one delivered too
+   often, goes to the dead letters) and committed with one ``store.execute``
+   carrying every partition's fence: one embedding call and one transaction,
+   each operation still with its own receipt and scope revision;
+4. one Redis pipeline writes the replies, the dead letters and the counters,
+   and acknowledges (and deletes) the entries.
+
+The batch grows with the load: whatever arrives while a cycle commits is read
+by the next one. Partitions never share a scope and each partition's entries
+keep their stream order within and across cycles, so every scope's operations
+commit in the order they were enqueued. Delivery is at least once; the
+receipts make a redelivered operation a replay.
+
+If the store refuses a fence, that partition is lost: its entries are neither
+answered nor acknowledged (its new owner claims them) and the rest of the
+batch is committed without it. The worker's own thread (``worker.Worker``)
+renews the leases and takes or releases partitions between cycles.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+import redis
+
+from store import Embedder, Fence, Store
+from store.errors import EngramError, FencedError
+
+from . import deadletters, keys
+from .defaults import BACKOFF_MAX_S, BACKOFF_MIN_S
+from .errors import DeadLetteredError
+from .leases import Lease
+from .metrics import BatchStats, record_batch
+from .protocol import OP_FIELD, Entry, Malformed, Outcome, decode_entry, encode_reply
+from .settings import WorkerConfig
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Failures that pass: the batch in hand is kept and tried again after a pause.
+TRANSIENT_DB = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
+TRANSIENT_REDIS = (redis.ConnectionError, redis.TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What a worker's consumer works with."""
+
+    client: redis.Redis
+    store: Store
+    embedder: Embedder | None
+    config: WorkerConfig
+    worker_id: str
+
+
+@dataclass(eq=False)
+class Partition:
+    """One partition a worker holds: its lease and how far its consumer got with it."""
+
+    lease: Lease
+    # Monotonic time after which nothing is committed for it; the worker moves it on
+    # at each renewal. The fence, not this, is what makes it safe.
+    valid_until: float
+    lost: str | None = None
+    release_requested: bool = False
+    # Set by the consumer once it has let go: nothing more is committed or acknowledged.
+    done: threading.Event = field(default_factory=threading.Event)
+    # Until the fence is raised, nothing is read; until the entries left pending are
+    # claimed (cursor back to 0-0), no new entry is.
+    fenced: bool = False
+    draining: bool = True
+    cursor: str = "0-0"
+
+    @property
+    def number(self) -> int:
+        return self.lease.partition
+
+    @property
+    def stream(self) -> str:
+        return keys.stream(self.lease.partition)
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(keys.fence_name(self.lease.partition), self.lease.token)
+
+    @property
+    def stopping(self) -> bool:
+        return self.release_requested or self.lost is not None
+
+    def lose(self, reason: str) -> None:
+        """Commit nothing more for it: the lease ran out, or the store refused the fence."""
+        self.valid_until = 0.0
+        if self.lost is None:
+            self.lost = reason
+
+    def ids(self) -> dict[str, Any]:
+        return {"partition": self.number, "token": self.lease.token}
+
+
+@dataclass(frozen=True, slots=True)
+class _Dead:
+    partition: Partition
+    entry_id: str
+    operation_id: str | None
+    raw: str | None
+    reason: str
+    error: EngramError
+    deliveries: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """Entries read from one partition in a cycle, with their delivery counts when claimed."""
+
+    partition: Partition
+    entries: list[Any]
+    deliveries: dict[str, int]
+
+
+Item = tuple[Partition, Entry]
+
+
+class _Stopping(Exception):
+    """Asked to stop while waiting out a failure: the batch stays pending for the next owner."""
+
+
+class _Unappliable(Exception):
+    """``store.execute`` raised something that is neither a passing failure nor a fence."""
+
+
+def unique_segments(items: Sequence[T], operation_id: Callable[[T], str]) -> list[list[T]]:
+    """Cut a batch where an operation id repeats: the store sees each id once per call."""
+    segments: list[list[T]] = [[]]
+    seen: set[str] = set()
+    for item in items:
+        op_id = operation_id(item)
+        if op_id in seen:
+            segments.append([])
+            seen.clear()
+        segments[-1].append(item)
+        seen.add(op_id)
+    return [s for s in segments if s]
+
+
+class Consumer(threading.Thread):
+    def __init__(self, shared: Shared) -> None:
+        super().__init__(name=f"engram-consumer-{shared.worker_id}", daemon=True)
+        self.shared = shared
+        self._lock = threading.Lock()
+        self._partitions: dict[int, Partition] = {}
+        self._stop_requested = threading.Event()
+
+    def add(self, partition: Partition) -> None:
+        """Serve ``partition`` from the next cycle on."""
+        with self._lock:
+            self._partitions[partition.number] = partition
+
+    def stop(self) -> None:
+        """Finish the cycle in hand, then let go of every partition and return."""
+        self._stop_requested.set()
+
+    def run(self) -> None:
+        try:
+            while True:
+                active = self._settle()
+                if self._stop_requested.is_set():
+                    break
+                if active:
+                    self._cycle(active)
+                else:
+                    self._stop_requested.wait(self.shared.config.block_ms / 1000)
+        except _Stopping:
+            pass
+        except Exception as exc:
+            # The frames, not the message: a database error's message may quote data.
+            log.error(
+                "consumer crashed",
+                extra={
+                    "worker": self.shared.worker_id,
+                    "error": type(exc).__name__,
+                    "where": "".join(traceback.format_tb(exc.__traceback__))[-2000:],
+                },
+            )
+            for p in self._snapshot():
+                p.lose("crashed")
+        finally:
+            for p in self._snapshot():
+                p.done.set()
+            with self._lock:
+                self._partitions.clear()
+
+    def _snapshot(self) -> list[Partition]:
+        with self._lock:
+            return sorted(self._partitions.values(), key=lambda p: p.number)
+
+    def _settle(self) -> list[Partition]:
+        """Let go of the partitions lost or being released; the others are served."""
+        active = []
+        for p in self._snapshot():
+            if p.stopping:
+                if p.lost is not None:
+                    log.warning("partition lost", extra={**p.ids(), "reason": p.lost})
+                with self._lock:
+                    del self._partitions[p.number]
+                p.done.set()
+            else:
+                active.append(p)
+        return active
+
+    # -- one cycle -------------------------------------------------------------------
+
+    def _cycle(self, active: list[Partition]) -> None:
+        started = time.monotonic()
+        self._raise_fences([p for p in active if not p.fenced])
+        ready = [p for p in active if p.fenced and p.lost is None]
+        reads = [r for p in ready if p.draining for r in self._claim(p)]
+        reading = [p for p in ready if not p.draining and p not in {r.partition for r in reads}]
+        if reading:
+            # Entries claimed are in hand: then only look, do not wait.
+            reads += self._read_new(reading, block=not reads)
+        if reads:
+            self._handle(reads, started)
+
+    def _raise_fences(self, new: list[Partition]) -> None:
+        """From this commit on, earlier holders of these partitions can commit nothing."""
+        for p in new:
+            self._redis(partial(_create_group, self.shared.client, p.stream))
+        self._execute(new, [])
+        for p in new:
+            p.fenced = p.lost is None
+
+    def _claim(self, p: Partition) -> list[_Read]:
+        """The next entries left pending on ``p`` (by anyone), in stream order."""
+        client, cfg, me = self.shared.client, self.shared.config, self.shared.worker_id
+        cursor, entries, deleted = self._redis(
+            partial(
+                client.xautoclaim,
+                p.stream,
+                keys.GROUP,
+                me,
+                0,
+                start_id=p.cursor,
+                count=cfg.batch_size,
+            )
+        )
+        p.cursor = _s(cursor)
+        p.draining = p.cursor != "0-0"
+        if deleted:
+            self._redis(partial(client.xack, p.stream, keys.GROUP, *deleted))
+        if not entries:
+            return []
+        pending = self._redis(
+            partial(
+                client.xpending_range,
+                p.stream,
+                keys.GROUP,
+                min=entries[0][0],
+                max=entries[-1][0],
+                count=len(entries),
+                consumername=me,
+            )
+        )
+        deliveries = {_s(x["message_id"]): int(x["times_delivered"]) for x in pending}
+        return [_Read(p, list(entries), deliveries)]
+
+    def _read_new(self, partitions: list[Partition], *, block: bool) -> list[_Read]:
+        cfg = self.shared.config
+        try:
+            reply = self.shared.client.xreadgroup(
+                keys.GROUP,
+                self.shared.worker_id,
+                {p.stream: ">" for p in partitions},
+                count=cfg.batch_size,
+                block=cfg.block_ms if block else None,
+            )
+        except TRANSIENT_REDIS as exc:
+            # Entries Redis delivered may not have reached us: they stay pending to
+            # this consumer, so claim them again before reading past them.
+            for p in partitions:
+                p.draining, p.cursor = True, "0-0"
+            log.warning(
+                "redis unavailable, will retry",
+                extra={"worker": self.shared.worker_id, "error": type(exc).__name__},
+            )
+            self._backoff(BACKOFF_MIN_S)
+            return []
+        by_stream = _by_stream(reply)
+        return [
+            _Read(p, entries, {})
+            for p in partitions
+            if (entries := by_stream.get(p.stream.encode(), by_stream.get(p.stream)))
+        ]
+
+    def _handle(self, reads: list[_Read], started: float) -> None:
+        cfg = self.shared.config
+        dead: list[_Dead] = []
+        good: list[Item] = []
+        # By (partition, entry id): two streams may give out the same entry id.
+        raws: dict[tuple[int, str], str | None] = {}
+        error: EngramError
+        for read in reads:
+            p = read.partition
+            for raw_id, fields in read.entries:
+                item = decode_entry(
+                    raw_id, fields or {}, partition=p.number, partitions=cfg.partitions
+                )
+                count = read.deliveries.get(item.entry_id, 1)
+                if isinstance(item, Malformed):
+                    reason, op_id, raw, error = (
+                        deadletters.MALFORMED,
+                        item.operation_id,
+                        item.raw,
+                        item.error,
+                    )
+                elif count > cfg.max_deliveries:
+                    op_id = item.operation.operation_id
+                    reason, raw = deadletters.DELIVERIES, _raw(fields)
+                    error = DeadLetteredError(
+                        f"operation {op_id} was delivered {count} times without being committed"
+                    )
+                else:
+                    good.append((p, item))
+                    raws[p.number, item.entry_id] = _raw(fields)
+                    continue
+                dead.append(_Dead(p, item.entry_id, op_id, raw, reason, error, count))
+        outcomes, failed = self._commit(good)
+        deliveries = {
+            (r.partition.number, eid): n for r in reads for eid, n in r.deliveries.items()
+        }
+        for p, entry, raised in failed:
+            key = (p.number, entry.entry_id)
+            op_id = entry.operation.operation_id
+            dead.append(
+                _Dead(
+                    p,
+                    entry.entry_id,
+                    op_id,
+                    raws.get(key),
+                    deadletters.FAILED,
+                    DeadLetteredError(f"operation {op_id} could not be applied ({raised})"),
+                    deliveries.get(key, 1),
+                )
+            )
+        self._finish(reads, outcomes, dead, started)
+
+    # -- committing ------------------------------------------------------------------
+
+    def _commit(
+        self, good: list[Item]
+    ) -> tuple[list[tuple[Item, Outcome]], list[tuple[Partition, Entry, str]]]:
+        """The outcomes, and the entries no commit could take (with what was raised)."""
+        outcomes: list[tuple[Item, Outcome]] = []
+        failed: list[tuple[Partition, Entry, str]] = []
+        for segment in unique_segments(good, lambda item: item[1].operation.operation_id):
+            try:
+                outcomes += self._execute(_partitions_of(segment), segment)
+                continue
+            except _Unappliable:
+                pass
+            # Something in the batch breaks it: commit one by one to find it.
+            for item in segment:
+                try:
+                    outcomes += self._execute([item[0]], [item])
+                except _Unappliable as exc:
+                    failed.append((item[0], item[1], str(exc)))
+        return outcomes, failed
+
+    def _execute(
+        self, partitions: list[Partition], items: list[Item]
+    ) -> list[tuple[Item, Outcome]]:
+        """Commit ``items`` under the fences of ``partitions``; the items of a partition
+        lost on the way are left out (neither answered nor acknowledged)."""
+        delay = BACKOFF_MIN_S
+        while True:
+            now = time.monotonic()
+            for p in partitions:
+                if p.lost is None and now > p.valid_until:
+                    p.lose("lease_expired")
+            partitions = [p for p in partitions if p.lost is None]
+            items = [item for item in items if item[0].lost is None]
+            if not partitions:
+                return []
+            try:
+                results = self.shared.store.execute(
+                    [entry.operation for _, entry in items],
+                    self.shared.embedder,
+                    fence=[p.fence for p in partitions],
+                    stream_entries={e.operation.operation_id: e.entry_id for _, e in items},
+                )
+                return list(zip(items, results, strict=True))
+            except FencedError as exc:
+                stale = [p for p in partitions if p.fence.name in exc.fences] or partitions
+                for p in stale:
+                    p.lose("fenced")
+                self._count_fenced(len(stale))
+            except TRANSIENT_DB as exc:
+                log.warning(
+                    "database unavailable, will retry",
+                    extra={
+                        "worker": self.shared.worker_id,
+                        "error": type(exc).__name__,
+                        "entries": len(items),
+                        "retry_in_s": delay,
+                    },
+                )
+                self._backoff(delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)
+            except Exception as exc:
+                raise _Unappliable(type(exc).__name__) from exc
+
+    # -- answering -------------------------------------------------------------------
+
+    def _finish(
+        self,
+        reads: list[_Read],
+        outcomes: list[tuple[Item, Outcome]],
+        dead: list[_Dead],
+        started: float,
+    ) -> None:
+        """Replies, dead letters, counters and the acknowledgements, in one pipeline.
+
+        Every entry of a partition still held is acknowledged: committed, refused
+        with a typed error, or dead-lettered. A lost partition's are left pending,
+        except those committed before it was lost (their receipts answer a replay)."""
+        shared = self.shared
+        dead = [d for d in dead if d.partition.lost is None]
+        done: dict[Partition, list[str]] = {}
+        for read in reads:
+            if read.partition.lost is None:
+                done[read.partition] = [_s(e[0]) for e in read.entries]
+        for (p, entry), _ in outcomes:
+            if p.lost is not None:
+                done.setdefault(p, []).append(entry.entry_id)
+        stats = BatchStats(entries=sum(len(ids) for ids in done.values()))
+        for _, outcome in outcomes:
+            if isinstance(outcome, EngramError):
+                stats.failed[outcome.code] += 1
+            elif outcome.replayed:
+                stats.replayed += 1
+            else:
+                stats.committed += 1
+        for d in dead:
+            stats.dead[d.reason] += 1
+            log.warning(
+                "entry dead-lettered",
+                extra={
+                    **d.partition.ids(),
+                    "entry": d.entry_id,
+                    "operation_id": d.operation_id,
+                    "reason": d.reason,
+                    "code": d.error.code,
+                    "deliveries": d.deliveries,
+                },
+            )
+        stats.seconds = time.monotonic() - started
+        ttl = shared.config.reply_ttl_s
+
+        def send() -> None:
+            pipe = shared.client.pipeline(transaction=False)
+            for (_, entry), outcome in outcomes:
+                _reply(
+                    pipe, entry.operation.operation_id, encode_reply(outcome, entry.entry_id), ttl
+                )
+            for d in dead:
+                deadletters.add(
+                    pipe,
+                    partition=d.partition.number,
+                    entry_id=d.entry_id,
+                    operation_id=d.operation_id,
+                    raw=d.raw,
+                    reason=d.reason,
+                    error=d.error,
+                    deliveries=d.deliveries,
+                )
+                if d.operation_id is not None:
+                    _reply(pipe, d.operation_id, encode_reply(d.error, d.entry_id), ttl)
+            for p, entry_ids in done.items():
+                if entry_ids:
+                    pipe.xack(p.stream, keys.GROUP, *entry_ids)
+                    # Acknowledged entries are deleted: the stream holds only work to
+                    # do, and no memory text lingers in Redis after its commit.
+                    pipe.xdel(p.stream, *entry_ids)
+            record_batch(pipe, stats, shared.worker_id)
+            pipe.execute()
+
+        self._redis(send)
+        log.debug(
+            "batch done",
+            extra={
+                "worker": shared.worker_id,
+                "partitions": len(done),
+                "entries": stats.entries,
+                "committed": stats.committed,
+                "replayed": stats.replayed,
+                "failed": sum(stats.failed.values()),
+                "dead_lettered": len(dead),
+                "ms": round(stats.seconds * 1000, 1),
+            },
+        )
+
+    # -- failures --------------------------------------------------------------------
+
+    def _count_fenced(self, partitions: int) -> None:
+        """The store refused a commit of ours: worth a counter of its own, best effort."""
+        try:
+            pipe = self.shared.client.pipeline(transaction=False)
+            pipe.hincrby(keys.METRICS, "commits_fenced_total", partitions)
+            pipe.hincrby(keys.worker(self.shared.worker_id), "fenced", partitions)
+            pipe.execute()
+        except redis.RedisError:
+            pass
+
+    def _redis(self, call: Callable[[], T]) -> T:
+        delay = BACKOFF_MIN_S
+        while True:
+            try:
+                return call()
+            except TRANSIENT_REDIS as exc:
+                log.warning(
+                    "redis unavailable, will retry",
+                    extra={
+                        "worker": self.shared.worker_id,
+                        "error": type(exc).__name__,
+                        "retry_in_s": delay,
+                    },
+                )
+                self._backoff(delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)
+
+    def _backoff(self, delay_s: float) -> None:
+        if self._stop_requested.wait(delay_s):
+            raise _Stopping
+
+
+def _partitions_of(items: list[Item]) -> list[Partition]:
+    return list({id(p): p for p, _ in items}.values())
+
+
+def _create_group(client: redis.Redis, stream: str) -> None:
+    try:
+        client.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def _by_stream(reply: Any) -> dict[Any, list[Any]]:
+    """XREADGROUP's answer by stream name, whichever shape redis-py gives it."""
+    if not reply:
+        return {}
+    if isinstance(reply, dict):  # RESP3: {stream: [[(id, fields), ...]]}
+        return {k: v[0] if v and isinstance(v[0], list) else v for k, v in reply.items()}
+    return {stream: list(entries) for stream, entries in reply}
+
+
+def _reply(pipe: Any, operation_id: str, body: str, ttl_s: int) -> None:
+    # One element at most: a redelivered operation's reply replaces the first.
+    key = keys.reply(operation_id)
+    pipe.delete(key)
+    pipe.rpush(key, body)
+    pipe.expire(key, ttl_s)
+
+
+def _raw(fields: Any) -> str | None:
+    if not fields:
+        return None
+    value = fields.get(OP_FIELD.encode(), fields.get(OP_FIELD))
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
