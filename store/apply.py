@@ -1,12 +1,15 @@
-"""Applying plans: load the state a batch names, then write every scope's plan
-with one set-based statement per table (COPY for the inserts). Runs inside the
-writer's transaction; the number of round trips does not grow with the number
-of scopes or operations in the batch."""
+"""Applying plans: load the state a batch names, then write every scope's plan.
+
+Runs inside the writer's transaction. The writes of a batch are one statement
+(a data-modifying CTE per table, each fed by arrays sent as binary
+parameters), preceded only by the deletes a forget, a new text or new links
+need. So neither the number of statements nor of round trips grows with the
+number of scopes or operations in the batch."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -145,8 +148,10 @@ def _current(row: Sequence[Any]) -> Current:
 
 # -- writing ---------------------------------------------------------------------------
 
-# Each table's insert: (column, PostgreSQL type) in the order rows are built.
-REVISION_INSERT = (
+Columns = tuple[tuple[str, str], ...]
+
+# Each table's rows: (column, PostgreSQL type) in the order rows are built.
+REVISION_INSERT: Columns = (
     ("record_id", "text"),
     ("revision", "int4"),
     ("scope_id", "int8"),
@@ -164,7 +169,7 @@ REVISION_INSERT = (
     ("expires_at", "timestamptz"),
     ("current", "bool"),
 )
-RECORD_INSERT = (
+RECORD_INSERT: Columns = (
     ("id", "text"),
     ("scope_id", "int8"),
     ("revision", "int4"),
@@ -174,7 +179,7 @@ RECORD_INSERT = (
     ("created_at", "timestamptz"),
     ("updated_at", "timestamptz"),
 )
-VECTOR_INSERT = (
+VECTOR_INSERT: Columns = (
     ("generation_id", "int4"),
     ("record_id", "text"),
     ("scope_id", "int8"),
@@ -185,7 +190,7 @@ VECTOR_INSERT = (
     ("expires_at", "timestamptz"),
     ("embedding", "vector"),
 )
-RECEIPT_INSERT = (
+RECEIPT_INSERT: Columns = (
     ("operation_id", "text"),
     ("scope_id", "int8"),
     ("kind", "text"),
@@ -200,24 +205,100 @@ RECEIPT_INSERT = (
     ("stream_entry", "text"),
     ("error", "jsonb"),
 )
-RECEIPT_RECORD_INSERT = (
+RECEIPT_RECORD_INSERT: Columns = (
     ("operation_id", "text"),
     ("record_id", "text"),
     ("revision", "int4"),
     ("status", "text"),
 )
-TOMBSTONE_INSERT = (
+TOMBSTONE_INSERT: Columns = (
     ("record_id", "text"),
     ("scope_id", "int8"),
     ("forgotten_at", "timestamptz"),
     ("operation_id", "text"),
 )
-LINK_INSERT = (
+LINK_INSERT: Columns = (
     ("scope_id", "int8"),
     ("record_id", "text"),
     ("relation", "text"),
     ("target_id", "text"),
 )
+# The updates: the new values first, then the columns that find the row.
+RECORD_UPDATE: Columns = (
+    ("revision", "int4"),
+    ("status", "text"),
+    ("kind", "text"),
+    ("expires_at", "timestamptz"),
+    ("id", "text"),
+    ("scope_id", "int8"),
+)
+SUPERSEDED: Columns = (("record_id", "text"), ("revision", "int4"))
+VECTOR_UPDATE: Columns = (
+    ("revision", "int4"),
+    ("status", "text"),
+    ("kind", "text"),
+    ("expires_at", "timestamptz"),
+    ("record_id", "text"),
+    ("digest", "text"),
+)
+SCOPE_UPDATE: Columns = (("revision", "int8"), ("id", "int8"))
+
+
+def _rows_of(columns: Columns) -> str:
+    """``unnest`` over one array parameter per column, as rows with those names.
+
+    Parameters are binary: vectors travel as packed floats and texts as they
+    are, with no formatting or escaping of each element. JSON travels as text
+    and an int4[] column as text literals (unnest would flatten a 2-D array);
+    both are cast back here."""
+    arrays = ", ".join("%b::text[]" if _via_text(kind) else f"%b::{kind}[]" for _, kind in columns)
+    aliases = ", ".join(f"c{i}" for i in range(len(columns)))
+    values = ", ".join(
+        f"c{i}::{kind} AS {name}" if _via_text(kind) else f"c{i} AS {name}"
+        for i, (name, kind) in enumerate(columns)
+    )
+    return f"(SELECT {values} FROM unnest({arrays}) AS t({aliases}))"
+
+
+def _via_text(kind: str) -> bool:
+    return kind == "jsonb" or kind.endswith("[]")
+
+
+def _insert(table: str, columns: Columns) -> str:
+    names = ", ".join(name for name, _ in columns)
+    return f"INSERT INTO {table} ({names}) SELECT {names} FROM {_rows_of(columns)} AS v"
+
+
+# One statement: every CTE runs on the same snapshot, so each touches rows no
+# other one does (the deletes that would clash run before it).
+WRITE = f"""
+WITH revisions AS ({_insert("engram_revisions", REVISION_INSERT)}),
+superseded AS (
+    UPDATE engram_revisions r SET current = false FROM {_rows_of(SUPERSEDED)} AS v
+    WHERE r.record_id = v.record_id AND r.revision < v.revision AND r.current
+),
+new_records AS ({_insert("engram_records", RECORD_INSERT)}),
+records AS (
+    UPDATE engram_records r SET revision = v.revision, status = v.status, kind = v.kind,
+        expires_at = v.expires_at, updated_at = clock_timestamp()
+    FROM {_rows_of(RECORD_UPDATE)} AS v WHERE r.id = v.id AND r.scope_id = v.scope_id
+),
+links AS ({_insert("engram_links", LINK_INSERT)}),
+vectors AS ({_insert("engram_vectors", VECTOR_INSERT)}),
+kept_vectors AS (
+    UPDATE engram_vectors x SET revision = v.revision, status = v.status, kind = v.kind,
+        expires_at = v.expires_at
+    FROM {_rows_of(VECTOR_UPDATE)} AS v WHERE x.record_id = v.record_id AND x.digest = v.digest
+),
+receipts AS ({_insert("engram_receipts", RECEIPT_INSERT)}),
+receipt_records AS ({_insert("engram_receipt_records", RECEIPT_RECORD_INSERT)}),
+tombstones AS ({_insert("engram_forgotten", TOMBSTONE_INSERT)}),
+scopes AS (
+    UPDATE engram_scopes s SET revision = v.revision FROM {_rows_of(SCOPE_UPDATE)} AS v
+    WHERE s.id = v.id
+)
+SELECT 1
+"""
 
 
 def write_plans(
@@ -226,99 +307,61 @@ def write_plans(
     now: datetime,
     gen_id: int | None,
     vectors: dict[str, np.ndarray],
-    *,
-    copy: bool,
 ) -> None:
-    """Write every scope's plan: with ``copy``, inserts go by COPY (fastest for many
-    rows); without, as statements a pipeline sends in one round trip (fastest for few)."""
+    """Write every scope's plan (in pipeline mode, with no round trip of its own)."""
     with conn.cursor() as cur:
-        _insert = _copy_rows if copy else _insert_rows
-        _forget(cur, [(s.scope_id, p) for s, p in pairs], now, _insert)
-        _insert(
-            cur,
-            "engram_revisions",
-            REVISION_INSERT,
-            [
-                (
-                    c.id,
-                    c.revision,
-                    s.scope_id,
-                    c.text,
-                    c.kind,
-                    c.importance,
-                    _json(c.metadata),
-                    c.origin,
-                    _json([x.as_dict() for x in c.sources]),
-                    _json([link.as_dict() for link in c.links]),
-                    c.status,
-                    c.digest,
-                    w.operation_id,
-                    w.recorded_at,
-                    c.expires_at,
-                    p.final[c.id].revision == c.revision,
-                )
-                for s, p in pairs
-                for w in p.revisions
-                for c in (w.record,)
-            ],
-        )
-        _executemany(
-            cur,
-            "UPDATE engram_revisions SET current = false"
-            " WHERE record_id = %s AND revision < %s AND current",
-            [(rid, c.revision) for s, p in pairs for rid, c in p.final.items() if rid in s.records],
-        )
-        _write_records(cur, pairs, _insert)
-        _write_links(cur, pairs, _insert)
-        _write_vectors(cur, pairs, gen_id, vectors, _insert)
-        _insert(
-            cur,
-            "engram_receipts",
-            RECEIPT_INSERT,
-            [
-                (
-                    r.operation_id,
-                    s.scope_id,
-                    r.kind,
-                    r.request_digest,
-                    r.scope_revision,
-                    r.committed_at,
-                    _json(r.request) if r.request is not None else None,
-                    r.redacted,
-                    _int_array(r.forgotten_revisions),
-                    r.already_forgotten,
-                    r.redaction,
-                    r.stream_entry,
-                    _json(r.error) if r.error is not None else None,
-                )
-                for s, p in pairs
-                for r in p.receipts
-            ],
-        )
-        _insert(
-            cur,
-            "engram_receipt_records",
-            RECEIPT_RECORD_INSERT,
-            [
-                (r.operation_id, ref.id, ref.revision, ref.status)
-                for _, p in pairs
-                for r in p.receipts
-                for ref in r.refs
-            ],
-        )
-        moved = [(p.scope_revision, s.scope_id) for s, p in pairs if p.scope_revision != s.revision]
-        if moved:
-            cur.execute(
-                "UPDATE engram_scopes s SET revision = v.revision"
-                " FROM unnest(%s::bigint[], %s::bigint[]) AS v(revision, id) WHERE s.id = v.id",
-                ([m[0] for m in moved], [m[1] for m in moved]),
+        _delete_replaced(cur, pairs)
+        tables: list[tuple[Columns, list[tuple[Any, ...]]]] = [
+            (REVISION_INSERT, _revisions(pairs)),
+            (
+                SUPERSEDED,
+                [
+                    (rid, c.revision)
+                    for s, p in pairs
+                    for rid, c in p.final.items()
+                    if rid in s.records
+                ],
+            ),
+            *_records(pairs),
+            (LINK_INSERT, _links(pairs)),
+            *_vectors(pairs, gen_id, vectors),
+            (RECEIPT_INSERT, _receipts(pairs)),
+            (
+                RECEIPT_RECORD_INSERT,
+                [
+                    (r.operation_id, ref.id, ref.revision, ref.status)
+                    for _, p in pairs
+                    for r in p.receipts
+                    for ref in r.refs
+                ],
+            ),
+            (
+                TOMBSTONE_INSERT,
+                [(rid, s.scope_id, now, op_id) for s, p in pairs for rid, op_id in p.tombstones],
+            ),
+            (
+                SCOPE_UPDATE,
+                [
+                    (p.scope_revision, s.scope_id)
+                    for s, p in pairs
+                    if p.scope_revision != s.revision
+                ],
+            ),
+        ]
+        params: list[list[Any]] = []
+        for columns, rows in tables:
+            params += (
+                [list(column) for column in zip(*rows, strict=True)]
+                if rows
+                else [[] for _ in columns]
             )
+        cur.execute(WRITE, params)
 
 
-def _forget(
-    cur: psycopg.Cursor[Any], plans: list[tuple[int, Plan]], now: datetime, _insert: Inserter
-) -> None:
-    gone = [rid for _, p in plans for rid in p.forgotten_stored]
+def _delete_replaced(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
+    """What the batch replaces: a forgotten record everywhere (its receipts redacted),
+    the vectors of a changed text, the links of changed links."""
+    gone = [rid for _, p in pairs for rid in p.forgotten_stored]
     if gone:
         cur.execute(
             "UPDATE engram_receipts SET request = NULL, redacted = true"
@@ -333,70 +376,122 @@ def _forget(
             ("engram_records", "id"),
         ):
             cur.execute(f"DELETE FROM {table} WHERE {column} = ANY(%s)", (gone,))
-    _insert(
-        cur,
-        "engram_forgotten",
-        TOMBSTONE_INSERT,
-        [(rid, sid, now, op_id) for sid, p in plans for rid, op_id in p.tombstones],
-    )
+    stale = [rid for s, p in pairs for rid in p.text_changed if rid in s.records]
+    if stale:
+        # A vector computed for an old text is never kept for a new one, in any generation.
+        cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%s)", (stale,))
+    relinked = [rid for _, p in pairs for rid in p.links_changed]
+    if relinked:
+        cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%s)", (relinked,))
 
 
-Inserter = Callable[
-    [psycopg.Cursor[Any], str, Sequence[tuple[str, str]], Sequence[Sequence[Any]]], None
-]
+def _revisions(pairs: Pairs) -> list[tuple[Any, ...]]:
+    return [
+        (
+            c.id,
+            c.revision,
+            s.scope_id,
+            c.text,
+            c.kind,
+            c.importance,
+            _json(c.metadata),
+            c.origin,
+            _json([x.as_dict() for x in c.sources]),
+            _json([link.as_dict() for link in c.links]),
+            c.status,
+            c.digest,
+            w.operation_id,
+            w.recorded_at,
+            c.expires_at,
+            p.final[c.id].revision == c.revision,
+        )
+        for s, p in pairs
+        for w in p.revisions
+        for c in (w.record,)
+    ]
 
 
-def _copy_rows(
-    cur: psycopg.Cursor[Any],
-    table: str,
-    columns: Sequence[tuple[str, str]],
-    rows: Sequence[Sequence[Any]],
-) -> None:
-    """Insert rows with COPY (not allowed in pipeline mode). Binary for vectors, which
-    then travel as packed floats; text otherwise (JSON strings go in as they are)."""
-    if not rows:
-        return
-    names = ", ".join(name for name, _ in columns)
-    binary = any(kind == "vector" for _, kind in columns)
-    options = " WITH (FORMAT BINARY)" if binary else ""
-    with cur.copy(f"COPY {table} ({names}) FROM STDIN{options}") as copy:
-        if binary:
-            copy.set_types([kind for _, kind in columns])
-        for row in rows:
-            copy.write_row(row)
+def _records(pairs: Pairs) -> list[tuple[Columns, list[tuple[Any, ...]]]]:
+    new, changed = [], []
+    for s, p in pairs:
+        for rid, c in p.final.items():
+            if rid in s.records:
+                changed.append((c.revision, c.status, c.kind, c.expires_at, c.id, s.scope_id))
+            else:
+                new.append(
+                    (
+                        c.id,
+                        s.scope_id,
+                        c.revision,
+                        c.status,
+                        c.kind,
+                        c.expires_at,
+                        c.created_at,
+                        c.created_at,
+                    )
+                )
+    return [(RECORD_INSERT, new), (RECORD_UPDATE, changed)]
 
 
-def _insert_rows(
-    cur: psycopg.Cursor[Any],
-    table: str,
-    columns: Sequence[tuple[str, str]],
-    rows: Sequence[Sequence[Any]],
-) -> None:
-    """Insert rows as one statement over arrays, one per column: a single round trip
-    (none of its own in pipeline mode) whatever the number of rows."""
-    if not rows:
-        return
-    names = ", ".join(name for name, _ in columns)
-    # Binary parameters: vectors travel as packed floats and texts as they are, with
-    # no formatting or escaping of each element. An int4[] column travels as text
-    # literals (unnest would flatten a 2-D array); JSON as text, cast on the server.
-    arrays = ", ".join(
-        "%b::text[]"
-        if kind.endswith("[]") or kind == "jsonb"
-        else "%b"
-        if kind == "vector"
-        else f"%b::{kind}[]"
-        for _, kind in columns
-    )
-    casts = ", ".join(
-        f"c{i}::{kind}" if kind.endswith("[]") or kind == "jsonb" else f"c{i}"
-        for i, (_, kind) in enumerate(columns)
-    )
-    aliases = ", ".join(f"c{i}" for i in range(len(columns)))
-    cur.execute(
-        f"INSERT INTO {table} ({names}) SELECT {casts} FROM unnest({arrays}) AS t({aliases})",
-        [list(column) for column in zip(*rows, strict=True)],
-    )
+def _links(pairs: Pairs) -> list[tuple[Any, ...]]:
+    return [
+        (s.scope_id, rid, link.relation, link.id)
+        for s, p in pairs
+        for rid in p.links_changed
+        if (c := p.final.get(rid)) is not None
+        for link in set(c.links)
+    ]
+
+
+def _vectors(
+    pairs: Pairs, gen_id: int | None, vectors: dict[str, np.ndarray]
+) -> list[tuple[Columns, list[tuple[Any, ...]]]]:
+    new = [
+        (
+            gen_id,
+            c.id,
+            s.scope_id,
+            c.revision,
+            c.digest,
+            c.status,
+            c.kind,
+            c.expires_at,
+            vectors[c.digest],
+        )
+        for s, p in pairs
+        for rid in p.text_changed
+        if (c := p.final.get(rid)) is not None and c.digest in vectors
+    ]
+    # Same text, new revision (retract, metadata-only revise): the vector stays.
+    kept = [
+        (c.revision, c.status, c.kind, c.expires_at, c.id, c.digest)
+        for s, p in pairs
+        for rid, c in p.final.items()
+        if rid not in p.text_changed and rid in s.records
+    ]
+    return [(VECTOR_INSERT, new if gen_id is not None else []), (VECTOR_UPDATE, kept)]
+
+
+def _receipts(pairs: Pairs) -> list[tuple[Any, ...]]:
+    return [
+        (
+            r.operation_id,
+            s.scope_id,
+            r.kind,
+            r.request_digest,
+            r.scope_revision,
+            r.committed_at,
+            _json(r.request) if r.request is not None else None,
+            r.redacted,
+            _int_array(r.forgotten_revisions),
+            r.already_forgotten,
+            r.redaction,
+            r.stream_entry,
+            _json(r.error) if r.error is not None else None,
+        )
+        for s, p in pairs
+        for r in p.receipts
+    ]
 
 
 def _json(value: Any) -> str:
@@ -405,109 +500,3 @@ def _json(value: Any) -> str:
 
 def _int_array(values: Sequence[int] | None) -> str | None:
     return None if values is None else "{" + ",".join(str(int(v)) for v in values) + "}"
-
-
-def _executemany(cur: psycopg.Cursor[Any], sql: str, rows: Iterable[Sequence[Any]]) -> None:
-    params = list(rows)
-    if params:
-        cur.executemany(sql, params)
-
-
-def _write_records(cur: psycopg.Cursor[Any], pairs: Pairs, _insert: Inserter) -> None:
-    _insert(
-        cur,
-        "engram_records",
-        RECORD_INSERT,
-        [
-            (
-                c.id,
-                s.scope_id,
-                c.revision,
-                c.status,
-                c.kind,
-                c.expires_at,
-                c.created_at,
-                c.created_at,
-            )
-            for s, p in pairs
-            for rid, c in p.final.items()
-            if rid not in s.records
-        ],
-    )
-    _executemany(
-        cur,
-        "UPDATE engram_records SET revision = %s, status = %s, kind = %s, expires_at = %s,"
-        " updated_at = clock_timestamp() WHERE id = %s AND scope_id = %s",
-        [
-            (c.revision, c.status, c.kind, c.expires_at, c.id, s.scope_id)
-            for s, p in pairs
-            for rid, c in p.final.items()
-            if rid in s.records
-        ],
-    )
-
-
-def _write_links(cur: psycopg.Cursor[Any], pairs: Pairs, _insert: Inserter) -> None:
-    changed = [rid for _, p in pairs for rid in p.links_changed]
-    if not changed:
-        return
-    cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%s)", (changed,))
-    _insert(
-        cur,
-        "engram_links",
-        LINK_INSERT,
-        [
-            (s.scope_id, rid, link.relation, link.id)
-            for s, p in pairs
-            for rid in p.links_changed
-            if (c := p.final.get(rid)) is not None
-            for link in set(c.links)
-        ],
-    )
-
-
-def _write_vectors(
-    cur: psycopg.Cursor[Any],
-    pairs: Pairs,
-    gen_id: int | None,
-    vectors: dict[str, np.ndarray],
-    _insert: Inserter,
-) -> None:
-    stale = [rid for s, p in pairs for rid in p.text_changed if rid in s.records]
-    if stale:
-        # A vector computed for an old text is never kept for a new one, in any generation.
-        cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%s)", (stale,))
-    if gen_id is not None:
-        _insert(
-            cur,
-            "engram_vectors",
-            VECTOR_INSERT,
-            [
-                (
-                    gen_id,
-                    c.id,
-                    s.scope_id,
-                    c.revision,
-                    c.digest,
-                    c.status,
-                    c.kind,
-                    c.expires_at,
-                    vectors[c.digest],
-                )
-                for s, p in pairs
-                for rid in p.text_changed
-                if (c := p.final.get(rid)) is not None and c.digest in vectors
-            ],
-        )
-    # Same text, new revision (retract, metadata-only revise): the vector stays.
-    _executemany(
-        cur,
-        "UPDATE engram_vectors SET revision = %s, status = %s, kind = %s, expires_at = %s"
-        " WHERE record_id = %s AND digest = %s",
-        [
-            (c.revision, c.status, c.kind, c.expires_at, c.id, c.digest)
-            for s, p in pairs
-            for rid, c in p.final.items()
-            if rid not in p.text_changed and rid in s.records
-        ],
-    )

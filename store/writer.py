@@ -10,7 +10,6 @@ writes the plan with a few set-based statements.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -47,11 +46,6 @@ from .rows import (
 log = logging.getLogger(__name__)
 
 Result = WriteResult | EngramError
-
-# Batches up to this many operations are written by pipelined statements; larger
-# ones by COPY (measured here: ~4 ms for one operation pipelined, ~0.28 ms per
-# operation by COPY at 256 against ~0.5 ms pipelined).
-PIPELINED_MAX_OPS = 32
 
 _RETRYABLE = (
     psycopg.errors.SerializationFailure,
@@ -185,11 +179,9 @@ class Writer:
         groups: dict[str, list[Operation]] = defaultdict(list)
         for op in ops:
             groups[op.scope.key].append(op)
-        # A small batch is two round trips: the fence, the locks and the reads; then
-        # the writes with the COMMIT, all pipelined. A large one writes with COPY,
-        # which is faster per row but cannot be pipelined.
-        small = len(ops) <= PIPELINED_MAX_OPS
-        with conn.pipeline() if small else contextlib.nullcontext(), conn.transaction():
+        # Two round trips: the fence, the locks and the reads; then the writes and
+        # the COMMIT, all pipelined.
+        with conn.pipeline(), conn.transaction():
             with conn.pipeline():
                 begun = _begin(conn, fence)
                 loading = Loading(conn, groups)
@@ -210,7 +202,7 @@ class Writer:
             if any(plan.changes_anything for _, plan in pairs):
                 if gen_id is None and embedder is not None and vectors:
                     gen_id = _start_first_generation(conn, embedder)
-                write_plans(conn, pairs, now, gen_id, vectors, copy=not small)
+                write_plans(conn, pairs, now, gen_id, vectors)
         by_key = {state.scope.key: iter(plan.outcomes) for state, plan in pairs}
         return [next(by_key[op.scope.key]) for op in ops]
 
