@@ -46,6 +46,22 @@ def test_tokens_keep_growing_when_the_counter_is_lost(redis_client: redis.Redis)
     assert second is not None and second.token > first.token
 
 
+def test_holders_drawn_within_one_millisecond_after_a_loss_get_distinct_tokens(
+    redis_client: redis.Redis,
+) -> None:
+    """The counter is lost, the partition changes hands twice in a row, all in one
+    pipeline (microseconds apart): the tokens still differ and grow."""
+    leases = Leases(redis_client, ttl_ms=1000)
+    lease, counter = keys.lease(3), keys.fence_counter(3)
+    pipe = redis_client.pipeline(transaction=False)
+    for holder in ("a", "b", "c"):
+        pipe.delete(lease, counter)
+        leases._acquire(keys=[lease, counter], args=[holder, 1000], client=pipe)
+    tokens = [int(t) for t in pipe.execute()[1::2]]
+    assert tokens == sorted(set(tokens)), tokens
+    assert leases.holders([3])[3] == ("c", tokens[-1])
+
+
 def _consume(
     store: Store,
     client: redis.Redis,

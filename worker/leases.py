@@ -18,19 +18,21 @@ import redis
 
 from . import keys
 
-# The token is at least the Redis server's clock in ms and above the last one
-# drawn: it keeps growing even if the counter key is lost (a flushed or
-# rebuilt Redis), so the store's fence never refuses every new holder.
+# The token is at least the Redis server's clock in microseconds and above the
+# last one drawn: it keeps growing even if the counter key is lost (a flushed or
+# rebuilt Redis), so the store's fence never refuses every new holder, and two
+# holders drawn after such a loss never share a token (they would both pass the
+# fence). Formatted with %d: Lua would print a 16-digit number as 1.7e+15.
 _ACQUIRE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return false end
 local now = redis.call('TIME')
-local floor_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local floor_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local token = redis.call('INCR', KEYS[2])
-if token < floor_ms then
-  token = floor_ms
-  redis.call('SET', KEYS[2], token)
+if token < floor_us then
+  token = floor_us
+  redis.call('SET', KEYS[2], string.format('%d', token))
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. token, 'PX', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. string.format('%d', token), 'PX', ARGV[2])
 return token
 """
 
