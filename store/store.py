@@ -104,6 +104,7 @@ class Store:
         fence: Fence | Sequence[Fence] | None = None,
         listeners: bool = False,
         stream_entries: dict[str, str] | None = None,
+        check_replays: bool = True,
     ) -> list[Result]:
         """Commit ``ops`` (each scope's in order) in one transaction.
 
@@ -111,9 +112,20 @@ class Store:
         error it failed with; a failed operation changes nothing. Raises only
         for the whole batch: ``FencedError`` (naming the stale fences; nothing is
         committed), or a database error.
+
+        A replay is always answered from its receipt. With ``check_replays``
+        (the default) the stored receipts are looked up before embedding, so a
+        replay costs no embedding call; without, that round trip is saved and
+        the batch's texts are embedded at once, for callers whose operations
+        are seldom repeats (the stream worker, for entries read the first time).
         """
         return self.writer.execute(
-            ops, embedder, fence=fence, listeners=listeners, stream_entries=stream_entries
+            ops,
+            embedder,
+            fence=fence,
+            listeners=listeners,
+            stream_entries=stream_entries,
+            check_replays=check_replays,
         )
 
     def set_redaction(self, operation_id: str, status: str) -> None:

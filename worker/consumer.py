@@ -342,7 +342,9 @@ class Consumer(threading.Thread):
                     raws[p.number, item.entry_id] = _raw(fields)
                     continue
                 dead.append(_Dead(p, item.entry_id, op_id, raw, reason, error, count))
-        outcomes, failed = self._commit(good)
+        # Only entries claimed from earlier deliveries are likely replays: for a batch
+        # of first deliveries the store skips its look-up before embedding.
+        outcomes, failed = self._commit(good, check_replays=any(r.deliveries for r in reads))
         deliveries = {
             (r.partition.number, eid): n for r in reads for eid, n in r.deliveries.items()
         }
@@ -365,27 +367,27 @@ class Consumer(threading.Thread):
     # -- committing ------------------------------------------------------------------
 
     def _commit(
-        self, good: list[Item]
+        self, good: list[Item], *, check_replays: bool
     ) -> tuple[list[tuple[Item, Outcome]], list[tuple[Partition, Entry, str]]]:
         """The outcomes, and the entries no commit could take (with what was raised)."""
         outcomes: list[tuple[Item, Outcome]] = []
         failed: list[tuple[Partition, Entry, str]] = []
         for segment in unique_segments(good, lambda item: item[1].operation.operation_id):
             try:
-                outcomes += self._execute(_partitions_of(segment), segment)
+                outcomes += self._execute(_partitions_of(segment), segment, check_replays)
                 continue
             except _Unappliable:
                 pass
             # Something in the batch breaks it: commit one by one to find it.
             for item in segment:
                 try:
-                    outcomes += self._execute([item[0]], [item])
+                    outcomes += self._execute([item[0]], [item], True)
                 except _Unappliable as exc:
                     failed.append((item[0], item[1], str(exc)))
         return outcomes, failed
 
     def _execute(
-        self, partitions: list[Partition], items: list[Item]
+        self, partitions: list[Partition], items: list[Item], check_replays: bool = True
     ) -> list[tuple[Item, Outcome]]:
         """Commit ``items`` under the fences of ``partitions``; the items of a partition
         lost on the way are left out (neither answered nor acknowledged)."""
@@ -405,6 +407,7 @@ class Consumer(threading.Thread):
                     self.shared.embedder,
                     fence=[p.fence for p in partitions],
                     stream_entries={e.operation.operation_id: e.entry_id for _, e in items},
+                    check_replays=check_replays,
                 )
                 return list(zip(items, results, strict=True))
             except FencedError as exc:
