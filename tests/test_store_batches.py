@@ -7,6 +7,7 @@ import pytest
 
 from store import (
     HashingEmbedder,
+    KeywordEmbedder,
     NotFoundError,
     Operation,
     OperationConflictError,
@@ -14,7 +15,7 @@ from store import (
     Store,
     WriteResult,
 )
-from tests.helpers import rows_containing
+from tests.helpers import CountingEmbedder, rows_containing
 
 
 def test_a_refusal_is_kept_and_a_redelivery_answers_the_same(
@@ -82,3 +83,41 @@ def test_an_empty_batch_raises_only_the_fence(fresh_store: Store) -> None:
     assert fresh_store.execute([], fence=Fence("partition:0", 5)) == [], "the same token passes"
     with pytest.raises(FencedError):
         fresh_store.execute([], fence=Fence("partition:0", 4))
+
+
+def test_without_the_replay_look_up_a_replay_is_still_answered_from_its_receipt(
+    fresh_store: Store,
+) -> None:
+    counting = CountingEmbedder(HashingEmbedder(32))
+    op = Operation.build("remember", {"user_id": "ada"}, {"text": "Ada prefers tea."}, "op-1")
+    [first] = fresh_store.execute([op], counting, check_replays=False)
+    [again] = fresh_store.execute([op], counting, check_replays=False)
+    assert isinstance(first, WriteResult) and isinstance(again, WriteResult)
+    assert (first.replayed, again.replayed) == (False, True)
+    assert again.receipt == first.receipt
+    assert fresh_store.scope_revision({"user_id": "ada"}) == 1
+    assert counting.calls == 2  # the price of skipping the look-up: the text embedded again
+    fresh_store.execute([op], counting)
+    assert counting.calls == 2  # with the look-up, none
+
+
+def test_without_the_look_up_a_generation_activated_meanwhile_is_used(fresh_store: Store) -> None:
+    """The writer remembers the active generation from its last commit; an activation
+    since then is found under lock and the batch is embedded again for it."""
+    v1 = KeywordEmbedder("keywords-1", ["tea", "coffee"])
+    v2 = KeywordEmbedder("keywords-2", ["tea", "coffee", "green"])
+    ada = {"user_id": "ada"}
+    fresh_store.execute(
+        [Operation.build("remember", ada, {"text": "Ada prefers tea."})], v1, check_replays=False
+    )
+    fresh_store.session(ada, embedder=v1).reembed(v2)
+    counting = CountingEmbedder(v2)
+    [result] = fresh_store.execute(
+        [Operation.build("remember", ada, {"text": "Ada likes green tea."})],
+        counting,
+        check_replays=False,
+    )
+    assert isinstance(result, WriteResult) and result.conflict_retries == 1
+    assert counting.calls == 1  # not called for the stale generation's model
+    hits = fresh_store.session(ada, embedder=v2).recall("green")
+    assert hits and hits[0].record.text == "Ada likes green tea." and hits[0].match != "lexical"
