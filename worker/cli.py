@@ -92,6 +92,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     embedder = runtime.load_embedder(args.embedder or settings.embedder)
     store = _connect_store(runtime.database_url(settings), settings.db_pool_size)
     worker = Worker(client, store, embedder, config=settings.worker)
+    runtime.settle(embedder)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("stop requested", extra={"signal": signal.Signals(signum).name})
