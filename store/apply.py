@@ -29,7 +29,7 @@ Pairs = Sequence[tuple[ScopeState, Plan]]
 def stored_receipts(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, StoredReceipt]:
     rows = conn.execute(
         "SELECT operation_id, request_digest, error FROM engram_receipts"
-        " WHERE operation_id = ANY(%s)",
+        " WHERE operation_id = ANY(%b::text[])",
         (op_ids,),
     ).fetchall()
     return {r[0]: StoredReceipt(r[0], r[1], r[2]) for r in rows}
@@ -69,8 +69,8 @@ class Loading:
         every_id = sorted({i for v in self.ids.values() for i in v})
         self._locked = conn.execute(
             f"INSERT INTO engram_scopes (key, {', '.join(SCOPE_FIELDS)})"
-            " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],"
-            " %s::text[]) ORDER BY 1"
+            " SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[],"
+            " %b::text[]) ORDER BY 1"
             " ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING key, id, revision",
             [[sc.key for sc in scopes]] + [[getattr(sc, f) for sc in scopes] for f in SCOPE_FIELDS],
         )
@@ -82,17 +82,17 @@ class Loading:
             FROM engram_records r
             JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
             JOIN engram_scopes s ON s.id = r.scope_id
-            WHERE r.id = ANY(%s)
+            WHERE r.id = ANY(%b::text[])
             """,
             (every_id,),
         )
         self._forgotten = conn.execute(
-            "SELECT record_id, scope_id FROM engram_forgotten WHERE record_id = ANY(%s)",
+            "SELECT record_id, scope_id FROM engram_forgotten WHERE record_id = ANY(%b::text[])",
             (every_id,),
         )
         self._receipts = conn.execute(
             "SELECT operation_id, request_digest, error FROM engram_receipts"
-            " WHERE operation_id = ANY(%s)",
+            " WHERE operation_id = ANY(%b::text[])",
             ([op.operation_id for k in self.keys for op in groups[k]],),
         )
 
@@ -366,7 +366,7 @@ def _delete_replaced(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
         cur.execute(
             "UPDATE engram_receipts SET request = NULL, redacted = true"
             " WHERE kind <> 'forget' AND operation_id IN"
-            " (SELECT operation_id FROM engram_receipt_records WHERE record_id = ANY(%s))",
+            " (SELECT operation_id FROM engram_receipt_records WHERE record_id = ANY(%b::text[]))",
             (gone,),
         )
         for table, column in (
@@ -375,14 +375,14 @@ def _delete_replaced(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
             ("engram_revisions", "record_id"),
             ("engram_records", "id"),
         ):
-            cur.execute(f"DELETE FROM {table} WHERE {column} = ANY(%s)", (gone,))
+            cur.execute(f"DELETE FROM {table} WHERE {column} = ANY(%b::text[])", (gone,))
     stale = [rid for s, p in pairs for rid in p.text_changed if rid in s.records]
     if stale:
         # A vector computed for an old text is never kept for a new one, in any generation.
-        cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%s)", (stale,))
+        cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%b::text[])", (stale,))
     relinked = [rid for _, p in pairs for rid in p.links_changed]
     if relinked:
-        cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%s)", (relinked,))
+        cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%b::text[])", (relinked,))
 
 
 def _revisions(pairs: Pairs) -> list[tuple[Any, ...]]:
@@ -494,8 +494,14 @@ def _receipts(pairs: Pairs) -> list[tuple[Any, ...]]:
     ]
 
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if type(value) in (dict, list) and not value:  # most metadata, sources and links
+        return "{}" if type(value) is dict else "[]"
+    return _ENCODER.encode(value)
 
 
 def _int_array(values: Sequence[int] | None) -> str | None:

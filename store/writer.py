@@ -255,7 +255,7 @@ def _begin(conn: psycopg.Connection[Any], fence: Fence | Sequence[Fence] | None)
         """
         WITH raised AS (
             INSERT INTO engram_fences (name, token)
-            SELECT * FROM unnest(%(names)s::text[], %(tokens)s::bigint[]) ORDER BY 1
+            SELECT * FROM unnest(%(names)b::text[], %(tokens)b::bigint[]) ORDER BY 1
             ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token
             WHERE engram_fences.token <= EXCLUDED.token RETURNING name
         )
@@ -318,7 +318,7 @@ def load_results(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, 
         row[0]: receipt_from_row(row)
         for row in conn.execute(
             f"SELECT {RECEIPT_COLUMNS} FROM engram_receipts c"
-            " JOIN engram_scopes s ON s.id = c.scope_id WHERE c.operation_id = ANY(%s)",
+            " JOIN engram_scopes s ON s.id = c.scope_id WHERE c.operation_id = ANY(%b::text[])",
             (op_ids,),
         ).fetchall()
     }
@@ -327,7 +327,7 @@ def load_results(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, 
         f"SELECT rr.operation_id, {REVISION_COLUMNS} FROM engram_receipt_records rr"
         " JOIN engram_revisions v ON v.record_id = rr.record_id AND v.revision = rr.revision"
         " JOIN engram_scopes s ON s.id = v.scope_id"
-        " WHERE rr.operation_id = ANY(%s) ORDER BY rr.record_id, rr.revision",
+        " WHERE rr.operation_id = ANY(%b::text[]) ORDER BY rr.record_id, rr.revision",
         (op_ids,),
     ).fetchall():
         records[row[0]].append(record_from_row(row[1:]))
