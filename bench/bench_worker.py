@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -38,6 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -333,33 +335,58 @@ def _plain_table(dsn: str) -> None:
 # -- measuring ------------------------------------------------------------------------
 
 
-class Collector(threading.Thread):
-    """Notes when each operation's answer appears on its reply key, through keyspace
-    notifications (no polling: the benchmark process stays off the CPU)."""
+def _collect(redis_kwargs: dict[str, Any], expected: int, conn: Connection) -> None:
+    """In its own process: note when each answer appears, then send the times back."""
+    client = redis.Redis(**redis_kwargs)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe("__keyevent@0__:rpush")
+    while pubsub.get_message(timeout=0.1) is not None:
+        pass  # the subscription is live once this returns
+    conn.send("ready")
+    prefix = keys.reply("").encode()
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + 900
+    while len(seen) < expected and time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.5)
+        if message is None:
+            continue
+        now = time.perf_counter()  # CLOCK_MONOTONIC: the same clock in every process
+        key: bytes = message["data"]
+        if key.startswith(prefix):  # not another list (RQ's queue, say)
+            seen.setdefault(key.removeprefix(prefix).decode(), now)
+    conn.send(seen)
 
-    def __init__(self, client: redis.Redis) -> None:
-        super().__init__(daemon=True)
+
+class Collector:
+    """Notes when each operation's answer appears on its reply key, through keyspace
+    notifications (no polling). It runs in a process of its own: in this one it
+    would wait for the producer threads' GIL before taking each time."""
+
+    def __init__(self, client: redis.Redis, expected: int) -> None:
         client.config_set("notify-keyspace-events", "El")
-        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
-        self.pubsub.subscribe("__keyevent@0__:rpush")
+        kwargs = client.connection_pool.connection_kwargs
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(
+            target=_collect,
+            args=({"host": kwargs["host"], "port": kwargs["port"]}, expected, child),
+            daemon=True,
+        )
+        self._process.start()
+        if not (self._conn.poll(120) and self._conn.recv() == "ready"):
+            raise RuntimeError("the collector process did not start")
+        self.expected = expected
         self.sent: dict[str, float] = {}
         self.seen: dict[str, float] = {}
-        self.prefix = keys.reply("").encode()
-        self.expected = -1
-        self.done = threading.Event()
 
-    def run(self) -> None:
-        while not self.done.is_set():
-            message = self.pubsub.get_message(timeout=0.5)
-            if message is None:
-                continue
-            now = time.perf_counter()
-            key: bytes = message["data"]
-            if not key.startswith(self.prefix):
-                continue  # another list (RQ's queue, say)
-            self.seen.setdefault(key.removeprefix(self.prefix).decode(), now)
-            if len(self.seen) == self.expected:
-                self.done.set()
+    def wait(self, timeout: float) -> bool:
+        """Whether every answer came; ``seen`` holds those that did."""
+        if self._conn.poll(timeout):
+            self.seen = self._conn.recv()
+        self._process.join(5)
+        if self._process.is_alive():
+            self._process.kill()
+        return len(self.seen) == self.expected
 
     def result(self, start: float) -> Result:
         latencies = [(self.seen[op_id] - at) * 1000 for op_id, at in self.sent.items()]
@@ -390,9 +417,7 @@ def drive(
     rate: float | None,
 ) -> Result:
     """Enqueue ``load`` (in bulk, or one by one at ``rate``/s); wait for every answer."""
-    collector = Collector(client)
-    collector.expected = len(load)
-    collector.start()
+    collector = Collector(client, len(load))
     start = time.perf_counter()
     if rate is None:
         for i in range(0, len(load), BULK):
@@ -420,9 +445,8 @@ def drive(
             thread.start()
         for thread in producers:
             thread.join()
-    if not collector.done.wait(timeout=900):
+    if not collector.wait(timeout=900):
         raise RuntimeError(f"{system.name}: {len(load) - len(collector.seen)} answers missing")
-    collector.pubsub.close()
     return collector.result(start)
 
 
