@@ -6,12 +6,12 @@ against three baselines built here, measured side by side in one run.
 Every system consumes the same ``remember`` operations (distinct sentences over
 1,000 scopes) from Redis, embeds them with the default WordLlama embedder,
 writes them to PostgreSQL (fsync and synchronous_commit on) and answers each
-one on its reply key; a collector in this process notes when each answer
-appears. Systems:
+one on its reply key; a collector process notes when each answer appears.
+Systems:
 
 * engram: ``Producer`` -> 16 partition streams -> ``engram worker`` processes
   (the full versioned write: record, revision, vector, text index, receipt,
-  scope revision; one transaction per partition batch);
+  scope revision; one consumer per worker, one transaction per cycle);
 * baseline 1: one RQ job per operation, run by an RQ ``SimpleWorker``;
 * baseline 2: a naive stream consumer: per entry, embed, one plain INSERT, one
   transaction, reply, acknowledge;
@@ -21,7 +21,9 @@ For each: the maximum rate (the load is enqueued in bulk, 200 operations per
 round trip, while the consumer runs; ops/s = operations / (last answer - first
 enqueue)), latency p50/p99 at that rate (mostly queueing), then p50/p99 at
 half of it (operations enqueued one by one by 4 producer threads, paced
-together at that rate). Prints a markdown table.
+together at that rate). Then engram alone at fractions of its maximum
+(``--curve``), to show where its p99 stands as the load grows. Prints
+markdown tables.
 """
 
 from __future__ import annotations
@@ -485,6 +487,34 @@ def measure(
     return system.name, full, half
 
 
+def curve(
+    make: Callable[[], System],
+    redis_client: redis.Redis,
+    rates: list[float],
+    seconds: float,
+    texts: list[str],
+) -> list[tuple[float, Result]]:
+    """Latency at each paced rate, one system start for all of them."""
+    redis_client.flushall()
+    system = make()
+    system.start()
+    points: list[tuple[float, Result]] = []
+    try:
+        drive(system, redis_client, make_load("curve-warm", 500, texts), None)
+        for i, rate in enumerate(rates):
+            load = make_load(f"curve{i}", max(int(rate * seconds), 50), texts)
+            result = drive(system, redis_client, load, rate)
+            points.append((rate, result))
+            print(
+                f"  curve: {result.p50_ms:.1f}/{result.p99_ms:.1f} ms at {rate:,.0f}/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        system.stop()
+    return points
+
+
 def _median_run(runs: list[tuple[str, Result, Result]]) -> tuple[str, Result, Result]:
     """The run with the median maximum rate (its latencies with it)."""
     return sorted(runs, key=lambda r: r[1].rate)[len(runs) // 2]
@@ -509,6 +539,11 @@ def main() -> None:
         help="runs of every system (interleaved); the median is reported",
     )
     parser.add_argument("--skip-baselines", action="store_true")
+    parser.add_argument(
+        "--curve",
+        default="0.2,0.3,0.4,0.5",
+        help="fractions of engram's median maximum at which to measure its latency too",
+    )
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="engram-bench-"))
@@ -555,11 +590,20 @@ def main() -> None:
             for i, (tag, make, n) in enumerate(runs):
                 by_system[i].append(measure(make, client, n, args.half_seconds, texts, f"{tag}{r}"))
         results = [_median_run(system_runs) for system_runs in by_system]
+        fractions = [float(f) for f in args.curve.split(",") if f]
+        points = curve(
+            runs[0][1],
+            client,
+            [results[0][1].rate * f for f in fractions],
+            args.half_seconds,
+            texts,
+        )
     finally:
         client.close()
         valkey.stop()
         postgres.stop()
     _report(results, args)
+    _report_curve(points, results[0][1].rate)
 
 
 def _report(results: list[tuple[str, Result, Result]], args: argparse.Namespace) -> None:
@@ -585,6 +629,17 @@ def _report(results: list[tuple[str, Result, Result]], args: argparse.Namespace)
         f"\nengram p99 at half max: {half.p99_ms:.1f} ms (target < 100 ms); "
         f"batch size {args.batch_size}, {args.workers} worker process(es), 16 partitions."
     )
+
+
+def _report_curve(points: list[tuple[float, Result]], max_rate: float) -> None:
+    if not points:
+        return
+    print("\n| engram, paced at | ops/s | p50 / p99 ms |\n|---|---:|---:|")
+    for rate, result in points:
+        print(
+            f"| {rate / max_rate:.0%} of max | {rate:,.0f} | "
+            f"{result.p50_ms:,.1f} / {result.p99_ms:,.1f} |"
+        )
 
 
 if __name__ == "__main__":
