@@ -5,7 +5,9 @@ returns one outcome per operation in the same order: a ``WriteResult`` or the
 typed error the operation failed with. Embeddings are computed before the
 transaction; inside it the writer locks the fence, then each scope's row (in
 key order), loads the state the batch names, plans it (``planner``) and
-writes the plan with a few set-based statements.
+writes the plan with one set-based statement (``apply``). Two round trips in
+all, pipelined; a third before them looks up stored receipts unless the
+caller says replays are unlikely (``check_replays=False``).
 """
 
 from __future__ import annotations
