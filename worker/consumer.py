@@ -297,11 +297,7 @@ class Consumer(threading.Thread):
             # this consumer, so claim them again before reading past them.
             for p in partitions:
                 p.draining, p.cursor = True, "0-0"
-            log.warning(
-                "redis unavailable, will retry",
-                extra={"worker": self.shared.worker_id, "error": type(exc).__name__},
-            )
-            self._backoff(BACKOFF_MIN_S)
+            self._pause("redis", exc, BACKOFF_MIN_S)
             return []
         by_stream = _by_stream(reply)
         return [
@@ -416,17 +412,7 @@ class Consumer(threading.Thread):
                     p.lose("fenced")
                 self._count_fenced(len(stale))
             except TRANSIENT_DB as exc:
-                log.warning(
-                    "database unavailable, will retry",
-                    extra={
-                        "worker": self.shared.worker_id,
-                        "error": type(exc).__name__,
-                        "entries": len(items),
-                        "retry_in_s": delay,
-                    },
-                )
-                self._backoff(delay)
-                delay = min(delay * 2, BACKOFF_MAX_S)
+                delay = self._pause("database", exc, delay, entries=len(items))
             except Exception as exc:
                 raise _Unappliable(type(exc).__name__) from exc
 
@@ -538,20 +524,22 @@ class Consumer(threading.Thread):
             try:
                 return call()
             except TRANSIENT_REDIS as exc:
-                log.warning(
-                    "redis unavailable, will retry",
-                    extra={
-                        "worker": self.shared.worker_id,
-                        "error": type(exc).__name__,
-                        "retry_in_s": delay,
-                    },
-                )
-                self._backoff(delay)
-                delay = min(delay * 2, BACKOFF_MAX_S)
+                delay = self._pause("redis", exc, delay)
 
-    def _backoff(self, delay_s: float) -> None:
+    def _pause(self, server: str, exc: BaseException, delay_s: float, **ids: Any) -> float:
+        """Wait out a passing outage (or stop); return the next, longer, delay."""
+        log.warning(
+            f"{server} unavailable, will retry",
+            extra={
+                "worker": self.shared.worker_id,
+                "error": type(exc).__name__,
+                "retry_in_s": delay_s,
+                **ids,
+            },
+        )
         if self._stop_requested.wait(delay_s):
             raise _Stopping
+        return min(delay_s * 2, BACKOFF_MAX_S)
 
 
 def _partitions_of(items: list[Item]) -> list[Partition]:
