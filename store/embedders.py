@@ -134,6 +134,11 @@ class WordLlamaEmbedder:
                 )
             return cls._model
 
+    def load(self) -> None:
+        """Load the model now rather than on the first ``embed`` (a long-running
+        process calls this at startup)."""
+        self._load()
+
     def embed(self, texts: Sequence[str]) -> Vectors:
         model = self._load()
         vectors = model.embed(list(texts), norm=True)
