@@ -417,11 +417,24 @@ def drive(
     client: redis.Redis,
     load: list[tuple[str, dict[str, str], str]],
     rate: float | None,
+    tick_ms: float | None = None,
 ) -> Result:
-    """Enqueue ``load`` (in bulk, or one by one at ``rate``/s); wait for every answer."""
+    """Enqueue ``load`` (in bulk, or one by one at ``rate``/s, or at ``rate``/s in a
+    round trip every ``tick_ms`` for what fell due); wait for every answer."""
     collector = Collector(client, len(load))
     start = time.perf_counter()
-    if rate is None:
+    if rate is not None and tick_ms:
+        # A producer that batches its enqueues: each operation is timed from when it
+        # fell due, so its wait in the producer counts.
+        sent = 0
+        while sent < len(load):
+            time.sleep(tick_ms / 1000)
+            due = min(int((time.perf_counter() - start) * rate) + 1, len(load))
+            if due > sent:
+                system.enqueue_bulk(load[sent:due])
+                collector.sent.update((load[i][0], start + i / rate) for i in range(sent, due))
+                sent = due
+    elif rate is None:
         for i in range(0, len(load), BULK):
             chunk = load[i : i + BULK]
             t = time.perf_counter()
@@ -493,6 +506,7 @@ def curve(
     rates: list[float],
     seconds: float,
     texts: list[str],
+    tick_ms: float | None = None,
 ) -> list[tuple[float, Result]]:
     """Latency at each paced rate, one system start for all of them."""
     redis_client.flushall()
@@ -503,7 +517,7 @@ def curve(
         drive(system, redis_client, make_load("curve-warm", 500, texts), None)
         for i, rate in enumerate(rates):
             load = make_load(f"curve{i}", max(int(rate * seconds), 50), texts)
-            result = drive(system, redis_client, load, rate)
+            result = drive(system, redis_client, load, rate, tick_ms)
             points.append((rate, result))
             print(
                 f"  curve: {result.p50_ms:.1f}/{result.p99_ms:.1f} ms at {rate:,.0f}/s",
@@ -539,6 +553,13 @@ def main() -> None:
         help="runs of every system (interleaved); the median is reported",
     )
     parser.add_argument("--skip-baselines", action="store_true")
+    parser.add_argument(
+        "--tick-ms",
+        type=float,
+        default=0.0,
+        help="also measure engram at half its maximum with producers that enqueue, every"
+        " this many ms, what fell due (a diagnostic; 0: skip)",
+    )
     parser.add_argument(
         "--curve",
         default="0.2,0.3,0.4,0.5",
@@ -598,12 +619,24 @@ def main() -> None:
             args.half_seconds,
             texts,
         )
+        half = results[0][1].rate / 2
+        batched = (
+            curve(runs[0][1], client, [half], args.half_seconds, texts, args.tick_ms)
+            if args.tick_ms
+            else []
+        )
     finally:
         client.close()
         valkey.stop()
         postgres.stop()
     _report(results, args)
     _report_curve(points, results[0][1].rate)
+    for rate, result in batched:
+        print(
+            f"\nengram at half max ({rate:,.0f}/s) with producers enqueueing what fell due every"
+            f" {args.tick_ms:g} ms (timed from when each fell due): p50 / p99"
+            f" {result.p50_ms:,.1f} / {result.p99_ms:,.1f} ms"
+        )
 
 
 def _report(results: list[tuple[str, Result, Result]], args: argparse.Namespace) -> None:
