@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -260,3 +261,32 @@ def test_counters_heartbeats_and_a_clean_stop(
     # Stopped: leases released, no longer live.
     assert redis_client.keys("engram:lease:*") == []
     assert live_workers(redis_client, FAST.lease_ttl_ms) == []
+
+
+def test_a_worker_whose_consumer_crashed_takes_its_partitions_again(
+    fresh_store: Store,
+    start_worker: StartWorker,
+    producer: Producer,
+    scope: dict[str, str],
+    redis_client: redis.Redis,
+) -> None:
+    """An unexpected error outside any batch (here: the first fence raise) ends the
+    consumer; the worker lets its partitions go as lost, starts a new consumer and
+    takes them again, and operations commit."""
+    real_execute = fresh_store.execute
+    failures = []
+
+    def execute_failing_once(ops: Any, *args: Any, **kwargs: Any) -> Any:
+        if not ops and not failures:
+            failures.append(1)
+            raise RuntimeError("store broke while raising the fences")
+        return real_execute(ops, *args, **kwargs)
+
+    fresh_store.execute = execute_failing_once  # type: ignore[method-assign]
+    with start_worker(fresh_store) as worker:
+        first = worker.consumer
+        assert producer.remember(scope, "after the crash").wait(15).scope_revision == 1
+        assert worker.consumer is not first and not first.is_alive()
+    assert failures == [1]
+    counters = metrics.read_counters(redis_client)
+    assert counters['partitions_lost_total{reason="crashed"}'] >= 1
