@@ -543,7 +543,7 @@ class Consumer(threading.Thread):
 
 
 def _partitions_of(items: list[Item]) -> list[Partition]:
-    return list({id(p): p for p, _ in items}.values())
+    return list(dict.fromkeys(p for p, _ in items))
 
 
 def _create_group(client: redis.Redis, stream: str) -> None:
