@@ -195,6 +195,7 @@ class Writer:
         # the COMMIT, all pipelined.
         with conn.pipeline(), conn.transaction():
             with conn.pipeline():
+                conn.execute(GENERIC_PLANS)
                 begun = _begin(conn, fence)
                 loading = Loading(conn, groups)
                 now, locked = _begun(begun, fence)
@@ -219,6 +220,11 @@ class Writer:
                 write_plans(conn, pairs, now, gen_id, vectors)
         by_key = {state.scope.key: iter(plan.outcomes) for state, plan in pairs}
         return [next(by_key[op.scope.key]) for op in ops]
+
+
+# The write path's statements have the same shape whatever their arrays hold: plan
+# each once per connection (psycopg prepares them) instead of at every execution.
+GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 
 class _GenerationMoved(Exception):
