@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
+from . import wire
 from .extraction import readable_sources
 from .model import SCOPE_FIELDS
 from .operations import Extract, Operation, Remember, derived_record_id
@@ -247,10 +248,10 @@ SCOPE_UPDATE: Columns = (("revision", "int8"), ("id", "int8"))
 def _rows_of(columns: Columns) -> str:
     """``unnest`` over one array parameter per column, as rows with those names.
 
-    Parameters are binary: vectors travel as packed floats and texts as they
-    are, with no formatting or escaping of each element. JSON travels as text
-    and an int4[] column as text literals (unnest would flatten a 2-D array);
-    both are cast back here."""
+    Parameters are binary (``wire``): vectors travel as packed floats and texts
+    as they are, with no formatting or escaping of each element. JSON travels
+    as text and an int4[] column as text literals (unnest would flatten a 2-D
+    array); both are cast back here."""
     arrays = ", ".join("%b::text[]" if _via_text(kind) else f"%b::{kind}[]" for _, kind in columns)
     aliases = ", ".join(f"c{i}" for i in range(len(columns)))
     values = ", ".join(
@@ -301,6 +302,16 @@ SELECT 1
 """
 
 
+def _numbered(query: str) -> str:
+    """``%b`` placeholders as ``$1``, ``$2``...: a raw cursor parses no placeholders
+    (psycopg would parse a statement this long, with this many, at every execution)."""
+    parts = query.split("%b")
+    return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], 1)) + parts[-1]
+
+
+WRITE_NUMBERED = _numbered(WRITE)
+
+
 def write_plans(
     conn: psycopg.Connection[Any],
     pairs: Pairs,
@@ -311,51 +322,43 @@ def write_plans(
     """Write every scope's plan (in pipeline mode, with no round trip of its own)."""
     with conn.cursor() as cur:
         _delete_replaced(cur, pairs)
-        tables: list[tuple[Columns, list[tuple[Any, ...]]]] = [
-            (REVISION_INSERT, _revisions(pairs)),
-            (
-                SUPERSEDED,
-                [
-                    (rid, c.revision)
-                    for s, p in pairs
-                    for rid, c in p.final.items()
-                    if rid in s.records
-                ],
-            ),
-            *_records(pairs),
-            (LINK_INSERT, _links(pairs)),
-            *_vectors(pairs, gen_id, vectors),
-            (RECEIPT_INSERT, _receipts(pairs)),
-            (
-                RECEIPT_RECORD_INSERT,
-                [
-                    (r.operation_id, ref.id, ref.revision, ref.status)
-                    for _, p in pairs
-                    for r in p.receipts
-                    for ref in r.refs
-                ],
-            ),
-            (
-                TOMBSTONE_INSERT,
-                [(rid, s.scope_id, now, op_id) for s, p in pairs for rid, op_id in p.tombstones],
-            ),
-            (
-                SCOPE_UPDATE,
-                [
-                    (p.scope_revision, s.scope_id)
-                    for s, p in pairs
-                    if p.scope_revision != s.revision
-                ],
-            ),
+    tables: list[tuple[Columns, list[tuple[Any, ...]]]] = [
+        (REVISION_INSERT, _revisions(pairs)),
+        (
+            SUPERSEDED,
+            [(rid, c.revision) for s, p in pairs for rid, c in p.final.items() if rid in s.records],
+        ),
+        *_records(pairs),
+        (LINK_INSERT, _links(pairs)),
+        *_vectors(pairs, gen_id, vectors),
+        (RECEIPT_INSERT, _receipts(pairs)),
+        (
+            RECEIPT_RECORD_INSERT,
+            [
+                (r.operation_id, ref.id, ref.revision, ref.status)
+                for _, p in pairs
+                for r in p.receipts
+                for ref in r.refs
+            ],
+        ),
+        (
+            TOMBSTONE_INSERT,
+            [(rid, s.scope_id, now, op_id) for s, p in pairs for rid, op_id in p.tombstones],
+        ),
+        (
+            SCOPE_UPDATE,
+            [(p.scope_revision, s.scope_id) for s, p in pairs if p.scope_revision != s.revision],
+        ),
+    ]
+    params: list[wire.Column] = []
+    for columns, rows in tables:
+        values = list(zip(*rows, strict=True)) if rows else [() for _ in columns]
+        params += [
+            wire.column("text" if _via_text(kind) else kind, column)
+            for (_, kind), column in zip(columns, values, strict=True)
         ]
-        params: list[list[Any]] = []
-        for columns, rows in tables:
-            params += (
-                [list(column) for column in zip(*rows, strict=True)]
-                if rows
-                else [[] for _ in columns]
-            )
-        cur.execute(WRITE, params)
+    with psycopg.RawCursor(conn) as raw:
+        raw.execute(WRITE_NUMBERED, params)
 
 
 def _delete_replaced(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:

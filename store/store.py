@@ -12,7 +12,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg_pool import ConnectionPool
 
-from . import migrations, retention
+from . import migrations, retention, wire
 from .embedders import Embedder, embed_checked
 from .embeddings import Embeddings
 from .errors import EmbeddingMismatchError, InvalidRequestError, SchemaVersionError
@@ -70,7 +70,7 @@ class Store:
             dsn,
             min_size=1,
             max_size=max_connections,
-            configure=register_vector,
+            configure=_configure,
             open=True,
             kwargs={"autocommit": True},
         )
@@ -335,3 +335,8 @@ class Store:
 def _with_superseded_by(conn: psycopg.Connection[Any], rows: list[Any]) -> list[Record]:
     links = superseded_by(conn, [r[15] for r in rows], [r[0] for r in rows])
     return [record_from_row(r, links.get(r[0], ())) for r in rows]
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    register_vector(conn)
+    wire.register(conn)
