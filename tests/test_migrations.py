@@ -34,3 +34,15 @@ def test_a_database_newer_than_the_code_is_refused(fresh_dsn: str) -> None:
 def test_connect_without_migrating_refuses_an_unmigrated_database(fresh_dsn: str) -> None:
     with pytest.raises(SchemaVersionError, match="engram migrate"):
         Store.connect(fresh_dsn, migrate=False)
+
+
+def test_the_write_load_settings_are_in_place(fresh_dsn: str) -> None:
+    """The two settings that keep a steady write load from stalling (see 002 and
+    EmbeddedPostgres): a short GIN pending list, and WAL segments not zero-filled."""
+    Store.connect(fresh_dsn).close()
+    with psycopg.connect(fresh_dsn) as conn:
+        options = conn.execute(
+            "SELECT reloptions FROM pg_class WHERE relname = 'engram_revisions_tsv_idx'"
+        ).fetchone()
+        assert options == (["gin_pending_list_limit=512"],)
+        assert conn.execute("SHOW wal_init_zero").fetchone() == ("off",)
