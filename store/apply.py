@@ -252,17 +252,18 @@ def _rows_of(columns: Columns) -> str:
     as they are, with no formatting or escaping of each element. JSON travels
     as text and an int4[] column as text literals (unnest would flatten a 2-D
     array); both are cast back here."""
-    arrays = ", ".join("%b::text[]" if _via_text(kind) else f"%b::{kind}[]" for _, kind in columns)
+    arrays = ", ".join(f"%b::{_sent_as(kind)}[]" for _, kind in columns)
     aliases = ", ".join(f"c{i}" for i in range(len(columns)))
     values = ", ".join(
-        f"c{i}::{kind} AS {name}" if _via_text(kind) else f"c{i} AS {name}"
+        f"c{i}::{kind} AS {name}" if _sent_as(kind) != kind else f"c{i} AS {name}"
         for i, (name, kind) in enumerate(columns)
     )
     return f"(SELECT {values} FROM unnest({arrays}) AS t({aliases}))"
 
 
-def _via_text(kind: str) -> bool:
-    return kind == "jsonb" or kind.endswith("[]")
+def _sent_as(kind: str) -> str:
+    """The element type a column of ``kind`` travels as (``wire`` encodes it)."""
+    return "text" if kind == "jsonb" or kind.endswith("[]") else kind
 
 
 def _insert(table: str, columns: Columns) -> str:
@@ -354,7 +355,7 @@ def write_plans(
     for columns, rows in tables:
         values = list(zip(*rows, strict=True)) if rows else [() for _ in columns]
         params += [
-            wire.column("text" if _via_text(kind) else kind, column)
+            wire.column(_sent_as(kind), column)
             for (_, kind), column in zip(columns, values, strict=True)
         ]
     with psycopg.RawCursor(conn) as raw:
