@@ -256,6 +256,18 @@ def test_threads_share_a_producer(redis_url: str, redis_client: redis.Redis) -> 
             thread.join()
 
 
+def test_a_threads_connection_closes_when_the_thread_ends(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    producer = Producer.from_url(redis_url, partitions=16, client_name="short-lived")
+    thread = threading.Thread(target=producer.remember, args=(SCOPE, "from a short thread"))
+    thread.start()
+    thread.join()
+    assert not any(c["name"] == "short-lived" for c in redis_client.client_list())
+    producer.remember(SCOPE, "from this thread")  # the producer itself goes on
+    assert len(_entries(redis_client)) == 2
+
+
 def test_enqueue_many_sends_a_bulk_in_one_round_trip(
     producer: Producer, redis_client: redis.Redis
 ) -> None:
