@@ -3,6 +3,7 @@ several partitions is one commit, and a refused fence fails only its partition."
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -140,3 +141,55 @@ def test_a_released_partition_is_let_go_between_cycles(
         consumer.stop()
         consumer.join(10)
     wait_until(lambda: held[0].done.is_set(), what="partition 0 let go on stop")
+
+
+class _HeldEmbedder(HashingEmbedder):
+    """Holds the first cycle in its embedding call until the test lets it go."""
+
+    def __init__(self, dims: int) -> None:
+        super().__init__(dims)
+        self.entered = threading.Event()
+        self.go_on = threading.Event()
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        self.entered.set()
+        assert self.go_on.wait(10)
+        return super().embed(texts)
+
+
+def test_a_consumer_asked_to_stop_answers_and_acknowledges_the_cycle_in_hand(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
+    """A cycle's replies and acknowledgements ride with the next read; a stop has
+    no next read, so they go on their own before the consumer returns."""
+    [pending] = _enqueue(Producer(redis_client, partitions=CONFIG.partitions), {0: 1})[0]
+    embedder = _HeldEmbedder(32)
+    consumer, _ = _consumer(fresh_store, redis_client, embedder, {0: 1})
+    consumer.start()
+    assert embedder.entered.wait(10)
+    consumer.stop()
+    embedder.go_on.set()
+    consumer.join(10)
+    assert not consumer.is_alive()
+    assert pending.wait(0.1).scope_revision == 1
+    assert redis_client.xpending(keys.stream(0), keys.GROUP)["pending"] == 0
+
+
+def test_a_released_partition_is_acknowledged_before_it_is_let_go(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
+    [pending] = _enqueue(Producer(redis_client, partitions=CONFIG.partitions), {0: 1})[0]
+    embedder = _HeldEmbedder(32)
+    consumer, held = _consumer(fresh_store, redis_client, embedder, {0: 1})
+    consumer.start()
+    try:
+        assert embedder.entered.wait(10)
+        held[0].release_requested = True  # its last partition: no read follows
+        embedder.go_on.set()
+        assert held[0].done.wait(10)
+        # Its next holder claims what is pending: nothing of what this one committed.
+        assert redis_client.xpending(keys.stream(0), keys.GROUP)["pending"] == 0
+        assert pending.wait(0.1).scope_revision == 1
+    finally:
+        consumer.stop()
+        consumer.join(10)

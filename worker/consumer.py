@@ -12,8 +12,11 @@ where it stands). One ``Consumer`` thread serves all of them, in cycles:
    often, goes to the dead letters) and committed with one ``store.execute``
    carrying every partition's fence: one embedding call and one transaction,
    each operation still with its own receipt and scope revision;
-4. one Redis pipeline writes the replies, the dead letters and the counters,
-   and acknowledges (and deletes) the entries.
+4. the replies, the dead letters and the counters are written and the
+   entries acknowledged (and deleted) in one Redis pipeline, the one that
+   carries the next cycle's ``XREADGROUP``: one round trip a cycle. Before
+   anything else touches Redis (a claim, a partition let go, a stop), what
+   is still unsent goes on its own.
 
 The batch grows with the load: whatever arrives while a cycle commits is read
 by the next one. Partitions never share a scope and each partition's entries
@@ -168,6 +171,8 @@ class Consumer(threading.Thread):
         self._lock = threading.Lock()
         self._partitions: dict[int, Partition] = {}
         self._stop_requested = threading.Event()
+        # The last cycle's replies and acknowledgements, until they go out (``_send``).
+        self._unsent: Callable[[Any], None] | None = None
 
     def add(self, partition: Partition) -> None:
         """Serve ``partition`` from the next cycle on."""
@@ -183,6 +188,7 @@ class Consumer(threading.Thread):
             while True:
                 active = self._settle()
                 if self._stop_requested.is_set():
+                    self._send()
                     break
                 if active:
                     self._cycle(active)
@@ -215,6 +221,8 @@ class Consumer(threading.Thread):
     def _settle(self) -> list[Partition]:
         """Let go of the partitions lost or being released; the others are served."""
         active = []
+        if any(p.stopping for p in self._snapshot()):
+            self._send()  # its entries acknowledged before its next owner claims them
         for p in self._snapshot():
             if p.stopping:
                 if p.lost is not None:
@@ -230,6 +238,8 @@ class Consumer(threading.Thread):
 
     def _cycle(self, active: list[Partition]) -> None:
         started = time.monotonic()
+        if any(not p.fenced or p.draining for p in active):
+            self._send()  # a claim must not see our own unacknowledged entries
         self._raise_fences([p for p in active if not p.fenced])
         ready = [p for p in active if p.fenced and p.lost is None]
         reads = [r for p in ready if p.draining for r in self._claim(p)]
@@ -284,19 +294,26 @@ class Consumer(threading.Thread):
 
     def _read_new(self, partitions: list[Partition], *, block: bool) -> list[_Read]:
         cfg = self.shared.config
+        unsent, self._unsent = self._unsent, None
+        pipe = self.shared.client.pipeline(transaction=False)
+        if unsent is not None:
+            unsent(pipe)
+        pipe.xreadgroup(
+            keys.GROUP,
+            self.shared.worker_id,
+            {p.stream: ">" for p in partitions},
+            count=cfg.batch_size,
+            block=cfg.block_ms if block else None,
+        )
         try:
-            reply = self.shared.client.xreadgroup(
-                keys.GROUP,
-                self.shared.worker_id,
-                {p.stream: ">" for p in partitions},
-                count=cfg.batch_size,
-                block=cfg.block_ms if block else None,
-            )
+            reply = pipe.execute()[-1]
         except TRANSIENT_REDIS as exc:
             # Entries Redis delivered may not have reached us: they stay pending to
-            # this consumer, so claim them again before reading past them.
+            # this consumer, so claim them again before reading past them. The
+            # replies and acknowledgements go again (each is idempotent).
             for p in partitions:
                 p.draining, p.cursor = True, "0-0"
+            self._unsent = unsent
             self._pause("redis", exc, BACKOFF_MIN_S)
             return []
         by_stream = _by_stream(reply)
@@ -425,7 +442,8 @@ class Consumer(threading.Thread):
         dead: list[_Dead],
         started: float,
     ) -> None:
-        """Replies, dead letters, counters and the acknowledgements, in one pipeline.
+        """Replies, dead letters, counters and the acknowledgements, for one pipeline
+        (sent with the next read, or by ``_send``).
 
         Every entry of a partition still held is acknowledged: committed, refused
         with a typed error, or dead-lettered. A lost partition's are left pending,
@@ -463,8 +481,7 @@ class Consumer(threading.Thread):
         stats.seconds = time.monotonic() - started
         ttl = shared.config.reply_ttl_s
 
-        def send() -> None:
-            pipe = shared.client.pipeline(transaction=False)
+        def add_to(pipe: Any) -> None:
             for (_, entry), outcome in outcomes:
                 _reply(
                     pipe, entry.operation.operation_id, encode_reply(outcome, entry.entry_id), ttl
@@ -489,9 +506,9 @@ class Consumer(threading.Thread):
                     # do, and no memory text lingers in Redis after its commit.
                     pipe.xdel(p.stream, *entry_ids)
             record_batch(pipe, stats, shared.worker_id)
-            pipe.execute()
 
-        self._redis(send)
+        self._send()  # none in the normal course: the read that began this cycle took it
+        self._unsent = add_to
         log.debug(
             "batch done",
             extra={
@@ -505,6 +522,20 @@ class Consumer(threading.Thread):
                 "ms": round(stats.seconds * 1000, 1),
             },
         )
+
+    def _send(self) -> None:
+        """Send the last cycle's replies and acknowledgements now, on their own."""
+        unsent = self._unsent
+        if unsent is None:
+            return
+
+        def send() -> None:
+            pipe = self.shared.client.pipeline(transaction=False)
+            unsent(pipe)
+            pipe.execute()
+
+        self._redis(send)
+        self._unsent = None
 
     # -- failures --------------------------------------------------------------------
 
