@@ -48,7 +48,7 @@ from typing import Any
 import psycopg
 import redis
 
-from bench.common import fresh_database, percentile, sentences
+from bench.common import MachineCpu, fresh_database, percentile, sentences
 from store import Operation
 from store.server import EmbeddedPostgres
 from worker import keys
@@ -390,13 +390,14 @@ class Collector:
             self._process.kill()
         return len(self.seen) == self.expected
 
-    def result(self, start: float) -> Result:
+    def result(self, start: float, busy: float | None = None) -> Result:
         latencies = [(self.seen[op_id] - at) * 1000 for op_id, at in self.sent.items()]
         return Result(
             len(self.sent),
             max(self.seen.values()) - start,
             percentile(latencies, 50),
             percentile(latencies, 99),
+            busy,
         )
 
 
@@ -406,6 +407,8 @@ class Result:
     seconds: float
     p50_ms: float
     p99_ms: float
+    # The share of the machine's CPU time that was busy meanwhile (None: not on Linux).
+    busy: float | None = None
 
     @property
     def rate(self) -> float:
@@ -422,6 +425,7 @@ def drive(
     """Enqueue ``load`` (in bulk, or one by one at ``rate``/s, or at ``rate``/s in a
     round trip every ``tick_ms`` for what fell due); wait for every answer."""
     collector = Collector(client, len(load))
+    cpu = MachineCpu()
     start = time.perf_counter()
     if rate is not None and tick_ms:
         # A producer that batches its enqueues: each operation is timed from when it
@@ -462,7 +466,7 @@ def drive(
             thread.join()
     if not collector.wait(timeout=900):
         raise RuntimeError(f"{system.name}: {len(load) - len(collector.seen)} answers missing")
-    return collector.result(start)
+    return collector.result(start, cpu.busy())
 
 
 def make_load(tag: str, n: int, texts: list[str]) -> list[tuple[str, dict[str, str], str]]:
@@ -493,7 +497,8 @@ def measure(
         system.stop()
     print(
         f"  {system.name}: {full.rate:,.0f} ops/s; p50/p99 {full.p50_ms:.0f}/{full.p99_ms:.0f}"
-        f" ms at max, {half.p50_ms:.1f}/{half.p99_ms:.1f} ms at {half_rate:,.0f}/s",
+        f" ms at max, {half.p50_ms:.1f}/{half.p99_ms:.1f} ms at {half_rate:,.0f}/s"
+        f" (CPU busy {_busy(full)} / {_busy(half)})",
         file=sys.stderr,
         flush=True,
     )
@@ -520,7 +525,8 @@ def curve(
             result = drive(system, redis_client, load, rate, tick_ms)
             points.append((rate, result))
             print(
-                f"  curve: {result.p50_ms:.1f}/{result.p99_ms:.1f} ms at {rate:,.0f}/s",
+                f"  curve: {result.p50_ms:.1f}/{result.p99_ms:.1f} ms at {rate:,.0f}/s"
+                f" (CPU busy {_busy(result)})",
                 file=sys.stderr,
                 flush=True,
             )
@@ -645,12 +651,15 @@ def _report(results: list[tuple[str, Result, Result]], args: argparse.Namespace)
         f"synchronous_commit on; valkey appendfsync {args.appendfsync}; "
         f"median of {args.repeat} runs)\n"
     )
-    print("| system | ops/s (max) | p50 / p99 ms at max | p50 / p99 ms at half max |")
-    print("|---|---:|---:|---:|")
+    print(
+        "| system | ops/s (max) | p50 / p99 ms at max | p50 / p99 ms at half max |"
+        " CPU busy at max / half max |"
+    )
+    print("|---|---:|---:|---:|---:|")
     for name, full, half in results:
         print(
             f"| {name} | {full.rate:,.0f} | {full.p50_ms:,.0f} / {full.p99_ms:,.0f} | "
-            f"{half.p50_ms:,.1f} / {half.p99_ms:,.1f} |"
+            f"{half.p50_ms:,.1f} / {half.p99_ms:,.1f} | {_busy(full)} / {_busy(half)} |"
         )
     if len(results) == 4:
         engram = results[0][1].rate
@@ -667,12 +676,16 @@ def _report(results: list[tuple[str, Result, Result]], args: argparse.Namespace)
 def _report_curve(points: list[tuple[float, Result]], max_rate: float) -> None:
     if not points:
         return
-    print("\n| engram, paced at | ops/s | p50 / p99 ms |\n|---|---:|---:|")
+    print("\n| engram, paced at | ops/s | p50 / p99 ms | CPU busy |\n|---|---:|---:|---:|")
     for rate, result in points:
         print(
             f"| {rate / max_rate:.0%} of max | {rate:,.0f} | "
-            f"{result.p50_ms:,.1f} / {result.p99_ms:,.1f} |"
+            f"{result.p50_ms:,.1f} / {result.p99_ms:,.1f} | {_busy(result)} |"
         )
+
+
+def _busy(result: Result) -> str:
+    return "?" if result.busy is None else f"{result.busy:.0%}"
 
 
 if __name__ == "__main__":

@@ -48,6 +48,33 @@ def fresh_database(server: EmbeddedPostgres, name: str) -> str:
     return server.dsn(name)
 
 
+class MachineCpu:
+    """How busy the machine's CPUs were between ``start`` and ``busy`` (Linux: /proc/stat).
+
+    Busy is user, nice, system, irq and softirq time over all time, steal and
+    idle included: every process counts (the benchmark's own producers too).
+    """
+
+    def __init__(self) -> None:
+        self._start = _cpu_ticks()
+
+    def busy(self) -> float | None:
+        end = _cpu_ticks()
+        if self._start is None or end is None:
+            return None
+        busy, total = (e - s for s, e in zip(self._start, end, strict=True))
+        return busy / total if total else None
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    ticks = [int(x) for x in first[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(ticks) - ticks[3] - ticks[4] - ticks[7], sum(ticks)
+
+
 def percentile(values: Sequence[float], p: float) -> float:
     return float(np.percentile(np.asarray(values), p))
 
