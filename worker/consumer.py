@@ -220,18 +220,18 @@ class Consumer(threading.Thread):
 
     def _settle(self) -> list[Partition]:
         """Let go of the partitions lost or being released; the others are served."""
-        active = []
-        if any(p.stopping for p in self._snapshot()):
-            self._send()  # its entries acknowledged before its next owner claims them
+        active: list[Partition] = []
+        stopping: list[Partition] = []
         for p in self._snapshot():
-            if p.stopping:
-                if p.lost is not None:
-                    log.warning("partition lost", extra={**p.ids(), "reason": p.lost})
-                with self._lock:
-                    del self._partitions[p.number]
-                p.done.set()
-            else:
-                active.append(p)
+            (stopping if p.stopping else active).append(p)
+        if stopping:
+            self._send()  # their entries acknowledged before their next owners claim them
+        for p in stopping:
+            if p.lost is not None:
+                log.warning("partition lost", extra={**p.ids(), "reason": p.lost})
+            with self._lock:
+                del self._partitions[p.number]
+            p.done.set()
         return active
 
     # -- one cycle -------------------------------------------------------------------
@@ -310,7 +310,8 @@ class Consumer(threading.Thread):
         except TRANSIENT_REDIS as exc:
             # Entries Redis delivered may not have reached us: they stay pending to
             # this consumer, so claim them again before reading past them. The
-            # replies and acknowledgements go again (each is idempotent).
+            # replies and acknowledgements go again: they are idempotent (the
+            # counters may count this cycle twice).
             for p in partitions:
                 p.draining, p.cursor = True, "0-0"
             self._unsent = unsent
