@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -266,6 +267,40 @@ def test_a_threads_connection_closes_when_the_thread_ends(
     assert not any(c["name"] == "short-lived" for c in redis_client.client_list())
     producer.remember(SCOPE, "from this thread")  # the producer itself goes on
     assert len(_entries(redis_client)) == 2
+
+
+@pytest.mark.filterwarnings("ignore:.*multi-threaded.*fork:DeprecationWarning")
+def test_a_forked_process_enqueues_on_a_connection_of_its_own(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A producer made before a fork (a preforking server, say) is usable in the child,
+    on a connection of the child's: one socket used by two processes mixes replies."""
+    producer = Producer.from_url(redis_url, partitions=16, client_name="forked-producer")
+    producer.remember(SCOPE, "parent, before")
+    enqueued_r, enqueued_w = os.pipe()
+    leave_r, leave_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: enqueue, say so, stay until told to leave
+        try:
+            os.close(leave_w)
+            producer.remember(SCOPE, "child")
+            os.write(enqueued_w, b"1")
+            os.read(leave_r, 1)
+        finally:
+            os._exit(0)
+    os.close(enqueued_w)
+    os.close(leave_r)
+    try:
+        assert os.read(enqueued_r, 1) == b"1"
+        names = [c["name"] for c in redis_client.client_list()]
+        assert names.count("forked-producer") == 2  # the parent's and the child's
+    finally:
+        os.close(leave_w)
+        os.waitpid(pid, 0)
+        os.close(enqueued_r)
+    producer.remember(SCOPE, "parent, after")
+    texts = [e["request"]["text"] for e in _entries(redis_client)]
+    assert texts == ["parent, before", "child", "parent, after"]
 
 
 def test_enqueue_many_sends_a_bulk_in_one_round_trip(

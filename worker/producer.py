@@ -8,6 +8,7 @@ on the operation's reply key, which a worker fills after the commit.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -352,7 +353,8 @@ class _ThreadConnections:
     def call(self, script: Any, key: str, *args: Any) -> Any:
         """``EVALSHA`` of a registered script (loaded first if the server lost it)."""
         conn: Any = self._local.__dict__.get("conn")
-        if conn is None:
+        if conn is None or conn.pid != os.getpid():
+            # New, or inherited through a fork: the parent's socket is the parent's.
             conn = self._local.conn = self._pool.make_connection()
             # The thread's locals go when it ends, and this marker with them: the
             # socket is closed then, not left to the garbage collector.
