@@ -269,6 +269,15 @@ def test_a_threads_connection_closes_when_the_thread_ends(
     assert len(_entries(redis_client)) == 2
 
 
+def test_short_threads_do_not_use_up_the_pool(redis_url: str, redis_client: redis.Redis) -> None:
+    producer = Producer.from_url(redis_url, partitions=16, max_connections=2)
+    for i in range(5):  # one thread after another, as a server's request threads come and go
+        thread = threading.Thread(target=producer.remember, args=(SCOPE, f"thread {i}"))
+        thread.start()
+        thread.join()
+    assert len(_entries(redis_client)) == 5
+
+
 @pytest.mark.filterwarnings("ignore:.*multi-threaded.*fork:DeprecationWarning")
 def test_a_forked_process_enqueues_on_a_connection_of_its_own(
     redis_url: str, redis_client: redis.Redis

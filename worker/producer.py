@@ -355,7 +355,9 @@ class _ThreadConnections:
         conn: Any = self._local.__dict__.get("conn")
         if conn is None or conn.pid != os.getpid():
             # New, or inherited through a fork: the parent's socket is the parent's.
-            conn = self._local.conn = self._pool.make_connection()
+            # Made like the pool's own, but not counted against its max_connections:
+            # the pool never learns that a thread's connection went with the thread.
+            conn = self._local.conn = self._pool.connection_class(**self._pool.connection_kwargs)
             # The thread's locals go when it ends, and this marker with them: the
             # socket is closed then, not left to the garbage collector.
             self._local.ended = ended = _Marker()
