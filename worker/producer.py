@@ -335,7 +335,8 @@ class Producer:
 
 
 class _ThreadConnections:
-    """One connection of the client's pool per thread, kept, for ``enqueue``.
+    """One connection per thread (made as the client's pool makes them), kept, for
+    ``enqueue``.
 
     A call through ``redis.Redis`` checks a connection out of the pool and back,
     and goes through the client's command layers: about half the CPU of an
