@@ -7,6 +7,7 @@ import re
 import statistics
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,31 +49,38 @@ def fresh_database(server: EmbeddedPostgres, name: str) -> str:
     return server.dsn(name)
 
 
-class MachineCpu:
-    """How busy the machine's CPUs were between ``start`` and ``busy`` (Linux: /proc/stat).
+@dataclass(frozen=True, slots=True)
+class CpuShares:
+    """Shares of the machine's CPU time over an interval (all CPUs, idle included)."""
 
-    Busy is user, nice, system, irq and softirq time over all time, steal and
-    idle included: every process counts (the benchmark's own producers too).
-    """
+    busy: float  # user, nice, system, irq and softirq: every process counts
+    stolen: float  # steal: time the hypervisor ran something else on these CPUs
+
+
+class MachineCpu:
+    """How the machine's CPUs were used between construction and ``shares``
+    (Linux: /proc/stat). The benchmark's own producers count as busy too; stolen
+    time shows how much of the host another tenant had meanwhile."""
 
     def __init__(self) -> None:
         self._start = _cpu_ticks()
 
-    def busy(self) -> float | None:
+    def shares(self) -> CpuShares | None:
         end = _cpu_ticks()
         if self._start is None or end is None:
             return None
-        busy, total = (e - s for s, e in zip(self._start, end, strict=True))
-        return busy / total if total else None
+        busy, stolen, total = (e - s for s, e in zip(self._start, end, strict=True))
+        return CpuShares(busy / total, stolen / total) if total else None
 
 
-def _cpu_ticks() -> tuple[int, int] | None:
+def _cpu_ticks() -> tuple[int, int, int] | None:
+    """(busy, stolen, all) ticks since boot."""
     try:
         first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
     except OSError:
         return None
     ticks = [int(x) for x in first[1:9]]  # user nice system idle iowait irq softirq steal
-    return sum(ticks) - ticks[3] - ticks[4] - ticks[7], sum(ticks)
+    return ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6], ticks[7], sum(ticks)
 
 
 def percentile(values: Sequence[float], p: float) -> float:
