@@ -5,6 +5,8 @@ MAX_ID_CHARS = 200
 MAX_SCOPE_VALUE_CHARS = 200
 MAX_KIND_CHARS = 64
 MAX_METADATA_BYTES = 16_000
+# How deeply metadata and message content may nest (objects and lists).
+MAX_JSON_DEPTH = 32
 MAX_SOURCES = 64
 MAX_LINKS = 64
 MAX_MESSAGES = 256

@@ -30,7 +30,20 @@ def check_string(value: object, what: str, *, max_chars: int, allow_empty: bool 
         raise InvalidRequestError(f"{what} is longer than {max_chars} characters")
     if "\x00" in value:
         raise InvalidRequestError(f"{what} must not contain NUL characters")
+    if not value.isascii():
+        check_encodable(value, what)
     return value
+
+
+def check_encodable(value: str, what: str) -> None:
+    """Refuse text that has no UTF-8 form: a lone surrogate, such as the JSON escape
+    ``"\\ud800"`` that any producer can send, would fail later, in a digest or in Redis."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidRequestError(
+            f"{what} is not valid Unicode text (a lone surrogate has no UTF-8 form)"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)

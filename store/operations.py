@@ -9,7 +9,6 @@ bad input is refused the same way everywhere and before anything changes.
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from .limits import (
     MAX_TEXT_CHARS,
 )
 from .model import ORIGINS, Link, Scope, Source, check_string
-from .validation import Fields, as_list, canonical_json
+from .validation import Fields, as_list, canonical_json, plain_json
 
 OperationKind = Literal["remember", "extract", "revise", "retract", "forget"]
 OPERATION_KINDS: tuple[OperationKind, ...] = ("remember", "extract", "revise", "retract", "forget")
@@ -85,8 +84,10 @@ class Remember:
     @classmethod
     def from_dict(cls, data: object) -> Remember:
         f = Fields(data, "remember", cls.FIELDS)
-        origin = f.get("origin") or "asserted"
-        if origin not in ORIGINS:
+        origin = f.get("origin")
+        if origin is None:
+            origin = "asserted"
+        elif origin not in ORIGINS:
             raise InvalidRequestError(f"remember.origin must be one of {', '.join(ORIGINS)}")
         return cls(
             text=str(f.text("text")),
@@ -148,19 +149,13 @@ def parse_message(item: object, what: str) -> Message:
     role = inner.get("role")
     if role not in MESSAGE_ROLES:
         raise InvalidRequestError(f"{what}.message.role must be one of {', '.join(MESSAGE_ROLES)}")
-    content = inner.get("content")
-    try:
-        encoded = canonical_json(content)
-    except (TypeError, ValueError) as exc:
-        raise InvalidRequestError(f"{what}.message.content must be plain JSON") from exc
-    if "\\u0000" in encoded:
-        raise InvalidRequestError(f"{what}.message.content must not contain NUL characters")
-    if len(encoded) > MAX_TEXT_CHARS * 4:
-        raise InvalidRequestError(f"{what}.message.content is too large")
+    content = plain_json(
+        inner.get("content"), f"{what}.message.content", max_bytes=MAX_TEXT_CHARS * 4
+    )
     return Message(
         id=str(f.ident("id")),
         role=role,
-        content=json.loads(encoded),
+        content=content,
         run_id=f.ident("run_id", required=False),
         tool_name=f.ident("tool_name", required=False),
     )
@@ -192,7 +187,9 @@ class Extract:
         messages = tuple(parse_message(m, f"extract.messages[{i}]") for i, m in enumerate(items))
         if len({m.id for m in messages}) != len(messages):
             raise InvalidRequestError("extract.messages ids must be unique")
-        trusted = as_list(f.get("trusted_tools") or [], "extract.trusted_tools", MAX_SOURCES)
+        trusted = as_list(
+            _or_empty_list(f.get("trusted_tools")), "extract.trusted_tools", MAX_SOURCES
+        )
         infer = f.get("infer")
         if infer is not None and not isinstance(infer, bool):
             raise InvalidRequestError("extract.infer must be true or false")
@@ -328,9 +325,13 @@ class Operation:
 
     def __post_init__(self) -> None:
         body = {"kind": self.kind, "scope": self.scope.as_dict(), "request": self.request.to_dict()}
-        object.__setattr__(
-            self, "digest", hashlib.sha256(canonical_json(body).encode()).hexdigest()
-        )
+        try:
+            encoded = canonical_json(body).encode()
+        except UnicodeEncodeError:  # built around from_dict, which refuses such text by field
+            raise InvalidRequestError(
+                f"operation {self.operation_id!r} holds text with no UTF-8 form"
+            ) from None
+        object.__setattr__(self, "digest", hashlib.sha256(encoded).hexdigest())
 
     @property
     def kind(self) -> OperationKind:
@@ -345,7 +346,7 @@ class Operation:
         return cls(
             operation_id=str(f.ident("operation_id")),
             scope=Scope.of(f.get("scope")),
-            request=REQUEST_TYPES[kind].from_dict(f.get("request") or {}),
+            request=REQUEST_TYPES[kind].from_dict(_or_empty(f.get("request"))),
         )
 
     @classmethod
@@ -373,6 +374,15 @@ class Operation:
             "scope": self.scope.as_dict(),
             "request": self.request.to_dict(),
         }
+
+
+def _or_empty(request: object) -> object:
+    """A missing request is an empty one (a forget of nothing names no id, and says so)."""
+    return {} if request is None else request
+
+
+def _or_empty_list(items: object) -> object:
+    return [] if items is None else items
 
 
 def _compact(values: dict[str, Any]) -> dict[str, Any]:

@@ -14,17 +14,53 @@ from typing import Any
 from .errors import InvalidRequestError
 from .limits import (
     MAX_ID_CHARS,
+    MAX_JSON_DEPTH,
     MAX_KIND_CHARS,
     MAX_LINKS,
     MAX_METADATA_BYTES,
     MAX_SOURCES,
     MAX_TEXT_CHARS,
 )
-from .model import LINK_RELATIONS, SOURCE_KINDS, Link, Source, check_string
+from .model import LINK_RELATIONS, SOURCE_KINDS, Link, Source, check_encodable, check_string
 
 
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def plain_json(value: object, what: str, *, max_bytes: int) -> Any:
+    """A copy of ``value`` as plain JSON (objects with string keys, lists, strings, finite
+    numbers, booleans, null), or ``InvalidRequestError``: too deep, too large, NUL
+    characters, text with no UTF-8 form, or anything JSON cannot hold."""
+    _check_depth(value, what)
+    try:
+        encoded = json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"{what} must be plain JSON (finite numbers only)") from exc
+    if "\\u0000" in encoded or "\x00" in encoded:
+        raise InvalidRequestError(f"{what} must not contain NUL characters")
+    check_encodable(encoded, what)
+    if len(encoded.encode()) > max_bytes:
+        raise InvalidRequestError(f"{what} is larger than {max_bytes} bytes")
+    return json.loads(encoded)
+
+
+def _check_depth(value: object, what: str) -> None:
+    """Nesting deeper than ``MAX_JSON_DEPTH`` is refused before anything recurses into it."""
+    level: list[object] = [value]
+    for _ in range(MAX_JSON_DEPTH + 1):
+        deeper: list[object] = []
+        for item in level:
+            if isinstance(item, Mapping):
+                deeper.extend(item.values())
+            elif isinstance(item, list | tuple):
+                deeper.extend(item)
+        if not deeper:
+            return
+        level = deeper
+    raise InvalidRequestError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
 
 
 class Fields:
@@ -90,17 +126,9 @@ class Fields:
             return None
         if not isinstance(value, Mapping):
             raise InvalidRequestError(f"{self.what}.metadata must be an object")
-        try:
-            encoded = canonical_json(value)
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(f"{self.what}.metadata must be plain JSON") from exc
-        if "\\u0000" in encoded or "\x00" in encoded:
-            raise InvalidRequestError(f"{self.what}.metadata must not contain NUL characters")
-        if len(encoded.encode()) > MAX_METADATA_BYTES:
-            raise InvalidRequestError(
-                f"{self.what}.metadata is larger than {MAX_METADATA_BYTES} bytes"
-            )
-        parsed: dict[str, Any] = json.loads(encoded)
+        parsed: dict[str, Any] = plain_json(
+            value, f"{self.what}.metadata", max_bytes=MAX_METADATA_BYTES
+        )
         return parsed
 
     def links(self) -> tuple[Link, ...] | None:

@@ -9,6 +9,13 @@ from store.limits import MAX_TEXT_CHARS
 from store.operations import derived_record_id
 
 
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth):
+        value = {"k": [value]}
+    return value
+
+
 def build(kind: str, request: dict, scope: object = None, op_id: str | None = "op-1") -> Operation:
     return Operation.build(kind, scope if scope is not None else {"user_id": "ada"}, request, op_id)
 
@@ -30,6 +37,7 @@ def test_scope_key_is_canonical_whatever_the_field_order() -> None:
         ({"user_id": ""}, "must not be empty"),
         ({"user_id": 7}, "must be a string"),
         ({"user_id": "a\x00b"}, "NUL"),
+        ({"user_id": "ada\ud800"}, "not valid Unicode"),
         ("ada", "must be an object"),
     ],
 )
@@ -49,10 +57,19 @@ def test_bad_scopes_are_refused(scope: object, message: str) -> None:
         ({"text": "nul\x00byte"}, "NUL"),
         ({"text": "x", "colour": "red"}, "unknown field"),
         ({"text": "x", "origin": "guessed"}, "origin"),
+        ({"text": "x", "origin": []}, "origin"),
+        ({"text": "x", "origin": ""}, "origin"),
         ({"text": "x", "importance": 2}, "between 0 and 1"),
         ({"text": "x", "importance": float("nan")}, "must be a number"),
         ({"text": "x", "metadata": []}, "must be an object"),
         ({"text": "x", "metadata": {"k": "a\x00"}}, "NUL"),
+        ({"text": "lone \ud800 surrogate"}, "remember.text is not valid Unicode"),
+        ({"text": "x", "metadata": {"k": "\udfff"}}, "metadata is not valid Unicode"),
+        ({"text": "x", "metadata": {"\ud800": 1}}, "metadata is not valid Unicode"),
+        ({"text": "x", "metadata": {"k": float("inf")}}, "finite numbers"),
+        ({"text": "x", "metadata": {"k": {1, 2}}}, "plain JSON"),
+        ({"text": "x", "metadata": _nested(40)}, "nests deeper than 32"),
+        ({"text": "x", "id": "mem_\ud800"}, "remember.id is not valid Unicode"),
         ({"text": "x", "sources": [{"kind": "oracle"}]}, "kind must be one of"),
         ({"text": "x", "sources": []}, "must not be empty"),
         ({"text": "x", "links": [{"relation": "likes", "id": "m"}]}, "relation"),
@@ -138,3 +155,18 @@ def test_created_record_ids_derive_from_the_operation_id() -> None:
     assert derived_record_id("op-1", 0) == derived_record_id("op-1", 0)
     assert derived_record_id("op-1", 0) != derived_record_id("op-1", 1)
     assert derived_record_id("op-1", 0) != derived_record_id("op-2", 0)
+
+
+def test_text_without_a_utf8_form_is_refused_in_every_field() -> None:
+    with pytest.raises(InvalidRequestError, match=r"operation\.operation_id is not valid Unicode"):
+        build("remember", {"text": "x"}, op_id="op-\ud800")
+    message = {"id": "m1", "message": {"role": "user", "content": "tea \ud83d"}}
+    with pytest.raises(InvalidRequestError, match="content is not valid Unicode"):
+        build("extract", {"messages": [message]})
+    with pytest.raises(InvalidRequestError, match="nests deeper"):
+        build(
+            "extract",
+            {"messages": [{"id": "m1", "message": {"role": "user", "content": [_nested(33)]}}]},
+        )
+    # A valid pair of surrogates is one character, with a UTF-8 form.
+    assert build("remember", {"text": "tea \U0001f375"}).request.text == "tea \U0001f375"

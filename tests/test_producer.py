@@ -114,6 +114,8 @@ def test_every_kind_is_enqueued_with_its_request(
         lambda p: p.retract(SCOPE, ""),
         lambda p: p.submit("fly", SCOPE, {}),
         lambda p: p.remember(SCOPE, "x", importance=3),
+        lambda p: p.remember(SCOPE, "lone \ud800 surrogate"),
+        lambda p: p.remember(SCOPE, "x", operation_id="op:\udc00"),
     ],
 )
 def test_invalid_requests_are_refused_before_anything_is_enqueued(

@@ -110,6 +110,49 @@ def test_malformed_entries(fields: dict[bytes, bytes], message: str) -> None:
     assert message in decoded.error.message
 
 
+def _op_json(
+    request: str, *, operation_id: str = '"odd:1"', scope: str = '{"user_id":"a"}'
+) -> bytes:
+    return (
+        f'{{"operation_id":{operation_id},"kind":"remember","scope":{scope},"request":{request}}}'
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({b"op": _op_json('{"text":"\\ud800"}')}, "not valid Unicode"),
+        ({b"op": _op_json('{"text":"x","metadata":{"k":"\\udfff"}}')}, "not valid Unicode"),
+        ({b"op": _op_json('{"text":"x"}', scope='{"user_id":"\\ud800"}')}, "not valid Unicode"),
+        ({b"op": b"[" * 100_000 + b"]" * 100_000}, "cannot be read as JSON"),
+        ({b"op": _op_json('{"text":"x","importance":' + "9" * 5000 + "}")}, "cannot be read"),
+        ({b"op": _op_json('{"text":"x","metadata":{"k":1e999}}')}, "finite numbers"),
+        ({b"\xff\xfe": b"{}"}, "exactly one field"),
+        ({b"op": _op_json('{"text":"x","text":7}')}, "must be a string"),  # the last key wins
+    ],
+)
+def test_no_entry_is_more_than_malformed(fields: dict[bytes, bytes], message: str) -> None:
+    decoded = decode_entry("9-0", fields, partition=partition_of({"user_id": "a"}, 4), partitions=4)
+    assert isinstance(decoded, Malformed)
+    assert message in decoded.error.message
+
+
+def test_a_refusal_goes_to_a_reply_key_only_if_its_operation_id_is_valid_text() -> None:
+    fields = {b"op": _op_json('{"text":3}', operation_id='"op:\\ud800"')}
+    decoded = decode_entry("9-0", fields, partition=partition_of({"user_id": "a"}, 4), partitions=4)
+    assert isinstance(decoded, Malformed) and decoded.operation_id is None
+
+
+def test_an_unforeseen_failure_is_still_the_entrys_own() -> None:
+    class Exploding(dict):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            raise RuntimeError("boom")
+
+    decoded = decode_entry("9-0", Exploding(), partition=0, partitions=1)
+    assert isinstance(decoded, Malformed)
+    assert decoded.error.message == "the entry could not be read (RuntimeError)"
+
+
 def test_malformed_keeps_the_operation_id_so_the_producer_hears_of_it() -> None:
     body = {
         "operation_id": "bad:1",

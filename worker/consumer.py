@@ -53,7 +53,7 @@ from .defaults import BACKOFF_MAX_S, BACKOFF_MIN_S
 from .errors import DeadLetteredError
 from .leases import Lease
 from .metrics import BatchStats, record_batch
-from .protocol import OP_FIELD, Entry, Malformed, Outcome, decode_entry, encode_reply
+from .protocol import Entry, Malformed, Outcome, decode_entry, encode_reply, raw_op
 from .settings import WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -347,13 +347,13 @@ class Consumer(threading.Thread):
                     )
                 elif count > cfg.max_deliveries:
                     op_id = item.operation.operation_id
-                    reason, raw = deadletters.DELIVERIES, _raw(fields)
+                    reason, raw = deadletters.DELIVERIES, raw_op(fields or {})
                     error = DeadLetteredError(
                         f"operation {op_id} was delivered {count} times without being committed"
                     )
                 else:
                     good.append((p, item))
-                    raws[p.number, item.entry_id] = _raw(fields)
+                    raws[p.number, item.entry_id] = raw_op(fields or {})
                     continue
                 dead.append(_Dead(p, item.entry_id, op_id, raw, reason, error, count))
         # Only entries claimed from earlier deliveries are likely replays: for a batch
@@ -601,13 +601,6 @@ def _reply(pipe: Any, operation_id: str, body: str, ttl_s: int) -> None:
     pipe.delete(key)
     pipe.rpush(key, body)
     pipe.expire(key, ttl_s)
-
-
-def _raw(fields: Any) -> str | None:
-    if not fields:
-        return None
-    value = fields.get(OP_FIELD.encode(), fields.get(OP_FIELD))
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def _s(value: Any) -> str:

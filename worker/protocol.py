@@ -18,7 +18,8 @@ from typing import Any
 
 from store import Operation, Scope, WriteResult
 from store.errors import EngramError, InvalidRequestError
-from store.model import Receipt
+from store.limits import MAX_ID_CHARS
+from store.model import Receipt, check_string
 
 from .defaults import MAX_ENTRY_BYTES
 from .errors import error_from_dict
@@ -60,16 +61,33 @@ class Malformed:
     operation_id: str | None  # when readable, so a waiting producer gets the error
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def _text(value: str | bytes, errors: str = "strict") -> str:
+    return value.decode(errors=errors) if isinstance(value, bytes) else str(value)
 
 
 def decode_entry(
     entry_id: str | bytes, fields: Mapping[Any, Any], *, partition: int, partitions: int
 ) -> Entry | Malformed:
-    """Check one entry read from partition ``partition``'s stream."""
+    """Check one entry read from partition ``partition``'s stream.
+
+    Total: whatever the entry holds, the answer is an ``Entry`` or a ``Malformed``
+    (never an exception), so no entry can stop the consumer that reads it."""
     eid = _text(entry_id)
-    names = sorted(_text(k) for k in fields)
+    try:
+        return _decode(eid, fields, partition=partition, partitions=partitions)
+    except Exception as exc:  # a case the checks below did not foresee: still this entry's
+        return Malformed(
+            eid,
+            InvalidRequestError(f"the entry could not be read ({type(exc).__name__})"),
+            raw_op(fields),
+            None,
+        )
+
+
+def _decode(
+    eid: str, fields: Mapping[Any, Any], *, partition: int, partitions: int
+) -> Entry | Malformed:
+    names = sorted(_text(k, errors="replace") for k in fields)
     if names != [OP_FIELD]:
         return Malformed(
             eid,
@@ -100,6 +118,13 @@ def decode_entry(
             raw,
             None,
         )
+    except (ValueError, RecursionError) as exc:  # an integer too long, nesting too deep
+        return Malformed(
+            eid,
+            InvalidRequestError(f"the op field cannot be read as JSON ({type(exc).__name__})"),
+            raw,
+            None,
+        )
     op_id = _operation_id(data)
     try:
         op = Operation.from_dict(data)
@@ -120,11 +145,23 @@ def decode_entry(
 
 
 def _operation_id(data: object) -> str | None:
+    """The operation id of an entry that is refused, when it is one a producer could
+    wait on: it names the reply key the refusal is sent to."""
     if isinstance(data, dict):
         value = data.get("operation_id")
-        if isinstance(value, str) and 0 < len(value) <= 200:
-            return value
+        try:
+            return check_string(value, "operation_id", max_chars=MAX_ID_CHARS)
+        except InvalidRequestError:
+            return None
     return None
+
+
+def raw_op(fields: Mapping[Any, Any]) -> str | None:
+    """The op field as sent, for the dead letter (undecodable bytes replaced)."""
+    value = fields.get(OP_FIELD.encode(), fields.get(OP_FIELD)) if fields else None
+    if value is None:
+        return None
+    return _text(value, errors="replace")
 
 
 # -- replies ------------------------------------------------------------------------
