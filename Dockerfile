@@ -4,6 +4,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY store ./store
 COPY worker ./worker
+COPY engram ./engram
 RUN pip install --no-cache-dir .
 USER nobody
 CMD ["engram", "worker"]

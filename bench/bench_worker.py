@@ -226,7 +226,7 @@ class Engram(System):
         Store.connect(self.dsn).close()  # migrate
         for _ in range(self.workers):
             self._spawn(
-                ["-m", "worker", "--log-level", "WARNING", "worker"],
+                ["-m", "engram", "--log-level", "WARNING", "worker"],
                 {
                     "DATABASE_URL": self.dsn,
                     "REDIS_URL": self.redis_url,

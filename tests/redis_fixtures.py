@@ -168,7 +168,7 @@ def worker_processes(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         }
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "worker", "--log-level", "INFO", "worker"],
+                [sys.executable, "-m", "engram", "--log-level", "INFO", "worker"],
                 env=full_env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from engram.cli import main
 from store import Store
 from tests.redis_fixtures import FAST, REPO, InProcessWorker, wait_until
-from worker.cli import main
 
 StartWorker = Callable[..., InProcessWorker]
 
@@ -129,7 +129,7 @@ def test_engram_up_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
     log_path = tmp_path / "up.log"
     with open(log_path, "wb") as log:
         up = subprocess.Popen(
-            [sys.executable, "-m", "worker", "up", "--workers", "2"],
+            [sys.executable, "-m", "engram", "up", "--workers", "2"],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -159,7 +159,7 @@ def test_engram_up_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "worker",
+                "engram",
                 "enqueue",
                 "remember",
                 "--scope",

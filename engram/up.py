@@ -23,10 +23,9 @@ from types import FrameType
 from store import Store
 from store.errors import EngramError
 from store.server import EmbeddedPostgres
-
-from .runtime import RUN_FILE, write_run_file
-from .settings import Settings
-from .valkey import EmbeddedValkey
+from worker.runtime import RUN_FILE, write_run_file
+from worker.settings import Settings
+from worker.valkey import EmbeddedValkey
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class Workers:
         self.children = [self._spawn(i) for i in range(self.count)]
 
     def _spawn(self, index: int) -> _Child:
-        process = subprocess.Popen([sys.executable, "-m", "worker", "worker"], env=self.env)
+        process = subprocess.Popen([sys.executable, "-m", "engram", "worker"], env=self.env)
         log.info("worker process started", extra={"index": index, "pid": process.pid})
         return _Child(index, process)
 
@@ -165,7 +164,7 @@ def _print_where(
 
 def _stream_demo(redis_url: str, settings: Settings) -> None:
     """Remember then revise through the streams, and print the receipts."""
-    from .producer import Producer
+    from worker.producer import Producer
 
     with Producer.from_url(redis_url, partitions=settings.worker.partitions) as producer:
         scope = {"user_id": "engram-demo"}

@@ -13,10 +13,9 @@ from types import FrameType
 from store import Store, WordLlamaEmbedder
 from store.errors import EngramError, InvalidRequestError
 from store.server import EmbeddedPostgres
-
-from . import logs, metrics, runtime
-from .producer import Producer
-from .settings import Settings
+from worker import logs, metrics, runtime
+from worker.producer import Producer
+from worker.settings import Settings
 
 log = logging.getLogger("engram")
 
@@ -86,7 +85,7 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
-    from .worker import Worker
+    from worker.worker import Worker
 
     client = runtime.connect_redis(runtime.redis_url(settings))
     embedder = runtime.load_embedder(args.embedder or settings.embedder)
@@ -175,7 +174,7 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     """Exit 0 when a worker on this host is beating (a container's health check)."""
     import socket
 
-    from .membership import live_workers
+    from worker.membership import live_workers
 
     client = runtime.connect_redis(runtime.redis_url(settings))
     try:
