@@ -7,8 +7,9 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Any
 
 from store import Store, WordLlamaEmbedder
 from store.errors import EngramError, InvalidRequestError
@@ -189,23 +190,17 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if here else 1
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="engram", description=__doc__)
-    parser.add_argument("--log-level", default="INFO")
-    parser.add_argument(
-        "--log-format",
-        choices=("text", "json"),
-        default=None,
-        help="default: ENGRAM_LOG_FORMAT, else text",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+def register(sub: Any) -> None:
+    """The commands defined here; each sets ``run``, the function ``main`` calls."""
     up = sub.add_parser("up", help="run engram: embedded servers unless configured, workers")
     up.add_argument("--workers", type=int, default=None, help="worker processes (default 2)")
     up.add_argument("--demo", action="store_true", help="send a few operations once up")
+    up.set_defaults(run=cmd_up)
     worker = sub.add_parser("worker", help="commit operations from the streams until SIGTERM")
     worker.add_argument(
         "--embedder", default=None, help="wordllama (default), hashing[:DIMS] or module:factory"
     )
+    worker.set_defaults(run=cmd_worker)
     enqueue = sub.add_parser("enqueue", help="send one operation; print its id or receipt")
     enqueue.add_argument("kind", choices=("remember", "extract", "revise", "retract", "forget"))
     enqueue.add_argument("--scope", required=True, help='JSON, e.g. \'{"user_id": "ada"}\'')
@@ -218,30 +213,44 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="wait for the receipt and print it",
     )
-    sub.add_parser("metrics", help="print the stream counters in Prometheus text format")
-    sub.add_parser("health", help="exit 0 if a worker on this host is alive")
-    sub.add_parser("migrate", help="apply the schema migrations and exit")
-    sub.add_parser("demo", help="remember, revise and recall directly in the store")
+    enqueue.set_defaults(run=cmd_enqueue)
+    for name, run, help_text in (
+        ("metrics", cmd_metrics, "print the stream counters in Prometheus text format"),
+        ("health", cmd_health, "exit 0 if a worker on this host is alive"),
+        ("migrate", cmd_migrate, "apply the schema migrations and exit"),
+        ("demo", cmd_demo, "remember, revise and recall directly in the store"),
+    ):
+        sub.add_parser(name, help=help_text).set_defaults(run=run)
+
+
+# Each module that defines commands offers ``register(subparsers)``.
+_COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (register,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="engram", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help="default: ENGRAM_LOG_FORMAT, else text",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for register_commands in _COMMAND_MODULES:
+        register_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     import os
 
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     log_format = args.log_format or os.environ.get("ENGRAM_LOG_FORMAT") or "text"
     logs.configure(args.log_level, as_json=log_format == "json")
-    commands = {
-        "up": cmd_up,
-        "worker": cmd_worker,
-        "enqueue": cmd_enqueue,
-        "metrics": cmd_metrics,
-        "health": cmd_health,
-        "migrate": cmd_migrate,
-        "demo": cmd_demo,
-    }
     try:
-        return commands[args.command](Settings.from_env(), args)
+        code: int = args.run(Settings.from_env(), args)
+        return code
     except EngramError as exc:
         print(f"engram: {exc.code}: {exc.message}", file=sys.stderr)
         return 2
