@@ -26,3 +26,11 @@ REEMBED_MAX_PASSES = 3
 LARGE_SCOPE_VECTORS = 20_000
 
 MAX_WRITE_ATTEMPTS = 5
+
+# Models (reconciliation, extraction with inference).
+# The longest answer a model may give; a longer one is refused (model_output).
+MAX_MODEL_ANSWER_CHARS = 200_000
+# The most facts an extraction, or events a reconciliation, may answer with.
+MAX_MODEL_FACTS = 64
+MAX_MODEL_EVENTS = 256
+MAX_INSTRUCTIONS_CHARS = 4_000
