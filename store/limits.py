@@ -34,3 +34,11 @@ MAX_MODEL_ANSWER_CHARS = 200_000
 MAX_MODEL_FACTS = 64
 MAX_MODEL_EVENTS = 256
 MAX_INSTRUCTIONS_CHARS = 4_000
+
+# The OpenAI-compatible client's defaults (ENGRAM_LLM_*).
+LLM_TIMEOUT_S = 30.0  # per attempt
+LLM_MAX_RETRIES = 3
+LLM_BACKOFF_S = 0.5  # the first retry's back-off; it doubles up to LLM_MAX_BACKOFF_S
+LLM_MAX_BACKOFF_S = 8.0
+# The longest a Retry-After is honoured; an endpoint asking for more fails the call.
+LLM_MAX_RETRY_AFTER_S = 60.0
