@@ -27,6 +27,7 @@ from .model import (
 )
 from .needs import needs_model
 from .operations import Operation
+from .prepare import Prepared, prepare
 from .recall import RecallQuery, recall
 from .reconcile import Decision
 from .rows import (
@@ -157,6 +158,18 @@ class Store:
             decisions=decided,
             **options,
         )
+
+    def prepare(
+        self,
+        op: Operation,
+        *,
+        embedder: Embedder | None = None,
+        llm: LLM | None = None,
+        deadline: float | None = None,
+    ) -> Prepared:
+        """Run ``op``'s model phase now, outside any transaction (``prepare``); commit
+        it later with ``execute(..., decisions={op.operation_id: prepared.decision})``."""
+        return prepare(self.pool, op, embedder=embedder, llm=llm, deadline=deadline)
 
     def set_redaction(self, operation_id: str, status: str) -> None:
         with self.pool.connection() as conn:
