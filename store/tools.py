@@ -5,8 +5,8 @@ executor bound to one scope.
 
 - Every write is ``inferred`` and cites the tool call as an assistant source
   (``tool_call_id``, ``tool_name``, the scope's ``chat_id``, the run).
-- Its operation id is derived from the run, the model step and the tool call
-  id: a call replayed after a crash is applied once.
+- Its operation id is derived from the scope, the run, the model step and the
+  tool call id: a call replayed after a crash is applied once.
 - ``memory_recall`` answers ``{id, revision, text, kind, origin, source_kinds,
   status}`` per record, so the model can hand the revision back.
 - ``memory_revise`` / ``memory_retract`` refuse asserted records, and every
@@ -144,10 +144,11 @@ def tool_definitions(
     return out
 
 
-def tool_operation_id(run_id: str, step: int | str, call_id: str) -> str:
-    """The operation id of a tool call: the same call, replayed, is the same operation."""
-    digest = hashlib.sha256(json.dumps([run_id, str(step), call_id]).encode()).hexdigest()
-    return f"tool_{digest[:40]}"
+def tool_operation_id(scope: Scope, run_id: str, step: int | str, call_id: str) -> str:
+    """The operation id of a tool call: the same call, replayed, is the same operation;
+    the same ids in another scope or run are another."""
+    key = json.dumps([scope.key, run_id, str(step), call_id])
+    return f"tool_{hashlib.sha256(key.encode()).hexdigest()[:40]}"
 
 
 class MemoryTools:
@@ -202,7 +203,7 @@ class MemoryTools:
                 tool,
                 self.scope,
                 self._request(tool, name, args, call_id),
-                tool_operation_id(str(self.run_id), step, call_id),
+                tool_operation_id(self.scope, str(self.run_id), step, call_id),
             )
             receipt = self._write(op)
         except EngramError as error:
