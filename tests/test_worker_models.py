@@ -277,3 +277,32 @@ def test_a_worker_killed_during_a_model_call_leaves_the_operation_to_the_next_ow
     assert all(r.headers["authorization"] == "Bearer sk-engram-test" for r in server.requests)
     texts = [r.text for r in store.records(scope)]
     assert sorted(texts) == ["Ada drinks tea.", "Ada likes green tea."]
+
+
+@pytest.mark.slow
+def test_a_model_phase_cut_off_from_the_database_runs_again(
+    fresh_store: Store, fresh_dsn: str, start_worker: StartWorker, producer: Producer
+) -> None:
+    """The worker's connections are terminated between an extraction's call and its
+    candidates' read: the phase fails on the database, waits, runs again (calling the
+    model again: its answer was not kept) and the operation commits once."""
+    import psycopg
+
+    scope = {"user_id": "ada-cut"}
+    answer = facts({"text": "Ada ships on Friday.", "sources": ["s0"]})
+
+    def cut_off_then_answer(prompt: Prompt) -> str:
+        if not llm.of("extract")[:-1]:  # the first call only
+            with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+        return answer
+
+    llm = ScriptedLLM(extract=cut_off_then_answer, reconcile=events())
+    with start_worker(fresh_store, llm=llm):
+        producer.remember(scope, "Ada ordered a lamp.", supersede="add").wait(10)
+        receipt = producer.extract(scope, ORDER_MESSAGES[:1]).wait(30)
+    assert receipt.scope_revision == 2 and receipt.model_calls == 2  # extract, reconcile
+    assert [p.kind for p in llm.prompts] == ["extract", "extract", "reconcile"]

@@ -271,18 +271,15 @@ class Consumer(threading.Thread):
             and p not in claimed
             and self.models.held(p) < self.shared.config.llm_max_held
         ]
-        models_done = self.models.has_ready()
+        if self.models.busy:
+            self.models.start()  # any phase due again (the last commit went through)
         if reading:
-            # Entries claimed, or model phases ended, are in hand: then only look.
-            reads += self._read_new(
-                reading,
-                block=not reads and not models_done,
-                block_ms=self.models.read_block_ms(self.shared.config.block_ms),
-            )
-        if reads or models_done or self.models.has_ready():
+            # Entries claimed are in hand, or model calls are running: then only look.
+            reads += self._read_new(reading, block=not reads and not self.models.running)
+        if reads or self.models.has_ready():
             self._handle(reads, started)
-        elif not reading and self.models.busy:
-            time.sleep(self.models.read_block_ms(self.shared.config.block_ms) / 1000)
+        elif self.models.running:
+            self.models.wait()
 
     def _raise_fences(self, new: list[Partition]) -> None:
         """From this commit on, earlier holders of these partitions can commit nothing."""
@@ -326,7 +323,7 @@ class Consumer(threading.Thread):
         deliveries = {_s(x["message_id"]): int(x["times_delivered"]) for x in pending}
         return [_Read(p, list(entries), deliveries)]
 
-    def _read_new(self, partitions: list[Partition], *, block: bool, block_ms: int) -> list[_Read]:
+    def _read_new(self, partitions: list[Partition], *, block: bool) -> list[_Read]:
         cfg = self.shared.config
         unsent, self._unsent = self._unsent, None
         pipe = self.shared.client.pipeline(transaction=False)
@@ -337,7 +334,7 @@ class Consumer(threading.Thread):
             self.shared.worker_id,
             {p.stream: ">" for p in partitions},
             count=cfg.batch_size,
-            block=block_ms if block else None,
+            block=cfg.block_ms if block else None,
         )
         try:
             reply = pipe.execute()[-1]

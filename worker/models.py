@@ -22,6 +22,7 @@ partition being released, or a worker stopping, first finishes what it holds
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +37,7 @@ from store.operations import Extract, Operation
 from store.prepare import Prepared
 from store.reconcile import Decision
 
+from .defaults import BACKOFF_MAX_S
 from .protocol import Entry
 
 if TYPE_CHECKING:
@@ -45,9 +47,12 @@ log = logging.getLogger(__name__)
 
 Item = tuple["Partition", Entry]
 
-# How long a consumer's read waits for new entries while model calls run: about
-# how late a finished call is noticed.
-POLL_MS = 10
+# While model calls run, the consumer does not block in its read of the streams
+# (Redis times out a blocked read at its ``hz``, ten times a second by default:
+# too coarse to notice a finished call); it reads without blocking, then waits this
+# long for a call to finish (a finishing call wakes it at once): the longest a new
+# entry then waits to be read.
+POLL_S = 0.005
 
 
 @dataclass(eq=False)
@@ -57,6 +62,7 @@ class _Held:
     future: Future[Prepared] | None = None
     started: float = 0.0
     deadline: float = 0.0
+    retry_at: float = 0.0  # after a database failure, when to run the phase again
 
 
 @dataclass
@@ -93,6 +99,7 @@ class ModelPhase:
         self._held: set[tuple[int, str]] = set()  # (partition, entry id)
         self._per_partition: Counter[int] = Counter()
         self._executor: ThreadPoolExecutor | None = None
+        self._finished = threading.Event()  # set by a model phase as it ends
 
     def has_phase(self, op: Operation) -> bool:
         return needs_model(op.request, self.llm is not None)
@@ -114,10 +121,16 @@ class ModelPhase:
             for h in (q[0] for q in self._queues.values())
         )
 
-    def read_block_ms(self, block_ms: int) -> int:
-        """How long the next read may block: not long while calls are running."""
-        running = any(q[0].future is not None for q in self._queues.values())
-        return min(block_ms, POLL_MS) if running else block_ms
+    @property
+    def running(self) -> bool:
+        """Whether a model phase is under way or due again (then the consumer must not
+        block in a read: it would not notice the phase end)."""
+        return any(q[0].future is not None or q[0].retry_at for q in self._queues.values())
+
+    def wait(self) -> None:
+        """Wait until a model phase ends, ``POLL_S`` at most."""
+        if self._finished.wait(POLL_S):
+            self._finished.clear()
 
     # -- the cycle -------------------------------------------------------------------
 
@@ -143,11 +156,13 @@ class ModelPhase:
         return now
 
     def start(self) -> None:
-        """Start the phase of each scope's first held operation (after a commit: the
-        phase sees everything before it in its scope)."""
+        """Start the phase of each scope's first held operation. Called after a commit,
+        and between cycles: the phase sees everything before it in its scope."""
+        now = time.monotonic()
         for queue in self._queues.values():
             head = queue[0]
-            if head.future is None:
+            if head.future is None and head.retry_at <= now:
+                head.retry_at = 0.0
                 head.started = time.monotonic()
                 head.deadline = head.started + self.deadline_s
                 head.future = self._pool().submit(
@@ -157,6 +172,7 @@ class ModelPhase:
                     llm=self.llm,
                     deadline=head.deadline,
                 )
+                head.future.add_done_callback(lambda _: self._finished.set())
 
     def ready(self) -> Released:
         out = Released()
@@ -196,12 +212,17 @@ class ModelPhase:
         try:
             prepared = head.future.result()
         except self.transient as exc:
-            # Its database reads failed: run it again once a commit went through.
+            # Its database reads failed (before or between its calls): run it again.
             log.warning(
                 "model phase interrupted, will run again",
-                extra={"operation_id": op.operation_id, "error": type(exc).__name__},
+                extra={
+                    "operation_id": op.operation_id,
+                    "error": type(exc).__name__,
+                    "retry_in_s": BACKOFF_MAX_S,
+                },
             )
             head.future = None
+            head.retry_at = now + BACKOFF_MAX_S
             return False
         except Exception as exc:
             out.broken.append((head.item, type(exc).__name__))
