@@ -9,6 +9,7 @@ fused, as ``Store.recall``), ``top_k`` records per text and no record twice.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import psycopg
@@ -33,6 +34,8 @@ _SAME_WORDS = """
 def similar_records(
     pool: Any, scope: Scope, texts: Sequence[str], embedder: Embedder | None, top_k: int
 ) -> list[Candidate]:
+    # Embedded before a connection is taken (a scope with no vectors wastes this).
+    vectors: list[Any] = list(embed_checked(embedder, texts)) if embedder else [None] * len(texts)
     with pool.connection() as conn:
         row = conn.execute(
             """SELECT s.id, g.id, g.model_id, g.dims, i.index_name IS NOT NULL
@@ -42,43 +45,55 @@ def similar_records(
                WHERE s.key = %s""",
             (scope.key,),
         ).fetchone()
-    if row is None:
-        return []  # a scope never written holds nothing
-    scope_id, generation_id, model_id, dims, hnsw = row
-    vectors: list[Any] = [None] * len(texts)
-    if generation_id is not None and embedder is not None:
-        if (embedder.model_id, embedder.dims) != (model_id, dims):
+        if row is None:
+            return []  # a scope never written holds nothing
+        scope_id, generation_id, model_id, dims, hnsw = row
+        if generation_id is None:
+            vectors = [None] * len(texts)
+        elif embedder is not None and (embedder.model_id, embedder.dims) != (model_id, dims):
             raise EmbeddingMismatchError(
                 f"the active embedding generation is {model_id} ({dims} dimensions), "
                 f"not {embedder.model_id} ({embedder.dims})"
             )
-        vectors = list(embed_checked(embedder, texts))  # no connection held meanwhile
-    found: dict[str, Candidate] = {}
-    with pool.connection() as conn, conn.transaction():
-        for text, vector in zip(texts, vectors, strict=True):
-            per_text = _same_text(conn, scope_id, text)
-            hits = recall(
-                conn,
-                RecallQuery(
-                    scope_id=scope_id,
-                    text=text,
-                    vector=vector,
-                    generation_id=generation_id,
-                    dims=dims,
-                    top_k=top_k,
-                    kind=None,
-                    include_retracted=False,
-                    recorded_as_of=None,
-                    hnsw=bool(hnsw),
-                ),
-            )
-            per_text += [
-                Candidate(h.record.id, h.record.revision, h.record.origin, h.record.text)
-                for h in hits
-            ]
-            for candidate in list(dict.fromkeys(per_text))[:top_k]:
-                found.setdefault(candidate.id, candidate)
+        # Reads that need no snapshot of their own; an HNSW search sets its options
+        # for one transaction.
+        with conn.transaction() if hnsw else nullcontext():
+            found: dict[str, Candidate] = {}
+            for text, vector in zip(texts, vectors, strict=True):
+                for candidate in _similar_to(conn, scope_id, text, vector, row, top_k):
+                    found.setdefault(candidate.id, candidate)
     return list(found.values())
+
+
+def _similar_to(
+    conn: psycopg.Connection[Any],
+    scope_id: int,
+    text: str,
+    vector: Any,
+    row: Sequence[Any],
+    top_k: int,
+) -> list[Candidate]:
+    _, generation_id, _, dims, hnsw = row
+    hits = recall(
+        conn,
+        RecallQuery(
+            scope_id=scope_id,
+            text=text,
+            vector=vector,
+            generation_id=generation_id,
+            dims=dims,
+            top_k=top_k,
+            kind=None,
+            include_retracted=False,
+            recorded_as_of=None,
+            hnsw=bool(hnsw),
+            superseded_by=False,
+        ),
+    )
+    similar = _same_text(conn, scope_id, text) + [
+        Candidate(h.record.id, h.record.revision, h.record.origin, h.record.text) for h in hits
+    ]
+    return list(dict.fromkeys(similar))[:top_k]
 
 
 def _same_text(conn: psycopg.Connection[Any], scope_id: int, text: str) -> list[Candidate]:

@@ -64,6 +64,9 @@ class OpenAIServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as real endpoints
+            # Headers and body go in two writes: with Nagle's algorithm the body would
+            # wait for the client's delayed ACK of the headers (40 ms).
+            disable_nagle_algorithm = True
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
