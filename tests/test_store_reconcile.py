@@ -273,10 +273,15 @@ def test_the_model_is_called_once_whatever_the_transaction_retries(fresh_store: 
 
     class SwitchingEmbedder(CountingEmbedder):
         def embed(self, texts: Any) -> Any:
-            if self.calls == 2:  # the writer's: after the candidates' query vector
-                self.calls += 1
+            result = super().embed(texts)
+            # The text's second embedding is the writer's (the first, the candidates'
+            # query): a new generation is activated before the writer's transaction.
+            if self.texts.count("Ada likes green tea.") == 2 and not self.switched:
+                self.switched = True
                 store.embeddings.reembed(HashingEmbedder(64, model_id="hashing-64"))
-            return super().embed(texts)
+            return result
+
+        switched = False
 
     embedder = SwitchingEmbedder(HashingEmbedder(64))
     llm = ScriptedLLM(reconcile=events({"event": "ADD", "text": "Ada likes green tea."}))
