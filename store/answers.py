@@ -11,7 +11,6 @@ every source read).
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,6 +18,7 @@ from typing import Any, Literal
 from .errors import InvalidRequestError, ModelOutputError
 from .limits import MAX_KIND_CHARS, MAX_MODEL_EVENTS, MAX_MODEL_FACTS, MAX_TEXT_CHARS
 from .model import check_string
+from .validation import check_importance
 
 EventKind = Literal["ADD", "UPDATE", "DELETE", "NOOP"]
 EVENT_KINDS: tuple[EventKind, ...] = ("ADD", "UPDATE", "DELETE", "NOOP")
@@ -111,17 +111,10 @@ def _kind(value: object, what: str) -> str | None:
 
 
 def _importance(item: dict[str, Any], what: str) -> float | None:
-    value = item.get("importance")
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 <= value <= 1
-    ):
-        raise ModelOutputError(f"{what} importance is not a number from 0 to 1")
-    return float(value)
+    try:
+        return check_importance(item.get("importance"), f"{what} importance")
+    except InvalidRequestError as exc:
+        raise ModelOutputError(f"the model's {exc.message}") from None
 
 
 def parse_events(answer: str, candidate_count: int) -> list[Event]:

@@ -74,8 +74,9 @@ def test_malformed_events(answer: str, message: str) -> None:
     [
         ('{"facts": [{"text": "x", "kind": 7}]}', "kind must be a string"),
         ('{"facts": [{"text": "x", "kind": "' + "k" * 65 + '"}]}', "longer than 64"),
-        ('{"facts": [{"text": "x", "importance": "high"}]}', "from 0 to 1"),
-        ('{"facts": [{"text": "x", "importance": true}]}', "from 0 to 1"),
+        ('{"facts": [{"text": "x", "importance": "high"}]}', "must be a number"),
+        ('{"facts": [{"text": "x", "importance": true}]}', "must be a number"),
+        ('{"facts": [{"text": "x", "importance": 1.5}]}', "between 0 and 1"),
         ('{"facts": null}', "'facts' list"),
     ],
 )

@@ -215,7 +215,7 @@ def test_stored_as_is_but_reconciled(store: Store, scope: dict[str, str]) -> Non
         ('{"facts": {"text": "x"}}', "'facts' list"),
         (facts({"text": "", "sources": ["s0"]}), "must not be empty"),
         (facts({"text": "x", "sources": "s0"}), "not a list"),
-        (facts({"text": "x", "sources": [], "importance": 3}), "from 0 to 1"),
+        (facts({"text": "x", "sources": [], "importance": 3}), "between 0 and 1"),
         (facts(*[{"text": f"fact {i}", "sources": []} for i in range(65)]), "more than 64"),
     ],
 )
