@@ -306,3 +306,39 @@ def test_a_model_phase_cut_off_from_the_database_runs_again(
         receipt = producer.extract(scope, ORDER_MESSAGES[:1]).wait(30)
     assert receipt.scope_revision == 2 and receipt.model_calls == 2  # extract, reconcile
     assert [p.kind for p in llm.prompts] == ["extract", "extract", "reconcile"]
+
+
+def test_an_entry_claimed_again_while_it_waits_for_its_model_is_not_dead_lettered(
+    store: Store, redis_client: Any, producer: Producer, scope: dict[str, str]
+) -> None:
+    """After a failed read, a consumer claims its partition's pending entries again
+    from the start, raising their delivery counts: one waiting for its model is in
+    hand, and neither dead-lettered nor answered twice."""
+    import time
+
+    from worker.consumer import Consumer, Partition, Shared
+    from worker.leases import Lease
+
+    config = replace(FAST, max_deliveries=2)
+    gate = Gate(events({"event": "ADD", "text": "Ada likes green tea."}))
+    consumer = Consumer(
+        Shared(redis_client, store, HashingEmbedder(64), config, "w", ScriptedLLM(reconcile=gate))
+    )
+    number = partition_of(scope, config.partitions)
+    partition = Partition(Lease(number, "w", 1), time.monotonic() + 60)
+    consumer.add(partition)
+    consumer.start()
+    try:
+        producer.remember(scope, "Ada drinks tea.").wait(10)
+        held = producer.remember(scope, "Ada likes green tea.")
+        assert gate.entered.wait(10)
+        for _ in range(config.max_deliveries + 2):  # what failed reads would do
+            partition.cursor, partition.draining = "0-0", True
+            wait_until(lambda: not partition.draining, what="the claim pass")
+        gate.opened.set()
+        assert held.wait(10).scope_revision == 2
+    finally:
+        gate.opened.set()
+        consumer.stop()
+        consumer.join(10)
+    assert redis_client.xlen("engram:dead") == 0

@@ -368,6 +368,8 @@ class Consumer(threading.Thread):
                 item = decode_entry(
                     raw_id, fields or {}, partition=p.number, partitions=cfg.partitions
                 )
+                if self.models.holds(p, item.entry_id):
+                    continue  # delivered again while it waits for its model: in hand already
                 count = read.deliveries.get(item.entry_id, 1)
                 if isinstance(item, Malformed):
                     reason, op_id, raw, error = (

@@ -114,6 +114,10 @@ class ModelPhase:
     def held(self, partition: Partition) -> int:
         return self._per_partition[partition.number]
 
+    def holds(self, partition: Partition, entry_id: str) -> bool:
+        """Whether this entry is held (read again, claimed after a Redis failure, say)."""
+        return (partition.number, entry_id) in self._held
+
     def has_ready(self) -> bool:
         now = time.monotonic()
         return any(
@@ -139,9 +143,6 @@ class ModelPhase:
         now: list[Item] = []
         for item in items:
             partition, entry = item
-            key = (partition.number, entry.entry_id)
-            if key in self._held:
-                continue  # claimed again while held (after a Redis failure): held already
             scope = entry.operation.scope.key
             phase = self.has_phase(entry.operation)
             queue = self._queues.get(scope)
@@ -151,7 +152,7 @@ class ModelPhase:
             if queue is None:
                 queue = self._queues[scope] = deque()
             queue.append(_Held(item, phase))
-            self._held.add(key)
+            self._held.add((partition.number, entry.entry_id))
             self._per_partition[partition.number] += 1
         return now
 
