@@ -13,6 +13,8 @@ MAX_MESSAGES = 256
 MAX_TOP_K = 100
 
 DEFAULT_KIND = "semantic"
+# What an extract stores as it is (infer: false) is: the record of an event.
+RAW_EXTRACT_KIND = "episodic"
 DEFAULT_TOP_K = 5
 RRF_K = 60
 # How many candidates each of the vector and lexical lists brings to fusion.

@@ -25,6 +25,7 @@ from .errors import (
     error_from_dict,
 )
 from .extraction import readable_sources
+from .limits import DEFAULT_KIND, RAW_EXTRACT_KIND
 from .model import Link, Record, RecordRef, Scope, Source
 from .needs import infers, missing_model, supersede_of
 from .operations import (
@@ -371,7 +372,7 @@ class _Step:
     def _extract(self, r: Extract) -> list[RevisionRow]:
         decision = self.ctx.decisions.get(self.op.operation_id)
         if decision is not None:
-            kind = r.kind or "semantic"
+            kind = r.kind or DEFAULT_KIND
             return self._decided(decision, "inferred", kind, None, None, r.links, r.ttl_ms)
         if infers(r, has_llm=False) or supersede_of(r, has_llm=False) == "reconcile":
             raise missing_model(r)
@@ -380,7 +381,7 @@ class _Step:
             self._create(
                 derived_record_id(self.op.operation_id, i),
                 text=item.text,
-                kind=r.kind or "episodic",
+                kind=r.kind or RAW_EXTRACT_KIND,
                 importance=None,
                 metadata=None,
                 origin="inferred",

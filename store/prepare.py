@@ -27,7 +27,7 @@ from .apply import stored_receipts
 from .embedders import Embedder
 from .errors import EngramError
 from .extraction import Readable, readable_sources
-from .limits import DEFAULT_KIND, DEFAULT_TOP_K
+from .limits import DEFAULT_KIND, DEFAULT_TOP_K, RAW_EXTRACT_KIND
 from .llm import LLM, ModelCall, ask_and_parse
 from .model import Source
 from .needs import infers, missing_model, supersede_of
@@ -37,9 +37,6 @@ from .reconcile import Decision, Fact, add_all, resolve
 from .similar import similar_records
 
 log = logging.getLogger(__name__)
-
-# What an extract stored as it is (infer: false) is: the record of an event.
-RAW_EXTRACT_KIND = "episodic"
 
 
 @dataclass(frozen=True, slots=True)
