@@ -342,3 +342,27 @@ def test_an_entry_claimed_again_while_it_waits_for_its_model_is_not_dead_lettere
         consumer.stop()
         consumer.join(10)
     assert redis_client.xlen("engram:dead") == 0
+
+
+def test_the_workers_read_their_model_from_the_environment() -> None:
+    from worker.runtime import load_llm
+    from worker.settings import Settings
+
+    assert Settings.from_env({}).llm is None and load_llm(Settings.from_env({})) is None
+    settings = Settings.from_env(
+        {
+            "ENGRAM_LLM_URL": "http://127.0.0.1:9/v1",
+            "ENGRAM_LLM_MODEL": "m",
+            "ENGRAM_LLM_CONCURRENCY": "4",
+            "ENGRAM_LLM_DEADLINE_S": "2.5",
+            "ENGRAM_LLM_MAX_HELD": "10",
+        }
+    )
+    assert settings.llm is not None and settings.llm.model == "m"
+    assert (settings.worker.llm_concurrency, settings.worker.llm_deadline_s) == (4, 2.5)
+    assert settings.worker.llm_max_held == 10
+    llm = load_llm(settings)
+    assert llm is not None and llm.config.max_connections == 4
+    llm.close()
+    with pytest.raises(ValueError, match="ENGRAM_LLM_DEADLINE_S must be a number"):
+        Settings.from_env({"ENGRAM_LLM_DEADLINE_S": "soon"})
