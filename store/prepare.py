@@ -105,8 +105,13 @@ def _decide(
     prompt = reconcile_prompt(
         [c.text for c in candidates], [f.text for f in facts], deadline=deadline
     )
-    events = ask_and_parse(llm, prompt, calls, lambda a: parse_events(a, len(candidates)))
-    return Decision(resolve(events, candidates, facts, origin), len(calls))
+    actions = ask_and_parse(
+        llm,
+        prompt,
+        calls,
+        lambda answer: resolve(parse_events(answer, len(candidates)), candidates, facts, origin),
+    )
+    return Decision(actions, len(calls))
 
 
 def _extract_facts(
