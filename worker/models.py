@@ -164,7 +164,7 @@ class ModelPhase:
             head = queue[0]
             if head.future is None and head.retry_at <= now:
                 head.retry_at = 0.0
-                head.started = time.monotonic()
+                head.started = now
                 head.deadline = head.started + self.deadline_s
                 head.future = self._pool().submit(
                     self.store.prepare,
