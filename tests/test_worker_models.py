@@ -309,7 +309,7 @@ def test_a_model_phase_cut_off_from_the_database_runs_again(
 
 
 def test_an_entry_claimed_again_while_it_waits_for_its_model_is_not_dead_lettered(
-    store: Store, redis_client: Any, producer: Producer, scope: dict[str, str]
+    fresh_store: Store, redis_client: Any, producer: Producer, scope: dict[str, str]
 ) -> None:
     """After a failed read, a consumer claims its partition's pending entries again
     from the start, raising their delivery counts: one waiting for its model is in
@@ -321,9 +321,9 @@ def test_an_entry_claimed_again_while_it_waits_for_its_model_is_not_dead_lettere
 
     config = replace(FAST, max_deliveries=2)
     gate = Gate(events({"event": "ADD", "text": "Ada likes green tea."}))
-    consumer = Consumer(
-        Shared(redis_client, store, HashingEmbedder(64), config, "w", ScriptedLLM(reconcile=gate))
-    )
+    # A database of its own: the fences of earlier workers would refuse token 1.
+    llm = ScriptedLLM(reconcile=gate)
+    consumer = Consumer(Shared(redis_client, fresh_store, HashingEmbedder(64), config, "w", llm))
     number = partition_of(scope, config.partitions)
     partition = Partition(Lease(number, "w", 1), time.monotonic() + 60)
     consumer.add(partition)
