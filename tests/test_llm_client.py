@@ -115,7 +115,7 @@ def test_a_slow_endpoint_times_out_and_is_retried() -> None:
 
 def test_nothing_is_waited_for_past_the_prompts_deadline() -> None:
     slow = chat(ANSWER)
-    slow.delay_s = 1.5
+    slow.delay_s = 5.0
     with serving(scripted(slow), timeout_s=30, max_retries=5) as (server, llm):
         prompt = Prompt(
             PROMPT.kind, PROMPT.system, PROMPT.user, PROMPT.schema, time.monotonic() + 0.3
@@ -123,7 +123,7 @@ def test_nothing_is_waited_for_past_the_prompts_deadline() -> None:
         started = time.monotonic()
         with pytest.raises(ModelUnavailableError):
             llm(prompt)
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 2.5  # the deadline (0.3 s), not the server (5 s)
     assert len(server.requests) == 1
 
 
@@ -136,7 +136,7 @@ def test_a_retry_after_longer_than_the_deadline_fails_at_once() -> None:
         started = time.monotonic()
         with pytest.raises(ModelUnavailableError) as info:
             llm(prompt)
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0  # not the 30 s asked for
     assert info.value.reason == "http_429" and len(server.requests) == 1
 
 
