@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import (
     EngramError,
@@ -43,7 +43,13 @@ TOOLS = ("remember", "recall", "revise", "retract")
 MAX_RECALL_TOP_K = 20
 
 Write = Callable[[Operation], Receipt]  # commits one operation or raises its EngramError
-Recall = Callable[[str, int, str | None], list[Hit]]  # (query, top_k, kind)
+
+
+class Recall(Protocol):
+    """What ``memory_recall`` reads with: a session's ``recall`` is one."""
+
+    def __call__(self, text: str, /, *, top_k: int, kind: str | None) -> list[Hit]: ...
+
 
 _KIND = {
     "type": "string",
@@ -254,7 +260,7 @@ class MemoryTools:
         query = f.text("query")
         assert query is not None
         top_k = f.integer("top_k", minimum=1, maximum=MAX_RECALL_TOP_K) or DEFAULT_TOP_K
-        hits = self._recall(query, top_k, f.kind())
+        hits = self._recall(query, top_k=top_k, kind=f.kind())
         return {
             "records": [
                 {
@@ -286,10 +292,9 @@ def memory_tools(
             raise result
         return result.receipt
 
-    def recall(query: str, top_k: int, kind: str | None) -> list[Hit]:
-        return session.recall(query, top_k=top_k, kind=kind)
-
-    return MemoryTools(session.scope, write, recall, run_id=run_id, include=include, prefix=prefix)
+    return MemoryTools(
+        session.scope, write, session.recall, run_id=run_id, include=include, prefix=prefix
+    )
 
 
 def _expected(f: Fields) -> int:

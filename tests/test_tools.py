@@ -187,7 +187,7 @@ def test_through_the_streams(
         producer,
         scope,
         run_id="run-s",
-        recall=lambda query, top_k, kind: session.recall(query, top_k=top_k, kind=kind),
+        recall=session.recall,
     )
     with start_worker(store):
         made = tools.execute("memory_remember", {"text": "Ada likes tea."}, step=1, call_id="c1")
