@@ -43,7 +43,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -213,11 +213,19 @@ class System:
 
 
 class Engram(System):
-    def __init__(self, dsn: str, redis_url: str, workers: int, batch_size: int) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        redis_url: str,
+        workers: int,
+        batch_size: int,
+        env: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(dsn, redis_url)
         self.name = f"engram ({workers} worker process{'es' if workers > 1 else ''})"
         self.workers = workers
         self.batch_size = batch_size
+        self.env = env or {}  # more settings for the workers (ENGRAM_LLM_*, say)
         self.producer = Producer.from_url(redis_url)
 
     def start(self) -> None:
@@ -232,6 +240,7 @@ class Engram(System):
                     "REDIS_URL": self.redis_url,
                     "ENGRAM_BATCH_SIZE": str(self.batch_size),
                     "ENGRAM_EMBEDDER": "wordllama",
+                    **self.env,
                 },
             )
         self._wait_balanced()
@@ -401,13 +410,16 @@ class Collector:
         return len(self.seen) == self.expected
 
     def result(self, start: float, cpu: CpuShares | None = None) -> Result:
-        latencies = [(self.seen[op_id] - at) * 1000 for op_id, at in self.sent.items()]
+        latencies = {op_id: (self.seen[op_id] - at) * 1000 for op_id, at in self.sent.items()}
         return Result(
             len(self.sent),
             max(self.seen.values()) - start,
-            percentile(latencies, 50),
-            percentile(latencies, 99),
+            percentile(list(latencies.values()), 50),
+            percentile(list(latencies.values()), 99),
             cpu,
+            latencies,
+            {op_id: at - start for op_id, at in self.sent.items()},
+            {op_id: at - start for op_id, at in self.seen.items()},
         )
 
 
@@ -419,6 +431,10 @@ class Result:
     p99_ms: float
     # How the machine's CPU time was used meanwhile (None: not on Linux).
     cpu: CpuShares | None = None
+    # Per operation id: its latency, and when it was sent and answered (s after the start).
+    latencies_ms: dict[str, float] = field(default_factory=dict)
+    sent_s: dict[str, float] = field(default_factory=dict)
+    answered_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:

@@ -90,8 +90,9 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
 
     client = runtime.connect_redis(runtime.redis_url(settings))
     embedder = runtime.load_embedder(args.embedder or settings.embedder)
+    llm = runtime.load_llm(settings)
     store = _connect_store(runtime.database_url(settings), settings.db_pool_size)
-    worker = Worker(client, store, embedder, config=settings.worker)
+    worker = Worker(client, store, embedder, llm=llm, config=settings.worker)
     runtime.settle(embedder)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -105,6 +106,8 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         store.close()
         client.close()
+        if llm is not None:
+            llm.close()
     return 0
 
 

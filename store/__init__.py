@@ -8,15 +8,20 @@ from .embedders import (
     default_embedder,
 )
 from .errors import (
+    AssertedRecordError,
     EmbeddingMismatchError,
     EngramError,
     FencedError,
     InvalidRequestError,
+    ModelOutputError,
+    ModelUnavailableError,
     NotFoundError,
     OperationConflictError,
     RevisionConflictError,
     SchemaVersionError,
 )
+from .llm import LLM, Completion, Prompt, Usage
+from .llm_client import LLMConfig, OpenAICompatibleLLM
 from .model import (
     Generation,
     Hit,
@@ -32,9 +37,13 @@ from .model import (
 from .operations import Operation
 from .session import ForgetEvent, ForgetListener, Session
 from .store import ScopeSummary, Store
+from .tools import MemoryTools, memory_tools, tool_definitions
 from .writer import Fence
 
 __all__ = [
+    "LLM",
+    "AssertedRecordError",
+    "Completion",
     "Embedder",
     "EmbeddingMismatchError",
     "EngramError",
@@ -47,10 +56,16 @@ __all__ = [
     "Hit",
     "InvalidRequestError",
     "KeywordEmbedder",
+    "LLMConfig",
     "Link",
+    "MemoryTools",
+    "ModelOutputError",
+    "ModelUnavailableError",
     "NotFoundError",
+    "OpenAICompatibleLLM",
     "Operation",
     "OperationConflictError",
+    "Prompt",
     "Receipt",
     "Record",
     "RecordRef",
@@ -62,7 +77,10 @@ __all__ = [
     "Session",
     "Source",
     "Store",
+    "Usage",
     "WordLlamaEmbedder",
     "WriteResult",
     "default_embedder",
+    "memory_tools",
+    "tool_definitions",
 ]

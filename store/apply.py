@@ -9,7 +9,7 @@ number of scopes or operations in the batch."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +22,7 @@ from .extraction import readable_sources
 from .model import SCOPE_FIELDS
 from .operations import Extract, Operation, Remember, derived_record_id
 from .planner import Current, Plan, ScopeState, StoredReceipt
+from .reconcile import Decision
 from .rows import REVISION_COLUMNS, record_from_row
 
 Pairs = Sequence[tuple[ScopeState, Plan]]
@@ -36,8 +37,11 @@ def stored_receipts(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[st
     return {r[0]: StoredReceipt(r[0], r[1], r[2]) for r in rows}
 
 
-def referenced_ids(op: Operation) -> list[str]:
+def referenced_ids(op: Operation, decision: Decision | None = None) -> list[str]:
     """The record ids an operation may read or write."""
+    if decision is not None:
+        created = [derived_record_id(op.operation_id, i) for i in range(decision.creates)]
+        return created + decision.targets
     r = op.request
     if isinstance(r, Remember):
         return [r.id or derived_record_id(op.operation_id, 0)]
@@ -60,12 +64,24 @@ class Loading:
     """The reads of a batch, sent at once (one round trip in pipeline mode): lock
     every scope of the batch in key order, then read what its operations name."""
 
-    def __init__(self, conn: psycopg.Connection[Any], groups: dict[str, list[Operation]]) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        groups: dict[str, list[Operation]],
+        decisions: Mapping[str, Decision],
+    ) -> None:
         self.groups = groups
         self.keys = sorted(groups)
         scopes = [groups[k][0].scope for k in self.keys]
         self.ids = {
-            k: sorted({rid for op in groups[k] for rid in referenced_ids(op)}) for k in self.keys
+            k: sorted(
+                {
+                    rid
+                    for op in groups[k]
+                    for rid in referenced_ids(op, decisions.get(op.operation_id))
+                }
+            )
+            for k in self.keys
         }
         every_id = sorted({i for v in self.ids.values() for i in v})
         self._locked = conn.execute(
@@ -205,6 +221,7 @@ RECEIPT_INSERT: Columns = (
     ("redaction", "text"),
     ("stream_entry", "text"),
     ("error", "jsonb"),
+    ("model_calls", "int4"),
 )
 RECEIPT_RECORD_INSERT: Columns = (
     ("operation_id", "text"),
@@ -492,6 +509,7 @@ def _receipts(pairs: Pairs) -> list[tuple[Any, ...]]:
             r.redaction,
             r.stream_entry,
             _json(r.error) if r.error is not None else None,
+            r.model_calls,
         )
         for s, p in pairs
         for r in p.receipts

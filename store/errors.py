@@ -71,6 +71,40 @@ class EmbeddingMismatchError(EngramError):
     status = 409
 
 
+class AssertedRecordError(EngramError):
+    """The write may only touch inferred records (``only_inferred``), and this one was asserted."""
+
+    code = "asserted_record"
+    status = 409
+
+
+class ModelUnavailableError(EngramError):
+    """The model could not answer: not configured, unreachable, too slow, or it refused.
+
+    ``reason`` says which (``timeout``, ``deadline``, ``connection``, ``http_429``,
+    ``http_500``, ``protocol``, ``error``...). Nothing was committed: the
+    operation may be sent again with the same id.
+    """
+
+    code = "model_unavailable"
+    status = 503
+
+    def __init__(self, message: str, *, reason: str = "error") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def details(self) -> dict[str, Any]:
+        return {"reason": self.reason}
+
+
+class ModelOutputError(EngramError):
+    """The model answered something unusable (not JSON, an unknown event, a record id
+    it was not shown, an oversized answer...). Nothing was committed."""
+
+    code = "model_output"
+    status = 502
+
+
 class FencedError(EngramError):
     """A writer holding a stale partition lease tried to commit; ``fences`` names them."""
 
@@ -95,6 +129,9 @@ ERRORS_BY_CODE: dict[str, type[EngramError]] = {
         OperationConflictError,
         RevisionConflictError,
         EmbeddingMismatchError,
+        AssertedRecordError,
+        ModelUnavailableError,
+        ModelOutputError,
         FencedError,
         SchemaVersionError,
     )
@@ -113,4 +150,6 @@ def error_from_dict(data: dict[str, Any]) -> EngramError:
             actual=data.get("actual"),
             attempts=int(data.get("attempts", 1)),
         )
+    if cls is ModelUnavailableError:
+        return ModelUnavailableError(message, reason=str(data.get("reason", "error")))
     return cls(message)

@@ -72,7 +72,7 @@ def readable_sources(
                 if name is None or name not in trusted:
                     continue
                 result = part.get("result")
-                text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+                text = result if isinstance(result, str) else _as_json(result)
                 if text.strip():
                     out.append(
                         _readable(
@@ -107,3 +107,8 @@ def _readable(
         chat_id=chat_id,
     )
     return Readable(message_id=m.id, role=kind, text=text, source=source)
+
+
+def _as_json(value: Any) -> str:
+    """A non-string tool result, read as compact JSON (what seed 000 shows the model)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

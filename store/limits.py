@@ -13,6 +13,8 @@ MAX_MESSAGES = 256
 MAX_TOP_K = 100
 
 DEFAULT_KIND = "semantic"
+# What an extract stores as it is (infer: false) is: the record of an event.
+RAW_EXTRACT_KIND = "episodic"
 DEFAULT_TOP_K = 5
 RRF_K = 60
 # How many candidates each of the vector and lexical lists brings to fusion.
@@ -26,3 +28,19 @@ REEMBED_MAX_PASSES = 3
 LARGE_SCOPE_VECTORS = 20_000
 
 MAX_WRITE_ATTEMPTS = 5
+
+# Models (reconciliation, extraction with inference).
+# The longest answer a model may give; a longer one is refused (model_output).
+MAX_MODEL_ANSWER_CHARS = 200_000
+# The most facts an extraction, or events a reconciliation, may answer with.
+MAX_MODEL_FACTS = 64
+MAX_MODEL_EVENTS = 256
+MAX_INSTRUCTIONS_CHARS = 4_000
+
+# The OpenAI-compatible client's defaults (ENGRAM_LLM_*).
+LLM_TIMEOUT_S = 30.0  # per attempt
+LLM_MAX_RETRIES = 3
+LLM_BACKOFF_S = 0.5  # the first retry's back-off; it doubles up to LLM_MAX_BACKOFF_S
+LLM_MAX_BACKOFF_S = 8.0
+# The longest a Retry-After is honoured; an endpoint asking for more fails the call.
+LLM_MAX_RETRY_AFTER_S = 60.0

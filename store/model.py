@@ -161,6 +161,7 @@ class Receipt:
     redaction: Redaction | None = None
     stream_entry: str | None = None
     error: dict[str, Any] | None = None  # a refusal: committed nothing
+    model_calls: int = 0  # the model calls the operation made (a replay makes none more)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -171,6 +172,7 @@ class Receipt:
             "committed_at": self.committed_at.isoformat(),
             "records": [r.as_dict() for r in self.records],
             "redacted": self.redacted,
+            "model_calls": self.model_calls,
         }
         if self.kind == "forget":
             out["revisions"] = list(self.forgotten_revisions or ())
@@ -203,6 +205,7 @@ class Receipt:
             "redaction": data.get("redaction") if forget else None,
             "stream_entry": data.get("stream_entry"),
             "error": data.get("error"),
+            "model_calls": int(data.get("model_calls", 0)),
         }
 
     @property

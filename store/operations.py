@@ -18,9 +18,11 @@ from .errors import InvalidRequestError
 from .limits import (
     DEFAULT_KIND,
     MAX_ID_CHARS,
+    MAX_INSTRUCTIONS_CHARS,
     MAX_MESSAGES,
     MAX_SOURCES,
     MAX_TEXT_CHARS,
+    MAX_TOP_K,
 )
 from .model import ORIGINS, Link, Scope, Source, check_string
 from .validation import Fields, as_list, canonical_json, plain_json
@@ -28,6 +30,10 @@ from .validation import Fields, as_list, canonical_json, plain_json
 OperationKind = Literal["remember", "extract", "revise", "retract", "forget"]
 OPERATION_KINDS: tuple[OperationKind, ...] = ("remember", "extract", "revise", "retract", "forget")
 MAX_TTL_MS = 100 * 365 * 24 * 3600 * 1000
+# How a remember or an extract meets similar records: ``add`` writes beside them,
+# ``reconcile`` asks the model (ADD, UPDATE, DELETE or NOOP). No value: ``reconcile``
+# when the executor has a model, ``add`` when it has none (seed 000).
+SUPERSEDE_MODES = ("add", "reconcile")
 
 
 def text_digest(text: str) -> str:
@@ -68,6 +74,8 @@ class Remember:
     links: tuple[Link, ...] = ()
     ttl_ms: int | None = None
     id: str | None = None
+    supersede: str | None = None
+    top_k: int | None = None
 
     FIELDS: ClassVar[tuple[str, ...]] = (
         "text",
@@ -79,6 +87,8 @@ class Remember:
         "links",
         "ttl_ms",
         "id",
+        "supersede",
+        "top_k",
     )
 
     @classmethod
@@ -89,6 +99,13 @@ class Remember:
             origin = "asserted"
         elif origin not in ORIGINS:
             raise InvalidRequestError(f"remember.origin must be one of {', '.join(ORIGINS)}")
+        record_id = f.ident("id", required=False)
+        supersede = _supersede(f)
+        if supersede == "reconcile" and record_id is not None:
+            raise InvalidRequestError(
+                "remember.id cannot be combined with supersede 'reconcile': "
+                "the model decides which record the text lands in"
+            )
         return cls(
             text=str(f.text("text")),
             kind=f.kind() or DEFAULT_KIND,
@@ -98,8 +115,14 @@ class Remember:
             sources=f.sources(),
             links=f.links() or (),
             ttl_ms=f.integer("ttl_ms", minimum=1, maximum=MAX_TTL_MS),
-            id=f.ident("id", required=False),
+            id=record_id,
+            supersede=supersede,
+            top_k=f.integer("top_k", minimum=1, maximum=MAX_TOP_K),
         )
+
+    def cited(self) -> tuple[Source, ...]:
+        """Its sources; by default one host source with the digest of its text (seed 000)."""
+        return self.sources or (Source(kind="host", digest=text_digest(self.text)),)
 
     def to_dict(self) -> dict[str, Any]:
         return _compact(
@@ -115,6 +138,8 @@ class Remember:
                 "links": [link.as_dict() for link in self.links] or None,
                 "ttl_ms": self.ttl_ms,
                 "id": self.id,
+                "supersede": self.supersede,
+                "top_k": self.top_k,
             }
         )
 
@@ -170,6 +195,9 @@ class Extract:
     links: tuple[Link, ...] = ()
     trusted_tools: tuple[str, ...] = ()
     infer: bool | None = None
+    supersede: str | None = None
+    top_k: int | None = None
+    instructions: str | None = None
 
     FIELDS: ClassVar[tuple[str, ...]] = (
         "messages",
@@ -178,6 +206,9 @@ class Extract:
         "links",
         "trusted_tools",
         "infer",
+        "supersede",
+        "top_k",
+        "instructions",
     )
 
     @classmethod
@@ -193,6 +224,9 @@ class Extract:
         infer = f.get("infer")
         if infer is not None and not isinstance(infer, bool):
             raise InvalidRequestError("extract.infer must be true or false")
+        instructions = f.get("instructions")
+        if instructions is not None:
+            check_string(instructions, "extract.instructions", max_chars=MAX_INSTRUCTIONS_CHARS)
         return cls(
             messages=messages,
             kind=f.kind(),
@@ -202,6 +236,9 @@ class Extract:
                 check_string(t, "extract.trusted_tools[]", max_chars=MAX_ID_CHARS) for t in trusted
             ),
             infer=infer,
+            supersede=_supersede(f),
+            top_k=f.integer("top_k", minimum=1, maximum=MAX_TOP_K),
+            instructions=instructions,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -213,6 +250,9 @@ class Extract:
                 "links": [link.as_dict() for link in self.links] or None,
                 "trusted_tools": list(self.trusted_tools) or None,
                 "infer": self.infer,
+                "supersede": self.supersede,
+                "top_k": self.top_k,
+                "instructions": self.instructions,
             }
         )
 
@@ -228,6 +268,8 @@ class Revise:
     links: tuple[Link, ...] | None = None
     ttl_ms: int | None = None
     expected_revision: int | None = None
+    sources: tuple[Source, ...] | None = None  # added to the record's own
+    only_inferred: bool | None = None  # True: an asserted record is refused (model tools)
 
     FIELDS: ClassVar[tuple[str, ...]] = (
         "id",
@@ -238,11 +280,19 @@ class Revise:
         "links",
         "ttl_ms",
         "expected_revision",
+        "sources",
+        "only_inferred",
     )
 
     @classmethod
     def from_dict(cls, data: object) -> Revise:
         f = Fields(data, "revise", cls.FIELDS)
+        expected = f.integer("expected_revision", minimum=0, maximum=2**31 - 1)
+        only_inferred = _only_inferred(f)
+        if only_inferred and expected == 0:
+            raise InvalidRequestError(
+                "revise.only_inferred is for an existing record: not with expected_revision 0"
+            )
         return cls(
             id=str(f.ident("id")),
             text=f.text("text", required=False),
@@ -251,7 +301,9 @@ class Revise:
             metadata=f.metadata(),
             links=f.links(),
             ttl_ms=f.integer("ttl_ms", minimum=1, maximum=MAX_TTL_MS),
-            expected_revision=f.integer("expected_revision", minimum=0, maximum=2**31 - 1),
+            expected_revision=expected,
+            sources=f.sources(),
+            only_inferred=only_inferred,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -267,6 +319,10 @@ class Revise:
                 else None,
                 "ttl_ms": self.ttl_ms,
                 "expected_revision": self.expected_revision,
+                "sources": [s.as_dict() for s in self.sources]
+                if self.sources is not None
+                else None,
+                "only_inferred": self.only_inferred,
             }
         )
 
@@ -276,17 +332,25 @@ class Retract:
     kind_name: ClassVar[OperationKind] = "retract"
     id: str
     expected_revision: int | None = None
+    only_inferred: bool | None = None
 
     @classmethod
     def from_dict(cls, data: object) -> Retract:
-        f = Fields(data, "retract", ("id", "expected_revision"))
+        f = Fields(data, "retract", ("id", "expected_revision", "only_inferred"))
         return cls(
             id=str(f.ident("id")),
             expected_revision=f.integer("expected_revision", minimum=1, maximum=2**31 - 1),
+            only_inferred=_only_inferred(f),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return _compact({"id": self.id, "expected_revision": self.expected_revision})
+        return _compact(
+            {
+                "id": self.id,
+                "expected_revision": self.expected_revision,
+                "only_inferred": self.only_inferred,
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +438,21 @@ class Operation:
             "scope": self.scope.as_dict(),
             "request": self.request.to_dict(),
         }
+
+
+def _supersede(f: Fields) -> str | None:
+    value = f.get("supersede")
+    if value is not None and value not in SUPERSEDE_MODES:
+        raise InvalidRequestError(f"{f.what}.supersede must be one of {', '.join(SUPERSEDE_MODES)}")
+    return value  # type: ignore[no-any-return]
+
+
+def _only_inferred(f: Fields) -> bool | None:
+    """``true`` or nothing: ``false`` is the default, and the same request either way."""
+    value = f.get("only_inferred")
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequestError(f"{f.what}.only_inferred must be true or false")
+    return True if value else None
 
 
 def _or_empty(request: object) -> object:

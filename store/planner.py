@@ -3,16 +3,20 @@
 The writer loads the state of every record a batch names (under the scope's
 row lock), asks ``plan_batch`` what to write, and writes it. All the rules of
 seed 000 that decide an operation's outcome live here: revision checks, ids
-held by another scope, tombstones, no-op receipts, forget within a batch.
+held by another scope, tombstones, no-op receipts, forget within a batch, and
+the application of a model's decision (``reconcile.Decision``) to the records
+as they are now.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from .errors import (
+    AssertedRecordError,
     EngramError,
     InvalidRequestError,
     NotFoundError,
@@ -21,7 +25,9 @@ from .errors import (
     error_from_dict,
 )
 from .extraction import readable_sources
+from .limits import DEFAULT_KIND, RAW_EXTRACT_KIND
 from .model import Link, Record, RecordRef, Scope, Source
+from .needs import infers, missing_model, supersede_of
 from .operations import (
     Extract,
     Forget,
@@ -32,6 +38,7 @@ from .operations import (
     derived_record_id,
     text_digest,
 )
+from .reconcile import Create, Decision, Retire, Update
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +104,7 @@ class ReceiptRow:
     stream_entry: str | None = None
     redacted: bool = False
     error: dict[str, Any] | None = None  # set on a refusal: nothing else was written
+    model_calls: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +142,13 @@ class Plan:
 class PlanContext:
     now: datetime
     listeners: bool = False  # forget listeners will run after commit
-    llm: bool = False
     stream_entries: dict[str, str] = field(default_factory=dict)  # op id -> entry id
+    # What the model phase decided, by operation id (``prepare``).
+    decisions: Mapping[str, Decision] = field(default_factory=dict)
+
+    def model_calls(self, operation_id: str) -> int:
+        decision = self.decisions.get(operation_id)
+        return decision.model_calls if decision is not None else 0
 
 
 def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Plan:
@@ -168,6 +181,7 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
                     refs=[],
                     stream_entry=ctx.stream_entries.get(op.operation_id),
                     error=error.to_dict(),
+                    model_calls=ctx.model_calls(op.operation_id),
                 )
             )
             state.receipts[op.operation_id] = StoredReceipt(
@@ -185,6 +199,7 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
             committed_at=at,
             refs=[RecordRef(w.record.id, w.record.revision, w.record.status) for w in writes],  # type: ignore[arg-type]
             stream_entry=ctx.stream_entries.get(op.operation_id),
+            model_calls=ctx.model_calls(op.operation_id),
             **extra,
         )
         _record_writes(plan, step, writes)
@@ -253,7 +268,7 @@ class _Step:
     def run(self) -> tuple[list[RevisionRow], dict[str, Any]]:
         request = self.op.request
         if isinstance(request, Remember):
-            return [self._remember(request)], {}
+            return self._remember(request), {}
         if isinstance(request, Extract):
             return self._extract(request), {}
         if isinstance(request, Revise):
@@ -332,30 +347,41 @@ class _Step:
 
     # -- operations ------------------------------------------------------------
 
-    def _remember(self, r: Remember) -> RevisionRow:
-        sources = r.sources or (Source(kind="host", digest=text_digest(r.text)),)
-        return self._create(
-            r.id or derived_record_id(self.op.operation_id, 0),
-            text=r.text,
-            kind=r.kind,
-            importance=r.importance,
-            metadata=r.metadata,
-            origin=r.origin,
-            sources=sources,
-            links=r.links,
-            ttl_ms=r.ttl_ms,
-        )
+    def _remember(self, r: Remember) -> list[RevisionRow]:
+        decision = self.ctx.decisions.get(self.op.operation_id)
+        if decision is not None:
+            return self._decided(
+                decision, r.origin, r.kind, r.importance, r.metadata, r.links, r.ttl_ms
+            )
+        if supersede_of(r, has_llm=False) == "reconcile":
+            raise missing_model(r)
+        return [
+            self._create(
+                r.id or derived_record_id(self.op.operation_id, 0),
+                text=r.text,
+                kind=r.kind,
+                importance=r.importance,
+                metadata=r.metadata,
+                origin=r.origin,
+                sources=r.cited(),
+                links=r.links,
+                ttl_ms=r.ttl_ms,
+            )
+        ]
 
     def _extract(self, r: Extract) -> list[RevisionRow]:
-        infer = r.infer if r.infer is not None else self.ctx.llm
-        if infer:
-            raise InvalidRequestError("extract with infer needs an llm; pass infer=false")
+        decision = self.ctx.decisions.get(self.op.operation_id)
+        if decision is not None:
+            kind = r.kind or DEFAULT_KIND
+            return self._decided(decision, "inferred", kind, None, None, r.links, r.ttl_ms)
+        if infers(r, has_llm=False) or supersede_of(r, has_llm=False) == "reconcile":
+            raise missing_model(r)
         readable = readable_sources(r.messages, r.trusted_tools, self.state.scope.chat_id)
         return [
             self._create(
                 derived_record_id(self.op.operation_id, i),
                 text=item.text,
-                kind=r.kind or "episodic",
+                kind=r.kind or RAW_EXTRACT_KIND,
                 importance=None,
                 metadata=None,
                 origin="inferred",
@@ -365,6 +391,63 @@ class _Step:
             )
             for i, item in enumerate(readable)
         ]
+
+    def _decided(
+        self,
+        decision: Decision,
+        origin: str,
+        kind: str,
+        importance: float | None,
+        metadata: dict[str, Any] | None,
+        links: tuple[Link, ...],
+        ttl_ms: int | None,
+    ) -> list[RevisionRow]:
+        """Apply a model's decision. It is bound to the revisions the model saw: a record
+        it acts on that moved since (another writer) refuses the whole operation."""
+        for action in decision.actions:
+            if isinstance(action, Create):
+                continue
+            current = self._live(action.id)
+            if current is None or current.revision != action.revision:
+                raise RevisionConflictError(
+                    f"record {action.id} changed after the model saw its revision "
+                    f"{action.revision}",
+                    expected=action.revision,
+                    actual=current.revision if current is not None else None,
+                )
+        writes: list[RevisionRow] = []
+        for action in decision.actions:
+            if isinstance(action, Create):
+                writes.append(
+                    self._create(
+                        derived_record_id(self.op.operation_id, len(writes)),
+                        text=action.text,
+                        kind=action.kind or kind,
+                        importance=action.importance
+                        if action.importance is not None
+                        else importance,
+                        metadata=metadata,
+                        origin=origin,
+                        sources=action.sources,
+                        links=links + action.links,
+                        ttl_ms=ttl_ms,
+                    )
+                )
+            elif isinstance(action, Update):
+                current = self.records[action.id]
+                updated = replace(
+                    current,
+                    revision=current.revision + 1,
+                    text=action.text,
+                    digest=text_digest(action.text),
+                    sources=_joined(current.sources, action.sources),
+                )
+                writes.append(self._write(updated, text_changed=True, links_changed=False))
+            elif isinstance(action, Retire):
+                current = self.records[action.id]
+                retracted = replace(current, status="retracted", revision=current.revision + 1)
+                writes.append(self._write(retracted, text_changed=False, links_changed=False))
+        return writes
 
     def _revise(self, r: Revise) -> list[RevisionRow]:
         if r.expected_revision == 0:
@@ -383,7 +466,9 @@ class _Step:
                     ttl_ms=r.ttl_ms,
                 )
             ]
-        current = self._existing(r.id, r.expected_revision, creating_conflicts=True)
+        current = self._existing(
+            r.id, r.expected_revision, creating_conflicts=True, only_inferred=r.only_inferred
+        )
         text = r.text if r.text is not None else current.text
         links = r.links if r.links is not None else current.links
         updated = replace(
@@ -394,6 +479,7 @@ class _Step:
             importance=r.importance if r.importance is not None else current.importance,
             metadata=r.metadata if r.metadata is not None else current.metadata,
             links=links,
+            sources=_joined(current.sources, r.sources or ()),
             status="active",
             expires_at=self._expires(r.ttl_ms, keep=current.expires_at),
         )
@@ -408,14 +494,21 @@ class _Step:
         ]
 
     def _retract(self, r: Retract) -> list[RevisionRow]:
-        current = self._existing(r.id, r.expected_revision, creating_conflicts=False)
+        current = self._existing(
+            r.id, r.expected_revision, creating_conflicts=False, only_inferred=r.only_inferred
+        )
         if current.status == "retracted":
             return []
         retracted = replace(current, status="retracted", revision=current.revision + 1)
         return [self._write(retracted, text_changed=False, links_changed=False)]
 
     def _existing(
-        self, record_id: str, expected: int | None, *, creating_conflicts: bool
+        self,
+        record_id: str,
+        expected: int | None,
+        *,
+        creating_conflicts: bool,
+        only_inferred: bool | None = None,
     ) -> Current:
         if creating_conflicts and record_id in self.state.forgotten:
             raise RevisionConflictError(
@@ -424,6 +517,10 @@ class _Step:
         current = self._live(record_id)
         if current is None:
             raise NotFoundError(f"no record {record_id} in this scope")
+        if only_inferred and current.origin == "asserted":
+            raise AssertedRecordError(
+                f"record {record_id} is asserted: only its host may change it"
+            )
         if expected is not None and expected != current.revision:
             raise RevisionConflictError(
                 f"record {record_id} is at revision {current.revision}, not {expected}",
@@ -446,9 +543,14 @@ class _Step:
         }
 
 
+def _joined(sources: tuple[Source, ...], more: tuple[Source, ...]) -> tuple[Source, ...]:
+    return tuple(dict.fromkeys(sources + more))
+
+
 def _same_content(a: Current, b: Current) -> bool:
     return (
         a.digest == b.digest
+        and a.sources == b.sources
         and a.kind == b.kind
         and a.importance == b.importance
         and a.metadata == b.metadata

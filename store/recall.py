@@ -33,6 +33,7 @@ class RecallQuery:
     include_retracted: bool
     recorded_as_of: datetime | None
     hnsw: bool = False  # the (generation, scope) pair has an approximate index
+    superseded_by: bool = True  # read each hit's ``superseded_by`` (one more query)
 
 
 def lexical_query(text: str) -> str | None:
@@ -174,7 +175,7 @@ def _fuse(
         ([k[0] for k in best], [k[1] for k in best]),
     ).fetchall()
     by_key = {(r[0], r[1]): r for r in rows}
-    links = superseded_by(conn, [q.scope_id], [k[0] for k in best])
+    links = superseded_by(conn, [q.scope_id], [k[0] for k in best]) if q.superseded_by else {}
     hits = []
     for key in best:
         row = by_key.get(key)

@@ -18,7 +18,7 @@ REVISION_COLUMNS = """
 RECEIPT_COLUMNS = """
     c.operation_id, c.kind, s.key, c.scope_revision, c.committed_at, c.redacted,
     c.forgotten_revisions, c.already_forgotten, c.redaction, c.stream_entry, c.error,
-    coalesce((SELECT json_agg(json_build_array(rr.record_id, rr.revision, rr.status)
+    c.model_calls, coalesce((SELECT json_agg(json_build_array(rr.record_id, rr.revision, rr.status)
                               ORDER BY rr.record_id, rr.revision)
               FROM engram_receipt_records rr WHERE rr.operation_id = c.operation_id), '[]')
 """
@@ -96,6 +96,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         redaction,
         stream_entry,
         error,
+        model_calls,
         refs,
     ) = row
     return Receipt(
@@ -111,6 +112,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         redaction=redaction,
         stream_entry=stream_entry,
         error=error,
+        model_calls=model_calls,
     )
 
 

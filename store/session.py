@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .embedders import Embedder
 from .errors import EngramError
 from .limits import DEFAULT_TOP_K
+from .llm import LLM
 from .model import Hit, Link, Record, ReembedResult, Scope, Source, WriteResult
 from .operations import Operation, plain_items
 from .writer import Result
@@ -51,16 +52,23 @@ class Session:
         *,
         embedder: Embedder | None,
         on_forget: list[ForgetListener],
+        llm: LLM | None = None,
     ) -> None:
         self.store = store
         self.scope = scope
         self.embedder = embedder
         self.on_forget = on_forget
+        self.llm = llm
 
     def _run(self, kind: str, request: dict[str, Any], operation_id: str | None) -> WriteResult:
-        op = Operation.build(kind, self.scope, request, operation_id)
-        [result] = self.store.execute([op], self.embedder, listeners=bool(self.on_forget))
-        return _unwrap(result)
+        return _unwrap(self.write(Operation.build(kind, self.scope, request, operation_id)))
+
+    def write(self, op: Operation) -> Result:
+        """Commit one operation of this scope with the session's embedder and model."""
+        [result] = self.store.execute(
+            [op], self.embedder, listeners=bool(self.on_forget), llm=self.llm
+        )
+        return result
 
     def remember(
         self,
@@ -74,6 +82,8 @@ class Session:
         links: Sequence[Link | Mapping[str, Any]] = (),
         ttl_ms: int | None = None,
         id: str | None = None,
+        supersede: str | None = None,
+        top_k: int | None = None,
         operation_id: str | None = None,
     ) -> WriteResult:
         return self._run(
@@ -88,6 +98,8 @@ class Session:
                 "links": plain_items(links) or None,
                 "ttl_ms": ttl_ms,
                 "id": id,
+                "supersede": supersede,
+                "top_k": top_k,
             },
             operation_id,
         )
@@ -101,6 +113,9 @@ class Session:
         links: Sequence[Link | Mapping[str, Any]] = (),
         trusted_tools: Sequence[str] = (),
         infer: bool | None = None,
+        supersede: str | None = None,
+        top_k: int | None = None,
+        instructions: str | None = None,
         operation_id: str | None = None,
     ) -> WriteResult:
         return self._run(
@@ -112,6 +127,9 @@ class Session:
                 "links": plain_items(links) or None,
                 "trusted_tools": list(trusted_tools) or None,
                 "infer": infer,
+                "supersede": supersede,
+                "top_k": top_k,
+                "instructions": instructions,
             },
             operation_id,
         )
@@ -127,6 +145,8 @@ class Session:
         links: Sequence[Link | Mapping[str, Any]] | None = None,
         ttl_ms: int | None = None,
         expected_revision: int | None = None,
+        sources: Sequence[Source | Mapping[str, Any]] | None = None,
+        only_inferred: bool = False,
         operation_id: str | None = None,
     ) -> WriteResult:
         return self._run(
@@ -140,6 +160,8 @@ class Session:
                 "links": plain_items(links),
                 "ttl_ms": ttl_ms,
                 "expected_revision": expected_revision,
+                "sources": plain_items(sources),
+                "only_inferred": only_inferred or None,
             },
             operation_id,
         )
@@ -149,10 +171,17 @@ class Session:
         record_id: str,
         *,
         expected_revision: int | None = None,
+        only_inferred: bool = False,
         operation_id: str | None = None,
     ) -> WriteResult:
         return self._run(
-            "retract", {"id": record_id, "expected_revision": expected_revision}, operation_id
+            "retract",
+            {
+                "id": record_id,
+                "expected_revision": expected_revision,
+                "only_inferred": only_inferred or None,
+            },
+            operation_id,
         )
 
     def forget(self, record_id: str, *, operation_id: str | None = None) -> WriteResult:

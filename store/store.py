@@ -17,6 +17,7 @@ from .embedders import Embedder, embed_checked
 from .embeddings import Embeddings
 from .errors import EmbeddingMismatchError, InvalidRequestError, SchemaVersionError
 from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
+from .llm import LLM
 from .model import (
     Hit,
     Receipt,
@@ -24,8 +25,11 @@ from .model import (
     Scope,
     check_string,
 )
+from .needs import needs_model
 from .operations import Operation
+from .prepare import Prepared, prepare
 from .recall import RecallQuery, recall
+from .reconcile import Decision
 from .rows import (
     RECEIPT_COLUMNS,
     REVISION_COLUMNS,
@@ -35,6 +39,7 @@ from .rows import (
     superseded_by,
 )
 from .session import ForgetListener, Session
+from .waves import execute_in_waves
 from .writer import Fence, Result, Writer
 
 log = logging.getLogger(__name__)
@@ -90,9 +95,10 @@ class Store:
         scope: Scope | Mapping[str, Any],
         *,
         embedder: Embedder | None = None,
+        llm: LLM | None = None,
         on_forget: Iterable[ForgetListener] = (),
     ) -> Session:
-        return Session(self, Scope.of(scope), embedder=embedder, on_forget=list(on_forget))
+        return Session(self, Scope.of(scope), embedder=embedder, llm=llm, on_forget=list(on_forget))
 
     # -- writes ---------------------------------------------------------------------
 
@@ -105,6 +111,8 @@ class Store:
         listeners: bool = False,
         stream_entries: dict[str, str] | None = None,
         check_replays: bool = True,
+        llm: LLM | None = None,
+        decisions: Mapping[str, Decision] | None = None,
     ) -> list[Result]:
         """Commit ``ops`` (each scope's in order) in one transaction.
 
@@ -118,15 +126,50 @@ class Store:
         replay costs no embedding call; without, that round trip is saved and
         the batch's texts are embedded at once, for callers whose operations
         are seldom repeats (the stream worker, for entries read the first time).
+
+        Operations with a model phase (``needs``: a reconciling remember or
+        extract, an inferring extract) make their model calls with ``llm``
+        before they commit, unless ``decisions`` already holds what their phase
+        decided (the stream worker's model phase); then the batch commits in
+        waves (``waves``), so that each phase sees its scope's earlier
+        operations. A phase that fails returns its typed error and commits
+        nothing: the operation may be sent again with the same id.
         """
-        return self.writer.execute(
+        decided = decisions or {}
+
+        def has_phase(op: Operation) -> bool:
+            return op.operation_id not in decided and needs_model(op.request, llm is not None)
+
+        options: dict[str, Any] = {
+            "fence": fence,
+            "listeners": listeners,
+            "stream_entries": stream_entries,
+            "check_replays": check_replays,
+        }
+        if not any(has_phase(op) for op in ops):
+            return self.writer.execute(ops, embedder, decisions=decided, **options)
+        return execute_in_waves(
+            self.writer,
+            self.pool,
             ops,
             embedder,
-            fence=fence,
-            listeners=listeners,
-            stream_entries=stream_entries,
-            check_replays=check_replays,
+            llm=llm,
+            has_phase=has_phase,
+            decisions=decided,
+            **options,
         )
+
+    def prepare(
+        self,
+        op: Operation,
+        *,
+        embedder: Embedder | None = None,
+        llm: LLM | None = None,
+        deadline: float | None = None,
+    ) -> Prepared:
+        """Run ``op``'s model phase now, outside any transaction (``prepare``); commit
+        it later with ``execute(..., decisions={op.operation_id: prepared.decision})``."""
+        return prepare(self.pool, op, embedder=embedder, llm=llm, deadline=deadline)
 
     def set_redaction(self, operation_id: str, status: str) -> None:
         with self.pool.connection() as conn:

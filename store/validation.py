@@ -97,18 +97,7 @@ class Fields:
         return check_string(value, f"{self.what}.kind", max_chars=MAX_KIND_CHARS)
 
     def importance(self) -> float | None:
-        value = self.data.get("importance")
-        if value is None:
-            return None
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            raise InvalidRequestError(f"{self.what}.importance must be a number")
-        if not 0 <= value <= 1:
-            raise InvalidRequestError(f"{self.what}.importance must be between 0 and 1")
-        return float(value)
+        return check_importance(self.data.get("importance"), f"{self.what}.importance")
 
     def integer(self, name: str, *, minimum: int, maximum: int) -> int | None:
         value = self.data.get(name)
@@ -157,6 +146,17 @@ class Fields:
         return tuple(
             parse_source(item, f"{self.what}.sources[{i}]") for i, item in enumerate(items)
         )
+
+
+def check_importance(value: object, what: str) -> float | None:
+    """None, or a finite number from 0 to 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequestError(f"{what} must be a number")
+    if not 0 <= value <= 1:
+        raise InvalidRequestError(f"{what} must be between 0 and 1")
+    return float(value)
 
 
 def as_list(value: object, what: str, max_items: int) -> list[Any]:

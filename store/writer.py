@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -38,6 +38,7 @@ from .planner import (
     plan_batch,
     to_record,
 )
+from .reconcile import Decision
 from .rows import (
     RECEIPT_COLUMNS,
     REVISION_COLUMNS,
@@ -88,13 +89,18 @@ class Writer:
         *,
         fence: Fence | Sequence[Fence] | None = None,
         listeners: bool = False,
-        llm: bool = False,
         stream_entries: dict[str, str] | None = None,
         check_replays: bool = True,
+        decisions: Mapping[str, Decision] | None = None,
     ) -> list[Result]:
+        """``decisions``: what the model phase of operations that have one decided
+        (``prepare``); it ran before, never inside the retried transaction."""
         results: list[Result | None] = [None] * len(ops)
         ctx = PlanContext(
-            now=datetime.min, listeners=listeners, llm=llm, stream_entries=stream_entries or {}
+            now=datetime.min,
+            listeners=listeners,
+            stream_entries=stream_entries or {},
+            decisions=decisions or {},
         )
         with self.pool.connection() as conn:
             generation = self._generation
@@ -111,7 +117,7 @@ class Writer:
                 if retries:
                     generation = _active_generation(conn)
                 if generation != embedded_for:
-                    vectors, refused = self._embed(fresh, embedder, generation)
+                    vectors, refused = self._embed(fresh, embedder, generation, ctx.decisions)
                     embedded_for = generation
                 batch = [i for i, op in enumerate(ops) if op.operation_id not in refused]
                 try:
@@ -154,11 +160,12 @@ class Writer:
         ops: Sequence[Operation],
         embedder: Embedder | None,
         generation: ActiveGeneration | None,
+        decisions: Mapping[str, Decision],
     ) -> tuple[dict[str, np.ndarray], dict[str, EngramError]]:
         texts: dict[str, str] = {}
         needs: dict[str, list[str]] = {}
         for op in ops:
-            op_texts = _texts_to_embed(op)
+            op_texts = _texts_to_embed(op, decisions.get(op.operation_id))
             needs[op.operation_id] = op_texts
             for text in op_texts:
                 texts.setdefault(text_digest(text), text)
@@ -197,7 +204,7 @@ class Writer:
             with conn.pipeline():
                 conn.execute(GENERIC_PLANS)
                 begun = _begin(conn, fence)
-                loading = Loading(conn, groups)
+                loading = Loading(conn, groups, ctx.decisions)
                 now, locked = _begun(begun, fence)
                 states = loading.states()
             self._generation = locked
@@ -231,7 +238,9 @@ class _GenerationMoved(Exception):
     """The active generation changed between embedding and commit: embed again."""
 
 
-def _texts_to_embed(op: Operation) -> list[str]:
+def _texts_to_embed(op: Operation, decision: Decision | None) -> list[str]:
+    if decision is not None:
+        return decision.texts
     r = op.request
     if isinstance(r, Remember):
         return [r.text]
@@ -315,6 +324,7 @@ def _receipt(outcome: Applied, op: Operation) -> Receipt:
         already_forgotten=r.already_forgotten,
         redaction=r.redaction,  # type: ignore[arg-type]
         stream_entry=r.stream_entry,
+        model_calls=r.model_calls,
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from store import Embedder, HashingEmbedder, Store
+from store import LLM, Embedder, HashingEmbedder, Store
 from worker.runtime import connect_redis
 from worker.settings import WorkerConfig
 from worker.valkey import EmbeddedValkey
@@ -99,11 +99,17 @@ def start_worker(redis_url: str) -> Callable[..., InProcessWorker]:
         *,
         config: WorkerConfig = FAST,
         worker_id: str | None = None,
+        llm: LLM | None = None,
     ) -> InProcessWorker:
         client = connect_redis(redis_url)
         return InProcessWorker(
             Worker(
-                client, store, embedder or HashingEmbedder(64), config=config, worker_id=worker_id
+                client,
+                store,
+                embedder or HashingEmbedder(64),
+                llm=llm,
+                config=config,
+                worker_id=worker_id,
             )
         )
 

@@ -14,7 +14,9 @@ def test_migrations_apply_once_and_are_idempotent(fresh_dsn: str) -> None:
         assert migrations.migrate(conn) == migrations.code_version()
         assert migrations.migrate(conn) == migrations.code_version()
         versions = [r[0] for r in conn.execute("SELECT version FROM engram_schema")]
-        assert versions == list(range(1, migrations.code_version() + 1))
+        # Every migration the code ships, once (numbers are reserved per change, so the
+        # list may have gaps while changes are merged).
+        assert versions == [version for version, _ in migrations.available()]
         assert (
             conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[
                 0

@@ -170,3 +170,49 @@ def test_text_without_a_utf8_form_is_refused_in_every_field() -> None:
         )
     # A valid pair of surrogates is one character, with a UTF-8 form.
     assert build("remember", {"text": "tea \U0001f375"}).request.text == "tea \U0001f375"
+
+
+@pytest.mark.parametrize(
+    "kind, request_, message",
+    [
+        ("remember", {"text": "x", "supersede": "merge"}, "supersede must be one of add"),
+        ("remember", {"text": "x", "supersede": "reconcile", "id": "m1"}, "cannot be combined"),
+        ("remember", {"text": "x", "top_k": 0}, "between 1 and 100"),
+        ("remember", {"text": "x", "top_k": "5"}, "must be an integer"),
+        ("extract", {"messages": [], "supersede": True}, "supersede must be one of"),
+        ("extract", {"messages": [], "instructions": ""}, "must not be empty"),
+        ("extract", {"messages": [], "instructions": "x" * 4001}, "longer than 4000"),
+        ("extract", {"messages": [], "instructions": ["be brief"]}, "must be a string"),
+        ("revise", {"id": "m1", "only_inferred": "yes"}, "must be true or false"),
+        ("revise", {"id": "m1", "only_inferred": True, "expected_revision": 0}, "existing"),
+        ("revise", {"id": "m1", "sources": [{"kind": "robot"}]}, "kind must be one of"),
+        ("retract", {"id": "m1", "only_inferred": 1}, "must be true or false"),
+    ],
+)
+def test_bad_model_fields_are_refused(kind: str, request_: dict, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        build(kind, request_)
+
+
+def test_model_fields_round_trip_and_false_is_the_default() -> None:
+    remember = build("remember", {"text": "x", "supersede": "reconcile", "top_k": 3})
+    assert Operation.from_dict(remember.to_dict()) == remember
+    assert remember.request.to_dict() == {  # type: ignore[union-attr]
+        "text": "x",
+        "kind": "semantic",
+        "origin": "asserted",
+        "supersede": "reconcile",
+        "top_k": 3,
+    }
+    extract = build(
+        "extract", {"messages": [], "infer": True, "supersede": "add", "instructions": "brief"}
+    )
+    assert Operation.from_dict(extract.to_dict()).digest == extract.digest
+    # only_inferred: false is the same request as none at all (the same digest).
+    assert (
+        build("retract", {"id": "m1", "only_inferred": False}).digest
+        == build("retract", {"id": "m1"}).digest
+        != build("retract", {"id": "m1", "only_inferred": True}).digest
+    )
+    revise = build("revise", {"id": "m1", "sources": [{"kind": "assistant", "tool_call_id": "c"}]})
+    assert revise.request.to_dict()["sources"] == [{"kind": "assistant", "tool_call_id": "c"}]  # type: ignore[union-attr]

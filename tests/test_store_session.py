@@ -287,7 +287,7 @@ def test_extract_reads_only_trusted_sources_and_cites_them(store: Store, scope: 
         infer=False,
     )
     texts = [r.text for r in result.records]
-    assert texts == ["When does my order ship?", '{"ships": "Friday"}']
+    assert texts == ["When does my order ship?", '{"ships":"Friday"}']
     assert all(r.origin == "inferred" for r in result.records)
     assert [(r.sources[0].kind, r.sources[0].message_id) for r in result.records] == [
         ("user", "m1"),

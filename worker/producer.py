@@ -181,6 +181,8 @@ class Producer:
         links: Sequence[Any] | None = None,
         ttl_ms: int | None = None,
         id: str | None = None,
+        supersede: str | None = None,
+        top_k: int | None = None,
         operation_id: str | None = None,
     ) -> Pending:
         return self.submit(
@@ -196,6 +198,8 @@ class Producer:
                 "links": plain_items(links),
                 "ttl_ms": ttl_ms,
                 "id": id,
+                "supersede": supersede,
+                "top_k": top_k,
             },
             operation_id=operation_id,
         )
@@ -210,6 +214,9 @@ class Producer:
         links: Sequence[Any] | None = None,
         trusted_tools: Sequence[str] | None = None,
         infer: bool | None = None,
+        supersede: str | None = None,
+        top_k: int | None = None,
+        instructions: str | None = None,
         operation_id: str | None = None,
     ) -> Pending:
         return self.submit(
@@ -222,6 +229,9 @@ class Producer:
                 "links": plain_items(links),
                 "trusted_tools": list(trusted_tools or []) or None,
                 "infer": infer,
+                "supersede": supersede,
+                "top_k": top_k,
+                "instructions": instructions,
             },
             operation_id=operation_id,
         )
@@ -238,6 +248,8 @@ class Producer:
         links: Sequence[Any] | None = None,
         ttl_ms: int | None = None,
         expected_revision: int | None = None,
+        sources: Sequence[Any] | None = None,
+        only_inferred: bool = False,
         operation_id: str | None = None,
     ) -> Pending:
         return self.submit(
@@ -252,6 +264,8 @@ class Producer:
                 "links": plain_items(links),
                 "ttl_ms": ttl_ms,
                 "expected_revision": expected_revision,
+                "sources": plain_items(sources),
+                "only_inferred": only_inferred or None,
             },
             operation_id=operation_id,
         )
@@ -262,12 +276,17 @@ class Producer:
         record_id: str,
         *,
         expected_revision: int | None = None,
+        only_inferred: bool = False,
         operation_id: str | None = None,
     ) -> Pending:
         return self.submit(
             "retract",
             scope,
-            {"id": record_id, "expected_revision": expected_revision},
+            {
+                "id": record_id,
+                "expected_revision": expected_revision,
+                "only_inferred": only_inferred or None,
+            },
             operation_id=operation_id,
         )
 

@@ -12,12 +12,13 @@ import gc
 import importlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from store import Embedder, HashingEmbedder, WordLlamaEmbedder
+from store import Embedder, HashingEmbedder, OpenAICompatibleLLM, WordLlamaEmbedder
 
 from .settings import Settings
 
@@ -82,6 +83,16 @@ def load_embedder(spec: str) -> Embedder:
         embedder: Embedder = factory()
         return embedder
     raise ConfigError(f"unknown embedder {spec!r}: use wordllama, hashing[:DIMS] or module:factory")
+
+
+def load_llm(settings: Settings) -> OpenAICompatibleLLM | None:
+    """The model the workers call (``ENGRAM_LLM_URL``...), or None without one: then
+    ``supersede`` defaults to add and ``infer`` to false."""
+    if settings.llm is None:
+        return None
+    # One connection per concurrent call, no more.
+    config = replace(settings.llm, max_connections=settings.worker.llm_concurrency)
+    return OpenAICompatibleLLM(config)
 
 
 def settle(embedder: Embedder | None) -> None:

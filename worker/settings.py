@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from store import LLMConfig
+
 from . import defaults
 
 
@@ -21,10 +23,17 @@ class WorkerConfig:
     lease_margin_ms: int = defaults.LEASE_MARGIN_MS
     max_deliveries: int = defaults.MAX_DELIVERIES
     reply_ttl_s: int = defaults.REPLY_TTL_S
+    llm_concurrency: int = defaults.LLM_CONCURRENCY
+    llm_deadline_s: float = defaults.LLM_DEADLINE_S
+    llm_max_held: int = defaults.LLM_MAX_HELD
 
     def __post_init__(self) -> None:
         if self.partitions < 1 or self.batch_size < 1 or self.max_deliveries < 1:
             raise ValueError("partitions, batch_size and max_deliveries must be at least 1")
+        if self.llm_concurrency < 1 or self.llm_deadline_s <= 0 or self.llm_max_held < 1:
+            raise ValueError(
+                "llm_concurrency and llm_max_held must be at least 1, llm_deadline_s positive"
+            )
         if not 0 <= self.lease_margin_ms < self.lease_ttl_ms // 2:
             raise ValueError("lease_margin_ms must be below half of lease_ttl_ms")
 
@@ -43,6 +52,7 @@ class Settings:
     workers: int = defaults.UP_WORKERS
     db_pool_size: int = defaults.DB_POOL_SIZE
     worker: WorkerConfig = WorkerConfig()
+    llm: LLMConfig | None = None  # ENGRAM_LLM_URL and the rest (``LLMConfig.from_env``)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -69,7 +79,11 @@ class Settings:
                 ),
                 max_deliveries=_int(env, "ENGRAM_MAX_DELIVERIES", defaults.MAX_DELIVERIES),
                 reply_ttl_s=_int(env, "ENGRAM_REPLY_TTL_S", defaults.REPLY_TTL_S),
+                llm_concurrency=_int(env, "ENGRAM_LLM_CONCURRENCY", defaults.LLM_CONCURRENCY),
+                llm_deadline_s=_float(env, "ENGRAM_LLM_DEADLINE_S", defaults.LLM_DEADLINE_S),
+                llm_max_held=_int(env, "ENGRAM_LLM_MAX_HELD", defaults.LLM_MAX_HELD),
             ),
+            llm=LLMConfig.from_env(env),
         )
 
 
@@ -81,3 +95,13 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"{name} must be an integer, not {value!r}") from None
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env.get(name)
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, not {value!r}") from None

@@ -17,7 +17,7 @@ import time
 
 import redis
 
-from store import Embedder, Store
+from store import LLM, Embedder, Store
 
 from . import metrics
 from .consumer import Consumer, Partition, Shared
@@ -38,13 +38,14 @@ class Worker:
         store: Store,
         embedder: Embedder | None,
         *,
+        llm: LLM | None = None,
         config: WorkerConfig | None = None,
         worker_id: str | None = None,
     ) -> None:
         self.config = config or WorkerConfig()
         self.worker_id = worker_id or new_worker_id()
         self.client = client
-        self.shared = Shared(client, store, embedder, self.config, self.worker_id)
+        self.shared = Shared(client, store, embedder, self.config, self.worker_id, llm)
         self.leases = Leases(client, ttl_ms=self.config.lease_ttl_ms)
         self.membership = Membership(client, self.worker_id, ttl_ms=self.config.lease_ttl_ms)
         self.held: dict[int, Partition] = {}
@@ -63,7 +64,12 @@ class Worker:
 
     def run(self) -> None:
         log.info(
-            "worker started", extra={"worker": self.worker_id, "partitions": self.config.partitions}
+            "worker started",
+            extra={
+                "worker": self.worker_id,
+                "partitions": self.config.partitions,
+                "model": self.shared.llm is not None,
+            },
         )
         try:
             while not self._stop.is_set():
