@@ -14,9 +14,10 @@ def test_migrations_apply_once_and_are_idempotent(fresh_dsn: str) -> None:
         assert migrations.migrate(conn) == migrations.code_version()
         assert migrations.migrate(conn) == migrations.code_version()
         versions = [r[0] for r in conn.execute("SELECT version FROM engram_schema")]
-        # Every migration the code ships, once (numbers are reserved per change, so the
-        # list may have gaps while changes are merged).
+        # Every migration the code ships, once, numbered without gaps: a database at
+        # version N has applied every migration up to N.
         assert versions == [version for version, _ in migrations.available()]
+        assert versions == list(range(1, len(versions) + 1))
         assert (
             conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[
                 0
