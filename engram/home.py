@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -137,7 +138,7 @@ def clean_home(home: Path) -> None:
     servers still running on the home's folders, stale pid and handle files, the run
     file. Only for the holder of the home lock: whatever runs there is not anyone else's.
     Each step is tried even if one before it failed."""
-    steps = (
+    steps: tuple[Callable[[], object], ...] = (
         lambda: stop_processes(reversed(run_file_records(home)), on_stop=_said_stopped),
         lambda: EmbeddedValkey.stop_stale(home),
         lambda: EmbeddedPostgres.stop_stale(home),
