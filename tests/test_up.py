@@ -211,6 +211,13 @@ def test_the_next_up_cleans_what_a_crash_left_and_stops_cleanly(
         assert wait_gone(new_servers.values(), timeout_s=15)
         assert stranger.poll() is None  # not ours: untouched
 
+        # Pid files naming a live stranger, as if the servers had died and their pids
+        # been reused: taken for stale, not for the servers.
+        pgdata = home / "postgres"
+        (pgdata / "postmaster.pid").write_text(
+            f"{stranger.pid}\n{pgdata}\n1700000000\n5432\n{pgdata}\n\n  1 2\nready\n"
+        )
+        (home / "valkey" / "valkey.pid").write_text(f"{stranger.pid}\n")
         # engram demo on the stopped home: it starts PostgreSQL and stops it again.
         demo = engram(home, "demo", timeout=120)
         assert demo.returncode == 0, demo.stderr
