@@ -114,9 +114,7 @@ def test_a_record_never_names_a_process_that_merely_reuses_its_pid(
     record = ProcessRecord.of("sleeper", sleeper.pid)
     assert record.process() is not None
     # The same pid with another start time: a process that came after ours died.
-    impostor = ProcessRecord(
-        "sleeper", sleeper.pid, record.create_time - 100, signal.SIGTERM, 1.0
-    )
+    impostor = ProcessRecord("sleeper", sleeper.pid, record.create_time - 100, signal.SIGTERM, 1.0)
     assert impostor.process() is None
     clean_home_records = [impostor.as_dict()]
     assert ProcessRecord.from_dict(clean_home_records[0]) == impostor
@@ -141,7 +139,9 @@ def test_cleaning_a_home_stops_what_its_run_file_names_and_nothing_else(
     assert not (tmp_path / RUN_FILE).exists()
 
 
-def test_children_die_with_a_supervisor_that_is_killed(tmp_path: Path, reaped: list[subprocess.Popen[bytes] | int]) -> None:
+def test_children_die_with_a_supervisor_that_is_killed(
+    tmp_path: Path, reaped: list[subprocess.Popen[bytes] | int]
+) -> None:
     pids_file = tmp_path / "pids"
     supervisor = _python(
         f"""
@@ -156,7 +156,9 @@ def test_children_die_with_a_supervisor_that_is_killed(tmp_path: Path, reaped: l
         """
     )
     reaped.append(supervisor)
-    pids = [int(p) for p in wait_until(lambda: pids_file.exists() and pids_file.read_text()).split()]
+    pids = [
+        int(p) for p in wait_until(lambda: pids_file.exists() and pids_file.read_text()).split()
+    ]
     reaped += pids
     assert all(live_process(p) for p in pids)
     supervisor.send_signal(signal.SIGKILL)
@@ -167,7 +169,10 @@ def test_children_die_with_a_supervisor_that_is_killed(tmp_path: Path, reaped: l
 def test_a_child_that_exits_is_restarted_and_recorded(tmp_path: Path) -> None:
     started: list[ProcessRecord] = []
     children = Supervisor(
-        [ChildSpec("short", ["true"], restart_pause_s=0.1), ChildSpec("once", ["true"], restart=False)],
+        [
+            ChildSpec("short", ["true"], restart_pause_s=0.1),
+            ChildSpec("once", ["true"], restart=False),
+        ],
         {"PATH": os.environ["PATH"]},
         on_start=started.append,
     )

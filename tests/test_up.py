@@ -3,6 +3,7 @@ leftovers cleaned by the next."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -119,17 +120,16 @@ def engram(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedP
 def _server_pids(home: Path) -> dict[str, int]:
     pids = {}
     for name, path in (("postgres", "postgres/postmaster.pid"), ("valkey", "valkey/valkey.pid")):
-        try:
+        with contextlib.suppress(OSError, ValueError, IndexError):
             pids[name] = int((home / path).read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
     return pids
 
 
 def _everything_of(up: Up) -> dict[str, int]:
     """Every process ``up`` started: servers, workers, its watchdog."""
     children = {
-        " ".join(c.cmdline()[-2:]) + f" {c.pid}": c.pid for c in psutil.Process(up.process.pid).children()
+        " ".join(c.cmdline()[-2:]) + f" {c.pid}": c.pid
+        for c in psutil.Process(up.process.pid).children()
     }
     return {**_server_pids(up.home), **children}
 
