@@ -13,12 +13,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from store import Operation, Scope, Store
+from store import Scope, Store
 from store.dump import History, ReceiptEntry, Tombstone, dump_scope
 from store.errors import EngramError, InvalidRequestError
 from store.portable import convert, export_lines
 from worker import runtime
-from worker.producer import Producer
+from worker.errors import WaitTimeout
+from worker.producer import Pending, Producer
 from worker.settings import Settings
 
 from . import exits
@@ -28,7 +29,6 @@ from .output import print_json
 
 # Operations sent per round trip to Redis.
 _CHUNK = 500
-_POLL_S = 0.2
 
 
 def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
@@ -69,9 +69,10 @@ def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
     with Producer.from_url(
         runtime.redis_url(settings), partitions=settings.worker.partitions
     ) as producer:
+        pending: list[Pending] = []
         for start in range(0, len(ops), _CHUNK):
-            producer.enqueue_many(ops[start : start + _CHUNK])
-        outcome = _wait_all(producer, ops, args.wait)
+            pending += producer.enqueue_many(ops[start : start + _CHUNK])
+        outcome = _wait_all(pending, args.wait)
     summary = {
         "format": converted.format,
         "records": converted.records,
@@ -105,30 +106,29 @@ def _read(path: str) -> str:
         raise InvalidRequestError(f"cannot read {path} ({exc})") from None
 
 
-def _wait_all(producer: Producer, ops: Sequence[Operation], timeout_s: float) -> dict[str, Any]:
-    """Poll the replies of every operation until all are in or ``timeout_s`` passed."""
-    waiting = [op.operation_id for op in ops]
-    committed = replayed = 0
+def _wait_all(pending: Sequence[Pending], timeout_s: float) -> dict[str, Any]:
+    """Each operation's reply to this enqueue (a reply left by an earlier run of the same
+    import is passed over), until all are in or ``timeout_s`` has passed."""
+    committed = replayed = waiting = 0
     refused: Counter[str] = Counter()
     deadline = time.monotonic() + timeout_s
-    while waiting:
-        replies = producer.results(waiting)
-        for reply in replies.values():
-            if isinstance(reply, EngramError):
-                refused[reply.code] += 1
-            elif reply.replayed:
+    for one in pending:
+        try:
+            receipt = one.wait(max(deadline - time.monotonic(), 0.0))
+        except WaitTimeout:
+            waiting += 1
+        except EngramError as exc:
+            refused[exc.code] += 1
+        else:
+            if receipt.replayed:
                 replayed += 1
             else:
                 committed += 1
-        waiting = [op_id for op_id in waiting if op_id not in replies]
-        if not waiting or time.monotonic() > deadline:
-            break
-        time.sleep(_POLL_S)
     return {
         "committed": committed,
         "replayed": replayed,
         "refused": dict(refused),
-        "pending": len(waiting),
+        "pending": waiting,
     }
 
 

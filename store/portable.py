@@ -15,8 +15,9 @@ Imported, a record's revisions become the operations that write them again in
 order (a remember, then a revise or a retract per later revision, each with
 ``expected_revision``), so the revision numbers, statuses, texts, provenance
 and links come out the same. Operation ids derive from the record id and the
-revision (``import:<record id>:<revision>``): an interrupted import run again
-replays what was done and does the rest.
+revision (``import:<record id>:<revision>``), and the same file always gives
+the same requests: an interrupted import run again replays what was done and
+does the rest. An expiry keeps the time it had left when exported.
 """
 
 from __future__ import annotations
@@ -181,14 +182,17 @@ def _detect(lines: list[tuple[int, Mapping[str, Any]]]) -> str:
 
 
 def _from_export(lines: list[tuple[int, Mapping[str, Any]]], now: datetime) -> Converted:
+    """Expiries count from the export's time (from the import's, with no header line), so
+    the same file always gives the same operations."""
     out = Converted(FORMAT)
     for number, line in lines:
         kind = line.get("type")
         if kind == "export":
             if line.get("format") != FORMAT or line.get("version") != VERSION:
                 raise InvalidRequestError(f"line {number}: not an engram export of version 1")
+            now = _at_line(number, lambda line=line: datetime.fromisoformat(line["exported_at"]))
         elif kind == "record":
-            ops = _at_line(number, lambda line=line: record_operations(line, now))
+            ops = _at_line(number, lambda line=line, now=now: record_operations(line, now))
             if ops:
                 out.operations.extend(ops)
                 out.records += 1
@@ -215,7 +219,8 @@ def _at_line(number: int, convert_line: Any) -> Any:
 
 def record_operations(line: Mapping[str, Any], now: datetime) -> list[Operation]:
     """The operations that write a record's revisions again, in order; none for a record
-    that has expired (it counts as absent everywhere but in its history)."""
+    that had expired by ``now`` (it counts as absent everywhere but in its history). An
+    expiry becomes the time it had left at ``now``."""
     record_id = str(line["id"])
     scope = Scope.of(line["scope"])
     revisions = sorted(line["revisions"], key=lambda r: int(r["revision"]))
