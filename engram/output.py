@@ -56,7 +56,7 @@ def _cell(value: Any) -> str:
 def fields(pairs: Sequence[tuple[str, Any]]) -> str:
     """``name  value`` lines, for one object."""
     width = max(len(k) for k, _ in pairs)
-    return "".join(f"{k.ljust(width)}  {_cell(v)}\n" for k, v in pairs)
+    return "".join(f"{k.ljust(width)}  {_cell(v)}".rstrip() + "\n" for k, v in pairs)
 
 
 def record_fields(r: Record) -> str:

@@ -146,3 +146,26 @@ def test_the_readme_examples_work_as_written(workdir: Path) -> None:
                 process.wait()
     assert ran >= 5
     assert [p.returncode for p in background] == [0] * len(background)
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's anchors for a document's headings."""
+    return {
+        re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        for heading in re.findall(r"^#+ (.+)$", markdown, re.M)
+    }
+
+
+@pytest.mark.parametrize(
+    "doc", ["README.md", *(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
+)
+def test_every_link_between_the_docs_leads_somewhere(doc: str) -> None:
+    text = (REPO / doc).read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if "://" in target:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (REPO / doc).parent / path if path else REPO / doc
+        assert file.exists(), f"{doc} links to {target}: no such file"
+        if anchor and file.suffix == ".md":
+            assert anchor in _anchors(file.read_text()), f"{doc} links to {target}: no such heading"

@@ -61,7 +61,9 @@ def redis_url(settings: Settings) -> str:
     run = read_run_file(settings.home)
     if run and run.get("redis_url"):
         return str(run["redis_url"])
-    raise ConfigError("set REDIS_URL, or start `engram up` with this ENGRAM_HOME")
+    raise ConfigError(
+        f"set REDIS_URL, or start `engram up` with this ENGRAM_HOME ({settings.home.resolve()})"
+    )
 
 
 def database_url(settings: Settings) -> str:
@@ -70,7 +72,9 @@ def database_url(settings: Settings) -> str:
     run = read_run_file(settings.home)
     if run and run.get("database_url"):
         return str(run["database_url"])
-    raise ConfigError("set DATABASE_URL, or start `engram up` with this ENGRAM_HOME")
+    raise ConfigError(
+        f"set DATABASE_URL, or start `engram up` with this ENGRAM_HOME ({settings.home.resolve()})"
+    )
 
 
 def connect_redis(url: str) -> redis.Redis:
