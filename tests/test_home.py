@@ -197,3 +197,36 @@ def test_a_stopping_supervisor_kills_a_child_that_ignores_its_signal() -> None:
     wait_until(lambda: psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     children.stop()
     assert live_process(pid) is None
+
+
+def test_a_killed_owners_watchdog_stops_its_processes_and_holds_the_home_until_done(
+    tmp_path: Path, reaped: list[subprocess.Popen[bytes] | int]
+) -> None:
+    owner = _python(
+        f"""
+        import signal, subprocess, time
+        from engram.home import HomeSession
+        from engram.procs import ProcessRecord
+        session = HomeSession({str(tmp_path)!r}, "engram up").open()
+        # A child that takes 2 s to give in to SIGKILL after ignoring SIGTERM.
+        child = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"], start_new_session=True)
+        session.record(ProcessRecord.of("stubborn", child.pid, stop_timeout_s=2.0))
+        print(child.pid, flush=True)
+        time.sleep(60)
+        """,
+        stdout=subprocess.PIPE,
+    )
+    reaped.append(owner)
+    assert owner.stdout is not None
+    child = int(owner.stdout.readline())
+    reaped.append(child)
+    time.sleep(0.3)  # let the shell install its trap
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    lock = HomeLock(tmp_path)
+    assert not lock.acquire("engram up"), "the home was free while the watchdog still worked"
+    assert lock.holder() is not None and not lock.holder().alive()  # type: ignore[union-attr]
+    assert wait_gone([child], timeout_s=10)
+    wait_until(lambda: lock.acquire("engram up"), timeout=10, what="the watchdog to finish")
+    assert not (tmp_path / RUN_FILE).exists()
+    lock.release()

@@ -223,6 +223,9 @@ def test_the_next_up_cleans_what_a_crash_left_and_stops_cleanly(
         assert demo.returncode == 0, demo.stderr
         assert "revision 2" in demo.stdout
         assert not (home / "postgres" / "postmaster.pid").exists()
+        migrate = engram(home, "migrate")
+        assert (migrate.returncode, migrate.stdout) == (0, "schema is up to date\n"), migrate
+        assert not (home / "postgres" / "postmaster.pid").exists()
         assert not [
             p
             for p in psutil.process_iter(["name", "cmdline"])
@@ -245,6 +248,7 @@ def test_demo_and_reads_use_a_running_up_and_leave_it_running(
     servers = _server_pids(home)
     demo = engram(home, "demo", timeout=120)
     assert demo.returncode == 0, demo.stderr
+    assert engram(home, "migrate").returncode == 0
     scopes = engram(home, "scopes", "--json")
     assert scopes.returncode == 0, scopes.stderr
     assert {"user_id": "engram-demo"} in [s["scope"] for s in json.loads(scopes.stdout)]
