@@ -20,15 +20,14 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, wrap_last: bool = True) -> str:
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """Left-aligned columns; the last one (free text) is cut to fit the terminal."""
     cells = [[_cell(v) for v in row] for row in rows]
     if not cells:
         return "(none)\n"
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    if wrap_last:
-        room = shutil.get_terminal_size((120, 24)).columns - sum(widths[:-1]) - 2 * len(widths[:-1])
-        widths[-1] = min(widths[-1], max(room, _MIN_TEXT))
+    room = shutil.get_terminal_size((120, 24)).columns - sum(widths[:-1]) - 2 * len(widths[:-1])
+    widths[-1] = min(widths[-1], max(room, _MIN_TEXT))
     lines = [_line(headers, widths)]
     lines += [_line(r, widths) for r in cells]
     return "\n".join(lines) + "\n"

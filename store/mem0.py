@@ -16,9 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import InvalidRequestError
-from .model import Scope
-from .operations import Operation
-from .portable import scope_fields, text_source
+from .model import SCOPE_FIELDS, Scope
+from .operations import Operation, text_digest
 
 # mem0's fields kept, under metadata["mem0"], besides those mapped to engram's own.
 KEPT = ("hash", "created_at", "updated_at", "categories", "app_id", "immutable", "expiration_date")
@@ -58,3 +57,12 @@ def from_mem0(item: Mapping[str, Any], default_scope: Scope | None) -> Operation
         },
         operation_id(memory_id),
     )
+
+
+def scope_fields(item: Mapping[str, Any]) -> dict[str, str]:
+    """The scope fields an item names (non-empty strings only)."""
+    return {k: v for k in SCOPE_FIELDS if isinstance(v := item.get(k), str) and v}
+
+
+def text_source(text: str, kind: str = "external") -> dict[str, str]:
+    return {"kind": kind, "digest": text_digest(text)}

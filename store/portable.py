@@ -32,8 +32,9 @@ from typing import Any
 from .dump import History, Item, ReceiptEntry, Tombstone
 from .errors import EngramError, InvalidRequestError
 from .limits import MAX_ID_CHARS
-from .model import SCOPE_FIELDS, Record, Scope
-from .operations import Operation, text_digest
+from .mem0 import from_mem0
+from .model import Record, Scope
+from .operations import Operation
 
 FORMAT = "engram"
 VERSION = 1
@@ -133,8 +134,6 @@ def convert(
     if format == FORMAT:
         return _from_export(lines, now)
     if format == "mem0":
-        from .mem0 import from_mem0
-
         out = Converted("mem0")
         for number, item in lines:
             out.operations.append(_at_line(number, lambda item=item: from_mem0(item, scope)))
@@ -314,12 +313,3 @@ def _ttl_ms(expires_at: datetime | None, now: datetime, *, last: bool) -> int | 
     if not last:
         left = max(left, _INTERIM_TTL)
     return max(int(left.total_seconds() * 1000), 1)
-
-
-def scope_fields(item: Mapping[str, Any]) -> dict[str, str]:
-    """The scope fields an item names (non-empty strings only)."""
-    return {k: v for k in SCOPE_FIELDS if isinstance(v := item.get(k), str) and v}
-
-
-def text_source(text: str, kind: str = "external") -> dict[str, str]:
-    return {"kind": kind, "digest": text_digest(text)}
