@@ -8,13 +8,13 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 from store import Scope, Store
-from store.dump import History, ReceiptEntry, Tombstone, dump_scope
+from store.dump import History, Item, ReceiptEntry, Tombstone, dump_scope
 from store.errors import EngramError, InvalidRequestError
 from store.portable import convert, export_lines
 from worker import runtime
@@ -23,7 +23,7 @@ from worker.producer import Pending, Producer
 from worker.settings import Settings
 
 from . import exits
-from .args import json_value, positive_float, scope_arg
+from .args import json_value, one_stdin, positive_float, scope_arg
 from .database import database_url
 from .output import print_json
 
@@ -54,7 +54,7 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
     return exits.OK
 
 
-def _counted(items: Any, counts: Counter[str]) -> Any:
+def _counted(items: Iterable[Item], counts: Counter[str]) -> Iterator[Item]:
     names = {History: "record", Tombstone: "tombstone", ReceiptEntry: "receipt"}
     for item in items:
         counts[names[type(item)]] += 1
@@ -62,6 +62,7 @@ def _counted(items: Any, counts: Counter[str]) -> Any:
 
 
 def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
+    one_stdin(args.file, args.scope)
     text = _read(args.file)
     scope = Scope.of(json_value(args.scope, "--scope")) if args.scope else None
     converted = convert(text, format=args.format, scope=scope, now=datetime.now(UTC))
