@@ -11,6 +11,7 @@ import redis
 from engram.cli import main
 from store import HashingEmbedder, Store
 from store.errors import InvalidRequestError
+from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST
 from worker import deadletters, keys
 from worker.protocol import partition_of

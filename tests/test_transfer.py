@@ -12,6 +12,7 @@ import pytest
 
 from engram.cli import main
 from store import HashingEmbedder, Store
+from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST, InProcessWorker
 
 StartWorker = Callable[..., InProcessWorker]

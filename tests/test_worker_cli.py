@@ -15,6 +15,7 @@ import redis
 
 from engram.cli import main
 from store import Store
+from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST, REPO, InProcessWorker
 
 StartWorker = Callable[..., InProcessWorker]

@@ -86,11 +86,19 @@ class EmbeddedValkey:
         """SHUTDOWN (the append-only file is flushed and synced), then wait for the exit."""
         if self._server is not None:
             self._server.stop()
+            self._forget_server()
 
     def kill(self) -> None:
         """SIGKILL, as a crash would: what the append-only file holds is what survives."""
         if self._server is not None:
             self._server.terminate()
+            self._forget_server()
+
+    def _forget_server(self) -> None:
+        """Let the library's server object go now. Its finalizer stops the server named by
+        the folder's pid file: collected later, once another server of this folder has
+        started, it would stop that one."""
+        self._server = None
 
     @staticmethod
     def stop_stale(home: Path) -> int | None:
