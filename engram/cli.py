@@ -1,44 +1,43 @@
-"""The ``engram`` command: up, worker, enqueue, metrics, health, migrate, demo."""
+"""The ``engram`` command: up, worker, metrics, health, migrate, demo, valkey-cli, and
+the commands of the modules in ``_COMMAND_MODULES`` (enqueue and wait, the reads, dead
+letters, export and import).
+
+Data goes to stdout, diagnostics to stderr; the exit codes are in ``exits``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
+import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
+import psycopg
+import redis
+
 from store import Store, WordLlamaEmbedder
-from store.errors import EngramError, InvalidRequestError
-from store.server import EmbeddedPostgres
-from worker import logs, metrics, runtime
-from worker.producer import Producer
+from store.errors import EngramError
+from worker import logs, metrics, runtime, valkey
 from worker.settings import Settings
+
+from . import dead_letters, enqueue, exits, reads, transfer
+from .args import positive_int
+from .database import database_url
 
 log = logging.getLogger("engram")
 
 
-def _database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
-    """DATABASE_URL when set, else the embedded PostgreSQL under ENGRAM_HOME."""
-    if settings.database_url:
-        return settings.database_url, None
-    server = EmbeddedPostgres(settings.home)
-    return server.dsn(), server
-
-
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    dsn, server = _database(settings)
-    try:
-        with Store.connect(dsn):
-            pass
-        print("schema is up to date")
-        return 0
-    finally:
-        if server is not None:
-            server.stop()
+    with database_url(settings, "engram migrate", create=True) as dsn, Store.connect(dsn):
+        pass
+    print("schema is up to date")
+    return 0
 
 
 def demo(store: Store) -> None:
@@ -67,22 +66,17 @@ def _demo_id(result: object) -> str:
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    dsn, server = _database(settings)
-    try:
-        with Store.connect(dsn) as store:
-            where = "DATABASE_URL" if server is None else f"embedded, data in {server.data_dir}"
-            print(f"PostgreSQL: {where}")
-            demo(store)
-        return 0
-    finally:
-        if server is not None:
-            server.stop()
+    with database_url(settings, "engram demo", create=True) as dsn, Store.connect(dsn) as store:
+        print(f"PostgreSQL: {dsn}")
+        demo(store)
+    return 0
 
 
 def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     from .up import run_up
 
-    return run_up(settings, workers=args.workers or settings.workers, demo=args.demo)
+    workers = args.workers if args.workers is not None else settings.workers
+    return run_up(settings, workers=workers, demo=args.demo, log_level=args.log_level)
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
@@ -130,35 +124,6 @@ def _connect_store(dsn: str, pool_size: int) -> Store:
             delay = min(delay * 2, 10.0)
 
 
-def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
-    try:
-        scope, request = json.loads(args.scope), json.loads(args.request)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequestError(f"--scope and --request must be JSON ({exc.msg})") from None
-    with Producer.from_url(
-        runtime.redis_url(settings), partitions=settings.worker.partitions
-    ) as producer:
-        pending = producer.submit(args.kind, scope, request, operation_id=args.operation_id)
-        if args.wait is None:
-            print(
-                json.dumps(
-                    {
-                        "operation_id": pending.operation_id,
-                        "partition": pending.partition,
-                        "entry": pending.entry_id,
-                    }
-                )
-            )
-            return 0
-        try:
-            receipt = pending.wait(args.wait)
-        except EngramError as exc:
-            print(json.dumps({"error": exc.to_dict()}, indent=2))
-            return 1
-        print(json.dumps(receipt.as_dict(), indent=2))
-        return 0
-
-
 def cmd_metrics(settings: Settings, args: argparse.Namespace) -> int:
     client = runtime.connect_redis(runtime.redis_url(settings))
     try:
@@ -193,10 +158,18 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if here else 1
 
 
+def cmd_valkey_cli(settings: Settings, args: argparse.Namespace) -> int:
+    """The valkey-cli shipped with engram, connected to engram's Redis: no redis-cli needed."""
+    url = runtime.redis_url(settings)
+    return subprocess.call([valkey.cli_path(), "-u", url, *args.arguments])
+
+
 def register(sub: Any) -> None:
     """The commands defined here; each sets ``run``, the function ``main`` calls."""
     up = sub.add_parser("up", help="run engram: embedded servers unless configured, workers")
-    up.add_argument("--workers", type=int, default=None, help="worker processes (default 2)")
+    up.add_argument(
+        "--workers", type=positive_int, default=None, help="worker processes (default 2)"
+    )
     up.add_argument("--demo", action="store_true", help="send a few operations once up")
     up.set_defaults(run=cmd_up)
     worker = sub.add_parser("worker", help="commit operations from the streams until SIGTERM")
@@ -204,19 +177,12 @@ def register(sub: Any) -> None:
         "--embedder", default=None, help="wordllama (default), hashing[:DIMS] or module:factory"
     )
     worker.set_defaults(run=cmd_worker)
-    enqueue = sub.add_parser("enqueue", help="send one operation; print its id or receipt")
-    enqueue.add_argument("kind", choices=("remember", "extract", "revise", "retract", "forget"))
-    enqueue.add_argument("--scope", required=True, help='JSON, e.g. \'{"user_id": "ada"}\'')
-    enqueue.add_argument("--request", required=True, help='JSON, e.g. \'{"text": "..."}\'')
-    enqueue.add_argument("--operation-id", default=None)
-    enqueue.add_argument(
-        "--wait",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="wait for the receipt and print it",
+    cli = sub.add_parser(
+        "valkey-cli",
+        help="run the bundled valkey-cli (redis-cli's twin) against engram's Redis",
     )
-    enqueue.set_defaults(run=cmd_enqueue)
+    cli.add_argument("arguments", nargs=argparse.REMAINDER, help="valkey-cli's own arguments")
+    cli.set_defaults(run=cmd_valkey_cli)
     for name, run, help_text in (
         ("metrics", cmd_metrics, "print the stream counters in Prometheus text format"),
         ("health", cmd_health, "exit 0 if a worker on this host is alive"),
@@ -227,11 +193,18 @@ def register(sub: Any) -> None:
 
 
 # Each module that defines commands offers ``register(subparsers)``.
-_COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (register,)
+_COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
+    register,
+    enqueue.register,
+    reads.register,
+    dead_letters.register,
+    transfer.register,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="engram", description=__doc__)
+    parser = argparse.ArgumentParser(prog="engram", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"engram {version()}")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument(
         "--log-format",
@@ -245,21 +218,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    import os
+def version() -> str:
+    try:
+        return importlib.metadata.version("engram")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
 
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     log_format = args.log_format or os.environ.get("ENGRAM_LOG_FORMAT") or "text"
     logs.configure(args.log_level, as_json=log_format == "json")
     try:
         code: int = args.run(Settings.from_env(), args)
         return code
-    except EngramError as exc:
-        print(f"engram: {exc.code}: {exc.message}", file=sys.stderr)
-        return 2
-    except (runtime.ConfigError, ValueError) as exc:
-        print(f"engram: {exc}", file=sys.stderr)
-        return 2
+    except (EngramError, ValueError, redis.RedisError, psycopg.OperationalError) as exc:
+        print(f"engram: {_describe(exc)}", file=sys.stderr)
+        return exits.for_error(exc)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, EngramError):
+        return f"{exc.code}: {exc.message}"
+    if isinstance(exc, redis.RedisError):
+        return f"redis unavailable: {type(exc).__name__}: {exc}"
+    if isinstance(exc, psycopg.OperationalError):
+        return f"database unavailable: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+    return str(exc)
 
 
 if __name__ == "__main__":

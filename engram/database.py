@@ -1,0 +1,63 @@
+"""The database a one-off command (migrate, demo, the reads, export) works on.
+
+``DATABASE_URL`` when set; else the one the ``engram up`` running on
+``ENGRAM_HOME`` publishes (it is left running); else the home's embedded
+PostgreSQL, started for the command under the home lock and stopped after it,
+whatever happens (a watchdog stops it if the command is killed).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from store.server import EmbeddedPostgres
+from store.server import data_dir as postgres_dir
+from worker.runtime import ConfigError, read_run_file
+from worker.settings import Settings
+
+from .home import HomeInUseError, HomeSession
+from .procs import ProcessRecord
+
+# How long a command waits for an ``up`` that is starting to publish its database.
+_WAIT_S = 60.0
+
+
+@contextmanager
+def database_url(settings: Settings, command: str, *, create: bool = False) -> Iterator[str]:
+    """Yield a database URL. With ``create``, a home with no database yet gets one;
+    without, that is a ``ConfigError`` (reading needs something to read)."""
+    if settings.database_url:
+        yield settings.database_url
+        return
+    if not create and not (postgres_dir(settings.home) / "PG_VERSION").exists():
+        raise ConfigError(
+            f"no database in ENGRAM_HOME {Path(settings.home).resolve()}: "
+            "set DATABASE_URL, or start `engram up`"
+        )
+    deadline = time.monotonic() + _WAIT_S
+    while True:
+        run = read_run_file(settings.home)
+        if run and run.get("database_url"):
+            yield str(run["database_url"])
+            return
+        try:
+            session = HomeSession(settings.home, command).open()
+            break
+        except HomeInUseError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    try:
+        server = EmbeddedPostgres(settings.home)
+        if server.pid:
+            session.record(ProcessRecord.of("postgres", server.pid, stop_signal=signal.SIGINT))
+        try:
+            yield server.dsn()
+        finally:
+            server.stop()
+    finally:
+        session.close()

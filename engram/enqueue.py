@@ -1,0 +1,117 @@
+"""``engram enqueue`` and ``engram wait``: send an operation, wait for its reply.
+
+The reply goes to stdout as JSON, a receipt (exit 0) or ``{"error": ...}``
+(exit 1). A wait that runs out is not a failure: the operation is enqueued, so
+stdout says so (its id, no ``error``), stderr says how to wait again, and the
+exit code is 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from store import Operation
+from store.errors import EngramError
+from worker import runtime
+from worker.errors import WaitTimeout
+from worker.producer import Producer
+from worker.settings import Settings
+
+from . import exits
+from .args import json_value, one_stdin, positive_float, scope_arg
+
+KINDS = ("remember", "extract", "revise", "retract", "forget")
+
+
+def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
+    one_stdin(args.scope, args.request)
+    op = Operation.build(
+        args.kind,
+        json_value(args.scope, "--scope"),
+        json_value(args.request, "--request"),
+        args.operation_id,
+    )  # InvalidRequestError (exit 2) before anything is sent
+    with _producer(settings) as producer:
+        pending = producer.enqueue(op)
+        where = {
+            "operation_id": pending.operation_id,
+            "partition": pending.partition,
+            "entry": pending.entry_id,
+        }
+        if args.wait is None:
+            _print(where)
+            return exits.OK
+        return _answer(lambda: pending.wait(args.wait), where, args.wait)
+
+
+def cmd_wait(settings: Settings, args: argparse.Namespace) -> int:
+    with _producer(settings) as producer:
+        return _answer(
+            lambda: producer.wait(args.operation_id, args.timeout),
+            {"operation_id": args.operation_id},
+            args.timeout,
+        )
+
+
+def _producer(settings: Settings) -> Producer:
+    return Producer.from_url(runtime.redis_url(settings), partitions=settings.worker.partitions)
+
+
+def _answer(wait: Any, where: dict[str, Any], timeout_s: float) -> int:
+    op_id = where["operation_id"]
+    try:
+        receipt = wait()
+    except WaitTimeout:
+        _print({**where, "status": "pending"})
+        print(
+            f"engram: no reply for {op_id} within {timeout_s:g}s. It is enqueued and is applied "
+            "once a worker takes it (is `engram up` or `engram worker` running?). "
+            f"Wait again with: engram wait {_quoted(op_id)} --timeout 60",
+            file=sys.stderr,
+        )
+        return exits.PENDING
+    except EngramError as exc:
+        _print({"error": exc.to_dict()})
+        print(f"engram: {op_id}: {exc.code}: {exc.message}", file=sys.stderr)
+        return exits.REFUSED
+    _print(receipt.as_dict())
+    return exits.OK
+
+
+def _print(value: dict[str, Any]) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _quoted(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def register(sub: Any) -> None:
+    enqueue = sub.add_parser(
+        "enqueue", help="send one operation; print where it went, or wait and print its reply"
+    )
+    enqueue.add_argument("kind", choices=KINDS)
+    scope_arg(enqueue)
+    enqueue.add_argument(
+        "--request",
+        required=True,
+        help='JSON, e.g. \'{"text": "..."}\'; @file.json reads a file, - reads stdin',
+    )
+    enqueue.add_argument("--operation-id", default=None, help="yours; generated when not given")
+    enqueue.add_argument(
+        "--wait",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="wait this long for the reply and print it (exit 3 if none came)",
+    )
+    enqueue.set_defaults(run=cmd_enqueue)
+    wait = sub.add_parser("wait", help="wait for an enqueued operation's reply and print it")
+    wait.add_argument("operation_id")
+    wait.add_argument("--timeout", type=positive_float, default=30.0, metavar="SECONDS")
+    wait.set_defaults(run=cmd_wait)

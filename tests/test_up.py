@@ -1,0 +1,301 @@
+"""``engram up`` with real processes: one per home, nothing outlives it, a crashed one's
+leftovers cleaned by the next."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engram.home import clean_home
+from engram.procs import live_process, wait_gone
+from tests.redis_fixtures import REPO, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Up:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    home: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self) -> dict[str, object]:
+        wait_until(
+            lambda: "Ctrl-C stops everything" in self.log() or self.process.poll() is not None,
+            timeout=90,
+            what="engram up to start",
+        )
+        assert self.process.poll() is None, self.log()
+        run: dict[str, object] = json.loads((self.home / "run.json").read_text())
+        return run
+
+    def stop(self, signum: int = signal.SIGINT, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        return self.process.wait(timeout=timeout)
+
+
+def home_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(
+        {
+            "ENGRAM_HOME": str(home),
+            "ENGRAM_EMBEDDER": "hashing:64",
+            "ENGRAM_PARTITIONS": "4",
+            "ENGRAM_LEASE_TTL_MS": "1000",
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    return env
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A home outside pytest's temporary folders: a concurrent pytest run makes those
+    private to root again, and the embedded PostgreSQL runs as another user."""
+    base = Path(tempfile.mkdtemp(prefix="engram-up-"))
+    yield base / "home"
+    if (base / "home").exists():
+        clean_home(base / "home")  # the last resort, should the code under test fail to
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def start_up(tmp_path: Path) -> Iterator[Callable[..., Up]]:
+    """``engram up`` subprocesses; each is stopped at the end, and everything it started."""
+    started: list[Up] = []
+
+    def start(home: Path, *args: str) -> Up:
+        log_path = tmp_path / f"up-{len(started)}.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "engram", "up", *args],
+                env=home_env(home),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+        up = Up(process, log_path, home)
+        started.append(up)
+        return up
+
+    yield start
+    for up in started:
+        if up.process.poll() is None:
+            try:
+                up.stop(timeout=60)
+            except subprocess.TimeoutExpired:
+                up.process.kill()
+                up.process.wait()
+    for up in started:  # what a killed one left is stopped by its watchdog
+        wait_gone(_server_pids(up.home).values(), timeout_s=30)
+
+
+def engram(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engram", *args],
+        env=home_env(home),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _server_pids(home: Path) -> dict[str, int]:
+    pids = {}
+    for name, path in (("postgres", "postgres/postmaster.pid"), ("valkey", "valkey/valkey.pid")):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pids[name] = int((home / path).read_text().split()[0])
+    return pids
+
+
+def _everything_of(up: Up) -> dict[str, int]:
+    """Every process ``up`` started: servers, workers, its watchdog."""
+    children = {
+        " ".join(c.cmdline()[-2:]) + f" {c.pid}": c.pid
+        for c in psutil.Process(up.process.pid).children()
+    }
+    return {**_server_pids(up.home), **children}
+
+
+def _remember(home: Path, text: str) -> subprocess.CompletedProcess[str]:
+    return engram(
+        home,
+        "enqueue",
+        "remember",
+        "--scope",
+        '{"user_id": "up"}',
+        "--request",
+        json.dumps({"text": text}),
+        "--wait",
+        "30",
+    )
+
+
+def test_a_second_up_is_refused_and_a_killed_up_leaves_nothing_running(
+    home: Path, start_up: Callable[..., Up]
+) -> None:
+    first = start_up(home)
+    run = first.wait_ready()
+    processes = _everything_of(first)
+    assert len(processes) == 5, processes  # postgres, valkey, 2 workers, the watchdog
+
+    second = engram(home, "up")
+    assert second.returncode == 4, second
+    assert f"in use by engram up (pid {first.process.pid})" in second.stderr
+    assert str(run["redis_url"]) in second.stderr and str(run["database_url"]) in second.stderr
+    assert "left running" not in second.stderr + second.stdout  # it touched nothing
+    assert json.loads((home / "run.json").read_text()) == run
+    assert _remember(home, "The first up still serves.").returncode == 0
+
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait()
+    assert wait_gone(processes.values(), timeout_s=15), {
+        n: p for n, p in processes.items() if live_process(p)
+    }
+    assert not (home / "run.json").exists()
+
+    # The next up starts on the same home, with the same Redis port, and its data.
+    third = start_up(home)
+    assert third.wait_ready()["redis_url"] == run["redis_url"]
+    again = _remember(home, "The first up still serves.")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["scope_revision"] == 2
+    assert third.stop() == 0
+    assert third.log().rstrip().endswith("engram: stopped")
+
+
+def test_the_next_up_cleans_what_a_crash_left_and_stops_cleanly(
+    home: Path, start_up: Callable[..., Up]
+) -> None:
+    first = start_up(home)
+    first.wait_ready()
+    servers = _server_pids(home)
+    # A crash that took the watchdog with it: the servers stay, with their files.
+    watchdog = next(
+        c for c in psutil.Process(first.process.pid).children() if "engram.watchdog" in c.cmdline()
+    )
+    watchdog.kill()
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait()
+    assert all(live_process(p) for p in servers.values())
+    # And a dead pid, plus one of a live stranger, left in the library's handle file.
+    stranger = subprocess.Popen(["sleep", "120"])
+    try:
+        handles = home / "postgres" / ".handle_pids.json"
+        handles.write_text(json.dumps([first.process.pid, 999_999, stranger.pid]))
+
+        second = start_up(home)
+        second.wait_ready()
+        assert wait_gone(servers.values(), timeout_s=1)  # stopped before the new ones started
+        assert "a process left running child=postgres" in second.log()
+        new_servers = _server_pids(home)
+        assert assert_distinct(servers, new_servers)
+        assert second.stop() == 0
+        assert wait_gone(new_servers.values(), timeout_s=15)
+        assert stranger.poll() is None  # not ours: untouched
+
+        # Pid files naming a live stranger, as if the servers had died and their pids
+        # been reused: taken for stale, not for the servers.
+        pgdata = home / "postgres"
+        (pgdata / "postmaster.pid").write_text(
+            f"{stranger.pid}\n{pgdata}\n1700000000\n5432\n{pgdata}\n\n  1 2\nready\n"
+        )
+        (home / "valkey" / "valkey.pid").write_text(f"{stranger.pid}\n")
+        # engram demo on the stopped home: it starts PostgreSQL and stops it again.
+        demo = engram(home, "demo", timeout=120)
+        assert demo.returncode == 0, demo.stderr
+        assert "revision 2" in demo.stdout
+        assert not (home / "postgres" / "postmaster.pid").exists()
+        migrate = engram(home, "migrate")
+        assert (migrate.returncode, migrate.stdout) == (0, "schema is up to date\n"), migrate
+        assert not (home / "postgres" / "postmaster.pid").exists()
+        assert not [
+            p
+            for p in psutil.process_iter(["name", "cmdline"])
+            if p.info["name"] == "postgres" and str(home) in " ".join(p.info["cmdline"] or [])
+        ]
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def assert_distinct(before: dict[str, int], after: dict[str, int]) -> bool:
+    return set(before) == set(after) and not set(before.values()) & set(after.values())
+
+
+def test_demo_and_reads_use_a_running_up_and_leave_it_running(
+    home: Path, start_up: Callable[..., Up]
+) -> None:
+    up = start_up(home)
+    up.wait_ready()
+    servers = _server_pids(home)
+    demo = engram(home, "demo", timeout=120)
+    assert demo.returncode == 0, demo.stderr
+    assert engram(home, "migrate").returncode == 0
+    scopes = engram(home, "scopes", "--json")
+    assert scopes.returncode == 0, scopes.stderr
+    assert {"user_id": "engram-demo"} in [s["scope"] for s in json.loads(scopes.stdout)]
+    assert all(live_process(p) for p in servers.values())
+    ping = engram(home, "valkey-cli", "PING")
+    assert (ping.returncode, ping.stdout) == (0, "PONG\n"), ping.stderr
+    assert up.stop() == 0
+
+
+def test_up_logs_one_line_per_change_after_its_banner(
+    home: Path, start_up: Callable[..., Up]
+) -> None:
+    up = start_up(home)
+    up.wait_ready()
+    worker = next(
+        c for c in psutil.Process(up.process.pid).children() if c.cmdline()[-1] == "worker"
+    )
+    worker.kill()  # a worker dies: up says so, and starts another
+    wait_until(lambda: "worker-" in up.log().split("Ctrl-C stops everything.")[1], timeout=20)
+    assert up.stop() == 0
+    after = up.log().split("Ctrl-C stops everything.\n")[1].splitlines()
+    assert "partition" not in "\n".join(after)  # the workers' churn stays out of it
+    assert any("exited, restarting" in line for line in after), after
+    assert after[-1] == "engram: stopped", after
+    # Every line is up's own: the state changes, each once.
+    assert all(" engram." in line for line in after[:-1]), after
+    for change in ("stopping", "workers stopped", "valkey stopped", "postgres stopped"):
+        assert sum(line.endswith(change) for line in after) == 1, (change, after)
+
+
+@pytest.mark.parametrize("workers", ["0", "-1"])
+def test_up_refuses_a_worker_count_below_one_before_starting_anything(
+    tmp_path: Path, workers: str
+) -> None:
+    home = tmp_path / "home"
+    refused = engram(home, "up", "--workers", workers)
+    assert refused.returncode == 2
+    assert "must be at least 1" in refused.stderr
+    assert not home.exists()
+    env_refused = subprocess.run(
+        [sys.executable, "-m", "engram", "up"],
+        env={**home_env(home), "ENGRAM_WORKERS": workers},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert env_refused.returncode == 2, env_refused.stderr
+    assert "must be at least 1" in env_refused.stderr
+    assert not (home / "postgres").exists()
