@@ -1,5 +1,15 @@
 """engram's versioned-memory core on PostgreSQL + pgvector."""
 
+from .audit import AuditEntry
+from .browse import (
+    GenerationItem,
+    ReceiptFilter,
+    ReceiptItem,
+    RecordItem,
+    ScopeRow,
+    Tombstone,
+)
+from .cursors import InvalidCursorError
 from .embedders import (
     Embedder,
     HashingEmbedder,
@@ -30,11 +40,13 @@ from .model import (
     WriteResult,
 )
 from .operations import Operation
+from .paging import Page
 from .session import ForgetEvent, ForgetListener, Session
 from .store import ScopeSummary, Store
 from .writer import Fence
 
 __all__ = [
+    "AuditEntry",
     "Embedder",
     "EmbeddingMismatchError",
     "EngramError",
@@ -43,25 +55,33 @@ __all__ = [
     "ForgetEvent",
     "ForgetListener",
     "Generation",
+    "GenerationItem",
     "HashingEmbedder",
     "Hit",
+    "InvalidCursorError",
     "InvalidRequestError",
     "KeywordEmbedder",
     "Link",
     "NotFoundError",
     "Operation",
     "OperationConflictError",
+    "Page",
     "Receipt",
+    "ReceiptFilter",
+    "ReceiptItem",
     "Record",
+    "RecordItem",
     "RecordRef",
     "ReembedResult",
     "RevisionConflictError",
     "SchemaVersionError",
     "Scope",
+    "ScopeRow",
     "ScopeSummary",
     "Session",
     "Source",
     "Store",
+    "Tombstone",
     "WordLlamaEmbedder",
     "WriteResult",
     "default_embedder",

@@ -18,6 +18,7 @@ REVISION_COLUMNS = """
 RECEIPT_COLUMNS = """
     c.operation_id, c.kind, s.key, c.scope_revision, c.committed_at, c.redacted,
     c.forgotten_revisions, c.already_forgotten, c.redaction, c.stream_entry, c.error,
+    c.requested_by, c.replays, c.last_replayed_at,
     coalesce((SELECT json_agg(json_build_array(rr.record_id, rr.revision, rr.status)
                               ORDER BY rr.record_id, rr.revision)
               FROM engram_receipt_records rr WHERE rr.operation_id = c.operation_id), '[]')
@@ -96,8 +97,11 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         redaction,
         stream_entry,
         error,
+        requested_by,
+        replays,
+        last_replayed_at,
         refs,
-    ) = row
+    ) = row[:15]
     return Receipt(
         operation_id=op_id,
         kind=kind,
@@ -111,6 +115,9 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         redaction=redaction,
         stream_entry=stream_entry,
         error=error,
+        requested_by=requested_by,
+        replays=replays,
+        last_replayed_at=last_replayed_at,
     )
 
 

@@ -13,6 +13,8 @@ from pgvector.psycopg import register_vector
 from psycopg_pool import ConnectionPool
 
 from . import migrations, retention, wire
+from .audit import Audit
+from .browse import Browse
 from .embedders import Embedder, embed_checked
 from .embeddings import Embeddings
 from .errors import EmbeddingMismatchError, InvalidRequestError, SchemaVersionError
@@ -52,6 +54,9 @@ class Store:
         self.pool = pool
         self.writer = Writer(pool)
         self.embeddings = Embeddings(pool)
+        # The operator's view of every scope (keyset pages), and the audit trail.
+        self.browse = Browse(pool)
+        self.audit = Audit(pool)
 
     @classmethod
     def connect(cls, dsn: str, *, migrate: bool = True, max_connections: int = 8) -> Store:
