@@ -215,7 +215,9 @@ def test_receipt_filters(fresh_store: Store) -> None:
 
 def test_requested_by_is_kept_and_is_not_part_of_the_request(fresh_store: Store) -> None:
     scope = {"user_id": "ada"}
-    op = Operation.build("remember", scope, {"text": "Ada likes tea."}, "op-1", requested_by="grace")
+    op = Operation.build(
+        "remember", scope, {"text": "Ada likes tea."}, "op-1", requested_by="grace"
+    )
     assert op.to_dict()["requested_by"] == "grace"
     assert Operation.from_dict(op.to_dict()) == op
     other = Operation.build("remember", scope, {"text": "Ada likes tea."}, "op-1")
