@@ -40,3 +40,8 @@ UP_WORKERS = 2
 
 # The largest ``op`` field a producer may send or a worker will parse.
 MAX_ENTRY_BYTES = 8 * 1024 * 1024
+
+# The workers count what they do per interval of this many seconds (the
+# dashboard's operations/s chart), and keep each interval's counts this long.
+RATE_INTERVAL_S = 10
+RATE_TTL_S = 3_600

@@ -164,9 +164,15 @@ class Producer:
         request: Mapping[str, Any],
         *,
         operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
-        """Validate (raising ``InvalidRequestError``, nothing sent) and enqueue."""
-        return self.enqueue(Operation.build(kind, scope, request, operation_id))
+        """Validate (raising ``InvalidRequestError``, nothing sent) and enqueue.
+
+        ``requested_by`` (who asked: an operator, a service) is kept on the receipt
+        for the audit trail; it is not part of the request."""
+        return self.enqueue(
+            Operation.build(kind, scope, request, operation_id, requested_by=requested_by)
+        )
 
     def remember(
         self,
@@ -182,6 +188,7 @@ class Producer:
         ttl_ms: int | None = None,
         id: str | None = None,
         operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
         return self.submit(
             "remember",
@@ -198,6 +205,7 @@ class Producer:
                 "id": id,
             },
             operation_id=operation_id,
+            requested_by=requested_by,
         )
 
     def extract(
@@ -211,6 +219,7 @@ class Producer:
         trusted_tools: Sequence[str] | None = None,
         infer: bool | None = None,
         operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
         return self.submit(
             "extract",
@@ -224,6 +233,7 @@ class Producer:
                 "infer": infer,
             },
             operation_id=operation_id,
+            requested_by=requested_by,
         )
 
     def revise(
@@ -239,6 +249,7 @@ class Producer:
         ttl_ms: int | None = None,
         expected_revision: int | None = None,
         operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
         return self.submit(
             "revise",
@@ -254,6 +265,7 @@ class Producer:
                 "expected_revision": expected_revision,
             },
             operation_id=operation_id,
+            requested_by=requested_by,
         )
 
     def retract(
@@ -263,18 +275,27 @@ class Producer:
         *,
         expected_revision: int | None = None,
         operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
         return self.submit(
             "retract",
             scope,
             {"id": record_id, "expected_revision": expected_revision},
             operation_id=operation_id,
+            requested_by=requested_by,
         )
 
     def forget(
-        self, scope: Scope | Mapping[str, Any], record_id: str, *, operation_id: str | None = None
+        self,
+        scope: Scope | Mapping[str, Any],
+        record_id: str,
+        *,
+        operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
-        return self.submit("forget", scope, {"id": record_id}, operation_id=operation_id)
+        return self.submit(
+            "forget", scope, {"id": record_id}, operation_id=operation_id, requested_by=requested_by
+        )
 
     # -- replies ----------------------------------------------------------------------
 
