@@ -18,6 +18,8 @@ from worker import logs, metrics, runtime
 from worker.producer import Producer
 from worker.settings import Settings
 
+from . import web_cli
+
 log = logging.getLogger("engram")
 
 
@@ -224,7 +226,7 @@ def register(sub: Any) -> None:
 
 
 # Each module that defines commands offers ``register(subparsers)``.
-_COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (register,)
+_COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (register, web_cli.register)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -69,9 +69,20 @@ class Tombstone:
 
 
 @dataclass(frozen=True, slots=True)
+class Backlink:
+    record_id: str  # the record that links
+    relation: str  # supersedes | about
+    status: str
+    expired: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ReceiptItem:
     receipt: Receipt
     scope_id: int
+    # The record id the request named (revise, retract, forget, a remember with an id):
+    # a forget's receipt lists no record written, but keeps its request, which is ids only.
+    named_record: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +277,20 @@ class Browse:
             ).fetchall()
         return [record_from_row(r) for r in rows]
 
+    def linked_from(self, record_id: str, scope_id: int, limit: int = 100) -> list[Backlink]:
+        """The records of the scope whose current revision links to this one (the way
+        back of ``supersedes`` and ``about``), whatever their status."""
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                """SELECT l.record_id, l.relation, r.status,
+                          r.expires_at IS NOT NULL AND r.expires_at <= now()
+                   FROM engram_links l JOIN engram_records r ON r.id = l.record_id
+                   WHERE l.scope_id = %s AND l.target_id = %s
+                   ORDER BY l.relation, l.record_id LIMIT %s""",
+                (scope_id, record_id, check_limit(limit)),
+            ).fetchall()
+        return [Backlink(*r) for r in rows]
+
     def tombstone(self, record_id: str) -> Tombstone | None:
         with self.pool.connection() as conn:
             row = conn.execute(f"{_TOMBSTONE} WHERE f.record_id = %s", (record_id,)).fetchone()
@@ -288,7 +313,7 @@ class Browse:
             clauses.append("(c.committed_at, c.operation_id) < (%(at)s, %(op)s)")
         with self.pool.connection() as conn:
             rows = conn.execute(
-                f"""SELECT {RECEIPT_COLUMNS}, c.scope_id FROM engram_receipts c
+                f"""SELECT {RECEIPT_COLUMNS}, c.scope_id, c.request->>'id' FROM engram_receipts c
                     JOIN engram_scopes s ON s.id = c.scope_id
                     WHERE {" AND ".join(clauses)}
                     ORDER BY c.committed_at DESC, c.operation_id DESC LIMIT %(n)s""",
@@ -299,17 +324,17 @@ class Browse:
             limit,
             "receipts",
             lambda r: (r[4], r[0]),
-            lambda r: ReceiptItem(receipt_from_row(r), r[15]),
+            lambda r: ReceiptItem(receipt_from_row(r), r[15], r[16]),
         )
 
     def receipt(self, operation_id: str) -> ReceiptItem | None:
         with self.pool.connection() as conn:
             row = conn.execute(
-                f"""SELECT {RECEIPT_COLUMNS}, c.scope_id FROM engram_receipts c
+                f"""SELECT {RECEIPT_COLUMNS}, c.scope_id, c.request->>'id' FROM engram_receipts c
                     JOIN engram_scopes s ON s.id = c.scope_id WHERE c.operation_id = %s""",
                 (operation_id,),
             ).fetchone()
-        return ReceiptItem(receipt_from_row(row), row[15]) if row else None
+        return ReceiptItem(receipt_from_row(row), row[15], row[16]) if row else None
 
     # -- generations ----------------------------------------------------------------
 
