@@ -58,6 +58,7 @@ def enqueue(request: Request, body: Any) -> Response:
 
 
 def operation(request: Request) -> Response:
+    Query.of(request)  # takes none
     op_id = ident(request.path_params["operation_id"], "operation id")
     state = operation_state(request, op_id)
     return JSONResponse(
@@ -79,6 +80,7 @@ def receipts(request: Request) -> Response:
 
 
 def receipt(request: Request) -> Response:
+    Query.of(request)  # takes none
     op_id = ident(request.path_params["operation_id"], "operation id")
     item = web_of(request).services.store.browse.receipt(op_id)
     if item is None:

@@ -39,6 +39,7 @@ def job_list(request: Request) -> Response:
 
 
 def job(request: Request) -> Response:
+    Query.of(request)  # takes none
     return JSONResponse(job_json(jobs.get_job(request)))
 
 
@@ -52,6 +53,7 @@ def dead_letter_list(request: Request) -> Response:
 
 
 def dead_letter(request: Request) -> Response:
+    Query.of(request)  # takes none
     return JSONResponse(dead_letter_json(deadletters.get_letter(request)))
 
 
@@ -63,5 +65,6 @@ def dead_letter_retry(request: Request) -> Response:
 
 
 def dead_letter_discard(request: Request) -> Response:
+    Query.of(request)  # takes none
     deadletters.discard_letter(request)
     return Response(status_code=204)

@@ -33,6 +33,7 @@ RECALL_FIELDS = ("scope", "text", "top_k", "kind", "include_retracted", "recorde
 
 
 def record(request: Request) -> Response:
+    Query.of(request)  # takes none
     browse = web_of(request).services.store.browse
     record_id = ident(request.path_params["record_id"], "record id")
     item = browse.record(record_id)
@@ -47,6 +48,7 @@ def record(request: Request) -> Response:
 
 
 def history(request: Request) -> Response:
+    Query.of(request)  # takes none
     browse = web_of(request).services.store.browse
     record_id = ident(request.path_params["record_id"], "record id")
     revisions = browse.history(record_id)
@@ -96,6 +98,7 @@ def scopes(request: Request) -> Response:
 
 
 def scope(request: Request) -> Response:
+    Query.of(request)  # takes none
     row = web_of(request).services.store.browse.scope(_scope_id(request))
     if row is None:
         raise NotFoundError(f"no scope {request.path_params['scope_id']}")

@@ -44,6 +44,7 @@ def letter_list(request: Request) -> Response:
 
 
 def letter_page(request: Request) -> Response:
+    Query.of(request)  # takes none
     letter = get_letter(request)
     return web_of(request).render.page(request, "dead_letter.html", letter=letter)
 

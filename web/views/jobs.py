@@ -35,6 +35,7 @@ def job_list(request: Request) -> Response:
 
 
 def job_page(request: Request) -> Response:
+    Query.of(request)  # takes none
     job = get_job(request)
     return web_of(request).render.page(request, "job.html", job=job)
 

@@ -10,12 +10,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from worker import metrics
 
 from ..chart import ops_chart
+from ..params import Query
 from ..pipeline import snapshot
 from ..progress import progress_of
 from ..state import web_of
 
 
 def overview(request: Request) -> Response:
+    Query.of(request)  # takes none
     web = web_of(request)
     config, services = web.config, web.services
     pipeline = snapshot(
@@ -38,6 +40,7 @@ def overview(request: Request) -> Response:
 
 def healthz(request: Request) -> Response:
     """200 when PostgreSQL and Redis answer; 503 (saying which did not) otherwise."""
+    Query.of(request)  # takes none
     services = web_of(request).services
     checks = {"postgres": "ok", "redis": "ok"}
     try:
@@ -57,6 +60,7 @@ def healthz(request: Request) -> Response:
 
 def prometheus(request: Request) -> Response:
     """What ``engram metrics`` prints: the workers' counters and the live gauges."""
+    Query.of(request)  # takes none
     web = web_of(request)
     text = metrics.render(
         web.services.redis, partitions=web.config.partitions, lease_ttl_ms=web.config.lease_ttl_ms

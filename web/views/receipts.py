@@ -59,6 +59,7 @@ def receipt_list(request: Request) -> Response:
 
 
 def receipt_page(request: Request) -> Response:
+    Query.of(request)  # takes none
     op_id = ident(request.path_params["operation_id"], "operation id")
     item = web_of(request).services.store.browse.receipt(op_id)
     if item is None:
@@ -95,6 +96,7 @@ def operation_state(request: Request, op_id: str) -> OperationState:
 
 
 def operation_page(request: Request) -> Response:
+    Query.of(request)  # takes none
     op_id = ident(request.path_params["operation_id"], "operation id")
     return web_of(request).render.page(
         request, "operation.html", "_operation.html", op=operation_state(request, op_id)

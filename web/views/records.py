@@ -12,7 +12,7 @@ from store import ReceiptFilter
 from store.errors import NotFoundError
 
 from ..diff import history_diffs
-from ..params import ident
+from ..params import Query, ident
 from ..render import path_quote
 from ..state import operator_of, web_of
 
@@ -20,6 +20,7 @@ RECEIPTS_SHOWN = 20
 
 
 def record_page(request: Request) -> Response:
+    Query.of(request)  # takes none
     web = web_of(request)
     browse = web.services.store.browse
     record_id = ident(request.path_params["record_id"], "record id")
@@ -52,6 +53,7 @@ def record_page(request: Request) -> Response:
 
 
 def forget_confirm(request: Request) -> Response:
+    Query.of(request)  # takes none
     """The confirmation step: what forgetting this record will do."""
     web = web_of(request)
     browse = web.services.store.browse
