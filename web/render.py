@@ -74,8 +74,9 @@ class Renderer:
 
 
 def path_quote(value: object) -> str:
-    """A value as one URL path segment (ids may hold ``/``, ``?``, ``#``)."""
-    return quote(str(value), safe="")
+    """A value as one URL path segment (ids may hold ``/``, ``?``, ``#``); ``:`` and ``@``
+    may stay as they are in a path."""
+    return quote(str(value), safe=":@")
 
 
 def query_string(params: dict[str, Any]) -> str:
