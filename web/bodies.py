@@ -64,11 +64,14 @@ async def read_form(request: Request, max_bytes: int) -> dict[str, str]:
 
 
 async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> Any:
-    """The JSON body; an empty one is ``empty`` when given (an action that takes none)."""
+    """The JSON body. With ``empty`` (an action that takes no arguments), no body at all
+    is that value: a request without a content type, which no form sends."""
+    body = await read_body(request, max_bytes)
+    if empty is not None and not body and "content-type" not in request.headers:
+        return empty
     if media_type(request) != JSON_TYPE:
         raise UnsupportedMediaTypeError(f"send the body as {JSON_TYPE}")
-    body = await read_body(request, max_bytes)
-    if not body.strip() and empty is not None:
+    if empty is not None and not body.strip():
         return empty
     try:
         return json.loads(body)

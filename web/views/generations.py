@@ -6,9 +6,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from store.limits import MAX_ID_CHARS
+from store.model import check_string
 
 from ..errors import UnavailableError
-from ..params import Query, checked
+from ..params import Query
 from ..progress import progress_of
 from ..state import operator_of, web_of
 
@@ -44,7 +45,7 @@ def start(request: Request, model: object) -> str:
         raise UnavailableError(
             "reembed jobs are not available in this deployment (no jobs service is configured)"
         )
-    name = checked(model if isinstance(model, str) else "", "model", max_chars=MAX_ID_CHARS)
+    name = check_string(model, "model", max_chars=MAX_ID_CHARS)
     who = operator_of(request).name
     job_id = starter(name, who)
     web.services.store.audit.record(who, "reembed.start", job_id, {"model": name})
