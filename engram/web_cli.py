@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 
 from store import Store
 from web import Services, WebConfig, create_app
+from web.auth import Keys
 from web.config import ConfigError
 from worker import runtime
 from worker.producer import Producer
@@ -32,7 +33,11 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
     """The app on connections to the configured servers, closed on exit."""
     client = runtime.connect_redis(runtime.redis_url(settings))
     store = Store.connect(
-        runtime.database_url(settings), migrate=False, max_connections=settings.db_pool_size
+        runtime.database_url(settings),
+        migrate=False,
+        max_connections=settings.db_pool_size,
+        # With a token, every dashboard process signs cursors alike; without, its own key.
+        cursor_key=Keys(config.token).cursor if config.needs_token else None,
     )
     producer = Producer(client, partitions=settings.worker.partitions)
     try:

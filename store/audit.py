@@ -16,7 +16,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from . import cursors
+from .cursors import Cursors
 from .errors import InvalidRequestError
 from .limits import MAX_ID_CHARS
 from .model import check_string
@@ -44,8 +44,9 @@ _COLUMNS = "id, at, requested_by, action, target, detail"
 
 
 class Audit:
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, cursors: Cursors) -> None:
         self.pool = pool
+        self.cursors = cursors
 
     def record(
         self,
@@ -81,7 +82,7 @@ class Audit:
         params: dict[str, Any] = {"n": limit + 1}
         after = ""
         if cursor is not None:
-            params["at"], params["id"] = cursors.decode(cursor, "audit", (datetime, int))
+            params["at"], params["id"] = self.cursors.decode(cursor, "audit", (datetime, int))
             after = "WHERE (at, id) < (%(at)s, %(id)s)"
         with self.pool.connection() as conn:
             rows = conn.execute(
@@ -89,4 +90,6 @@ class Audit:
                 " LIMIT %(n)s",
                 params,
             ).fetchall()
-        return paged(rows, limit, "audit", lambda r: (r[1], r[0]), lambda r: AuditEntry(*r))
+        return paged(
+            rows, limit, (self.cursors, "audit"), lambda r: (r[1], r[0]), lambda r: AuditEntry(*r)
+        )

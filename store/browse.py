@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from . import cursors
+from .cursors import Cursors
 from .errors import InvalidRequestError
 from .limits import MAX_SCOPE_VALUE_CHARS
 from .model import SCOPE_FIELDS, Generation, Receipt, Record, Scope, check_string
@@ -113,8 +113,9 @@ class ReceiptFilter:
 
 
 class Browse:
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, cursors: Cursors) -> None:
         self.pool = pool
+        self.cursors = cursors
 
     # -- scopes ---------------------------------------------------------------------
 
@@ -131,7 +132,7 @@ class Browse:
         limit = check_limit(limit)
         clauses, params = _scope_match(match or {}, exact)
         if cursor is not None:
-            (after,) = cursors.decode(cursor, "scopes", (str,))
+            (after,) = self.cursors.decode(cursor, "scopes", (str,))
             clauses.append("s.key > %(after)s")
             params["after"] = after
         with self.pool.connection() as conn:
@@ -139,7 +140,7 @@ class Browse:
                 f"{_SCOPE_ROW} WHERE {' AND '.join(clauses)} ORDER BY s.key LIMIT %(n)s",
                 {**params, "n": limit + 1},
             ).fetchall()
-        return paged(rows, limit, "scopes", lambda r: (r[1],), _scope_row)
+        return paged(rows, limit, (self.cursors, "scopes"), lambda r: (r[1],), _scope_row)
 
     def scope(self, scope_id: int) -> ScopeRow | None:
         with self.pool.connection() as conn:
@@ -170,7 +171,7 @@ class Browse:
         params: dict[str, Any] = {"scope": scope_id, "n": limit + 1}
         after = ""
         if cursor is not None:
-            params["at"], params["id"] = cursors.decode(cursor, "records", (datetime, str))
+            params["at"], params["id"] = self.cursors.decode(cursor, "records", (datetime, str))
             after = "AND (r.updated_at, r.id) < (%(at)s, %(id)s)"
         with self.pool.connection() as conn:
             rows = conn.execute(
@@ -187,7 +188,7 @@ class Browse:
         return paged(
             rows,
             limit,
-            "records",
+            (self.cursors, "records"),
             lambda r: (r[17], r[0]),
             lambda r: RecordItem(record_from_row(r, links.get(r[0], ())), r[15], r[16]),
         )
@@ -208,7 +209,7 @@ class Browse:
         params: dict[str, Any] = {"scope": scope_id, "as_of": at, "n": limit + 1}
         after = ""
         if cursor is not None:
-            params["at"], params["id"] = cursors.decode(cursor, "as_of", (datetime, str))
+            params["at"], params["id"] = self.cursors.decode(cursor, "as_of", (datetime, str))
             after = "AND (v.recorded_at, v.record_id) < (%(at)s, %(id)s)"
         with self.pool.connection() as conn:
             rows = conn.execute(
@@ -225,7 +226,7 @@ class Browse:
         return paged(
             rows,
             limit,
-            "as_of",
+            (self.cursors, "as_of"),
             lambda r: (r[13], r[0]),
             lambda r: RecordItem(record_from_row(r), r[15], r[16]),
         )
@@ -238,7 +239,7 @@ class Browse:
         params: dict[str, Any] = {"scope": scope_id, "n": limit + 1}
         after = ""
         if cursor is not None:
-            params["at"], params["id"] = cursors.decode(cursor, "tombstones", (datetime, str))
+            params["at"], params["id"] = self.cursors.decode(cursor, "tombstones", (datetime, str))
             after = "AND (f.forgotten_at, f.record_id) < (%(at)s, %(id)s)"
         with self.pool.connection() as conn:
             rows = conn.execute(
@@ -246,7 +247,7 @@ class Browse:
                     ORDER BY f.forgotten_at DESC, f.record_id DESC LIMIT %(n)s""",
                 params,
             ).fetchall()
-        return paged(rows, limit, "tombstones", lambda r: (r[2], r[0]), _tombstone)
+        return paged(rows, limit, (self.cursors, "tombstones"), lambda r: (r[2], r[0]), _tombstone)
 
     def record(self, record_id: str) -> RecordItem | None:
         """A record's current revision, whatever its status or expiry, in any scope."""
@@ -309,7 +310,7 @@ class Browse:
         limit = check_limit(limit)
         clauses, params = _receipt_clauses(where or ReceiptFilter())
         if cursor is not None:
-            params["at"], params["op"] = cursors.decode(cursor, "receipts", (datetime, str))
+            params["at"], params["op"] = self.cursors.decode(cursor, "receipts", (datetime, str))
             clauses.append("(c.committed_at, c.operation_id) < (%(at)s, %(op)s)")
         with self.pool.connection() as conn:
             rows = conn.execute(
@@ -322,7 +323,7 @@ class Browse:
         return paged(
             rows,
             limit,
-            "receipts",
+            (self.cursors, "receipts"),
             lambda r: (r[4], r[0]),
             lambda r: ReceiptItem(receipt_from_row(r), r[15], r[16]),
         )
@@ -345,7 +346,7 @@ class Browse:
         limit = check_limit(limit)
         params: dict[str, Any] = {"n": limit + 1, "before": 2**31 - 1}
         if cursor is not None:
-            (params["before"],) = cursors.decode(cursor, "generations", (int,))
+            (params["before"],) = self.cursors.decode(cursor, "generations", (int,))
         with self.pool.connection() as conn:
             rows = conn.execute(
                 """SELECT g.id, g.model_id, g.dims, g.status, g.created_at, g.activated_at,
@@ -358,7 +359,7 @@ class Browse:
         return paged(
             rows,
             limit,
-            "generations",
+            (self.cursors, "generations"),
             lambda r: (r[0],),
             lambda r: GenerationItem(Generation(*r[:7]), r[7]),
         )

@@ -1,16 +1,19 @@
 """Opaque keyset cursors: where the next page of a list starts.
 
 A cursor holds the sort key of the last row of a page (and which list it
-belongs to) as URL-safe base64 of a small JSON array. It is opaque to callers
-and read strictly: anything that is not a cursor of that list, with values of
-the right types, is an ``InvalidCursorError`` (HTTP 400), never a database
-error. A cursor holds sort keys only (times, ids), never memory text.
+belongs to) as URL-safe base64 of a small JSON array, signed (HMAC-SHA256) with
+the key of the ``Cursors`` that handed it out. It is opaque to callers and read
+strictly: one this key did not sign, or that is not a cursor of that list with
+values of the right types, is an ``InvalidCursorError`` (HTTP 400), never a
+database error. A cursor holds sort keys only (times, ids), never memory text.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 import re
 from collections.abc import Sequence
@@ -36,20 +39,43 @@ class InvalidCursorError(InvalidRequestError):
     status = 400
 
 
-def encode(kind: str, values: Sequence[Key]) -> str:
-    body = [kind, [_encode_value(v) for v in values]]
-    raw = json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode()
+class Cursors:
+    """Cursors signed with one key: a process's, or one shared by the processes that
+    serve the same lists (the dashboard derives it from its token)."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < 16:
+            raise ValueError("a cursor key has at least 16 bytes")
+        self.key = key
+
+    def encode(self, kind: str, values: Sequence[Key]) -> str:
+        body = [kind, [_encode_value(v) for v in values]]
+        raw = json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode()
+        payload = _b64(raw)
+        return f"{payload}.{self._sign(payload)}"
+
+    def decode(self, token: str, kind: str, types: Sequence[type]) -> tuple[Key, ...]:
+        """The sort key a cursor of list ``kind`` holds, each value of the type given."""
+        if not isinstance(token, str) or not 0 < len(token) <= MAX_CURSOR_CHARS:
+            raise InvalidCursorError("the cursor is empty or too long")
+        payload, _, signature = token.rpartition(".")
+        if not payload or not hmac.compare_digest(signature, self._sign(payload)):
+            raise InvalidCursorError("the cursor was not handed out by this server")
+        return _read(payload, kind, types)
+
+    def _sign(self, payload: str) -> str:
+        return _b64(hmac.new(self.key, payload.encode(), hashlib.sha256).digest()[:16])
+
+
+def _b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode(token: str, kind: str, types: Sequence[type]) -> tuple[Key, ...]:
-    """The sort key a cursor of list ``kind`` holds, each value of the type given."""
-    if not isinstance(token, str) or not 0 < len(token) <= MAX_CURSOR_CHARS:
-        raise InvalidCursorError("the cursor is empty or too long")
-    if not _BASE64URL.fullmatch(token):
+def _read(payload: str, kind: str, types: Sequence[type]) -> tuple[Key, ...]:
+    if not _BASE64URL.fullmatch(payload):
         raise InvalidCursorError("the cursor is not one this list handed out (not base64url)")
     try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
         body = json.loads(raw.decode("ascii"))
     except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidCursorError("the cursor is not one this list handed out") from None

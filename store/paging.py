@@ -30,15 +30,17 @@ def check_limit(limit: int) -> int:
 def paged(
     rows: Sequence[Any],
     limit: int,
-    kind: str,
+    cursor: tuple[cursors.Cursors, str],
     key: Callable[[Any], Sequence[cursors.Key]],
     build: Callable[[Any], T],
 ) -> Page[T]:
     """A page from up to ``limit + 1`` rows read in order: the extra row, if any, only
-    says there is a next page, which starts after the last row shown."""
+    says there is a next page, which starts after the last row shown (its ``cursor``,
+    a list's kind signed by the ``Cursors`` given)."""
+    signer, kind = cursor
     shown = rows[:limit]
     more = len(rows) > limit
     return Page(
         items=[build(r) for r in shown],
-        next=cursors.encode(kind, key(shown[-1])) if more and shown else None,
+        next=signer.encode(kind, key(shown[-1])) if more and shown else None,
     )

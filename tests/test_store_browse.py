@@ -271,36 +271,63 @@ def test_audit_entries_are_content_free_and_paged(fresh_store: Store) -> None:
         fresh_store.audit.record("grace", "reembed.start", "x", {"text": "y" * 500})
 
 
-def _token(body: object) -> str:
+def _payload(body: object) -> str:
     return base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
 
 
+def test_a_cursor_this_store_did_not_sign_is_refused(store: Store) -> None:
+    from store.cursors import Cursors
+
+    scope = {"user_id": "signed"}
+    for i in range(3):
+        store.execute([Operation.build("remember", scope, {"text": f"n{i}"})], EMBEDDER)
+    scope_id = store.browse.scope_id(scope)
+    assert scope_id is not None
+    token = store.browse.records(scope_id, limit=1).next
+    assert token is not None and store.browse.records(scope_id, cursor=token).items
+    payload, signature = token.split(".")
+    other = Cursors(b"another key, another server").encode("records", ("x",))
+    for forged in (
+        payload,  # no signature
+        f"{payload}.{signature[:-1]}A",
+        f"{payload[:-1]}A.{signature}",
+        other,
+        f"{_payload(['records', [{'t': '2030-01-01T00:00:00+00:00'}, 'x']])}.{signature}",
+    ):
+        with pytest.raises(InvalidCursorError, match="not handed out by this server"):
+            store.browse.records(scope_id, cursor=forged)
+
+
 @pytest.mark.parametrize(
-    "cursor",
+    "payload",
     [
-        "",
         "not base64!",
-        "a" * 20000,
-        _token(["records", ["2026-01-01T00:00:00+00:00", "x"]]),  # time not tagged
-        _token(["receipts", [{"t": "2026-01-01T00:00:00+00:00"}, "x"]]),  # another list's
-        _token(["records", [{"t": "2026-01-01T00:00:00"}, "x"]]),  # no time zone
-        _token(["records", [{"t": "yesterday"}, "x"]]),
-        _token(["records", [{"t": "2026-01-01T00:00:00+00:00"}, 5]]),
-        _token(["records", [{"t": "2026-01-01T00:00:00+00:00"}]]),
-        _token(["records", [{"t": "2026-01-01T00:00:00+00:00"}, "x\u0000"]]),
-        _token({"records": 1}),
+        _payload(["records", ["2026-01-01T00:00:00+00:00", "x"]]),  # time not tagged
+        _payload(["receipts", [{"t": "2026-01-01T00:00:00+00:00"}, "x"]]),  # another list's
+        _payload(["records", [{"t": "2026-01-01T00:00:00"}, "x"]]),  # no time zone
+        _payload(["records", [{"t": "yesterday"}, "x"]]),
+        _payload(["records", [{"t": "2026-01-01T00:00:00+00:00"}, 5]]),
+        _payload(["records", [{"t": "2026-01-01T00:00:00+00:00"}]]),
+        _payload(["records", [{"t": "2026-01-01T00:00:00+00:00"}, "x\u0000"]]),
+        _payload({"records": 1}),
         base64.urlsafe_b64encode(b"\xff\xfe").decode().rstrip("="),
     ],
 )
-def test_a_malformed_or_forged_cursor_is_refused(store: Store, cursor: str) -> None:
+def test_a_signed_cursor_is_still_read_strictly(store: Store, payload: str) -> None:
+    """Even one signed with our key (a key that leaked, a bug): values are typed, never SQL."""
+    token = f"{payload}.{store.cursors._sign(payload)}"
     with pytest.raises(InvalidCursorError) as info:
-        store.browse.records(1, cursor=cursor)
+        store.browse.records(1, cursor=token)
     assert info.value.status == 400 and info.value.code == "invalid_request"
 
 
-def test_cursor_values_survive_a_round_trip(store: Store) -> None:
-    from store import cursors
+@pytest.mark.parametrize("token", ["", "a" * 20000, "."])
+def test_an_empty_or_huge_cursor_is_refused(store: Store, token: str) -> None:
+    with pytest.raises(InvalidCursorError):
+        store.browse.records(1, cursor=token)
 
+
+def test_cursor_values_survive_a_round_trip(store: Store) -> None:
     at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC) + timedelta(hours=0)
-    token = cursors.encode("records", (at, "mem_é/?&"))
-    assert cursors.decode(token, "records", (datetime, str)) == (at, "mem_é/?&")
+    token = store.cursors.encode("records", (at, "mem_é/?&"))
+    assert store.cursors.decode(token, "records", (datetime, str)) == (at, "mem_é/?&")

@@ -109,7 +109,7 @@ def routes() -> list[BaseRoute]:
         ),
         Route(
             "/api/v1/dead-letters/{letter_id}",
-            api_pipeline.dead_letter_discard,
+            action_endpoint(api_pipeline.dead_letter_discard),
             methods=["DELETE"],
         ),
         Route(

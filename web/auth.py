@@ -55,6 +55,8 @@ class Keys:
         seed = token.encode() if token is not None else secrets.token_bytes(32)
         self.session = hmac.new(seed, b"engram-dashboard-session", hashlib.sha256).digest()
         self.csrf = hmac.new(seed, b"engram-dashboard-csrf", hashlib.sha256).digest()
+        # Signs the lists' cursors, so every process serving the dashboard accepts them.
+        self.cursor = hmac.new(seed, b"engram-dashboard-cursor", hashlib.sha256).digest()
 
 
 class Authenticator:

@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from store.cursors import Cursors
 from worker import deadletters, metrics
 from worker.deadletters import DeadLetter
 from worker.membership import live_workers
@@ -60,12 +61,18 @@ class Snapshot:
 
 
 def snapshot(
-    conn: redis.Redis, *, partitions: int, lease_ttl_ms: int, queues: Sequence[str]
+    conn: redis.Redis,
+    *,
+    partitions: int,
+    lease_ttl_ms: int,
+    queues: Sequence[str],
+    signer: Cursors,
 ) -> Snapshot:
-    running, failed = [], []
+    running: list[JobRow] = []
+    failed: list[JobRow] = []
     for name in queues:
-        running += rqjobs.page(conn, name, "started", cursor=None, limit=LATEST).items
-        failed += rqjobs.page(conn, name, "failed", cursor=None, limit=LATEST).items
+        for state, found in (("started", running), ("failed", failed)):
+            found += rqjobs.page(conn, name, state, cursor=None, limit=LATEST, signer=signer).items
     return Snapshot(
         streams=metrics.stream_states(conn, partitions),
         workers=[_worker(w) for w in live_workers(conn, lease_ttl_ms)],

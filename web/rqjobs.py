@@ -78,7 +78,13 @@ def summaries(conn: redis.Redis, queues: Sequence[str]) -> list[QueueSummary]:
 
 
 def page(
-    conn: redis.Redis, queue_name: str, state: str, *, cursor: str | None, limit: int
+    conn: redis.Redis,
+    queue_name: str,
+    state: str,
+    *,
+    cursor: str | None,
+    limit: int,
+    signer: cursors.Cursors,
 ) -> Page[JobRow]:
     limit = check_limit(limit)
     if state not in JOB_STATES:
@@ -86,14 +92,14 @@ def page(
     queue = Queue(queue_name, connection=conn)
     if state == "queued":
         if cursor is not None:
-            raise InvalidRequestError("queued jobs are shown from the head of the queue only")
+            raise cursors.InvalidCursorError("queued jobs are shown from the queue's head only")
         ids = [_text(i) for i in conn.lrange(queue.key, 0, limit - 1)]
         return Page(_rows(conn, ids, queue_name, state), None)
     key = _registry(queue, state).key
     high: float | str = "+inf"
     after: tuple[float, str] | None = None
     if cursor is not None:
-        held = cursors.decode(cursor, f"jobs:{queue_name}:{state}", (str, str))
+        held = signer.decode(cursor, f"jobs:{queue_name}:{state}", (str, str))
         after = (_score(str(held[0])), str(held[1]))
         high = after[0]
     found: list[tuple[str, float]] = []
@@ -117,7 +123,7 @@ def page(
     next_cursor = None
     if len(found) > limit and shown:
         last_member, last_score = shown[-1]
-        next_cursor = cursors.encode(f"jobs:{queue_name}:{state}", (repr(last_score), last_member))
+        next_cursor = signer.encode(f"jobs:{queue_name}:{state}", (repr(last_score), last_member))
     return Page(rows, next_cursor)
 
 

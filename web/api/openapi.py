@@ -21,7 +21,7 @@ from store.operations import OPERATION_KINDS
 from store.paging import MAX_PAGE_SIZE
 
 from ..config import MAX_WAIT_S
-from ..params import MAX_CURSOR_PARAM_CHARS
+from ..params import MAX_CURSOR_PARAM_CHARS, Query
 from ..rqjobs import JOB_STATES
 
 Schema = dict[str, Any]
@@ -679,4 +679,5 @@ DOCUMENT: dict[str, Any] = {
 
 
 def openapi(request: Request) -> Response:
+    Query.of(request)  # takes none
     return JSONResponse(DOCUMENT)

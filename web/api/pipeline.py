@@ -9,9 +9,7 @@ from starlette.responses import JSONResponse, Response
 
 from store.validation import Fields
 
-from .. import rqjobs
 from ..params import Query
-from ..state import web_of
 from ..views import deadletters, jobs
 from ..views.generations import start
 from .serialize import dead_letter_json, job_json, page_json, queue_json
@@ -23,18 +21,9 @@ def reembed(request: Request, body: Any) -> Response:
 
 
 def job_list(request: Request) -> Response:
-    web = web_of(request)
-    queues = web.config.job_queues
-    q = Query.of(request, "queue", "state", "cursor", "limit")
-    queue = q.choice("queue", queues, queues[0])
-    state = q.choice("state", rqjobs.JOB_STATES, "failed")
-    assert queue is not None and state is not None
-    page = rqjobs.page(web.services.redis, queue, state, cursor=q.cursor(), limit=q.limit())
+    found = jobs.listing(request)
     return JSONResponse(
-        {
-            "queues": [queue_json(s) for s in rqjobs.summaries(web.services.redis, queues)],
-            **page_json(page, job_json),
-        }
+        {"queues": [queue_json(s) for s in found.summaries], **page_json(found.page, job_json)}
     )
 
 

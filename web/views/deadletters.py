@@ -5,7 +5,6 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from store import cursors
 from store.errors import NotFoundError
 from worker import deadletters
 from worker.deadletters import DeadLetter
@@ -20,14 +19,15 @@ def letter_page_of(request: Request) -> tuple[list[DeadLetter], str | None]:
     """A page of dead letters, newest first (the cursor holds the last one's id)."""
     q = Query.of(request, "cursor", "limit")
     limit, cursor = q.limit(), q.cursor()
+    signer = web_of(request).services.store.cursors
     before = None
     if cursor is not None:
-        (last,) = cursors.decode(cursor, "dead_letters", (str,))
+        (last,) = signer.decode(cursor, "dead_letters", (str,))
         before = dead_id(str(last))
     letters = deadletters.page(web_of(request).services.redis, before=before, count=limit + 1)
     shown = letters[:limit]
     more = len(letters) > limit and shown
-    return shown, cursors.encode("dead_letters", (shown[-1].id,)) if more else None
+    return shown, signer.encode("dead_letters", (shown[-1].id,)) if more else None
 
 
 def letter_list(request: Request) -> Response:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from store import Page
 from store.errors import InvalidRequestError, NotFoundError
 
 from .. import rqjobs
@@ -14,22 +17,43 @@ from ..render import path_quote
 from ..state import operator_of, web_of
 
 
-def job_list(request: Request) -> Response:
+@dataclass(frozen=True, slots=True)
+class Listing:
+    summaries: list[rqjobs.QueueSummary]
+    queue: str
+    state: str
+    page: Page[rqjobs.JobRow]
+
+
+def listing(request: Request) -> Listing:
+    """Every queue's counts, and a page of one queue's jobs in one state (by default the
+    first queue's failed jobs: what an operator comes for)."""
     web = web_of(request)
     queues = web.config.job_queues
     q = Query.of(request, "queue", "state", "cursor", "limit")
-    queue = q.choice("queue", queues, queues[0])
-    state = q.choice("state", rqjobs.JOB_STATES, "failed")
-    assert queue is not None and state is not None
-    page = rqjobs.page(web.services.redis, queue, state, cursor=q.cursor(), limit=q.limit())
-    return web.render.page(
+    queue = q.choice("queue", queues, queues[0]) or queues[0]
+    state = q.choice("state", rqjobs.JOB_STATES, "failed") or "failed"
+    page = rqjobs.page(
+        web.services.redis,
+        queue,
+        state,
+        cursor=q.cursor(),
+        limit=q.limit(),
+        signer=web.services.store.cursors,
+    )
+    return Listing(rqjobs.summaries(web.services.redis, queues), queue, state, page)
+
+
+def job_list(request: Request) -> Response:
+    found = listing(request)
+    return web_of(request).render.page(
         request,
         "jobs.html",
         "_jobs.html",
-        summaries=rqjobs.summaries(web.services.redis, queues),
-        queue=queue,
-        state=state,
-        page=page,
+        summaries=found.summaries,
+        queue=found.queue,
+        state=found.state,
+        page=found.page,
         states=rqjobs.JOB_STATES,
     )
 

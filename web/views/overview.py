@@ -25,6 +25,7 @@ def overview(request: Request) -> Response:
         partitions=config.partitions,
         lease_ttl_ms=config.lease_ttl_ms,
         queues=config.job_queues,
+        signer=services.store.cursors,
     )
     generations = services.store.browse.generations(limit=5).items
     current = [g for g in generations if g.generation.status in ("active", "pending")]
