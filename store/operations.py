@@ -344,7 +344,7 @@ class Operation:
     def from_dict(cls, data: object) -> Operation:
         f = Fields(data, "operation", ("operation_id", "kind", "scope", "request", "requested_by"))
         kind = f.get("kind")
-        if kind not in REQUEST_TYPES:
+        if not isinstance(kind, str) or kind not in REQUEST_TYPES:
             raise InvalidRequestError(f"operation.kind must be one of {', '.join(OPERATION_KINDS)}")
         return cls(
             operation_id=str(f.ident("operation_id")),

@@ -59,7 +59,7 @@ BAD_QUERIES: dict[str, list[str]] = {
 # Routes whose body is a form (CSRF-checked) or JSON.
 FORM_ROUTES = {
     "/scopes/{scope_id}/recall",
-    "/forget/{record_id:path}",
+    "/forget/{record_id:id}",
     "/generations/reembed",
     "/dead-letters/{letter_id}/retry",
     "/dead-letters/{letter_id}/discard",

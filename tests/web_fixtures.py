@@ -138,64 +138,75 @@ class Served:
         return self.log_path.read_text(errors="replace")
 
 
+def start_engram_web(
+    log_dir: Path,
+    *,
+    database_url: str,
+    redis_url: str,
+    host: str = "127.0.0.1",
+    env: dict[str, str] | None = None,
+) -> Served:
+    """``engram web`` in a subprocess (a real uvicorn), once it answers its probe. It
+    gets SIGTERM if this process dies; ``stop_engram_web`` stops it by pid."""
+    port = free_port()
+    log_path = log_dir / f"web-{port}.log"
+    full_env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "ENGRAM_EMBEDDER": "hashing:64",
+        "ENGRAM_PARTITIONS": str(FAST.partitions),
+        "ENGRAM_LEASE_TTL_MS": str(FAST.lease_ttl_ms),
+        "ENGRAM_LEASE_MARGIN_MS": str(FAST.lease_margin_ms),
+        "PYTHONPATH": str(REPO),
+        **(env or {}),
+    }
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "engram", "web", "--host", host, "--port", str(port)],
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            preexec_fn=_die_with_parent,
+        )
+    served = Served(f"http://127.0.0.1:{port}", process, log_path)
+    deadline = time.monotonic() + 30
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"engram web exited ({process.returncode}):\n{served.log()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(served.url + "/healthz", timeout=1).status_code == 200:
+                return served
+        if time.monotonic() > deadline:
+            stop_engram_web(served)
+            raise AssertionError(f"engram web did not answer:\n{served.log()}")
+        time.sleep(0.1)
+
+
+def stop_engram_web(served: Served) -> None:
+    if served.process.poll() is None:
+        served.process.send_signal(signal.SIGTERM)
+        try:
+            served.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            served.process.kill()
+            served.process.wait()
+
+
 @pytest.fixture
 def serve_web(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """``engram web`` in a subprocess (a real uvicorn); stopped by pid at the end."""
+    """Start ``engram web`` (see ``start_engram_web``); every one is stopped at the end."""
     started: list[Served] = []
 
-    def start(
-        *,
-        database_url: str,
-        redis_url: str,
-        host: str = "127.0.0.1",
-        env: dict[str, str] | None = None,
-    ) -> Served:
-        port = free_port()
-        log_path = tmp_path / f"web-{len(started)}.log"
-        full_env = {
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "REDIS_URL": redis_url,
-            "ENGRAM_EMBEDDER": "hashing:64",
-            "ENGRAM_PARTITIONS": str(FAST.partitions),
-            "ENGRAM_LEASE_TTL_MS": str(FAST.lease_ttl_ms),
-            "ENGRAM_LEASE_MARGIN_MS": str(FAST.lease_margin_ms),
-            "PYTHONPATH": str(REPO),
-            **(env or {}),
-        }
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "engram", "web", "--host", host, "--port", str(port)],
-                env=full_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=REPO,
-                preexec_fn=_die_with_parent,
-            )
-        served = Served(f"http://127.0.0.1:{port}", process, log_path)
+    def start(**kwargs: Any) -> Served:
+        served = start_engram_web(tmp_path, **kwargs)
         started.append(served)
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                raise AssertionError(
-                    f"engram web exited with {process.returncode}:\n{served.log()}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(served.url + "/healthz", timeout=1).status_code == 200:
-                    return served
-            if time.monotonic() > deadline:
-                raise AssertionError(f"engram web did not answer:\n{served.log()}")
-            time.sleep(0.1)
+        return served
 
     yield start
     for served in started:
-        if served.process.poll() is None:
-            served.process.send_signal(signal.SIGTERM)
-            try:
-                served.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                served.process.kill()
-                served.process.wait()
+        stop_engram_web(served)
 
 
 # -- the browser -------------------------------------------------------------------------

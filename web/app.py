@@ -8,14 +8,19 @@ what is served.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import psycopg_pool
 import redis
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -45,79 +50,100 @@ log = logging.getLogger("engram.web")
 STATIC = Path(__file__).parent / "static"
 
 
+class IdConvertor(Convertor[str]):
+    """An id in a path: the rest of it, ``/`` and line breaks included (ids may hold any
+    character but NUL; they arrive percent-encoded)."""
+
+    regex = "(?s:.+)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("id", IdConvertor())
+
+View = Callable[[Request], Any]
+
+
+def route(path: str, **by_method: View) -> Route:
+    """One route per path, whatever its methods, so a 405 names all of them (``Allow``).
+    A view may be a plain function (run on a thread) or an endpoint coroutine."""
+    views = {method.upper(): view for method, view in by_method.items()}
+
+    async def endpoint(request: Request) -> Any:
+        view = views[request.method if request.method != "HEAD" else "GET"]
+        if inspect.iscoroutinefunction(view):
+            return await view(request)
+        return await run_in_threadpool(view, request)
+
+    return Route(path, endpoint, methods=list(views))
+
+
 def routes() -> list[BaseRoute]:
-    """Every route. Ids in paths may hold ``/``: they take the rest of the path, so a
-    route with a suffix after an id comes before the route of the id alone."""
+    """Every route. An id takes the rest of the path (it may hold ``/``), so a route
+    with something after an id is written before the route of the id alone."""
     return [
         # -- pages --
-        Route("/", overview.overview, name="overview"),
-        Route("/scopes", scopes.scope_list, name="scopes"),
-        Route("/scopes/{scope_id}", scopes.scope_page, name="scope"),
-        Route("/scopes/{scope_id}/recall", form_endpoint(scopes.recall), methods=["POST"]),
-        Route("/records/{record_id:path}", records.record_page, name="record"),
-        Route("/forget/{record_id:path}", records.forget_confirm, name="forget"),
-        Route("/forget/{record_id:path}", form_endpoint(records.forget), methods=["POST"]),
-        Route("/receipts", receipts.receipt_list, name="receipts"),
-        Route("/receipts/{operation_id:path}", receipts.receipt_page, name="receipt"),
-        Route("/operations/{operation_id:path}", receipts.operation_page, name="operation"),
-        Route("/generations", generations.generation_list, name="generations"),
-        Route("/generations/reembed", form_endpoint(generations.start_reembed), methods=["POST"]),
-        Route("/dead-letters", deadletters.letter_list, name="dead_letters"),
-        Route("/dead-letters/{letter_id}", deadletters.letter_page, name="dead_letter"),
-        Route(
-            "/dead-letters/{letter_id}/retry", form_endpoint(deadletters.retry), methods=["POST"]
+        route("/", get=overview.overview),
+        route("/scopes", get=scopes.scope_list),
+        route("/scopes/{scope_id}", get=scopes.scope_page),
+        route("/scopes/{scope_id}/recall", post=form_endpoint(scopes.recall)),
+        route("/records/{record_id:id}", get=records.record_page),
+        route(
+            "/forget/{record_id:id}",
+            get=records.forget_confirm,
+            post=form_endpoint(records.forget),
         ),
-        Route(
-            "/dead-letters/{letter_id}/discard",
-            form_endpoint(deadletters.discard),
-            methods=["POST"],
-        ),
-        Route("/jobs", jobs.job_list, name="jobs"),
-        Route("/jobs/{job_id}", jobs.job_page, name="job"),
-        Route("/jobs/{job_id}/retry", form_endpoint(jobs.retry), methods=["POST"]),
-        Route("/audit", audit.audit_page, name="audit"),
-        Route("/login", login.login_page, name="login"),
-        Route("/login", form_endpoint(login.login), methods=["POST"]),
-        Route("/logout", form_endpoint(login.logout), methods=["POST"]),
-        Route("/healthz", overview.healthz),
-        Route("/metrics", overview.prometheus),
+        route("/receipts", get=receipts.receipt_list),
+        route("/receipts/{operation_id:id}", get=receipts.receipt_page),
+        route("/operations/{operation_id:id}", get=receipts.operation_page),
+        route("/generations", get=generations.generation_list),
+        route("/generations/reembed", post=form_endpoint(generations.start_reembed)),
+        route("/dead-letters", get=deadletters.letter_list),
+        route("/dead-letters/{letter_id}", get=deadletters.letter_page),
+        route("/dead-letters/{letter_id}/retry", post=form_endpoint(deadletters.retry)),
+        route("/dead-letters/{letter_id}/discard", post=form_endpoint(deadletters.discard)),
+        route("/jobs", get=jobs.job_list),
+        route("/jobs/{job_id}", get=jobs.job_page),
+        route("/jobs/{job_id}/retry", post=form_endpoint(jobs.retry)),
+        route("/audit", get=audit.audit_page),
+        route("/login", get=login.login_page, post=form_endpoint(login.login)),
+        route("/logout", post=form_endpoint(login.logout)),
+        route("/healthz", get=overview.healthz),
+        route("/metrics", get=overview.prometheus),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
         # -- the JSON API (described by /api/v1/openapi.json) --
-        Route("/api/v1/openapi.json", openapi),
-        Route("/api/v1/operations", json_endpoint(api_ops.enqueue), methods=["POST"]),
-        Route("/api/v1/operations/{operation_id:path}", api_ops.operation),
-        Route("/api/v1/receipts", api_ops.receipts),
-        Route("/api/v1/receipts/{operation_id:path}", api_ops.receipt),
-        Route("/api/v1/records/{record_id:path}", api_reads.record),
-        Route("/api/v1/history/{record_id:path}", api_reads.history),
-        Route("/api/v1/recall", json_endpoint(api_reads.recall), methods=["POST"]),
-        Route("/api/v1/scopes", api_reads.scopes),
-        Route("/api/v1/scopes/{scope_id}", api_reads.scope),
-        Route("/api/v1/scopes/{scope_id}/records", api_reads.scope_records),
-        Route("/api/v1/scopes/{scope_id}/tombstones", api_reads.scope_tombstones),
-        Route("/api/v1/generations", api_reads.generations),
-        Route("/api/v1/reembed", json_endpoint(api_pipeline.reembed), methods=["POST"]),
-        Route("/api/v1/jobs", api_pipeline.job_list),
-        Route("/api/v1/jobs/{job_id}", api_pipeline.job),
-        Route(
-            "/api/v1/jobs/{job_id}/retry", action_endpoint(api_pipeline.job_retry), methods=["POST"]
-        ),
-        Route("/api/v1/dead-letters", api_pipeline.dead_letter_list),
-        Route(
+        route("/api/v1/openapi.json", get=openapi),
+        route("/api/v1/operations", post=json_endpoint(api_ops.enqueue)),
+        route("/api/v1/operations/{operation_id:id}", get=api_ops.operation),
+        route("/api/v1/receipts", get=api_ops.receipts),
+        route("/api/v1/receipts/{operation_id:id}", get=api_ops.receipt),
+        route("/api/v1/records/{record_id:id}", get=api_reads.record),
+        route("/api/v1/history/{record_id:id}", get=api_reads.history),
+        route("/api/v1/recall", post=json_endpoint(api_reads.recall)),
+        route("/api/v1/scopes", get=api_reads.scopes),
+        route("/api/v1/scopes/{scope_id}", get=api_reads.scope),
+        route("/api/v1/scopes/{scope_id}/records", get=api_reads.scope_records),
+        route("/api/v1/scopes/{scope_id}/tombstones", get=api_reads.scope_tombstones),
+        route("/api/v1/generations", get=api_reads.generations),
+        route("/api/v1/reembed", post=json_endpoint(api_pipeline.reembed)),
+        route("/api/v1/jobs", get=api_pipeline.job_list),
+        route("/api/v1/jobs/{job_id}", get=api_pipeline.job),
+        route("/api/v1/jobs/{job_id}/retry", post=action_endpoint(api_pipeline.job_retry)),
+        route("/api/v1/dead-letters", get=api_pipeline.dead_letter_list),
+        route(
             "/api/v1/dead-letters/{letter_id}",
-            api_pipeline.dead_letter,
+            get=api_pipeline.dead_letter,
+            delete=action_endpoint(api_pipeline.dead_letter_discard),
         ),
-        Route(
-            "/api/v1/dead-letters/{letter_id}",
-            action_endpoint(api_pipeline.dead_letter_discard),
-            methods=["DELETE"],
-        ),
-        Route(
+        route(
             "/api/v1/dead-letters/{letter_id}/retry",
-            action_endpoint(api_pipeline.dead_letter_retry),
-            methods=["POST"],
+            post=action_endpoint(api_pipeline.dead_letter_retry),
         ),
-        Route("/api/v1/audit", api_reads.audit),
+        route("/api/v1/audit", get=api_reads.audit),
     ]
 
 

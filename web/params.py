@@ -13,6 +13,7 @@ from typing import TypeVar
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 
+from store.cursors import MAX_CURSOR_CHARS
 from store.errors import InvalidRequestError
 from store.limits import MAX_ID_CHARS, MAX_SCOPE_VALUE_CHARS
 from store.model import SCOPE_FIELDS, check_string
@@ -22,7 +23,7 @@ from .errors import BadRequestError
 
 S = TypeVar("S", bound=str)
 _MAX_INT = 2**63 - 1
-MAX_CURSOR_PARAM_CHARS = 20_000
+MAX_CURSOR_PARAM_CHARS = MAX_CURSOR_CHARS
 
 
 class Query:

@@ -4,6 +4,8 @@ every response body)."""
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any
 
 from starlette.requests import Request
@@ -12,17 +14,21 @@ from starlette.responses import JSONResponse, Response
 from store.limits import (
     MAX_ID_CHARS,
     MAX_KIND_CHARS,
+    MAX_LINKS,
+    MAX_MESSAGES,
     MAX_SCOPE_VALUE_CHARS,
+    MAX_SOURCES,
     MAX_TEXT_CHARS,
     MAX_TOP_K,
 )
 from store.model import LINK_RELATIONS, ORIGINS, SCOPE_FIELDS, SOURCE_KINDS
-from store.operations import OPERATION_KINDS
+from store.operations import MAX_TTL_MS, MESSAGE_ROLES, OPERATION_KINDS
 from store.paging import MAX_PAGE_SIZE
 
 from ..config import MAX_WAIT_S
 from ..params import MAX_CURSOR_PARAM_CHARS, Query
 from ..rqjobs import JOB_STATES
+from ..state import web_of
 
 Schema = dict[str, Any]
 
@@ -51,8 +57,8 @@ def _nullable(schema: Schema) -> Schema:
 _TIME = {"type": "string", "format": "date-time"}
 _SCOPE = {
     "type": "object",
-    "description": "An exact scope: at least one field.",
-    "properties": {f: _string(MAX_SCOPE_VALUE_CHARS) for f in SCOPE_FIELDS},
+    "description": "An exact scope: at least one field set (a null field is not set).",
+    "properties": {f: _nullable(_string(MAX_SCOPE_VALUE_CHARS)) for f in SCOPE_FIELDS},
     "additionalProperties": False,
     "minProperties": 1,
 }
@@ -62,7 +68,7 @@ _SOURCE = {
     "properties": {
         "kind": {"enum": list(SOURCE_KINDS)},
         **{
-            k: _string()
+            k: _nullable(_string())
             for k in ("digest", "message_id", "tool_call_id", "tool_name", "run_id", "chat_id")
         },
     },
@@ -95,6 +101,110 @@ def _object(properties: dict[str, Schema], *, optional: tuple[str, ...] = ()) ->
     }
 
 
+# -- the requests of each kind (store/operations.py reads them) ----------------------
+
+_ID_OR_NULL = _nullable(_string())
+_METADATA = _nullable(
+    {
+        "type": "object",
+        "description": "Any JSON object: at most 16,000 bytes, 32 levels deep, no NUL.",
+    }
+)
+_IMPORTANCE = _nullable({"type": "number", "minimum": 0, "maximum": 1})
+_TTL = _nullable({"type": "integer", "minimum": 1, "maximum": MAX_TTL_MS})
+_LINKS = _nullable({"type": "array", "maxItems": MAX_LINKS, "items": _LINK})
+_KIND = _nullable(_string(MAX_KIND_CHARS))
+_MESSAGE = {
+    "type": "object",
+    "required": ["id", "message"],
+    "properties": {
+        "id": _string(),
+        "message": {
+            "type": "object",
+            "required": ["role"],
+            "properties": {
+                "role": {"enum": list(MESSAGE_ROLES)},
+                "content": {
+                    "description": (
+                        "Text, or the content blocks of your model's API: any JSON of at "
+                        "most 128,000 bytes, without NUL characters."
+                    ),
+                },
+            },
+            "additionalProperties": False,
+        },
+        "run_id": _ID_OR_NULL,
+        "tool_name": _ID_OR_NULL,
+    },
+    "additionalProperties": False,
+}
+
+
+def _request(required: tuple[str, ...], **properties: Schema) -> Schema:
+    return {
+        "type": "object",
+        "required": list(required),
+        "properties": properties,
+        "additionalProperties": False,
+    }
+
+
+_REQUESTS: dict[str, Schema] = {
+    "remember": _request(
+        ("text",),
+        text=_string(MAX_TEXT_CHARS),
+        kind=_KIND,
+        importance=_IMPORTANCE,
+        metadata=_METADATA,
+        origin=_nullable({"enum": list(ORIGINS)}),
+        sources=_nullable(
+            {"type": "array", "minItems": 1, "maxItems": MAX_SOURCES, "items": _SOURCE}
+        ),
+        links=_LINKS,
+        ttl_ms=_TTL,
+        id=_ID_OR_NULL,
+    ),
+    "extract": _request(
+        ("messages",),
+        messages={
+            "type": "array",
+            "maxItems": MAX_MESSAGES,
+            "items": _MESSAGE,
+            "description": "Each message's id is unique in the operation.",
+        },
+        kind=_KIND,
+        ttl_ms=_TTL,
+        links=_LINKS,
+        trusted_tools=_nullable({"type": "array", "maxItems": MAX_SOURCES, "items": _string()}),
+        infer=_nullable({"const": False, "description": "true needs an LLM: not in this release."}),
+    ),
+    "revise": _request(
+        ("id",),
+        id=_string(),
+        text=_nullable(_string(MAX_TEXT_CHARS)),
+        kind=_KIND,
+        importance=_IMPORTANCE,
+        metadata=_METADATA,
+        links=_LINKS,
+        ttl_ms=_TTL,
+        expected_revision=_nullable(
+            {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 2**31 - 1,
+                "description": "0: the record must not exist yet (then text is needed).",
+            }
+        ),
+    ),
+    "retract": _request(
+        ("id",),
+        id=_string(),
+        expected_revision=_nullable({"type": "integer", "minimum": 1, "maximum": 2**31 - 1}),
+    ),
+    "forget": _request(("id",), id=_string()),
+}
+
+
 _REVISION_PROPERTIES: dict[str, Schema] = {
     "id": {"type": "string"},
     "revision": {"type": "integer", "minimum": 1},
@@ -125,42 +235,17 @@ SCHEMAS: dict[str, Schema] = {
         }
     ),
     "Operation": {
-        "type": "object",
-        "required": ["kind", "scope"],
-        "properties": {
-            "operation_id": {
-                **_string(),
-                "description": "Yours (retry with the same id); generated when absent.",
-            },
-            "kind": {"enum": list(OPERATION_KINDS)},
-            "scope": _SCOPE,
-            "request": {
-                "type": "object",
-                "description": (
-                    "By kind, exactly as on the streams: remember {text, kind?, importance?, "
-                    "metadata?, origin?, sources?, links?, ttl_ms?, id?}; extract {messages, "
-                    "kind?, ttl_ms?, links?, trusted_tools?, infer?}; revise {id, text?, kind?, "
-                    "importance?, metadata?, links?, ttl_ms?, expected_revision?}; retract {id, "
-                    "expected_revision?}; forget {id}. Unknown fields are refused."
-                ),
-                "properties": {
-                    "text": _string(MAX_TEXT_CHARS),
-                    "id": _string(),
-                    "kind": _string(MAX_KIND_CHARS),
-                    "importance": {"type": "number", "minimum": 0, "maximum": 1},
-                    "metadata": {"type": "object"},
-                    "origin": {"enum": list(ORIGINS)},
-                    "sources": {"type": "array", "items": _SOURCE},
-                    "links": {"type": "array", "items": _LINK},
-                    "ttl_ms": {"type": "integer", "minimum": 1},
-                    "expected_revision": {"type": "integer", "minimum": 0},
-                    "messages": {"type": "array", "items": {"type": "object"}},
-                    "trusted_tools": {"type": "array", "items": {"type": "string"}},
-                    "infer": {"type": "boolean"},
-                },
+        "description": (
+            "An operation, exactly as on the streams: one of the kinds below. A field set "
+            "to null is absent. Unknown fields are refused."
+        ),
+        "oneOf": [_ref(f"{kind.capitalize()}Operation") for kind in OPERATION_KINDS],
+        "discriminator": {
+            "propertyName": "kind",
+            "mapping": {
+                k: f"#/components/schemas/{k.capitalize()}Operation" for k in OPERATION_KINDS
             },
         },
-        "additionalProperties": False,
     },
     "Accepted": _object(
         {
@@ -228,13 +313,14 @@ SCHEMAS: dict[str, Schema] = {
     "Recall": {
         "type": "object",
         "required": ["scope"],
+        "description": "A field set to null is absent. Without text: the latest records.",
         "properties": {
             "scope": _SCOPE,
-            "text": _string(MAX_TEXT_CHARS),
-            "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K},
-            "kind": _string(MAX_KIND_CHARS),
-            "include_retracted": {"type": "boolean"},
-            "recorded_as_of": {**_TIME, "description": "A time zone is needed."},
+            "text": _nullable(_string(MAX_TEXT_CHARS)),
+            "top_k": _nullable({"type": "integer", "minimum": 1, "maximum": MAX_TOP_K}),
+            "kind": _nullable(_string(MAX_KIND_CHARS)),
+            "include_retracted": _nullable({"type": "boolean"}),
+            "recorded_as_of": _nullable({**_TIME, "description": "UTC when no zone is given."}),
         },
         "additionalProperties": False,
     },
@@ -366,6 +452,21 @@ SCHEMAS: dict[str, Schema] = {
 }
 for _name in ("Receipt", "Record", "Scope", "Tombstone", "Generation", "DeadLetter", "AuditEntry"):
     SCHEMAS[f"{_name}Page"] = _page(_name)
+for _kind, _body in _REQUESTS.items():
+    SCHEMAS[f"{_kind.capitalize()}Operation"] = {
+        "type": "object",
+        "required": ["kind", "scope", "request"],
+        "properties": {
+            "operation_id": {
+                **_string(),
+                "description": "Yours (a retry with the same id replays); generated if absent.",
+            },
+            "kind": {"const": _kind},
+            "scope": _SCOPE,
+            "request": _body,
+        },
+        "additionalProperties": False,
+    }
 
 
 # -- parameters ---------------------------------------------------------------------
@@ -382,7 +483,13 @@ def _path(name: str, schema: Schema, description: str) -> Schema:
 
 
 def _query(name: str, schema: Schema, description: str = "") -> Schema:
-    out: Schema = {"name": name, "in": "query", "required": False, "schema": schema}
+    """A query parameter; given empty (as an empty form field sends it), it is not given."""
+    out: Schema = {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": {"anyOf": [schema, {"const": ""}]},
+    }
     if description:
         out["description"] = description
     return out
@@ -678,6 +785,16 @@ DOCUMENT: dict[str, Any] = {
 }
 
 
+@functools.cache
+def document(job_queues: tuple[str, ...]) -> dict[str, Any]:
+    """The document of a server whose jobs page shows these queues."""
+    found = copy.deepcopy(DOCUMENT)
+    for param in found["paths"]["/api/v1/jobs"]["get"]["parameters"]:
+        if param["name"] == "queue":
+            param["schema"] = {"enum": list(job_queues)}
+    return found
+
+
 def openapi(request: Request) -> Response:
     Query.of(request)  # takes none
-    return JSONResponse(DOCUMENT)
+    return JSONResponse(document(web_of(request).config.job_queues))

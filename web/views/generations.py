@@ -40,12 +40,12 @@ def start(request: Request, model: object) -> str:
     """Start a reembed towards ``model`` for the operator asking; the job's id.
     The audit trail says who started it."""
     web = web_of(request)
+    name = check_string(model, "model", max_chars=MAX_ID_CHARS)
     starter = web.services.start_reembed
     if starter is None:
         raise UnavailableError(
             "reembed jobs are not available in this deployment (no jobs service is configured)"
         )
-    name = check_string(model, "model", max_chars=MAX_ID_CHARS)
     who = operator_of(request).name
     job_id = starter(name, who)
     web.services.store.audit.record(who, "reembed.start", job_id, {"model": name})
