@@ -52,6 +52,14 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
         store.close()
 
 
+class _NoColour(logging.Filter):
+    """uvicorn adds a coloured copy of each message as a field: one copy is enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.__dict__.pop("color_message", None)
+        return True
+
+
 def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
     try:
         config = WebConfig.from_env(
@@ -62,6 +70,7 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
         )
     except ConfigError as exc:
         raise runtime.ConfigError(str(exc)) from None
+    logging.getLogger("uvicorn.error").addFilter(_NoColour())
     with build(settings, config, embedder=not args.no_embedder) as app:
         server = uvicorn.Server(
             uvicorn.Config(
