@@ -91,7 +91,7 @@ def test_every_page_renders_with_the_security_headers_and_nothing_inline(web: We
         assert "unsafe-inline" not in CONTENT_SECURITY_POLICY
         assert headers["x-content-type-options"] == "nosniff"
         assert headers["x-frame-options"] == "DENY"
-        assert headers["referrer-policy"] == "no-referrer"
+        assert headers["referrer-policy"] == "same-origin"
         assert headers["cache-control"] == "no-store", "pages hold memory text: never cached"
         assert parsed(response.text).found == [], path
     static = web.client.get("/static/htmx.min.js")

@@ -75,7 +75,7 @@ def check_same_origin(conn: HTTPConnection) -> None:
     """Refuse a request that changes something and comes from another site."""
     if conn.scope.get("method") not in UNSAFE_METHODS:
         return
-    if conn.headers.get("sec-fetch-site") == "cross-site":
+    if conn.headers.get("sec-fetch-site") in ("cross-site", "same-site"):
         raise ForbiddenError("cross-site requests may not change anything")
     origin = conn.headers.get("origin")
     if origin is None:
