@@ -4,6 +4,8 @@ Screenshots go to the test artifacts (``test-artifacts/``)."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +17,7 @@ from playwright.sync_api import expect
 from store import Store
 from tests.web_fixtures import EMBEDDER, TOKEN, Browser, Served
 from worker import Producer
+from worker.metrics import BatchStats, record_batch
 from worker.runtime import connect_redis
 
 XSS = ("<script>alert(1)</script>", '"><img src=x onerror=alert(2)>')
@@ -75,13 +78,31 @@ def seed_people(site: Site) -> str:
         ada, "mem_ada_home", text="Ada lives in Paris.", importance=0.8,
         metadata={"source": "chat"}, expected_revision=1,
     ).wait(10)  # fmt: skip
-    for i in range(40):  # something for the operations/s chart
+    for i in range(40):
         site.producer.remember({"user_id": f"load-{i % 7}"}, f"Routine note number {i}.")
     return "mem_ada_home"
 
 
+def chart_history(site: Site) -> None:
+    """Give the overview's chart a quarter of an hour behind it, recorded as the workers
+    record their batches (``record_batch``) but at past times: the screenshot shows a
+    chart, not one bar."""
+    now = time.time()
+    pipe = site.producer.client.pipeline(transaction=False)
+    for back in range(10, 900, 10):
+        wave = 1 + math.sin(back / 90)
+        stats = BatchStats(
+            entries=0, committed=int(40 * wave + back % 17), replayed=int(3 * wave) % 4
+        )
+        if back % 130 == 0:
+            stats.failed["revision_conflict"] += 2
+        record_batch(pipe, stats, "screenshot", now_s=now - back)
+    pipe.execute()
+
+
 def test_find_a_scope_read_a_record_s_history_then_forget_it(site: Site, browser: Browser) -> None:
     record_id = seed_people(site)
+    chart_history(site)
     page = browser.page
     page.goto(site.url + "/")
     expect(page.locator("h1")).to_have_text("Overview")

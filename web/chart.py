@@ -17,6 +17,7 @@ from worker.metrics import Interval
 WIDTH = 720
 HEIGHT = 140
 GAP = 1.0
+MINUTE = 60 // RATE_INTERVAL_S  # intervals
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,7 @@ class Chart:
     height: int
     columns: tuple[Column, ...]
     peak_per_s: float
-    last_per_s: float  # the last complete interval
+    last_minute_per_s: float  # the current interval counts with the five before it
     total: int
     start: str
     end: str
@@ -77,13 +78,13 @@ def ops_chart(intervals: Sequence[Interval], width: int = WIDTH, height: int = H
                 f"({interval.operations / RATE_INTERVAL_S:.1f}/s)",
             )
         )
-    complete = intervals[-2] if len(intervals) > 1 else None
+    last_minute = intervals[-MINUTE:]
     return Chart(
         width=width,
         height=height,
         columns=tuple(columns),
         peak_per_s=peak / RATE_INTERVAL_S,
-        last_per_s=complete.operations / RATE_INTERVAL_S if complete else 0.0,
+        last_minute_per_s=sum(i.operations for i in last_minute) / (MINUTE * RATE_INTERVAL_S),
         total=sum(i.operations for i in intervals),
         start=_clock(intervals[0].start_s) if intervals else "",
         end=_clock(intervals[-1].start_s + RATE_INTERVAL_S) if intervals else "",
