@@ -308,16 +308,24 @@ class Browse:
     ) -> Page[ReceiptItem]:
         """Receipts (refusals included unless filtered out), newest first."""
         limit = check_limit(limit)
-        clauses, params = _receipt_clauses(where or ReceiptFilter())
+        where = where or ReceiptFilter()
+        clauses, params = _receipt_clauses(where)
+        # One scope's receipts are read through the (scope, time) index, ordered by scope
+        # first: with the scope only equal to itself, the planner would count on finding
+        # them early in the time index, wrong for a scope whose last write is old.
+        keys, values = ["c.committed_at", "c.operation_id"], ["%(at)s", "%(op)s"]
+        if where.scope_id is not None:
+            keys, values = ["c.scope_id", *keys], ["%(scope)s", *values]
         if cursor is not None:
             params["at"], params["op"] = self.cursors.decode(cursor, "receipts", (datetime, str))
-            clauses.append("(c.committed_at, c.operation_id) < (%(at)s, %(op)s)")
+            clauses.append(f"({', '.join(keys)}) < ({', '.join(values)})")
+        order = ", ".join(f"{k} DESC" for k in keys)
         with self.pool.connection() as conn:
             rows = conn.execute(
                 f"""SELECT {RECEIPT_COLUMNS}, c.scope_id, c.request->>'id' FROM engram_receipts c
                     JOIN engram_scopes s ON s.id = c.scope_id
                     WHERE {" AND ".join(clauses)}
-                    ORDER BY c.committed_at DESC, c.operation_id DESC LIMIT %(n)s""",
+                    ORDER BY {order} LIMIT %(n)s""",
                 {**params, "n": limit + 1},
             ).fetchall()
         return paged(
@@ -418,7 +426,8 @@ def _receipt_clauses(f: ReceiptFilter) -> tuple[list[str], dict[str, Any]]:
     clauses: list[str] = ["true"]
     params: dict[str, Any] = {}
     if f.scope_id is not None:
-        clauses.append("c.scope_id = %(scope)s")
+        # A range, not "=": the scope stays a sort key (see ``Browse.receipts``).
+        clauses.append("c.scope_id BETWEEN %(scope)s AND %(scope)s")
         params["scope"] = f.scope_id
     if f.record_id is not None:
         clauses.append(
