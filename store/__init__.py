@@ -1,14 +1,6 @@
 """engram's versioned-memory core on PostgreSQL + pgvector."""
 
 from .audit import AuditEntry
-from .browse import (
-    GenerationItem,
-    ReceiptFilter,
-    ReceiptItem,
-    RecordItem,
-    ScopeRow,
-    Tombstone,
-)
 from .cursors import InvalidCursorError
 from .embedders import (
     Embedder,
@@ -27,6 +19,13 @@ from .errors import (
     RevisionConflictError,
     SchemaVersionError,
 )
+from .listed import (
+    GenerationItem,
+    ReceiptItem,
+    RecordItem,
+    ScopeRow,
+    Tombstone,
+)
 from .model import (
     Generation,
     Hit,
@@ -41,6 +40,7 @@ from .model import (
 )
 from .operations import Operation
 from .paging import Page
+from .receipt_filter import ReceiptFilter
 from .session import ForgetEvent, ForgetListener, Session
 from .store import ScopeSummary, Store
 from .writer import Fence

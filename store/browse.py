@@ -11,16 +11,23 @@ shown, in an opaque cursor; never OFFSET), each in the order of an index
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from .cursors import Cursors
 from .errors import InvalidRequestError
 from .limits import MAX_SCOPE_VALUE_CHARS
-from .model import SCOPE_FIELDS, Generation, Receipt, Record, Scope, check_string
-from .operations import OPERATION_KINDS
+from .listed import (
+    Backlink,
+    GenerationItem,
+    ReceiptItem,
+    RecordItem,
+    ScopeRow,
+    Tombstone,
+)
+from .model import SCOPE_FIELDS, Generation, Record, Scope, check_string
 from .paging import DEFAULT_PAGE_SIZE, Page, check_limit, paged
+from .receipt_filter import ReceiptFilter, receipt_clauses
 from .rows import (
     RECEIPT_COLUMNS,
     REVISION_COLUMNS,
@@ -40,76 +47,6 @@ _STATUS_CLAUSES: dict[str, str] = {
     "expired": "r.expires_at IS NOT NULL AND r.expires_at <= now()",
     "all": "true",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ScopeRow:
-    id: int
-    scope: Scope
-    revision: int
-    records: int  # live rows, any status (forgotten ones are tombstones)
-    forgotten: int
-    last_write: datetime | None  # the last committed operation
-
-
-@dataclass(frozen=True, slots=True)
-class RecordItem:
-    record: Record
-    scope_id: int
-    expired: bool  # at the time of the read (or of the "as of" time)
-
-
-@dataclass(frozen=True, slots=True)
-class Tombstone:
-    record_id: str
-    scope_id: int
-    forgotten_at: datetime
-    operation_id: str
-    requested_by: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Backlink:
-    record_id: str  # the record that links
-    relation: str  # supersedes | about
-    status: str
-    expired: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ReceiptItem:
-    receipt: Receipt
-    scope_id: int
-    # The record id the request named (revise, retract, forget, a remember with an id):
-    # a forget's receipt lists no record written, but keeps its request, which is ids only.
-    named_record: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationItem:
-    generation: Generation
-    vectors: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReceiptFilter:
-    scope_id: int | None = None
-    record_id: str | None = None  # receipts that wrote it, and the forget that erased it
-    kind: str | None = None
-    replayed: bool | None = None
-    redacted: bool | None = None
-    refused: bool | None = None  # True: only refusals; False: none; None: both
-    requested_by: str | None = None
-    since: datetime | None = None  # committed at or after
-    until: datetime | None = None  # committed before
-
-    def __post_init__(self) -> None:
-        if self.kind is not None and self.kind not in OPERATION_KINDS:
-            raise InvalidRequestError(f"kind must be one of {', '.join(OPERATION_KINDS)}")
-        for name in ("since", "until"):
-            at = getattr(self, name)
-            if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
-                raise InvalidRequestError(f"{name} must be a time with a time zone")
 
 
 class Browse:
@@ -309,7 +246,7 @@ class Browse:
         """Receipts (refusals included unless filtered out), newest first."""
         limit = check_limit(limit)
         where = where or ReceiptFilter()
-        clauses, params = _receipt_clauses(where)
+        clauses, params = receipt_clauses(where)
         # One scope's receipts are read through the (scope, time) index, ordered by scope
         # first: with the scope only equal to itself, the planner would count on finding
         # them early in the time index, wrong for a scope whose last write is old.
@@ -418,39 +355,3 @@ def _scope_match(match: Mapping[str, str], exact: bool) -> tuple[list[str], dict
 
 def _like_prefix(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-
-def _receipt_clauses(f: ReceiptFilter) -> tuple[list[str], dict[str, Any]]:
-    """The filter as SQL. The rare kinds are written as the literal predicates of
-    their partial indexes (migration 003), so the planner can use those."""
-    clauses: list[str] = ["true"]
-    params: dict[str, Any] = {}
-    if f.scope_id is not None:
-        # A range, not "=": the scope stays a sort key (see ``Browse.receipts``).
-        clauses.append("c.scope_id BETWEEN %(scope)s AND %(scope)s")
-        params["scope"] = f.scope_id
-    if f.record_id is not None:
-        clauses.append(
-            "c.operation_id IN (SELECT operation_id FROM engram_receipt_records"
-            " WHERE record_id = %(rid)s UNION ALL"
-            " SELECT operation_id FROM engram_forgotten WHERE record_id = %(rid)s)"
-        )
-        params["rid"] = f.record_id
-    if f.kind is not None:  # one of OPERATION_KINDS, checked: a literal is safe
-        clauses.append(f"c.kind = '{f.kind}'")
-    if f.replayed is not None:
-        clauses.append("c.replays > 0" if f.replayed else "c.replays = 0")
-    if f.redacted is not None:
-        clauses.append("c.redacted" if f.redacted else "NOT c.redacted")
-    if f.refused is not None:
-        clauses.append("c.error IS NOT NULL" if f.refused else "c.error IS NULL")
-    if f.requested_by is not None:
-        clauses.append("c.requested_by = %(by)s")
-        params["by"] = f.requested_by
-    if f.since is not None:
-        clauses.append("c.committed_at >= %(since)s")
-        params["since"] = f.since
-    if f.until is not None:
-        clauses.append("c.committed_at < %(until)s")
-        params["until"] = f.until
-    return clauses, params

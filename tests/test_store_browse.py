@@ -275,6 +275,10 @@ def _payload(body: object) -> str:
     return base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
 
 
+def _other_last(text: str) -> str:
+    return text[:-1] + ("B" if text.endswith("A") else "A")
+
+
 def test_a_cursor_this_store_did_not_sign_is_refused(store: Store) -> None:
     from store.cursors import Cursors
 
@@ -289,8 +293,8 @@ def test_a_cursor_this_store_did_not_sign_is_refused(store: Store) -> None:
     other = Cursors(b"another key, another server").encode("records", ("x",))
     for forged in (
         payload,  # no signature
-        f"{payload}.{signature[:-1]}A",
-        f"{payload[:-1]}A.{signature}",
+        f"{payload}.{_other_last(signature)}",
+        f"{_other_last(payload)}.{signature}",
         other,
         f"{_payload(['records', [{'t': '2030-01-01T00:00:00+00:00'}, 'x']])}.{signature}",
     ):

@@ -79,9 +79,10 @@ def test_the_dashboard_needs_its_token_and_is_checked_on_healthz(compose: dict[s
     # Off loopback engram web refuses to start without a token; compose refuses first.
     assert host == "0.0.0.0"
     assert web["environment"]["ENGRAM_DASHBOARD_TOKEN"].startswith("${ENGRAM_DASHBOARD_TOKEN:?")
-    assert web["environment"]["DATABASE_URL"] == compose["services"]["worker"]["environment"][
-        "DATABASE_URL"
-    ]
+    assert (
+        web["environment"]["DATABASE_URL"]
+        == compose["services"]["worker"]["environment"]["DATABASE_URL"]
+    )
     assert all(p.startswith("127.0.0.1:") for p in web["ports"])
     check = " ".join(web["healthcheck"]["test"])
     assert "/healthz" in check and ":8700" in check
