@@ -246,3 +246,33 @@ def test_a_reembed_s_progress_bar_moves_in_place(site: Site, browser: Browser) -
     # Polling stops once nothing runs: the swapped region carries no trigger any more.
     expect(page.locator("#generations")).not_to_have_attribute("hx-trigger", "every 2s")
     no_script_ran(browser)
+
+
+@pytest.mark.parametrize("browser", [{"javascript": False}], indirect=True)
+def test_without_javascript_every_step_is_a_page_and_a_form(site: Site, browser: Browser) -> None:
+    """Links are links and forms are forms: find, read and forget with no script at all."""
+    site.producer.remember(
+        {"user_id": "frank"}, "Frank's locker code is 4711.", id="mem_frank_locker"
+    ).wait(10)
+    site.producer.remember({"user_id": "grace"}, "Grace likes jazz.").wait(10)
+    page = browser.page
+    page.goto(site.url + "/scopes")
+    page.get_by_label("user_id").fill("fra")
+    page.get_by_role("button", name="Find").click()  # a GET form: a new page
+    expect(page.locator("#scope-list")).not_to_contain_text("grace")
+    page.get_by_role("link", name="user_id=frank").click()
+    page.get_by_label("what the agent would ask").fill("locker code")
+    page.get_by_role("button", name="Recall").click()  # a POST form: the scope's page again
+    expect(page.locator("#recall")).to_contain_text("Frank's locker code is 4711.")
+    page.get_by_role("link", name="mem_frank_locker").first.click()
+    page.locator("#forget").click()
+    page.locator("#confirm-forget").click()
+    for _ in range(50):  # no polling without scripts: the person reloads
+        if page.locator("#operation .badge.committed").count():
+            break
+        page.wait_for_timeout(200)
+        page.reload()
+    expect(page.locator("#operation .badge").first).to_have_text("committed")
+    page.goto(site.url + "/records/mem_frank_locker")
+    expect(page.locator("#tombstone")).to_be_visible()
+    expect(page.locator("body")).not_to_contain_text("4711")

@@ -265,9 +265,11 @@ class Browser:
 
 
 @pytest.fixture
-def browser(playwright_driver: Any) -> Iterator[Browser]:
+def browser(playwright_driver: Any, request: pytest.FixtureRequest) -> Iterator[Browser]:
     """A headless Chromium with a fresh profile; its console and any dialog are recorded
-    (a script injected by memory text would open one)."""
+    (a script injected by memory text would open one). Parametrize indirectly with
+    ``{"javascript": False}`` for a browser that runs no script at all."""
+    options = getattr(request, "param", {})
     profile = tempfile.mkdtemp(prefix="engram-chromium-")
     context = playwright_driver.chromium.launch_persistent_context(
         profile,
@@ -275,6 +277,7 @@ def browser(playwright_driver: Any) -> Iterator[Browser]:
         headless=True,
         args=CHROMIUM_FLAGS,
         viewport={"width": 1360, "height": 900},
+        java_script_enabled=options.get("javascript", True),
     )
     page = context.pages[0] if context.pages else context.new_page()
     console: list[str] = []
