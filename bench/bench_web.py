@@ -348,8 +348,7 @@ RedisBaseline = Callable[[redis.Redis], Callable[[], Any]]
 
 
 def page_list(store: Store) -> list[tuple[str, str, RedisBaseline | None]]:
-    browse = store.browse
-    big = browse.scope_id(BIG)
+    big = store.scope_id(BIG)
     assert big is not None
     # Positions nine tenths into each list (found once here with OFFSET; the pages
     # themselves start from a cursor holding the row's sort key).

@@ -25,7 +25,7 @@ from .listed import (
     ScopeRow,
     Tombstone,
 )
-from .model import SCOPE_FIELDS, Generation, Record, Scope, check_string
+from .model import SCOPE_FIELDS, Generation, Record, check_string
 from .paging import DEFAULT_PAGE_SIZE, Page, check_limit, paged
 from .receipt_filter import ReceiptFilter, receipt_clauses
 from .rows import (
@@ -83,13 +83,6 @@ class Browse:
         with self.pool.connection() as conn:
             row = conn.execute(f"{_SCOPE_ROW} WHERE s.id = %s", (scope_id,)).fetchone()
         return _scope_row(row) if row else None
-
-    def scope_id(self, scope: Scope | Mapping[str, Any]) -> int | None:
-        with self.pool.connection() as conn:
-            row = conn.execute(
-                "SELECT id FROM engram_scopes WHERE key = %s", (Scope.of(scope).key,)
-            ).fetchone()
-        return int(row[0]) if row else None
 
     # -- records --------------------------------------------------------------------
 

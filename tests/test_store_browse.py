@@ -77,7 +77,7 @@ def test_records_by_status_newest_first_and_pages_do_not_shift(fresh_store: Stor
     session.retract(ids[1])
     remember(fresh_store, scope, "short lived", ttl_ms=1)
     time.sleep(0.01)
-    scope_id = fresh_store.browse.scope_id(scope)
+    scope_id = fresh_store.scope_id(scope)
     assert scope_id is not None
 
     def texts(status: str) -> list[str]:
@@ -113,7 +113,7 @@ def test_superseded_by_and_links_on_a_page(fresh_store: Store) -> None:
     new = remember(
         fresh_store, scope, "Ada lives in Paris.", links=[{"relation": "supersedes", "id": old}]
     )
-    scope_id = fresh_store.browse.scope_id(scope)
+    scope_id = fresh_store.scope_id(scope)
     assert scope_id is not None
     by_id = {i.record.id: i.record for i in fresh_store.browse.records(scope_id).items}
     assert by_id[old].superseded_by == (new,)
@@ -129,7 +129,7 @@ def test_a_scope_as_of_a_past_time(fresh_store: Store) -> None:
     time.sleep(0.01)
     session.revise(rid, text="Ada lives in Paris.")
     later = remember(fresh_store, scope, "Ada has a cat.")
-    scope_id = fresh_store.browse.scope_id(scope)
+    scope_id = fresh_store.scope_id(scope)
     assert scope_id is not None
 
     then = fresh_store.browse.records_as_of(scope_id, before)
@@ -183,7 +183,7 @@ def test_receipt_filters(fresh_store: Store) -> None:
     fresh_store.execute([stale], EMBEDDER)  # a refusal
     forget = Operation.build("forget", ada, {"id": rid}, "forget-ada", requested_by="grace")
     fresh_store.execute([forget], EMBEDDER)
-    ada_id = fresh_store.browse.scope_id(ada)
+    ada_id = fresh_store.scope_id(ada)
 
     def ops(**filters: object) -> list[str]:
         where = ReceiptFilter(**filters)  # type: ignore[arg-type]
@@ -285,7 +285,7 @@ def test_a_cursor_this_store_did_not_sign_is_refused(store: Store) -> None:
     scope = {"user_id": "signed"}
     for i in range(3):
         store.execute([Operation.build("remember", scope, {"text": f"n{i}"})], EMBEDDER)
-    scope_id = store.browse.scope_id(scope)
+    scope_id = store.scope_id(scope)
     assert scope_id is not None
     token = store.browse.records(scope_id, limit=1).next
     assert token is not None and store.browse.records(scope_id, cursor=token).items

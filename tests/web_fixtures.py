@@ -66,7 +66,7 @@ class Web:
         return result.records[0].id
 
     def scope_id(self, scope: dict[str, str]) -> int:
-        found = self.store.browse.scope_id(scope)
+        found = self.store.scope_id(scope)
         assert found is not None
         return found
 

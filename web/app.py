@@ -9,15 +9,10 @@ what is served.
 from __future__ import annotations
 
 import inspect
-import logging
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
-import psycopg_pool
-import redis
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
@@ -27,7 +22,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from store.errors import EngramError, NotFoundError
 
@@ -39,14 +33,13 @@ from .auth import Authenticator
 from .config import WebConfig
 from .csrf import Csrf
 from .endpoints import action_endpoint, form_endpoint, json_endpoint
-from .errors import BadRequestError, MethodNotAllowedError, UnavailableError
-from .middleware import AccessLog, Gate, SecurityHeaders, wants_json
+from .errors import BadRequestError, MethodNotAllowedError
+from .middleware import AccessLog, Failsafe, Gate, SecurityHeaders, wants_json
 from .render import Renderer
 from .services import Services
 from .state import WebState, web_of
 from .views import audit, deadletters, generations, jobs, login, overview, receipts, records, scopes
 
-log = logging.getLogger("engram.web")
 STATIC = Path(__file__).parent / "static"
 
 
@@ -197,52 +190,3 @@ def error_page(request: Request, exc: EngramError) -> Response:
     if wants_json(request.scope):
         return JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
     return web_of(request).render.page(request, "error.html", status_code=exc.status, error=exc)
-
-
-UNAVAILABLE = (psycopg.OperationalError, psycopg_pool.PoolTimeout, redis.ConnectionError)
-
-
-class Failsafe:
-    """The last word on an exception no view handled: a server that is down is a 503,
-    anything else a 500. The log names its type and frames, never its message (a
-    database error can quote the data)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception as exc:
-            if started:
-                raise
-            error = (
-                UnavailableError("a server engram needs did not answer: try again shortly")
-                if isinstance(exc, UNAVAILABLE)
-                else EngramError("the server failed to answer; the error is in its log")
-            )
-            log.error(
-                "request failed",
-                extra={
-                    "error": type(exc).__name__,
-                    "where": "".join(traceback.format_tb(exc.__traceback__))[-2000:],
-                },
-            )
-            body = {"error": error.to_dict()}
-            if wants_json(scope):
-                await JSONResponse(body, status_code=error.status)(scope, receive, send)
-            else:
-                await Response(
-                    f"{error.status}: {error.message}\n", error.status, media_type="text/plain"
-                )(scope, receive, send)

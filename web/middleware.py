@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import MutableMapping
+import traceback
+from collections.abc import Callable, MutableMapping
 from typing import Any
 from urllib.parse import quote
 
+import psycopg
+import psycopg_pool
+import redis
 from starlette.datastructures import MutableHeaders
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -20,8 +24,9 @@ from store.errors import EngramError
 
 from .auth import Authenticator
 from .csrf import check_same_origin
-from .errors import BadRequestError, UnauthorizedError
+from .errors import BadRequestError, UnauthorizedError, UnavailableError
 
+log = logging.getLogger("engram.web")
 access_log = logging.getLogger("engram.web.access")
 
 # No inline script or style anywhere: htmx is told not to inject its indicator style
@@ -53,55 +58,61 @@ SECURITY_HEADERS = {
 PUBLIC_PREFIXES = ("/healthz", "/static/", "/login")
 
 
-class SecurityHeaders:
+class HttpLayer:
+    """An ASGI layer over HTTP requests; anything else (lifespan) passes through."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+def on_start(send: Send, started: Callable[[Message], None]) -> Send:
+    """``send``, calling ``started`` with the response's start (status, headers) first."""
+
+    async def watched(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            started(message)
+        await send(message)
+
+    return watched
+
+
+class SecurityHeaders(HttpLayer):
     """The usual security headers on every response. Pages hold memory text: nothing
     but the static files may be cached, by the browser or anything in between."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         static = scope["path"].startswith("/static/")
         https = scope.get("scheme") == "https"
 
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                for name, value in SECURITY_HEADERS.items():
-                    headers[name] = value
-                headers["cache-control"] = "public, max-age=3600" if static else "no-store"
-                if https:
-                    headers["strict-transport-security"] = "max-age=31536000"
-            await send(message)
+        def add_headers(message: Message) -> None:
+            headers = MutableHeaders(scope=message)
+            for name, value in SECURITY_HEADERS.items():
+                headers[name] = value
+            headers["cache-control"] = "public, max-age=3600" if static else "no-store"
+            if https:
+                headers["strict-transport-security"] = "max-age=31536000"
 
-        await self.app(scope, receive, send_with_headers)
+        await self.app(scope, receive, on_start(send, add_headers))
 
 
-class AccessLog:
+class AccessLog(HttpLayer):
     """One line per request: method, path, status, time, operator. Never the query
     string (it can hold a scope's values or search text) nor any body."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        status = 500
-
-        async def record_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        response: list[Message] = []
         try:
-            await self.app(scope, receive, record_status)
+            await self.app(scope, receive, on_start(send, response.append))
         finally:
             state: MutableMapping[str, Any] = scope.get("state", {})
             operator = state.get("operator")
@@ -110,28 +121,55 @@ class AccessLog:
                 extra={
                     "method": scope["method"],
                     "path": quote(scope["path"])[:300],
-                    "status": status,
+                    "status": response[0]["status"] if response else 500,
                     "ms": round((time.perf_counter() - started) * 1000, 1),
                     "operator": operator.name if operator is not None else None,
                 },
             )
 
 
-class Gate:
+class Failsafe(HttpLayer):
+    """The last word on an exception no view handled: a server that is down is a 503,
+    anything else a 500. The log names its type and frames, never its message (a
+    database error can quote the data)."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started: list[Message] = []
+        try:
+            await self.app(scope, receive, on_start(send, started.append))
+        except Exception as exc:
+            if started:
+                raise
+            error = (
+                UnavailableError("a server engram needs did not answer: try again shortly")
+                if isinstance(exc, UNAVAILABLE)
+                else EngramError("the server failed to answer; the error is in its log")
+            )
+            log.error(
+                "request failed",
+                extra={
+                    "error": type(exc).__name__,
+                    "where": "".join(traceback.format_tb(exc.__traceback__))[-2000:],
+                },
+            )
+            await error_response(scope, error)(scope, receive, send)
+
+
+UNAVAILABLE = (psycopg.OperationalError, psycopg_pool.PoolTimeout, redis.ConnectionError)
+
+
+class Gate(HttpLayer):
     """Who is asking (``Authenticator``), and refuse what they may not do: a Host this
     dashboard does not answer to (a DNS-rebinding page reaching a loopback dashboard),
     anything but the public paths without signing in (a page redirects to the login
     form, the API answers 401), and a change asked for by another site."""
 
     def __init__(self, app: ASGIApp, auth: Authenticator, hosts: tuple[str, ...]) -> None:
-        self.app = app
+        super().__init__(app)
         self.auth = auth
         self.hosts = None if "*" in hosts else {h.lower() for h in hosts}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         conn = HTTPConnection(scope)
         try:
             self._check_host(conn)

@@ -53,8 +53,8 @@ def record_page(request: Request) -> Response:
 
 
 def forget_confirm(request: Request) -> Response:
-    Query.of(request)  # takes none
     """The confirmation step: what forgetting this record will do."""
+    Query.of(request)  # takes none
     web = web_of(request)
     browse = web.services.store.browse
     record_id = ident(request.path_params["record_id"], "record id")
