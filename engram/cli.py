@@ -26,7 +26,7 @@ from store.errors import EngramError
 from worker import logs, metrics, runtime, valkey
 from worker.settings import Settings
 
-from . import dead_letters, enqueue, exits, reads, transfer
+from . import dead_letters, enqueue, exits, reads, transfer, web_cli
 from .args import positive_int
 from .database import database_url
 
@@ -76,7 +76,9 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     from .up import run_up
 
     workers = args.workers if args.workers is not None else settings.workers
-    return run_up(settings, workers=workers, demo=args.demo, log_level=args.log_level)
+    return run_up(
+        settings, workers=workers, demo=args.demo, web=not args.no_web, log_level=args.log_level
+    )
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
@@ -171,6 +173,9 @@ def register(sub: Any) -> None:
         "--workers", type=positive_int, default=None, help="worker processes (default 2)"
     )
     up.add_argument("--demo", action="store_true", help="send a few operations once up")
+    up.add_argument(
+        "--no-web", action="store_true", help="do not serve the dashboard and the JSON API"
+    )
     up.set_defaults(run=cmd_up)
     worker = sub.add_parser("worker", help="commit operations from the streams until SIGTERM")
     worker.add_argument(
@@ -199,6 +204,7 @@ _COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
     reads.register,
     dead_letters.register,
     transfer.register,
+    web_cli.register,
 )
 
 

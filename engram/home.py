@@ -118,7 +118,11 @@ def in_use_message(home: Path, holder: Holder | None) -> str:
     lines = [f"ENGRAM_HOME {Path(home).resolve()} is in use by {who}"]
     run = read_run_file(home)
     if run:
-        for name, key in (("PostgreSQL", "database_url"), ("Redis", "redis_url")):
+        for name, key in (
+            ("PostgreSQL", "database_url"),
+            ("Redis", "redis_url"),
+            ("dashboard", "dashboard_url"),
+        ):
             if run.get(key):
                 lines.append(f"  {name:<11} {run[key]}")
     return "\n".join(lines)

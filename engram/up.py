@@ -23,6 +23,9 @@ from types import FrameType
 from store import Store
 from store.errors import EngramError, InvalidRequestError
 from store.server import EmbeddedPostgres
+from web.config import ConfigError as WebConfigError
+from web.config import WebConfig
+from worker.runtime import ConfigError
 from worker.settings import Settings
 from worker.valkey import EmbeddedValkey
 
@@ -37,8 +40,16 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 def worker_specs(count: int, log_level: str) -> list[ChildSpec]:
     """``count`` stream workers; their per-partition chatter stays below ``up``'s level."""
-    argv = [sys.executable, "-m", "engram", "--log-level", child_log_level(log_level), "worker"]
-    return [ChildSpec(f"worker-{i}", argv) for i in range(count)]
+    return [ChildSpec(f"worker-{i}", _engram(log_level, "worker")) for i in range(count)]
+
+
+def web_spec(log_level: str) -> ChildSpec:
+    """The dashboard and the JSON API (``engram web``), on the servers ``up`` runs."""
+    return ChildSpec("web", _engram(log_level, "web"))
+
+
+def _engram(log_level: str, *command: str) -> list[str]:
+    return [sys.executable, "-m", "engram", "--log-level", child_log_level(log_level), *command]
 
 
 def child_log_level(level: str) -> str:
@@ -47,9 +58,19 @@ def child_log_level(level: str) -> str:
     return "DEBUG" if logging.getLevelName(level.upper()) == logging.DEBUG else "WARNING"
 
 
-def run_up(settings: Settings, *, workers: int, demo: bool = False, log_level: str = "INFO") -> int:
+def run_up(
+    settings: Settings,
+    *,
+    workers: int,
+    demo: bool = False,
+    web: bool = True,
+    log_level: str = "INFO",
+) -> int:
     if workers < 1:
         raise InvalidRequestError("--workers (ENGRAM_WORKERS) must be at least 1")
+    # A dashboard that would refuse to start (another address without a token) stops
+    # ``up`` before anything starts.
+    dashboard = _dashboard_config() if web else None
     session = HomeSession(settings.home, UP).open()  # or HomeInUseError
     stop = threading.Event()
 
@@ -79,10 +100,18 @@ def run_up(settings: Settings, *, workers: int, demo: bool = False, log_level: s
             "REDIS_URL": redis_url,
             "ENGRAM_HOME": str(settings.home),
         }
-        supervisor = Supervisor(worker_specs(workers, log_level), env, on_start=session.record)
+        specs = worker_specs(workers, log_level)
+        if dashboard is not None:
+            specs.append(web_spec(log_level))
+        supervisor = Supervisor(specs, env, on_start=session.record)
         supervisor.start()
-        session.publish(database_url=database_url, redis_url=redis_url, workers=workers)
-        _print_where(settings, database_url, redis_url, postgres, valkey, workers)
+        session.publish(
+            database_url=database_url,
+            redis_url=redis_url,
+            workers=workers,
+            **({"dashboard_url": dashboard.url} if dashboard else {}),
+        )
+        _print_where(settings, database_url, redis_url, postgres, valkey, workers, dashboard)
         if demo:
             _stream_demo(redis_url, settings)
         while not stop.wait(1.0):
@@ -105,6 +134,13 @@ def run_up(settings: Settings, *, workers: int, demo: bool = False, log_level: s
         print("engram: stopped", flush=True)
 
 
+def _dashboard_config() -> WebConfig:
+    try:
+        return WebConfig.from_env()
+    except WebConfigError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _record(session: HomeSession, name: str, pid: int | None, signum: int, timeout: float) -> None:
     if pid:
         session.record(ProcessRecord.of(name, pid, stop_signal=signum, stop_timeout_s=timeout))
@@ -117,17 +153,20 @@ def _print_where(
     postgres: EmbeddedPostgres | None,
     valkey: EmbeddedValkey | None,
     workers: int,
+    dashboard: WebConfig | None,
 ) -> None:
     pg = f"embedded, data in {postgres.data_dir}" if postgres else "DATABASE_URL"
     vk = f"embedded, data in {valkey.data_dir}" if valkey else "REDIS_URL"
     home = Path(settings.home).resolve()
+    web = f"  dashboard   {dashboard.url}  (the JSON API: /api/v1)\n" if dashboard else ""
     print(
         f"engram is up (ENGRAM_HOME={home}, pid {os.getpid()})\n"
         f"  PostgreSQL  {database_url}  ({pg})\n"
         f"  Redis       {redis_url}  ({vk})\n"
         f"  workers     {workers} x `engram worker`, "
         f"{settings.worker.partitions} partition streams\n"
-        f"  run file    {home / 'run.json'}\n"
+        + web
+        + f"  run file    {home / 'run.json'}\n"
         'try:  engram enqueue remember --scope \'{"user_id": "ada"}\' '
         '--request \'{"text": "Ada lives in London."}\' --wait 10\n'
         "Ctrl-C stops everything.",

@@ -1,5 +1,7 @@
 """engram's versioned-memory core on PostgreSQL + pgvector."""
 
+from .audit import AuditEntry
+from .cursors import InvalidCursorError
 from .embedders import (
     Embedder,
     HashingEmbedder,
@@ -20,6 +22,13 @@ from .errors import (
     RevisionConflictError,
     SchemaVersionError,
 )
+from .listed import (
+    GenerationItem,
+    ReceiptItem,
+    RecordItem,
+    ScopeRow,
+    Tombstone,
+)
 from .llm import LLM, Completion, Prompt, Usage
 from .llm_client import LLMConfig, OpenAICompatibleLLM
 from .model import (
@@ -35,6 +44,8 @@ from .model import (
     WriteResult,
 )
 from .operations import Operation
+from .paging import Page
+from .receipt_filter import ReceiptFilter
 from .session import ForgetEvent, ForgetListener, Session
 from .store import ScopeSummary, Store
 from .tools import MemoryTools, memory_tools, tool_definitions
@@ -43,6 +54,7 @@ from .writer import Fence
 __all__ = [
     "LLM",
     "AssertedRecordError",
+    "AuditEntry",
     "Completion",
     "Embedder",
     "EmbeddingMismatchError",
@@ -52,8 +64,10 @@ __all__ = [
     "ForgetEvent",
     "ForgetListener",
     "Generation",
+    "GenerationItem",
     "HashingEmbedder",
     "Hit",
+    "InvalidCursorError",
     "InvalidRequestError",
     "KeywordEmbedder",
     "LLMConfig",
@@ -65,18 +79,24 @@ __all__ = [
     "OpenAICompatibleLLM",
     "Operation",
     "OperationConflictError",
+    "Page",
     "Prompt",
     "Receipt",
+    "ReceiptFilter",
+    "ReceiptItem",
     "Record",
+    "RecordItem",
     "RecordRef",
     "ReembedResult",
     "RevisionConflictError",
     "SchemaVersionError",
     "Scope",
+    "ScopeRow",
     "ScopeSummary",
     "Session",
     "Source",
     "Store",
+    "Tombstone",
     "Usage",
     "WordLlamaEmbedder",
     "WriteResult",

@@ -222,6 +222,7 @@ RECEIPT_INSERT: Columns = (
     ("stream_entry", "text"),
     ("error", "jsonb"),
     ("model_calls", "int4"),
+    ("requested_by", "text"),
 )
 RECEIPT_RECORD_INSERT: Columns = (
     ("operation_id", "text"),
@@ -510,10 +511,23 @@ def _receipts(pairs: Pairs) -> list[tuple[Any, ...]]:
             r.stream_entry,
             _json(r.error) if r.error is not None else None,
             r.model_calls,
+            r.requested_by,
         )
         for s, p in pairs
         for r in p.receipts
     ]
+
+
+def note_replays(conn: psycopg.Connection[Any], pairs: Pairs, now: datetime) -> None:
+    """Count the operations this batch answered from their stored receipts, on those
+    receipts (so replays can be found later). A batch of first deliveries sends nothing."""
+    replayed = [op_id for _, p in pairs for op_id in p.replayed]
+    if replayed:
+        conn.execute(
+            "UPDATE engram_receipts SET replays = replays + 1, last_replayed_at = %b"
+            " WHERE operation_id = ANY(%b::text[])",
+            (now, replayed),
+        )
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.

@@ -162,6 +162,11 @@ class Receipt:
     stream_entry: str | None = None
     error: dict[str, Any] | None = None  # a refusal: committed nothing
     model_calls: int = 0  # the model calls the operation made (a replay makes none more)
+    requested_by: str | None = None  # who asked, when the producer said (the audit trail)
+    # How many times this receipt answered a repeat of its operation, and when last:
+    # bookkeeping about the receipt, not part of it (a replay equals the original).
+    replays: int = field(default=0, compare=False)
+    last_replayed_at: datetime | None = field(default=None, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -182,6 +187,13 @@ class Receipt:
             out["stream_entry"] = self.stream_entry
         if self.error is not None:
             out["error"] = self.error
+        if self.requested_by is not None:
+            out["requested_by"] = self.requested_by
+        if self.replays:
+            out["replays"] = self.replays
+            out["last_replayed_at"] = (
+                self.last_replayed_at.isoformat() if self.last_replayed_at else None
+            )
         return out
 
     @classmethod
@@ -206,6 +218,11 @@ class Receipt:
             "stream_entry": data.get("stream_entry"),
             "error": data.get("error"),
             "model_calls": int(data.get("model_calls", 0)),
+            "requested_by": data.get("requested_by"),
+            "replays": int(data.get("replays") or 0),
+            "last_replayed_at": datetime.fromisoformat(data["last_replayed_at"])
+            if data.get("last_replayed_at")
+            else None,
         }
 
     @property

@@ -384,6 +384,9 @@ class Operation:
     operation_id: str
     scope: Scope
     request: Request
+    requested_by: str | None = field(default=None, compare=False)
+    """Who asked (an operator's name, ``local``, an API caller), stored on the receipt for
+    the audit trail. Not part of the request: a repeat asked by someone else replays."""
     digest: str = field(init=False, repr=False, compare=False)
     """Identifies the request (not the id): same id + other digest = conflict."""
 
@@ -403,14 +406,15 @@ class Operation:
 
     @classmethod
     def from_dict(cls, data: object) -> Operation:
-        f = Fields(data, "operation", ("operation_id", "kind", "scope", "request"))
+        f = Fields(data, "operation", ("operation_id", "kind", "scope", "request", "requested_by"))
         kind = f.get("kind")
-        if kind not in REQUEST_TYPES:
+        if not isinstance(kind, str) or kind not in REQUEST_TYPES:
             raise InvalidRequestError(f"operation.kind must be one of {', '.join(OPERATION_KINDS)}")
         return cls(
             operation_id=str(f.ident("operation_id")),
             scope=Scope.of(f.get("scope")),
             request=REQUEST_TYPES[kind].from_dict(_or_empty(f.get("request"))),
+            requested_by=f.ident("requested_by", required=False),
         )
 
     @classmethod
@@ -420,24 +424,32 @@ class Operation:
         scope: Scope | Mapping[str, Any],
         request: Mapping[str, Any],
         operation_id: str | None = None,
+        *,
+        requested_by: str | None = None,
     ) -> Operation:
         """Validate a request given as keyword values; generate an id when none is given."""
         return cls.from_dict(
-            {
-                "operation_id": new_operation_id() if operation_id is None else operation_id,
-                "kind": kind,
-                "scope": scope.as_dict() if isinstance(scope, Scope) else scope,
-                "request": _compact(dict(request)),
-            }
+            _compact(
+                {
+                    "operation_id": new_operation_id() if operation_id is None else operation_id,
+                    "kind": kind,
+                    "scope": scope.as_dict() if isinstance(scope, Scope) else scope,
+                    "request": _compact(dict(request)),
+                    "requested_by": requested_by,
+                }
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "operation_id": self.operation_id,
             "kind": self.kind,
             "scope": self.scope.as_dict(),
             "request": self.request.to_dict(),
         }
+        if self.requested_by is not None:
+            out["requested_by"] = self.requested_by
+        return out
 
 
 def _supersede(f: Fields) -> str | None:

@@ -105,6 +105,7 @@ class ReceiptRow:
     redacted: bool = False
     error: dict[str, Any] | None = None  # set on a refusal: nothing else was written
     model_calls: int = 0
+    requested_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,7 @@ class Plan:
     tombstones: list[tuple[str, str]] = field(default_factory=list)  # (record id, op id)
     receipts: list[ReceiptRow] = field(default_factory=list)
     scope_revision: int = 0
+    replayed: list[str] = field(default_factory=list)  # answered from their stored receipt
 
     @property
     def changes_anything(self) -> bool:
@@ -162,7 +164,10 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
     for index, op in enumerate(ops):
         stored = state.receipts.get(op.operation_id)
         if stored is not None:
-            plan.outcomes.append(_replay(op, stored))
+            outcome = _replay(op, stored)
+            if not isinstance(outcome, OperationConflictError):
+                plan.replayed.append(op.operation_id)
+            plan.outcomes.append(outcome)
             continue
         at = ctx.now + timedelta(microseconds=index)
         step = _Step(state, records, op, at, ctx)
@@ -182,6 +187,7 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
                     stream_entry=ctx.stream_entries.get(op.operation_id),
                     error=error.to_dict(),
                     model_calls=ctx.model_calls(op.operation_id),
+                    requested_by=op.requested_by,
                 )
             )
             state.receipts[op.operation_id] = StoredReceipt(
@@ -200,6 +206,7 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
             refs=[RecordRef(w.record.id, w.record.revision, w.record.status) for w in writes],  # type: ignore[arg-type]
             stream_entry=ctx.stream_entries.get(op.operation_id),
             model_calls=ctx.model_calls(op.operation_id),
+            requested_by=op.requested_by,
             **extra,
         )
         _record_writes(plan, step, writes)

@@ -15,10 +15,13 @@ REVISION_COLUMNS = """
     v.sources, v.links, v.status, v.digest, v.operation_id, v.recorded_at, v.expires_at
 """
 
+# How many columns RECEIPT_COLUMNS selects: a query may select more after them.
+RECEIPT_WIDTH = 16
 RECEIPT_COLUMNS = """
     c.operation_id, c.kind, s.key, c.scope_revision, c.committed_at, c.redacted,
     c.forgotten_revisions, c.already_forgotten, c.redaction, c.stream_entry, c.error,
-    c.model_calls, coalesce((SELECT json_agg(json_build_array(rr.record_id, rr.revision, rr.status)
+    c.model_calls, c.requested_by, c.replays, c.last_replayed_at,
+    coalesce((SELECT json_agg(json_build_array(rr.record_id, rr.revision, rr.status)
                               ORDER BY rr.record_id, rr.revision)
               FROM engram_receipt_records rr WHERE rr.operation_id = c.operation_id), '[]')
 """
@@ -62,7 +65,7 @@ def record_from_row(row: Sequence[Any], superseded_by: Sequence[str] = ()) -> Re
         operation_id,
         recorded_at,
         expires_at,
-    ) = row[:15]
+    ) = row[:RECEIPT_WIDTH]
     return Record(
         id=rid,
         revision=revision,
@@ -97,8 +100,11 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         stream_entry,
         error,
         model_calls,
+        requested_by,
+        replays,
+        last_replayed_at,
         refs,
-    ) = row
+    ) = row[:RECEIPT_WIDTH]
     return Receipt(
         operation_id=op_id,
         kind=kind,
@@ -113,6 +119,9 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         stream_entry=stream_entry,
         error=error,
         model_calls=model_calls,
+        requested_by=requested_by,
+        replays=replays,
+        last_replayed_at=last_replayed_at,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -13,6 +14,9 @@ from pgvector.psycopg import register_vector
 from psycopg_pool import ConnectionPool
 
 from . import migrations, retention, wire
+from .audit import Audit
+from .browse import Browse
+from .cursors import Cursors
 from .embedders import Embedder, embed_checked
 from .embeddings import Embeddings
 from .errors import EmbeddingMismatchError, InvalidRequestError, SchemaVersionError
@@ -53,13 +57,26 @@ class ScopeSummary:
 
 
 class Store:
-    def __init__(self, pool: ConnectionPool[Any]) -> None:
+    def __init__(self, pool: ConnectionPool[Any], *, cursor_key: bytes | None = None) -> None:
         self.pool = pool
         self.writer = Writer(pool)
         self.embeddings = Embeddings(pool)
+        # The operator's view of every scope (keyset pages), and the audit trail. Their
+        # cursors are signed: with this process's own key unless one is given (processes
+        # serving the same lists share one, so a page's next cursor works on any of them).
+        self.cursors = Cursors(cursor_key or secrets.token_bytes(32))
+        self.browse = Browse(pool, self.cursors)
+        self.audit = Audit(pool, self.cursors)
 
     @classmethod
-    def connect(cls, dsn: str, *, migrate: bool = True, max_connections: int = 8) -> Store:
+    def connect(
+        cls,
+        dsn: str,
+        *,
+        migrate: bool = True,
+        max_connections: int = 8,
+        cursor_key: bytes | None = None,
+    ) -> Store:
         """Open a pool on ``dsn``; apply migrations first unless told not to."""
         with psycopg.connect(dsn) as conn:
             if migrate:
@@ -79,7 +96,7 @@ class Store:
             open=True,
             kwargs={"autocommit": True},
         )
-        return cls(pool)
+        return cls(pool, cursor_key=cursor_key)
 
     def close(self) -> None:
         self.pool.close()

@@ -103,6 +103,8 @@ class Fields:
         value = self.data.get(name)
         if value is None:
             return None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # JSON has one number type: 5.0 is the integer 5
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidRequestError(f"{self.what}.{name} must be an integer")
         if not minimum <= value <= maximum:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from .apply import Loading, stored_receipts, write_plans
+from .apply import Loading, note_replays, stored_receipts, write_plans
 from .embedders import Embedder, Vectors, embed_checked
 from .errors import EmbeddingMismatchError, EngramError, FencedError
 from .extraction import readable_sources
@@ -225,6 +225,7 @@ class Writer:
                     gen_id = _start_first_generation(conn, embedder)
                     self._generation = ActiveGeneration(gen_id, embedder.model_id, embedder.dims)
                 write_plans(conn, pairs, now, gen_id, vectors)
+            note_replays(conn, pairs, now)
         by_key = {state.scope.key: iter(plan.outcomes) for state, plan in pairs}
         return [next(by_key[op.scope.key]) for op in ops]
 
@@ -325,6 +326,7 @@ def _receipt(outcome: Applied, op: Operation) -> Receipt:
         redaction=r.redaction,  # type: ignore[arg-type]
         stream_entry=r.stream_entry,
         model_calls=r.model_calls,
+        requested_by=r.requested_by,
     )
 
 

@@ -113,6 +113,8 @@ def test_error_messages_never_echo_memory_text() -> None:
             "unique",
         ),
         ("dance", {}, "operation.kind"),
+        ({}, {}, "operation.kind"),  # not a name at all: refused, not a TypeError
+        (["remember"], {}, "operation.kind"),
     ],
 )
 def test_bad_requests_of_other_kinds_are_refused(kind: str, request_: dict, message: str) -> None:
@@ -216,3 +218,12 @@ def test_model_fields_round_trip_and_false_is_the_default() -> None:
     )
     revise = build("revise", {"id": "m1", "sources": [{"kind": "assistant", "tool_call_id": "c"}]})
     assert revise.request.to_dict()["sources"] == [{"kind": "assistant", "tool_call_id": "c"}]  # type: ignore[union-attr]
+
+
+def test_a_whole_number_sent_as_a_float_is_that_integer() -> None:
+    """JSON has one number type: 5.0 from a producer in another language is 5."""
+    as_float = build("revise", {"id": "r", "text": "x", "expected_revision": 3.0, "ttl_ms": 5.0})
+    as_int = build("revise", {"id": "r", "text": "x", "expected_revision": 3, "ttl_ms": 5})
+    assert as_float == as_int and as_float.digest == as_int.digest
+    with pytest.raises(InvalidRequestError, match="integer"):
+        build("revise", {"id": "r", "text": "x", "expected_revision": 3.5})

@@ -303,6 +303,30 @@ def test_metrics_render_in_prometheus_text_format() -> None:
         assert line.startswith("# ") or line.startswith("engram_")
 
 
+def test_batches_are_counted_per_interval_with_a_ttl() -> None:
+    client = fakeredis.FakeRedis()
+    stats = metrics.BatchStats(entries=4, committed=2, replayed=1)
+    stats.failed["not_found"] += 1
+    at = 1_700_000_005.0  # interval 170,000,000 (10 s each)
+    for now_s in (at, at + 3, at + 10):
+        pipe = client.pipeline(transaction=False)
+        metrics.record_batch(pipe, stats, "w1", now_s=now_s)
+        pipe.execute()
+    pipe = client.pipeline(transaction=False)
+    metrics.record_batch(pipe, metrics.BatchStats(entries=0), "w1", now_s=at + 20)
+    pipe.execute()
+    assert not client.exists(keys.rate(170_000_002)), "an empty batch writes no interval"
+    assert 0 < client.ttl(keys.rate(170_000_000)) <= 3600
+    series = metrics.intervals(client, window_s=40, now_s=at + 20)
+    assert [(i.start_s, i.committed, i.replayed, i.failed, i.dead) for i in series] == [
+        (1_699_999_990, 0, 0, 0, 0),
+        (1_700_000_000, 4, 2, 2, 0),
+        (1_700_000_010, 2, 1, 1, 0),
+        (1_700_000_020, 0, 0, 0, 0),
+    ]
+    assert series[1].operations == 8
+
+
 def test_settings_from_env() -> None:
     s = Settings.from_env(
         {

@@ -8,9 +8,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,10 +60,18 @@ def home_env(home: Path) -> dict[str, str]:
             "ENGRAM_EMBEDDER": "hashing:64",
             "ENGRAM_PARTITIONS": "4",
             "ENGRAM_LEASE_TTL_MS": "1000",
+            "ENGRAM_DASHBOARD_PORT": str(free_port()),
             "PYTHONPATH": str(REPO),
         }
     )
     return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 @pytest.fixture
@@ -134,6 +144,15 @@ def _everything_of(up: Up) -> dict[str, int]:
     return {**_server_pids(up.home), **children}
 
 
+def _get(url: str) -> dict[str, object] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body: dict[str, object] = json.loads(response.read())
+            return body
+    except OSError:
+        return None
+
+
 def _remember(home: Path, text: str) -> subprocess.CompletedProcess[str]:
     return engram(
         home,
@@ -154,7 +173,12 @@ def test_a_second_up_is_refused_and_a_killed_up_leaves_nothing_running(
     first = start_up(home)
     run = first.wait_ready()
     processes = _everything_of(first)
-    assert len(processes) == 5, processes  # postgres, valkey, 2 workers, the watchdog
+    # postgres, valkey, 2 workers, the dashboard, the watchdog
+    assert len(processes) == 6, processes
+    health = wait_until(
+        lambda: _get(f"{run['dashboard_url']}healthz"), timeout=60, what="the dashboard"
+    )
+    assert health["status"] == "ok", health
 
     second = engram(home, "up")
     assert second.returncode == 4, second

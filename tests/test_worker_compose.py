@@ -18,7 +18,7 @@ def compose() -> dict[str, Any]:
 
 
 def test_services(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"postgres", "redis", "migrate", "worker"}
+    assert set(compose["services"]) == {"postgres", "redis", "migrate", "worker", "web"}
     assert set(compose["volumes"]) == {"postgres-data", "redis-data"}
 
 
@@ -35,7 +35,7 @@ def test_servers_have_health_checks_and_durable_storage(compose: dict[str, Any])
 
 
 def test_engram_services_are_configured_by_url(compose: dict[str, Any]) -> None:
-    for name in ("migrate", "worker"):
+    for name in ("migrate", "worker", "web"):
         service = compose["services"][name]
         env = service["environment"]
         assert (
@@ -70,3 +70,21 @@ def test_every_long_running_service_has_a_health_check(compose: dict[str, Any]) 
     for name, service in compose["services"].items():
         if service.get("restart") != "no":
             assert "healthcheck" in service, name
+
+
+def test_the_dashboard_needs_its_token_and_is_checked_on_healthz(compose: dict[str, Any]) -> None:
+    web = compose["services"]["web"]
+    assert web["command"][:2] == ["engram", "web"]
+    host = web["command"][web["command"].index("--host") + 1]
+    # Off loopback engram web refuses to start without a token; compose refuses first.
+    assert host == "0.0.0.0"
+    assert web["environment"]["ENGRAM_DASHBOARD_TOKEN"].startswith("${ENGRAM_DASHBOARD_TOKEN:?")
+    assert (
+        web["environment"]["DATABASE_URL"]
+        == compose["services"]["worker"]["environment"]["DATABASE_URL"]
+    )
+    assert all(p.startswith("127.0.0.1:") for p in web["ports"])
+    check = " ".join(web["healthcheck"]["test"])
+    assert "/healthz" in check and ":8700" in check
+    assert web["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+    assert web["depends_on"]["postgres"] == {"condition": "service_healthy"}

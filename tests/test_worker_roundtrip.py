@@ -67,6 +67,25 @@ def test_every_kind_round_trips(
     assert receipt.stream_entry is not None  # the worker recorded where the op came from
 
 
+def test_who_asked_travels_to_the_receipt_and_replays_are_counted(
+    store: Store, start_worker: StartWorker, producer: Producer, scope: dict[str, str]
+) -> None:
+    with start_worker(store):
+        first = producer.remember(
+            scope, "Ada likes tea.", operation_id="asked:1", requested_by="grace"
+        ).wait(10)
+        # Someone else repeating the same operation gets the same receipt: who asked
+        # is not part of the request, and the first asker stays on the receipt.
+        again = producer.remember(
+            scope, "Ada likes tea.", operation_id="asked:1", requested_by="alan"
+        ).wait(10)
+    assert first.requested_by == "grace" and again.requested_by == "grace"
+    assert (first.replayed, again.replayed) == (False, True)
+    item = store.browse.receipt("asked:1")
+    assert item is not None
+    assert (item.receipt.requested_by, item.receipt.replays) == ("grace", 1)
+
+
 def test_a_raw_xadd_from_any_language_is_accepted(
     store: Store,
     start_worker: StartWorker,

@@ -52,3 +52,7 @@ LLM_DEADLINE_S = 30.0
 # Operations a partition may hold while they, or one before them in their
 # scope, wait for a model; past it, the partition is not read until some go.
 LLM_MAX_HELD = 2_048
+# The workers count what they do per interval of this many seconds (the
+# dashboard's operations/s chart), and keep each interval's counts this long.
+RATE_INTERVAL_S = 10
+RATE_TTL_S = 3_600

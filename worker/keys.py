@@ -45,6 +45,13 @@ def reply(operation_id: str) -> str:
     return f"{PREFIX}:reply:{operation_id}"
 
 
+def rate(interval: int) -> str:
+    """HASH of what the workers did in one interval of ``RATE_INTERVAL_S`` seconds
+    (``interval`` = seconds since the epoch // that length): operations committed,
+    replayed, failed and dead-lettered. Expires after ``RATE_TTL_S``."""
+    return f"{PREFIX}:rate:{interval}"
+
+
 def worker(worker_id: str) -> str:
     """HASH: a live worker's host, pid, partitions, last beat and counters."""
     return f"{PREFIX}:worker:{worker_id}"

@@ -2,13 +2,16 @@
 
 Workers add to the hash ``engram:metrics`` (one field per sample, the field
 name being the sample's name and labels in Prometheus syntax) in the same
-pipeline that acknowledges a batch. ``render`` reads it back, adds the live
-gauges (stream length, pending, lag per partition, dead letters, live
-workers) and returns the text exposition format. No memory text goes here.
+pipeline that acknowledges a batch, and to the current interval's counts
+(``engram:rate:<interval>``, kept an hour) for the dashboard's chart.
+``render`` reads the totals back, adds the live gauges (stream length,
+pending, lag per partition, dead letters, live workers) and returns the text
+exposition format. No memory text goes here.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +21,7 @@ import redis
 from store.llm import ModelCall
 
 from . import keys
+from .defaults import RATE_INTERVAL_S, RATE_TTL_S
 from .membership import now_ms
 
 BATCH_BUCKETS = (1, 4, 16, 64, 256, 1024)
@@ -56,8 +60,37 @@ class BatchStats:
     model_calls: list[ModelCall] = field(default_factory=list)
 
 
-def record_batch(pipe: Any, stats: BatchStats, worker_id: str) -> None:
+RATE_FIELDS = ("committed", "replayed", "failed", "dead")
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """What the workers did in one interval: its start (seconds since the epoch) and counts."""
+
+    start_s: int
+    committed: int = 0
+    replayed: int = 0
+    failed: int = 0
+    dead: int = 0
+
+    @property
+    def operations(self) -> int:
+        return self.committed + self.replayed + self.failed
+
+
+@dataclass(frozen=True, slots=True)
+class StreamState:
+    partition: int
+    length: int
+    pending: int  # delivered to a worker, not yet acknowledged
+    lag: int  # not read by any worker yet
+
+
+def record_batch(
+    pipe: Any, stats: BatchStats, worker_id: str, *, now_s: float | None = None
+) -> None:
     """Add a batch's counts, in the caller's pipeline (so they land with its ack)."""
+    _record_interval(pipe, stats, time.time() if now_s is None else now_s)
     m = keys.METRICS
     pipe.hincrby(m, "ops_committed_total", stats.committed)
     pipe.hincrby(m, "ops_replayed_total", stats.replayed)
@@ -99,6 +132,50 @@ def _record_model_calls(pipe: Any, calls: list[ModelCall]) -> None:
         pipe.hincrbyfloat(m, f'llm_seconds_total{{kind="{kind}"}}', round(total, 6))
 
 
+def _record_interval(pipe: Any, stats: BatchStats, now_s: float) -> None:
+    counts = {
+        "committed": stats.committed,
+        "replayed": stats.replayed,
+        "failed": sum(stats.failed.values()),
+        "dead": sum(stats.dead.values()),
+    }
+    if not any(counts.values()):
+        return
+    key = keys.rate(int(now_s // RATE_INTERVAL_S))
+    for name, n in counts.items():
+        if n:
+            pipe.hincrby(key, name, n)
+    pipe.expire(key, RATE_TTL_S)
+
+
+def intervals(
+    client: redis.Redis, *, window_s: int = 900, now_s: float | None = None
+) -> list[Interval]:
+    """The intervals of the last ``window_s`` seconds, oldest first, the current one
+    (still filling) last; intervals without work count zero."""
+    last = int((time.time() if now_s is None else now_s) // RATE_INTERVAL_S)
+    numbers = range(last - max(window_s // RATE_INTERVAL_S, 1) + 1, last + 1)
+    pipe = client.pipeline(transaction=False)
+    for n in numbers:
+        pipe.hmget(keys.rate(n), list(RATE_FIELDS))
+    return [
+        Interval(n * RATE_INTERVAL_S, *(int(_s(v)) if v is not None else 0 for v in values))
+        for n, values in zip(numbers, pipe.execute(), strict=True)
+    ]
+
+
+def stream_states(client: redis.Redis, partitions: int) -> list[StreamState]:
+    """Length, pending and lag of every partition stream."""
+    pipe = client.pipeline(transaction=False)
+    for p in range(partitions):
+        pipe.xlen(keys.stream(p))
+    states = []
+    for p, length in enumerate(pipe.execute()):
+        pending, lag = _group_state(client, p, int(length))
+        states.append(StreamState(p, int(length), pending, lag))
+    return states
+
+
 def record_partition_event(client: Any, worker_id: str, event: str, reason: str = "") -> None:
     """``acquired`` or ``lost`` (with its reason: fenced, lease_expired, crashed)."""
     pipe = client.pipeline(transaction=False)
@@ -122,19 +199,17 @@ def render(client: redis.Redis, *, partitions: int, lease_ttl_ms: int) -> str:
         for le in BATCH_BUCKETS:
             counters.setdefault(f'batch_size_bucket{{le="{le}"}}', 0.0)
     samples: list[tuple[str, float]] = [(f"engram_{k}", v) for k, v in counters.items()]
+    for state in stream_states(client, partitions):
+        p = state.partition
+        samples += [
+            (f'engram_stream_length{{partition="{p}"}}', state.length),
+            (f'engram_stream_pending{{partition="{p}"}}', state.pending),
+            (f'engram_stream_lag{{partition="{p}"}}', state.lag),
+        ]
     pipe = client.pipeline(transaction=False)
-    for p in range(partitions):
-        pipe.xlen(keys.stream(p))
     pipe.xlen(keys.DEAD_LETTERS)
     pipe.zcount(keys.WORKERS, now_ms() - lease_ttl_ms, "+inf")
-    *lengths, dead, live = pipe.execute()
-    for p, length in enumerate(lengths):
-        pending, lag = _group_state(client, p, int(length))
-        samples += [
-            (f'engram_stream_length{{partition="{p}"}}', length),
-            (f'engram_stream_pending{{partition="{p}"}}', pending),
-            (f'engram_stream_lag{{partition="{p}"}}', lag),
-        ]
+    dead, live = pipe.execute()
     samples += [("engram_dead_letters", dead), ("engram_workers_live", live)]
     return _exposition(samples)
 

@@ -175,9 +175,15 @@ class Producer:
         request: Mapping[str, Any],
         *,
         operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
-        """Validate (raising ``InvalidRequestError``, nothing sent) and enqueue."""
-        return self.enqueue(Operation.build(kind, scope, request, operation_id))
+        """Validate (raising ``InvalidRequestError``, nothing sent) and enqueue.
+
+        ``requested_by`` (who asked: an operator, a service) is kept on the receipt
+        for the audit trail; it is not part of the request."""
+        return self.enqueue(
+            Operation.build(kind, scope, request, operation_id, requested_by=requested_by)
+        )
 
     def remember(
         self,
@@ -195,6 +201,7 @@ class Producer:
         supersede: str | None = None,
         top_k: int | None = None,
         operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
         return self.submit(
             "remember",
@@ -213,6 +220,7 @@ class Producer:
                 "top_k": top_k,
             },
             operation_id=operation_id,
+            requested_by=requested_by,
         )
 
     def extract(
@@ -229,6 +237,7 @@ class Producer:
         top_k: int | None = None,
         instructions: str | None = None,
         operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
         return self.submit(
             "extract",
@@ -245,6 +254,7 @@ class Producer:
                 "instructions": instructions,
             },
             operation_id=operation_id,
+            requested_by=requested_by,
         )
 
     def revise(
@@ -262,6 +272,7 @@ class Producer:
         sources: Sequence[Any] | None = None,
         only_inferred: bool = False,
         operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
         return self.submit(
             "revise",
@@ -279,6 +290,7 @@ class Producer:
                 "only_inferred": only_inferred or None,
             },
             operation_id=operation_id,
+            requested_by=requested_by,
         )
 
     def retract(
@@ -289,6 +301,7 @@ class Producer:
         expected_revision: int | None = None,
         only_inferred: bool = False,
         operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
         return self.submit(
             "retract",
@@ -299,12 +312,20 @@ class Producer:
                 "only_inferred": only_inferred or None,
             },
             operation_id=operation_id,
+            requested_by=requested_by,
         )
 
     def forget(
-        self, scope: Scope | Mapping[str, Any], record_id: str, *, operation_id: str | None = None
+        self,
+        scope: Scope | Mapping[str, Any],
+        record_id: str,
+        *,
+        operation_id: str | None = None,
+        requested_by: str | None = None,
     ) -> Pending:
-        return self.submit("forget", scope, {"id": record_id}, operation_id=operation_id)
+        return self.submit(
+            "forget", scope, {"id": record_id}, operation_id=operation_id, requested_by=requested_by
+        )
 
     # -- replies ----------------------------------------------------------------------
 

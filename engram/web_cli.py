@@ -1,0 +1,108 @@
+"""``engram web``: the dashboard and the JSON API, alone, against configured servers.
+
+It finds PostgreSQL and Redis as the other commands do (DATABASE_URL and
+REDIS_URL, else the run file of an ``engram up`` on this ENGRAM_HOME), binds
+127.0.0.1 unless told otherwise, and refuses any other address without
+ENGRAM_DASHBOARD_TOKEN. ``build`` is what ``engram up`` can serve as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+
+from store import Store
+from web import Services, WebConfig, create_app
+from web.auth import Keys
+from web.config import ConfigError
+from worker import runtime
+from worker.producer import Producer
+from worker.settings import Settings
+
+log = logging.getLogger("engram.web")
+
+
+@contextlib.contextmanager
+def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> Iterator[Starlette]:
+    """The app on connections to the configured servers, closed on exit."""
+    client = runtime.connect_redis(runtime.redis_url(settings))
+    store = Store.connect(
+        runtime.database_url(settings),
+        migrate=False,
+        max_connections=settings.db_pool_size,
+        # With a token, every dashboard process signs cursors alike; without, its own key.
+        cursor_key=Keys(config.token).cursor if config.needs_token else None,
+    )
+    producer = Producer(client, partitions=settings.worker.partitions)
+    try:
+        query_embedder = runtime.load_embedder(settings.embedder) if embedder else None
+        runtime.settle(query_embedder)
+        yield create_app(
+            config,
+            Services(store=store, redis=client, producer=producer, embedder=query_embedder),
+        )
+    finally:
+        producer.close()
+        store.close()
+
+
+class _NoColour(logging.Filter):
+    """uvicorn adds a coloured copy of each message as a field: one copy is enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.__dict__.pop("color_message", None)
+        return True
+
+
+def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        config = WebConfig.from_env(
+            host=args.host,
+            port=args.port,
+            partitions=settings.worker.partitions,
+            lease_ttl_ms=settings.worker.lease_ttl_ms,
+        )
+    except ConfigError as exc:
+        raise runtime.ConfigError(str(exc)) from None
+    logging.getLogger("uvicorn.error").addFilter(_NoColour())
+    with build(settings, config, embedder=not args.no_embedder) as app:
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=config.host,
+                port=config.port,
+                # Ours logs ids only; uvicorn's would log query strings (search text).
+                access_log=False,
+                log_config=None,
+                server_header=False,
+                proxy_headers=False,
+                lifespan="off",
+            )
+        )
+        print(
+            f"engram dashboard: {config.url}"
+            + ("" if config.needs_token else "  (loopback, no token)"),
+            flush=True,
+        )
+        server.run()
+    return 0
+
+
+def register(sub: Any) -> None:
+    web = sub.add_parser("web", help="serve the dashboard and the JSON API")
+    web.add_argument("--host", default=None, help="default: ENGRAM_DASHBOARD_HOST, else 127.0.0.1")
+    web.add_argument(
+        "--port", type=int, default=None, help="default: ENGRAM_DASHBOARD_PORT, else 8700"
+    )
+    web.add_argument(
+        "--no-embedder",
+        action="store_true",
+        help="do not load the embedder: recall in the dashboard is then by text only",
+    )
+    web.set_defaults(run=cmd_web)

@@ -1,0 +1,95 @@
+"""The audit trail of actions that are not memory operations: who retried or
+discarded a dead letter, who started a reembed, who retried a job.
+
+A memory operation records who asked on its own receipt (``requested_by``);
+these actions change Redis or start a job, so they get a row here instead.
+Content-free by construction: the target is an id and the detail holds ids,
+numbers and flags only, never memory text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from .cursors import Cursors
+from .errors import InvalidRequestError
+from .limits import MAX_ID_CHARS
+from .model import check_string
+from .paging import DEFAULT_PAGE_SIZE, Page, check_limit, paged
+
+ACTIONS = (
+    "dead_letter.retry",
+    "dead_letter.discard",
+    "reembed.start",
+    "job.retry",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    id: int
+    at: datetime
+    requested_by: str
+    action: str
+    target: str
+    detail: dict[str, Any]
+
+
+_COLUMNS = "id, at, requested_by, action, target, detail"
+
+
+class Audit:
+    def __init__(self, pool: Any, cursors: Cursors) -> None:
+        self.pool = pool
+        self.cursors = cursors
+
+    def record(
+        self,
+        requested_by: str,
+        action: str,
+        target: str,
+        detail: Mapping[str, int | float | bool | str | None] | None = None,
+    ) -> AuditEntry:
+        if action not in ACTIONS:
+            raise InvalidRequestError(f"audit action must be one of {', '.join(ACTIONS)}")
+        check_string(requested_by, "requested_by", max_chars=MAX_ID_CHARS)
+        check_string(target, "audit target", max_chars=MAX_ID_CHARS)
+        plain = dict(detail or {})
+        for key, value in plain.items():
+            if not isinstance(value, int | float | bool | None) and not (
+                isinstance(value, str) and len(value) <= MAX_ID_CHARS
+            ):
+                raise InvalidRequestError(f"audit detail {key!r} must be an id, number or flag")
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                "INSERT INTO engram_audit (requested_by, action, target, detail)"
+                f" VALUES (%s, %s, %s, %s) RETURNING {_COLUMNS}",
+                (requested_by, action, target, Jsonb(plain)),
+            ).fetchone()
+        assert row is not None
+        return AuditEntry(*row)
+
+    def page(
+        self, *, cursor: str | None = None, limit: int = DEFAULT_PAGE_SIZE
+    ) -> Page[AuditEntry]:
+        """Newest first."""
+        limit = check_limit(limit)
+        params: dict[str, Any] = {"n": limit + 1}
+        after = ""
+        if cursor is not None:
+            params["at"], params["id"] = self.cursors.decode(cursor, "audit", (datetime, int))
+            after = "WHERE (at, id) < (%(at)s, %(id)s)"
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM engram_audit {after} ORDER BY at DESC, id DESC"
+                " LIMIT %(n)s",
+                params,
+            ).fetchall()
+        return paged(
+            rows, limit, (self.cursors, "audit"), lambda r: (r[1], r[0]), lambda r: AuditEntry(*r)
+        )

@@ -1,0 +1,254 @@
+"""The JSON API under /api/v1 against the real PostgreSQL, valkey and RQ."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from rq import Queue, SimpleWorker
+from starlette.testclient import TestClient
+
+from tests.redis_fixtures import wait_until
+from tests.web_fixtures import BASE_URL, Web, make_app
+from worker import keys
+
+
+def op(scope: dict[str, str], kind: str = "remember", **request: Any) -> dict[str, Any]:
+    return {"kind": kind, "scope": scope, "request": request or {"text": "Ada likes tea."}}
+
+
+def queued(web: Web) -> int:
+    return sum(int(web.redis.xlen(keys.stream(p))) for p in range(4))
+
+
+def test_enqueue_answers_202_then_the_operation_can_be_followed(
+    web: Web, start_worker: Any, scope: dict[str, str]
+) -> None:
+    accepted = web.client.post("/api/v1/operations", json={**op(scope), "operation_id": "api:1"})
+    assert accepted.status_code == 202
+    body = accepted.json()
+    assert body["operation_id"] == "api:1" and body["state"] == "enqueued"
+    assert body["status_url"] == "/api/v1/operations/api:1" and body["entry"]
+    assert web.client.get(body["status_url"]).json()["state"] == "waiting"
+    with start_worker(web.store):
+        wait_until(lambda: web.client.get(body["status_url"]).json()["state"] == "committed")
+    state = web.client.get(body["status_url"]).json()
+    receipt = state["receipt"]
+    assert receipt["operation_id"] == "api:1" and receipt["requested_by"] == "local"
+    generated = web.client.post("/api/v1/operations", json=op(scope)).json()
+    assert generated["operation_id"].startswith("op_")
+
+
+def test_wait_answers_the_receipt_or_the_typed_error(
+    web: Web, start_worker: Any, scope: dict[str, str]
+) -> None:
+    with start_worker(web.store):
+        first = web.client.post(
+            "/api/v1/operations?wait=10", json={**op(scope), "operation_id": "tea:1"}
+        )
+        again = web.client.post(
+            "/api/v1/operations?wait=10", json={**op(scope), "operation_id": "tea:1"}
+        )
+        conflict = web.client.post(
+            "/api/v1/operations?wait=10",
+            json={**op(scope, text="Ada likes coffee."), "operation_id": "tea:1"},
+        )
+        rid = first.json()["records"][0]["id"]
+        stale = web.client.post(
+            "/api/v1/operations?wait=10",
+            json=op(scope, "revise", id=rid, text="Ada likes green tea.", expected_revision=7),
+        )
+        missing = web.client.post(
+            "/api/v1/operations?wait=10", json=op(scope, "retract", id="mem_none")
+        )
+    assert first.status_code == 200 and first.json()["replayed"] is False
+    assert first.json()["scope_revision"] == 1 and first.json()["records"][0]["revision"] == 1
+    assert again.status_code == 200 and again.json()["replayed"] is True
+    assert again.json()["replays"] == 1
+    assert conflict.status_code == 409
+    assert conflict.json()["error"]["code"] == "operation_conflict"
+    assert stale.status_code == 409
+    assert stale.json()["error"] | {"message": ""} == {
+        "code": "revision_conflict", "message": "", "expected": 7, "actual": 1, "attempts": 1,
+    }  # fmt: skip
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_a_wait_that_runs_out_answers_202_the_operation_stays_queued(
+    web: Web, scope: dict[str, str]
+) -> None:
+    response = web.client.post("/api/v1/operations?wait=0.2", json=op(scope))
+    assert response.status_code == 202 and response.json()["state"] == "enqueued"
+    assert queued(web) == 1
+
+
+def test_an_invalid_operation_is_422_and_enqueues_nothing(web: Web, scope: dict[str, str]) -> None:
+    for bad in (
+        op(scope, text=""),
+        op(scope, text="x", colour="red"),
+        {**op(scope), "requested_by": "someone-else"},
+        {**op(scope), "kind": "drop"},
+        {"kind": "remember", "scope": {}, "request": {"text": "x"}},
+        {**op(scope), "operation_id": "x" * 201},
+        [op(scope)],
+    ):
+        response = web.client.post("/api/v1/operations", json=bad)
+        assert response.status_code == 422, bad
+        assert response.json()["error"]["code"] == "invalid_request"
+    assert queued(web) == 0
+
+
+def test_receipts_records_history_and_tombstones(web: Web) -> None:
+    scope = {"user_id": "api-reader"}
+    rid = web.remember(scope, "Ada lives in London.")
+    session = web.store.session(scope, embedder=None)
+    session.revise(rid, text="Ada lives in Paris.")
+    gone = web.remember(scope, "Forget me.")
+    session.forget(gone)
+    sid = web.scope_id(scope)
+
+    record = web.client.get(f"/api/v1/records/{rid}").json()
+    assert (record["revision"], record["scope_id"]) == (2, sid)
+    assert record["text"] == "Ada lives in Paris."
+    history = web.client.get(f"/api/v1/history/{rid}").json()
+    texts = [r["text"] for r in history["revisions"]]
+    assert texts == ["Ada lives in London.", "Ada lives in Paris."]
+    forgotten = web.client.get(f"/api/v1/records/{gone}")
+    assert forgotten.status_code == 404 and "forgotten" in forgotten.json()["error"]["message"]
+    assert web.client.get("/api/v1/history/mem_none").status_code == 404
+
+    page = web.client.get(f"/api/v1/receipts?scope={sid}&limit=2").json()
+    rest = web.client.get(f"/api/v1/receipts?scope={sid}&limit=2&cursor={page['next']}").json()
+    kinds = [r["kind"] for r in page["items"] + rest["items"]]
+    assert kinds == ["forget", "remember", "revise", "remember"] and rest["next"] is None
+    forget = page["items"][0]
+    assert forget["revisions"] == [1] and forget["redaction"] == "none"
+    one = web.client.get(f"/api/v1/receipts/{forget['operation_id']}").json()
+    assert one == forget
+    assert web.client.get("/api/v1/receipts/never-sent").status_code == 404
+
+    scopes = web.client.get("/api/v1/scopes?user_id=api-reader&exact=true").json()["items"]
+    assert [(s["id"], s["records"], s["forgotten"]) for s in scopes] == [(sid, 1, 1)]
+    assert web.client.get(f"/api/v1/scopes/{sid}").json()["revision"] == 4
+    records = web.client.get(f"/api/v1/scopes/{sid}/records?status=all").json()["items"]
+    assert [r["id"] for r in records] == [rid]
+    tombstones = web.client.get(f"/api/v1/scopes/{sid}/tombstones").json()["items"]
+    assert [t["record_id"] for t in tombstones] == [gone]
+    assert web.client.get("/api/v1/scopes/999999/records").status_code == 404
+
+
+def test_recall_by_post_with_match_kinds(web: Web) -> None:
+    scope = {"user_id": "api-recall"}
+    web.remember(scope, "Ada lives in Paris.")
+    web.remember(scope, "Ada has a black cat.")
+    hits = web.client.post(
+        "/api/v1/recall", json={"scope": scope, "text": "Ada lives in Paris", "top_k": 2}
+    ).json()
+    assert hits["vector_search"] is True
+    assert hits["hits"][0]["record"]["text"] == "Ada lives in Paris."
+    assert {h["match"] for h in hits["hits"]} <= {"vector", "lexical", "hybrid"}
+    past = web.client.post(
+        "/api/v1/recall",
+        json={"scope": scope, "text": "Paris", "recorded_as_of": "2000-01-01T00:00:00Z"},
+    ).json()
+    assert past["hits"] == []
+    for bad in (
+        {"scope": {"email": "x"}, "text": "x"},
+        {"scope": scope, "text": "x", "top_k": 0},
+        {"scope": scope, "colour": "red"},
+        {"scope": scope, "recorded_as_of": "yesterday"},
+    ):
+        response = web.client.post("/api/v1/recall", json=bad)
+        assert response.status_code == 422, bad
+
+
+def test_generations_and_starting_a_reembed(web: Web, store: Any, redis_client: Any) -> None:
+    web.remember({"user_id": "api-gen"}, "Text.")
+    generations = web.client.get("/api/v1/generations").json()["items"]
+    assert generations[0]["status"] in ("active", "pending") and generations[0]["vectors"] >= 1
+    started = web.client.post("/api/v1/reembed", json={"model": "minilm"})
+    assert started.status_code == 202 and started.json() == {"job_id": "reembed-1"}
+    assert web.starts == [("minilm", "local")]
+    assert web.client.post("/api/v1/reembed", json={}).status_code == 422
+    assert web.client.post("/api/v1/reembed", json={"model": "x", "y": 1}).status_code == 422
+    without_jobs = TestClient(make_app(store, redis_client), base_url=BASE_URL)
+    unavailable = without_jobs.post("/api/v1/reembed", json={"model": "minilm"})
+    assert unavailable.status_code == 503 and unavailable.json()["error"]["code"] == "unavailable"
+    assert "not available" in without_jobs.get("/generations").text
+
+
+def test_jobs_on_rq_with_their_errors_and_a_retry(web: Web) -> None:
+    queue = Queue("default", connection=web.redis)
+    failing = queue.enqueue("tests.rq_jobs.fails", "mem_42")
+    done = queue.enqueue("tests.rq_jobs.succeeds", "mem_43")
+    waiting = queue.enqueue("tests.rq_jobs.succeeds", "mem_44")
+    SimpleWorker([queue], connection=web.redis).work(burst=True, max_jobs=2)
+    listing = web.client.get("/api/v1/jobs?queue=default&state=failed").json()
+    [counts] = listing["queues"]
+    assert counts["counts"] | {} == {**counts["counts"], "failed": 1, "finished": 1, "queued": 1}
+    [job] = listing["items"]
+    assert job["id"] == failing.id and job["function"] == "tests.rq_jobs.fails"
+    assert job["error"].startswith("RuntimeError: the listener could not reach")
+    assert job["arguments"] == "'mem_42'" and job["ended_at"]
+    finished = web.client.get("/api/v1/jobs?queue=default&state=finished").json()["items"]
+    assert [j["id"] for j in finished] == [done.id]
+    assert [j["id"] for j in web.client.get("/api/v1/jobs?state=queued").json()["items"]] == [
+        waiting.id
+    ]
+    page = web.client.get(f"/jobs/{failing.id}").text
+    assert "RuntimeError" in page and "Retry" in page
+    retried = web.client.post(f"/api/v1/jobs/{failing.id}/retry")
+    assert retried.status_code == 200 and retried.json()["state"] == "queued"
+    [entry] = [e for e in web.store.audit.page().items if e.action == "job.retry"][:1]
+    assert (entry.target, entry.requested_by) == (failing.id, "local")
+    again = web.client.post(f"/api/v1/jobs/{failing.id}/retry")
+    assert again.status_code == 422 and "only a failed job" in again.json()["error"]["message"]
+    assert web.client.get("/api/v1/jobs/no-such-job").status_code == 404
+    assert web.client.get("/api/v1/jobs?queue=elsewhere").status_code == 400
+
+
+def test_dead_letters_through_the_api(web: Web) -> None:
+    body = json.dumps({"operation_id": "dl:1", "kind": "remember", "scope": {"user_id": "x"},
+                       "request": {"text": "t"}})  # fmt: skip
+    web.redis.xadd(keys.DEAD_LETTERS, {
+        "partition": 3, "entry": "5-0", "operation_id": "dl:1", "reason": "failed",
+        "error": '{"code": "dead_lettered", "message": "could not be applied"}',
+        "deliveries": 1, "at_ms": 1, "op": body,
+    })  # fmt: skip
+    [letter] = web.client.get("/api/v1/dead-letters").json()["items"]
+    assert (letter["operation_id"], letter["partition"], letter["op"]) == ("dl:1", 3, body)
+    assert web.client.get(f"/api/v1/dead-letters/{letter['id']}").json() == letter
+    retried = web.client.post(f"/api/v1/dead-letters/{letter['id']}/retry", json={})
+    assert retried.status_code == 200 and retried.json()["partition"] == 3
+    assert web.redis.xlen(keys.stream(3)) == 1
+    assert web.client.get(f"/api/v1/dead-letters/{letter['id']}").status_code == 404
+    web.redis.xadd(keys.DEAD_LETTERS, {
+        "partition": 3, "entry": "6-0", "operation_id": "", "reason": "malformed",
+        "error": '{"code": "invalid_request", "message": "bad"}', "deliveries": 1,
+        "at_ms": 1, "op": "",
+    })  # fmt: skip
+    [other] = web.client.get("/api/v1/dead-letters").json()["items"]
+    assert web.client.post(f"/api/v1/dead-letters/{other['id']}/retry").status_code == 422
+    assert web.client.delete(f"/api/v1/dead-letters/{other['id']}").status_code == 204
+    assert web.client.delete(f"/api/v1/dead-letters/{other['id']}").status_code == 404
+    audit = web.client.get("/api/v1/audit").json()["items"]
+    assert [(a["action"], a["target"]) for a in audit[:2]] == [
+        ("dead_letter.discard", other["id"]),
+        ("dead_letter.retry", letter["id"]),
+    ]
+
+
+def test_metrics_and_health(web: Web, start_worker: Any, scope: dict[str, str]) -> None:
+    with start_worker(web.store):
+        web.producer.remember(scope, "Counted.").wait(10)
+    text = web.client.get("/metrics")
+    assert text.headers["content-type"].startswith("text/plain")
+    assert "# TYPE engram_ops_committed_total counter" in text.text
+    assert "engram_ops_committed_total 1" in text.text.splitlines()
+    assert 'engram_stream_lag{partition="0"} 0' in text.text
+    health = web.client.get("/healthz")
+    assert health.status_code == 200 and health.json() == {
+        "status": "ok", "postgres": "ok", "redis": "ok",
+    }  # fmt: skip
+    assert datetime.now(UTC)  # the probe reads nothing else

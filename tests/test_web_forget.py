@@ -1,0 +1,79 @@
+"""Forgetting a record from the dashboard: confirmation, CSRF-protected POST through the
+streams, the operation followed to its receipt, then only a tombstone left."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+
+from tests.helpers import rows_containing
+from tests.redis_fixtures import wait_until
+from tests.web_fixtures import Web
+from worker import keys
+
+SECRET = "Ada's passport number is X1234567."
+
+
+def streams_length(web: Web) -> int:
+    return sum(int(web.redis.xlen(keys.stream(p))) for p in range(4))
+
+
+def test_forget_from_the_dashboard_leaves_only_a_tombstone(
+    web: Web, start_worker: Any, scope: dict[str, str], dsn: str
+) -> None:
+    with start_worker(web.store):
+        rid = web.producer.remember(scope, SECRET).wait(10).records[0].id
+        web.producer.revise(scope, rid, text=SECRET + " Renewed.", expected_revision=1).wait(10)
+        confirm = web.client.get(f"/forget/{rid}")
+        assert confirm.status_code == 200 and "2 revision(s)" in confirm.text
+        assert "This cannot be undone." in confirm.text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', confirm.text).group(1)  # type: ignore[union-attr]
+
+        # Without the form's token, or with a forged one, nothing is enqueued.
+        for data in ({}, {"csrf": "0" * 40}):
+            refused = web.client.post(f"/forget/{rid}", data=data)
+            assert refused.status_code == 403 and "CSRF" in refused.text
+        assert streams_length(web) == 0 and web.store.browse.record(rid) is not None
+
+        posted = web.client.post(f"/forget/{rid}", data={"csrf": csrf})
+        assert posted.status_code == 303
+        status_url = posted.headers["location"]
+        assert status_url.startswith("/operations/dashboard:forget:")
+
+        def committed() -> str | None:
+            html = web.client.get(status_url, headers={"HX-Request": "true"}).text
+            return html if "badge committed" in html else None
+
+        html = wait_until(committed, what="the forget committed")
+    assert "hx-trigger" not in html, "done: no more polling"
+    assert 'id="redaction"' in html and "badge none" in html  # no listener runs yet
+    assert "revisions deleted</dt><dd>1, 2" in html
+    assert f'href="/records/{rid}">{rid}</a> <span class="badge forgotten">' in html
+
+    op_id = status_url.removeprefix("/operations/")
+    receipt = web.store.browse.receipt(op_id)
+    assert receipt is not None and receipt.receipt.requested_by == "local"
+    assert receipt.named_record == rid
+
+    tombstone = web.client.get(f"/records/{rid}")
+    assert tombstone.status_code == 200 and 'id="tombstone"' in tombstone.text
+    assert "passport" not in tombstone.text
+    sid = web.scope_id(scope)
+    assert (
+        f'>{rid}</a> <span class="badge forgotten">'
+        in web.client.get(f"/scopes/{sid}?status=forgotten").text
+    )
+    assert op_id in web.client.get("/audit").text
+    with psycopg.connect(dsn) as conn:
+        assert rows_containing(conn, "passport number") == []
+
+
+def test_forgetting_an_unknown_record_enqueues_nothing(web: Web) -> None:
+    web.remember({"user_id": "someone"}, "A note.")
+    csrf = web.csrf()
+    missing = web.client.post("/forget/mem_never_was", data={"csrf": csrf})
+    assert missing.status_code == 404
+    assert web.client.get("/forget/mem_never_was").status_code == 404
+    assert streams_length(web) == 0

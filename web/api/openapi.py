@@ -1,0 +1,353 @@
+"""The OpenAPI 3.1 document of ``/api/v1``: what the server does, checked against
+the running app by schemathesis in the tests (every documented route and status,
+every request and response body)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from store.limits import MAX_SCOPE_VALUE_CHARS
+from store.model import SCOPE_FIELDS
+from store.operations import OPERATION_KINDS
+from store.paging import MAX_PAGE_SIZE
+
+from ..config import MAX_WAIT_S
+from ..params import MAX_CURSOR_PARAM_CHARS, Query
+from ..rqjobs import JOB_STATES
+from ..state import web_of
+from .schemas import SCHEMAS, TIME, Schema, ref, string
+
+# -- parameters ---------------------------------------------------------------------
+
+
+def _path(name: str, schema: Schema, description: str) -> Schema:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "schema": schema,
+        "description": description,
+    }
+
+
+def _query(name: str, schema: Schema, description: str = "") -> Schema:
+    """A query parameter; given empty (as an empty form field sends it), it is not given."""
+    out: Schema = {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": {"anyOf": [schema, {"const": ""}]},
+    }
+    if description:
+        out["description"] = description
+    return out
+
+
+_ID = string()
+_RECORD_ID = _path("record_id", _ID, "A record id (percent-encoded; it may hold '/').")
+_OPERATION_ID = _path("operation_id", _ID, "An operation id (percent-encoded).")
+_SCOPE_ID = _path(
+    "scope_id", {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}, "A scope's id."
+)
+_JOB_ID = _path("job_id", {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"}, "An RQ job id.")
+_LETTER_ID = _path(
+    "letter_id", {"type": "string", "pattern": "^[0-9]{1,19}-[0-9]{1,19}$"}, "A dead letter's id."
+)
+_PAGING = [
+    _query(
+        "cursor",
+        {"type": "string", "maxLength": MAX_CURSOR_PARAM_CHARS},
+        "From the previous page's next; opaque.",
+    ),
+    _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE}),
+]
+_FLAG = {"enum": ["true", "false", "any"]}
+_SCOPE_FILTERS = [
+    *[
+        _query(f, string(MAX_SCOPE_VALUE_CHARS), "Scopes whose field begins with this.")
+        for f in SCOPE_FIELDS
+    ],
+    _query("exact", _FLAG, "true: fields equal the values given."),
+]
+_RECEIPT_FILTERS = [
+    _query("scope", {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}, "A scope's id."),
+    _query("record", _ID, "Receipts that wrote this record, and the forget that erased it."),
+    _query("kind", {"enum": list(OPERATION_KINDS)}),
+    _query("replayed", _FLAG, "Answered a repeat of its operation at least once."),
+    _query("redacted", _FLAG, "Its text was removed by a forget."),
+    _query("refused", {"enum": ["only", "exclude"]}, "Refusals: committed nothing."),
+    _query("requested_by", _ID, "Who asked."),
+    _query("since", TIME, "Committed at or after (UTC when no zone is given)."),
+    _query("until", TIME, "Committed before."),
+]
+
+
+# -- operations ---------------------------------------------------------------------
+
+
+def _json(schema: Schema, description: str) -> Schema:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_ERRORS = {
+    "400": "A malformed path, query or body (code invalid_request).",
+    "401": "The dashboard's token is needed (code unauthorized).",
+    "403": "A cross-site request (code forbidden).",
+    "404": "Not found (code not_found).",
+    "409": "A revision or operation conflict (revision_conflict, operation_conflict, ...).",
+    "413": "The body is too large (code too_large).",
+    "415": "The body is not application/json (code unsupported_media_type).",
+    "422": "An invalid operation or argument (code invalid_request).",
+    "503": "PostgreSQL, Redis, the queue or the jobs are not available (queue_full, ...).",
+    "504": "Reserved: a wait that ran out answers 202 instead.",
+}
+_READ_ERRORS = ("400", "401", "404", "503")
+_BODY_ERRORS = ("400", "401", "403", "404", "413", "415", "422", "503")
+
+
+def _op(
+    summary: str,
+    ok: dict[str, Schema],
+    *,
+    parameters: list[Schema] | None = None,
+    body: Schema | None = None,
+    errors: tuple[str, ...] = _READ_ERRORS,
+    body_required: bool = True,
+) -> Schema:
+    responses = dict(ok)
+    for code in errors:
+        responses[code] = _json(ref("Error"), _ERRORS[code])
+    out: Schema = {"summary": summary, "responses": responses}
+    if parameters:
+        out["parameters"] = parameters
+    if body is not None:
+        out["requestBody"] = {
+            "required": body_required,
+            "content": {"application/json": {"schema": body}},
+        }
+    return out
+
+
+_NO_BODY = {"type": "object", "maxProperties": 0, "description": "Nothing, or {}."}
+
+PATHS: dict[str, Schema] = {
+    "/api/v1/operations": {
+        "post": _op(
+            "Enqueue an operation on its scope's stream",
+            {
+                "202": _json(ref("Accepted"), "Enqueued (or waited for and not answered yet)."),
+                "200": _json(ref("Receipt"), "With ?wait: the receipt."),
+            },
+            parameters=[
+                _query(
+                    "wait",
+                    {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S},
+                    "Seconds to wait for the receipt.",
+                )
+            ],
+            body=ref("Operation"),
+            errors=("400", "401", "403", "404", "409", "413", "415", "422", "503"),
+        )
+    },
+    "/api/v1/operations/{operation_id}": {
+        "get": _op(
+            "An operation's state: waiting, committed, refused or failed (dead-lettered)",
+            {"200": _json(ref("OperationState"), "Its state.")},
+            parameters=[_OPERATION_ID],
+            errors=("400", "401", "503"),
+        )
+    },
+    "/api/v1/receipts": {
+        "get": _op(
+            "Receipts, newest first",
+            {"200": _json(ref("ReceiptPage"), "A page.")},
+            parameters=[*_RECEIPT_FILTERS, *_PAGING],
+            errors=("400", "401", "503"),
+        )
+    },
+    "/api/v1/receipts/{operation_id}": {
+        "get": _op(
+            "A receipt (a refusal's too)",
+            {"200": _json(ref("Receipt"), "The receipt.")},
+            parameters=[_OPERATION_ID],
+        )
+    },
+    "/api/v1/records/{record_id}": {
+        "get": _op(
+            "A record's current revision, in any scope",
+            {"200": _json(ref("Record"), "The record.")},
+            parameters=[_RECORD_ID],
+        )
+    },
+    "/api/v1/history/{record_id}": {
+        "get": _op(
+            "Every stored revision of a record, oldest first",
+            {"200": _json(ref("History"), "Its revisions.")},
+            parameters=[_RECORD_ID],
+        )
+    },
+    "/api/v1/recall": {
+        "post": _op(
+            "Recall in one scope (a POST: the text stays out of URLs and logs)",
+            {"200": _json(ref("Hits"), "The hits, best first.")},
+            body=ref("Recall"),
+            errors=("400", "401", "403", "413", "415", "422", "503"),
+        )
+    },
+    "/api/v1/scopes": {
+        "get": _op(
+            "Scopes in key order, filtered by any field",
+            {"200": _json(ref("ScopePage"), "A page.")},
+            parameters=[*_SCOPE_FILTERS, *_PAGING],
+            errors=("400", "401", "503"),
+        )
+    },
+    "/api/v1/scopes/{scope_id}": {
+        "get": _op("A scope", {"200": _json(ref("Scope"), "The scope.")}, parameters=[_SCOPE_ID])
+    },
+    "/api/v1/scopes/{scope_id}/records": {
+        "get": _op(
+            "A scope's records by status, most recently changed first; or as of a time",
+            {"200": _json(ref("RecordPage"), "A page.")},
+            parameters=[
+                _SCOPE_ID,
+                _query("status", {"enum": ["active", "retracted", "expired", "all"]}),
+                _query("as_of", TIME, "The scope as the store knew it then."),
+                *_PAGING,
+            ],
+        )
+    },
+    "/api/v1/scopes/{scope_id}/tombstones": {
+        "get": _op(
+            "A scope's forgotten ids, most recent first",
+            {"200": _json(ref("TombstonePage"), "A page.")},
+            parameters=[_SCOPE_ID, *_PAGING],
+        )
+    },
+    "/api/v1/generations": {
+        "get": _op(
+            "Embedding generations, newest first, with vector counts and reembed progress",
+            {"200": _json(ref("GenerationPage"), "A page.")},
+            parameters=_PAGING,
+            errors=("400", "401", "503"),
+        )
+    },
+    "/api/v1/reembed": {
+        "post": _op(
+            "Start a reembed towards a model",
+            {"202": _json(ref("JobStarted"), "Started.")},
+            body=ref("Reembed"),
+            errors=("400", "401", "403", "409", "413", "415", "422", "503"),
+        )
+    },
+    "/api/v1/jobs": {
+        "get": _op(
+            "Background jobs of a queue in a state, newest first, with every queue's counts",
+            {"200": _json(ref("Jobs"), "The counts and a page.")},
+            parameters=[
+                _query("queue", {"type": "string"}, "One of the configured queues."),
+                _query("state", {"enum": list(JOB_STATES)}),
+                *_PAGING,
+            ],
+            errors=("400", "401", "503"),
+        )
+    },
+    "/api/v1/jobs/{job_id}": {
+        "get": _op("A job", {"200": _json(ref("Job"), "The job.")}, parameters=[_JOB_ID])
+    },
+    "/api/v1/jobs/{job_id}/retry": {
+        "post": _op(
+            "Put a failed job back on its queue",
+            {"200": _json(ref("Job"), "The job, queued.")},
+            parameters=[_JOB_ID],
+            body=_NO_BODY,
+            body_required=False,
+            errors=_BODY_ERRORS,
+        )
+    },
+    "/api/v1/dead-letters": {
+        "get": _op(
+            "Dead letters, newest first",
+            {"200": _json(ref("DeadLetterPage"), "A page.")},
+            parameters=_PAGING,
+            errors=("400", "401", "503"),
+        )
+    },
+    "/api/v1/dead-letters/{letter_id}": {
+        "get": _op(
+            "A dead letter: the entry as sent, its error and why",
+            {"200": _json(ref("DeadLetter"), "The letter.")},
+            parameters=[_LETTER_ID],
+        ),
+        "delete": _op(
+            "Discard a dead letter for good",
+            {"204": {"description": "Discarded."}},
+            parameters=[_LETTER_ID],
+            errors=("400", "401", "403", "404", "503"),
+        ),
+    },
+    "/api/v1/dead-letters/{letter_id}/retry": {
+        "post": _op(
+            "Enqueue a dead letter's operation again on its partition",
+            {"200": _json(ref("Retried"), "Enqueued again.")},
+            parameters=[_LETTER_ID],
+            body=_NO_BODY,
+            body_required=False,
+            errors=_BODY_ERRORS,
+        )
+    },
+    "/api/v1/audit": {
+        "get": _op(
+            "Who retried, discarded or started what, newest first",
+            {"200": _json(ref("AuditEntryPage"), "A page.")},
+            parameters=_PAGING,
+            errors=("400", "401", "503"),
+        )
+    },
+}
+
+DOCUMENT: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "engram",
+        "version": "1",
+        "description": (
+            "Versioned memory: enqueue operations, read receipts, records and their history, "
+            'recall, and watch the pipeline. Errors are {"error": {"code", "message"}}. '
+            "Lists are pages: pass the previous page's next as cursor."
+        ),
+    },
+    "servers": [{"url": "/"}],
+    "paths": PATHS,
+    "components": {
+        "schemas": SCHEMAS,
+        "securitySchemes": {
+            "token": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "ENGRAM_DASHBOARD_TOKEN; not needed on loopback without one.",
+            }
+        },
+    },
+    "security": [{}, {"token": []}],
+}
+
+
+@functools.cache
+def document(job_queues: tuple[str, ...]) -> dict[str, Any]:
+    """The document of a server whose jobs page shows these queues."""
+    found = copy.deepcopy(DOCUMENT)
+    for param in found["paths"]["/api/v1/jobs"]["get"]["parameters"]:
+        if param["name"] == "queue":
+            param["schema"] = {"enum": list(job_queues)}
+    return found
+
+
+def openapi(request: Request) -> Response:
+    Query.of(request)  # takes none
+    return JSONResponse(document(web_of(request).config.job_queues))

@@ -1,0 +1,154 @@
+"""The API's reads of the store: records, history, recall, scopes, generations, audit."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from store import Scope
+from store.errors import EmbeddingMismatchError, InvalidRequestError, NotFoundError
+from store.limits import DEFAULT_TOP_K
+from store.model import SCOPE_FIELDS
+from store.validation import Fields
+
+from ..errors import BadRequestError
+from ..params import Query, ident, integer, parse_time
+from ..state import web_of
+from ..views.scopes import SCOPE_TABS
+from .serialize import (
+    audit_json,
+    generation_json,
+    hit_json,
+    page_json,
+    record_json,
+    revision_json,
+    scope_json,
+    tombstone_json,
+)
+
+RECALL_FIELDS = ("scope", "text", "top_k", "kind", "include_retracted", "recorded_as_of")
+
+
+def record(request: Request) -> Response:
+    Query.of(request)  # takes none
+    browse = web_of(request).services.store.browse
+    record_id = ident(request.path_params["record_id"], "record id")
+    item = browse.record(record_id)
+    if item is None:
+        tombstone = browse.tombstone(record_id)
+        if tombstone is not None:
+            raise NotFoundError(
+                f"record {record_id} was forgotten by operation {tombstone.operation_id}"
+            )
+        raise NotFoundError(f"no record {record_id}")
+    return JSONResponse(record_json(item))
+
+
+def history(request: Request) -> Response:
+    Query.of(request)  # takes none
+    browse = web_of(request).services.store.browse
+    record_id = ident(request.path_params["record_id"], "record id")
+    revisions = browse.history(record_id)
+    if not revisions:
+        raise NotFoundError(f"no record {record_id}")
+    return JSONResponse(
+        {"record_id": record_id, "revisions": [revision_json(r) for r in revisions]}
+    )
+
+
+def recall(request: Request, body: Any) -> Response:
+    """Recall in one scope. A POST: the query text stays out of URLs and logs."""
+    services = web_of(request).services
+    f = Fields(body, "recall", RECALL_FIELDS)
+    scope = Scope.of(f.get("scope"))
+    top_k = f.integer("top_k", minimum=1, maximum=100)
+    include_retracted = f.get("include_retracted")
+    if include_retracted is not None and not isinstance(include_retracted, bool):
+        raise InvalidRequestError("recall.include_retracted must be true or false")
+    as_of = f.get("recorded_as_of")
+    if as_of is not None and not isinstance(as_of, str):
+        raise InvalidRequestError("recall.recorded_as_of must be an ISO 8601 time")
+    arguments: dict[str, Any] = {
+        "top_k": top_k or DEFAULT_TOP_K,
+        "kind": f.kind(),
+        "include_retracted": bool(include_retracted),
+        "recorded_as_of": _time(as_of) if as_of is not None else None,
+    }
+    text = f.text("text", required=False)
+    embedder = services.embedder
+    try:
+        hits = services.store.recall(scope, text, embedder=embedder, **arguments)
+    except EmbeddingMismatchError:
+        embedder = None  # the dashboard's model is not the active generation's
+        hits = services.store.recall(scope, text, **arguments)
+    return JSONResponse(
+        {"hits": [hit_json(h) for h in hits], "vector_search": embedder is not None}
+    )
+
+
+def scopes(request: Request) -> Response:
+    q = Query.of(request, *SCOPE_FIELDS, "exact", "cursor", "limit")
+    page = web_of(request).services.store.browse.scopes(
+        q.scope_match(), exact=q.flag("exact") or False, cursor=q.cursor(), limit=q.limit()
+    )
+    return JSONResponse(page_json(page, scope_json))
+
+
+def scope(request: Request) -> Response:
+    Query.of(request)  # takes none
+    row = web_of(request).services.store.browse.scope(_scope_id(request))
+    if row is None:
+        raise NotFoundError(f"no scope {request.path_params['scope_id']}")
+    return JSONResponse(scope_json(row))
+
+
+def scope_records(request: Request) -> Response:
+    browse = web_of(request).services.store.browse
+    scope_id = _scope_id(request)
+    q = Query.of(request, "status", "as_of", "cursor", "limit")
+    status = q.choice("status", SCOPE_TABS[:-1], "active")
+    as_of = q.time("as_of")
+    if browse.scope(scope_id) is None:
+        raise NotFoundError(f"no scope {scope_id}")
+    if as_of is not None:
+        page = browse.records_as_of(scope_id, as_of, cursor=q.cursor(), limit=q.limit())
+    else:
+        page = browse.records(scope_id, status, cursor=q.cursor(), limit=q.limit())  # type: ignore[arg-type]
+    return JSONResponse(page_json(page, record_json))
+
+
+def scope_tombstones(request: Request) -> Response:
+    browse = web_of(request).services.store.browse
+    scope_id = _scope_id(request)
+    q = Query.of(request, "cursor", "limit")
+    if browse.scope(scope_id) is None:
+        raise NotFoundError(f"no scope {scope_id}")
+    page = browse.tombstones(scope_id, cursor=q.cursor(), limit=q.limit())
+    return JSONResponse(page_json(page, tombstone_json))
+
+
+def generations(request: Request) -> Response:
+    q = Query.of(request, "cursor", "limit")
+    page = web_of(request).services.store.browse.generations(cursor=q.cursor(), limit=q.limit())
+    return JSONResponse(page_json(page, generation_json))
+
+
+def audit(request: Request) -> Response:
+    q = Query.of(request, "cursor", "limit")
+    page = web_of(request).services.store.audit.page(cursor=q.cursor(), limit=q.limit())
+    return JSONResponse(page_json(page, audit_json))
+
+
+def _scope_id(request: Request) -> int:
+    return integer(request.path_params["scope_id"], "scope id")
+
+
+def _time(value: str) -> datetime:
+    """A time in a body: malformed, it is an invalid request (422), not a malformed URL."""
+    try:
+        return parse_time(value, "recall.recorded_as_of")
+    except BadRequestError as exc:
+        raise InvalidRequestError(exc.message) from None

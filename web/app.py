@@ -1,0 +1,192 @@
+"""The app factory: every route in one table, the layers around them, the errors.
+
+``create_app(config, services)`` builds the dashboard and the JSON API on
+services the caller made (a Store, a Redis client, a Producer): nothing
+connects at import time, and the composition root (``engram web``) decides
+what is served.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from store.errors import EngramError, NotFoundError
+
+from .api import operations as api_ops
+from .api import pipeline as api_pipeline
+from .api import reads as api_reads
+from .api.openapi import openapi
+from .auth import Authenticator
+from .config import WebConfig
+from .csrf import Csrf
+from .endpoints import action_endpoint, form_endpoint, json_endpoint
+from .errors import BadRequestError, MethodNotAllowedError
+from .middleware import AccessLog, Failsafe, Gate, SecurityHeaders, wants_json
+from .render import Renderer
+from .services import Services
+from .state import WebState, web_of
+from .views import audit, deadletters, generations, jobs, login, overview, receipts, records, scopes
+
+STATIC = Path(__file__).parent / "static"
+
+
+class IdConvertor(Convertor[str]):
+    """An id in a path: the rest of it, ``/`` and line breaks included (ids may hold any
+    character but NUL; they arrive percent-encoded)."""
+
+    regex = "(?s:.+)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("id", IdConvertor())
+
+View = Callable[[Request], Any]
+
+
+def route(path: str, **by_method: View) -> Route:
+    """One route per path, whatever its methods, so a 405 names all of them (``Allow``).
+    A view may be a plain function (run on a thread) or an endpoint coroutine."""
+    views = {method.upper(): view for method, view in by_method.items()}
+
+    async def endpoint(request: Request) -> Any:
+        view = views[request.method if request.method != "HEAD" else "GET"]
+        if inspect.iscoroutinefunction(view):
+            return await view(request)
+        return await run_in_threadpool(view, request)
+
+    return Route(path, endpoint, methods=list(views))
+
+
+def routes() -> list[BaseRoute]:
+    """Every route. An id takes the rest of the path (it may hold ``/``), so a route
+    with something after an id is written before the route of the id alone."""
+    return [
+        # -- pages --
+        route("/", get=overview.overview),
+        route("/scopes", get=scopes.scope_list),
+        route("/scopes/{scope_id}", get=scopes.scope_page),
+        route("/scopes/{scope_id}/recall", post=form_endpoint(scopes.recall)),
+        route("/records/{record_id:id}", get=records.record_page),
+        route(
+            "/forget/{record_id:id}",
+            get=records.forget_confirm,
+            post=form_endpoint(records.forget),
+        ),
+        route("/receipts", get=receipts.receipt_list),
+        route("/receipts/{operation_id:id}", get=receipts.receipt_page),
+        route("/operations/{operation_id:id}", get=receipts.operation_page),
+        route("/generations", get=generations.generation_list),
+        route("/generations/reembed", post=form_endpoint(generations.start_reembed)),
+        route("/dead-letters", get=deadletters.letter_list),
+        route("/dead-letters/{letter_id}", get=deadletters.letter_page),
+        route("/dead-letters/{letter_id}/retry", post=form_endpoint(deadletters.retry)),
+        route("/dead-letters/{letter_id}/discard", post=form_endpoint(deadletters.discard)),
+        route("/jobs", get=jobs.job_list),
+        route("/jobs/{job_id}", get=jobs.job_page),
+        route("/jobs/{job_id}/retry", post=form_endpoint(jobs.retry)),
+        route("/audit", get=audit.audit_page),
+        route("/login", get=login.login_page, post=form_endpoint(login.login)),
+        route("/logout", post=form_endpoint(login.logout)),
+        route("/healthz", get=overview.healthz),
+        route("/metrics", get=overview.prometheus),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        # -- the JSON API (described by /api/v1/openapi.json) --
+        route("/api/v1/openapi.json", get=openapi),
+        route("/api/v1/operations", post=json_endpoint(api_ops.enqueue)),
+        route("/api/v1/operations/{operation_id:id}", get=api_ops.operation),
+        route("/api/v1/receipts", get=api_ops.receipts),
+        route("/api/v1/receipts/{operation_id:id}", get=api_ops.receipt),
+        route("/api/v1/records/{record_id:id}", get=api_reads.record),
+        route("/api/v1/history/{record_id:id}", get=api_reads.history),
+        route("/api/v1/recall", post=json_endpoint(api_reads.recall)),
+        route("/api/v1/scopes", get=api_reads.scopes),
+        route("/api/v1/scopes/{scope_id}", get=api_reads.scope),
+        route("/api/v1/scopes/{scope_id}/records", get=api_reads.scope_records),
+        route("/api/v1/scopes/{scope_id}/tombstones", get=api_reads.scope_tombstones),
+        route("/api/v1/generations", get=api_reads.generations),
+        route("/api/v1/reembed", post=json_endpoint(api_pipeline.reembed)),
+        route("/api/v1/jobs", get=api_pipeline.job_list),
+        route("/api/v1/jobs/{job_id}", get=api_pipeline.job),
+        route("/api/v1/jobs/{job_id}/retry", post=action_endpoint(api_pipeline.job_retry)),
+        route("/api/v1/dead-letters", get=api_pipeline.dead_letter_list),
+        route(
+            "/api/v1/dead-letters/{letter_id}",
+            get=api_pipeline.dead_letter,
+            delete=action_endpoint(api_pipeline.dead_letter_discard),
+        ),
+        route(
+            "/api/v1/dead-letters/{letter_id}/retry",
+            post=action_endpoint(api_pipeline.dead_letter_retry),
+        ),
+        route("/api/v1/audit", get=api_reads.audit),
+    ]
+
+
+def create_app(config: WebConfig, services: Services) -> Starlette:
+    auth = Authenticator(config)
+    csrf = Csrf(auth.keys.csrf)
+    app = Starlette(
+        routes=routes(),
+        middleware=[
+            Middleware(AccessLog),
+            Middleware(SecurityHeaders),
+            Middleware(Failsafe),
+            Middleware(Gate, auth=auth, hosts=config.hosts),
+        ],
+        exception_handlers={EngramError: engram_error, HTTPException: http_error},
+    )
+    app.state.web = WebState(
+        config=config,
+        services=services,
+        auth=auth,
+        csrf=csrf,
+        render=Renderer(csrf, needs_token=config.needs_token),
+    )
+    return app
+
+
+def engram_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, EngramError)
+    return error_page(request, exc)
+
+
+def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own: no such route (404), or not with that method (405)."""
+    assert isinstance(exc, HTTPException)
+    error: EngramError
+    if exc.status_code == 405:
+        error = MethodNotAllowedError(f"{request.method} is not allowed here")
+    elif exc.status_code == 404:
+        error = NotFoundError("no such page")
+    elif exc.status_code < 500:
+        error = BadRequestError(str(exc.detail))
+    else:
+        error = EngramError(str(exc.detail))
+    response = error_page(request, error)
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+def error_page(request: Request, exc: EngramError) -> Response:
+    if wants_json(request.scope):
+        return JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
+    return web_of(request).render.page(request, "error.html", status_code=exc.status, error=exc)

@@ -1,0 +1,116 @@
+"""The dashboard's settings, read once from the environment into a typed object."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from worker import defaults as worker_defaults
+
+DEFAULT_PORT = 8700
+# Job queues the jobs page shows when ENGRAM_JOB_QUEUES does not say.
+DEFAULT_JOB_QUEUES = ("default",)
+# A token shorter than this is refused: it would be guessable.
+MIN_TOKEN_CHARS = 16
+# Request bodies: an operation may be as large as a stream entry; a form is small.
+MAX_JSON_BYTES = worker_defaults.MAX_ENTRY_BYTES
+MAX_FORM_BYTES = 64 * 1024
+# ``?wait=`` longer than this is refused: a waiting request holds a thread.
+MAX_WAIT_S = 30.0
+SESSION_TTL_S = 12 * 3600
+LOOPBACK_NAMES = ("localhost",)
+
+
+class ConfigError(Exception):
+    """The dashboard cannot start as configured."""
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class WebConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    partitions: int = worker_defaults.PARTITIONS
+    lease_ttl_ms: int = worker_defaults.LEASE_TTL_MS
+    job_queues: tuple[str, ...] = DEFAULT_JOB_QUEUES
+    # Host headers accepted. Empty: the loopback names when bound to loopback
+    # (a DNS-rebinding page cannot reach a token-less dashboard), any otherwise.
+    allowed_hosts: tuple[str, ...] = field(default=())
+    max_json_bytes: int = MAX_JSON_BYTES
+    max_form_bytes: int = MAX_FORM_BYTES
+    max_wait_s: float = MAX_WAIT_S
+    session_ttl_s: int = SESSION_TTL_S
+
+    def __post_init__(self) -> None:
+        if self.token is not None and len(self.token) < MIN_TOKEN_CHARS:
+            raise ConfigError(
+                f"ENGRAM_DASHBOARD_TOKEN must be at least {MIN_TOKEN_CHARS} characters"
+            )
+        if not is_loopback(self.host) and self.token is None:
+            raise ConfigError(
+                f"refusing to serve the dashboard on {self.host}, which is not a loopback "
+                "address, without ENGRAM_DASHBOARD_TOKEN: set a token (every page and API call "
+                "will then need it), or bind 127.0.0.1"
+            )
+        if not 0 < self.port < 65536:
+            raise ConfigError("the port must be between 1 and 65535")
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    @property
+    def needs_token(self) -> bool:
+        return self.token is not None
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        if self.allowed_hosts:
+            return self.allowed_hosts
+        if is_loopback(self.host):
+            return ("127.0.0.1", "localhost", "::1", "[::1]")
+        return ("*",)
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        partitions: int = worker_defaults.PARTITIONS,
+        lease_ttl_ms: int = worker_defaults.LEASE_TTL_MS,
+    ) -> WebConfig:
+        env = os.environ if env is None else env
+        queues = tuple(q.strip() for q in env.get("ENGRAM_JOB_QUEUES", "").split(",") if q.strip())
+        hosts = tuple(h.strip() for h in env.get("ENGRAM_DASHBOARD_HOSTS", "").split(",") if h)
+        return cls(
+            host=host or env.get("ENGRAM_DASHBOARD_HOST") or "127.0.0.1",
+            port=port or _port(env.get("ENGRAM_DASHBOARD_PORT")),
+            token=env.get("ENGRAM_DASHBOARD_TOKEN") or None,
+            partitions=partitions,
+            lease_ttl_ms=lease_ttl_ms,
+            job_queues=queues or DEFAULT_JOB_QUEUES,
+            allowed_hosts=hosts,
+        )
+
+
+def _port(value: str | None) -> int:
+    if not value:
+        return DEFAULT_PORT
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"ENGRAM_DASHBOARD_PORT must be a number, not {value!r}") from None

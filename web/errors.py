@@ -1,0 +1,48 @@
+"""The web layer's own errors: what is wrong with an HTTP request, as opposed to an
+operation. Rooted in ``EngramError`` like the store's, each with a stable ``code``
+and its HTTP ``status``; every error answers ``{"error": {"code", "message"}}``."""
+
+from __future__ import annotations
+
+from store.errors import EngramError
+
+
+class BadRequestError(EngramError):
+    """A malformed request: a path or query value, a cursor, a body that is not JSON."""
+
+    code = "invalid_request"
+    status = 400
+
+
+class UnauthorizedError(EngramError):
+    code = "unauthorized"
+    status = 401
+
+
+class ForbiddenError(EngramError):
+    """Refused whoever asks: a missing or forged CSRF token, a cross-site request."""
+
+    code = "forbidden"
+    status = 403
+
+
+class MethodNotAllowedError(EngramError):
+    code = "method_not_allowed"
+    status = 405
+
+
+class TooLargeError(EngramError):
+    code = "too_large"
+    status = 413
+
+
+class UnsupportedMediaTypeError(EngramError):
+    code = "unsupported_media_type"
+    status = 415
+
+
+class UnavailableError(EngramError):
+    """A server engram needs (PostgreSQL, Redis) or a feature (jobs) is not there."""
+
+    code = "unavailable"
+    status = 503

@@ -1,0 +1,223 @@
+"""The layers every request goes through, outermost first: the access log, the
+security headers, the Host check, then the gate (who is asking, and may they).
+Pure ASGI: no buffering of bodies, nothing per request but what each layer needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable, MutableMapping
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+import psycopg_pool
+import redis
+from starlette.datastructures import MutableHeaders
+from starlette.requests import HTTPConnection
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from store.errors import EngramError
+
+from .auth import Authenticator
+from .csrf import check_same_origin
+from .errors import BadRequestError, UnauthorizedError, UnavailableError
+
+log = logging.getLogger("engram.web")
+access_log = logging.getLogger("engram.web.access")
+
+# No inline script or style anywhere: htmx is told not to inject its indicator style
+# (htmx-config in base.html), charts are SVG with presentation attributes only.
+CONTENT_SECURITY_POLICY = "; ".join(
+    (
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self'",
+        "connect-src 'self'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+        "base-uri 'none'",
+    )
+)
+SECURITY_HEADERS = {
+    "content-security-policy": CONTENT_SECURITY_POLICY,
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+    # Not no-referrer: with it, browsers send "Origin: null" on this site's own form
+    # posts, which the cross-site check could not tell from a sandboxed attacker's.
+    "referrer-policy": "same-origin",
+    "cross-origin-opener-policy": "same-origin",
+    "cross-origin-resource-policy": "same-origin",
+    "permissions-policy": "camera=(), microphone=(), geolocation=(), payment=(), usb=()",
+}
+# Paths anyone may fetch: the load balancer's probe, the login page and its assets.
+PUBLIC_PREFIXES = ("/healthz", "/static/", "/login")
+
+
+class HttpLayer:
+    """An ASGI layer over HTTP requests; anything else (lifespan) passes through."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+def on_start(send: Send, started: Callable[[Message], None]) -> Send:
+    """``send``, calling ``started`` with the response's start (status, headers) first."""
+
+    async def watched(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            started(message)
+        await send(message)
+
+    return watched
+
+
+class SecurityHeaders(HttpLayer):
+    """The usual security headers on every response. Pages hold memory text: nothing
+    but the static files may be cached, by the browser or anything in between."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        static = scope["path"].startswith("/static/")
+        https = scope.get("scheme") == "https"
+
+        def add_headers(message: Message) -> None:
+            headers = MutableHeaders(scope=message)
+            for name, value in SECURITY_HEADERS.items():
+                headers[name] = value
+            headers["cache-control"] = "public, max-age=3600" if static else "no-store"
+            if https:
+                headers["strict-transport-security"] = "max-age=31536000"
+
+        await self.app(scope, receive, on_start(send, add_headers))
+
+
+class AccessLog(HttpLayer):
+    """One line per request: method, path, status, time, operator. Never the query
+    string (it can hold a scope's values or search text) nor any body."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        response: list[Message] = []
+        try:
+            await self.app(scope, receive, on_start(send, response.append))
+        finally:
+            state: MutableMapping[str, Any] = scope.get("state", {})
+            operator = state.get("operator")
+            access_log.info(
+                "request",
+                extra={
+                    "method": scope["method"],
+                    "path": quote(scope["path"])[:300],
+                    "status": response[0]["status"] if response else 500,
+                    "ms": round((time.perf_counter() - started) * 1000, 1),
+                    "operator": operator.name if operator is not None else None,
+                },
+            )
+
+
+class Failsafe(HttpLayer):
+    """The last word on an exception no view handled: a server that is down is a 503,
+    anything else a 500. The log names its type and frames, never its message (a
+    database error can quote the data)."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started: list[Message] = []
+        try:
+            await self.app(scope, receive, on_start(send, started.append))
+        except Exception as exc:
+            if started:
+                raise
+            error = (
+                UnavailableError("a server engram needs did not answer: try again shortly")
+                if isinstance(exc, UNAVAILABLE)
+                else EngramError("the server failed to answer; the error is in its log")
+            )
+            log.error(
+                "request failed",
+                extra={
+                    "error": type(exc).__name__,
+                    "where": "".join(traceback.format_tb(exc.__traceback__))[-2000:],
+                },
+            )
+            await error_response(scope, error)(scope, receive, send)
+
+
+UNAVAILABLE = (psycopg.OperationalError, psycopg_pool.PoolTimeout, redis.ConnectionError)
+
+
+class Gate(HttpLayer):
+    """Who is asking (``Authenticator``), and refuse what they may not do: a Host this
+    dashboard does not answer to (a DNS-rebinding page reaching a loopback dashboard),
+    anything but the public paths without signing in (a page redirects to the login
+    form, the API answers 401), and a change asked for by another site."""
+
+    def __init__(self, app: ASGIApp, auth: Authenticator, hosts: tuple[str, ...]) -> None:
+        super().__init__(app)
+        self.auth = auth
+        self.hosts = None if "*" in hosts else {h.lower() for h in hosts}
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        conn = HTTPConnection(scope)
+        try:
+            self._check_host(conn)
+            check_same_origin(conn)
+        except EngramError as exc:
+            await error_response(scope, exc)(scope, receive, send)
+            return
+        path = scope["path"]
+        operator = self.auth.identify(conn)
+        if operator is None and not path.startswith(PUBLIC_PREFIXES):
+            await _sign_in_first(scope)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["operator"] = operator
+        await self.app(scope, receive, send)
+
+    def _check_host(self, conn: HTTPConnection) -> None:
+        if self.hosts is None:
+            return
+        host = conn.headers.get("host", "").lower()
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if name not in self.hosts:
+            raise BadRequestError(
+                "this dashboard does not answer to that Host: see ENGRAM_DASHBOARD_HOSTS"
+            )
+
+
+def wants_json(scope: Scope) -> bool:
+    path: str = scope.get("path", "")
+    return path.startswith("/api/") or path == "/metrics"
+
+
+def error_response(scope: Scope, exc: EngramError) -> Response:
+    """The error as JSON (the API) or a plain page (before the app could render one)."""
+    if wants_json(scope):
+        return JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
+    return Response(f"{exc.status}: {exc.message}\n", exc.status, media_type="text/plain")
+
+
+def _sign_in_first(scope: Scope) -> Response:
+    if wants_json(scope) or scope["method"] not in ("GET", "HEAD"):
+        response = error_response(
+            scope,
+            UnauthorizedError(
+                "this dashboard needs its token: send Authorization: Bearer <token>, "
+                "or sign in at /login"
+            ),
+        )
+        response.headers["www-authenticate"] = 'Bearer realm="engram"'
+        return response
+    path = scope["path"]
+    return RedirectResponse(f"/login?next={quote(path, safe='/')}", status_code=303)

@@ -1,0 +1,123 @@
+"""Rendering pages and their partials with Jinja2, autoescaping everything.
+
+A view names the page template and the partial of the region htmx swaps: the
+same view answers with the whole page, or with the partial alone when the
+request comes from htmx (``HX-Request``), so the page works without
+JavaScript and updates in place with it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from store.model import Scope
+
+from .csrf import Csrf
+
+
+def is_htmx(request: Request) -> bool:
+    return request.headers.get("hx-request") == "true"
+
+
+class Renderer:
+    def __init__(self, csrf: Csrf, *, needs_token: bool) -> None:
+        self.csrf = csrf
+        self.needs_token = needs_token
+        self.env = jinja2.Environment(
+            loader=jinja2.PackageLoader("web", "templates"),
+            autoescape=True,  # every template, whatever its name
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.filters.update(
+            path=path_quote,
+            time=format_time,
+            ms_time=lambda ms: format_time(datetime.fromtimestamp(ms / 1000, UTC)),
+            ago=ago,
+            scope_label=scope_label,
+            pretty=pretty_json,
+            clip=clip,
+            qs=query_string,
+            number=number,
+        )
+
+    def page(
+        self,
+        request: Request,
+        template: str,
+        partial: str | None = None,
+        *,
+        status_code: int = 200,
+        **context: Any,
+    ) -> HTMLResponse:
+        name = partial if partial is not None and is_htmx(request) else template
+        html = self.env.get_template(name).render(
+            request=request,
+            operator=getattr(request.state, "operator", None),
+            csrf_token=self.csrf.token(request),
+            needs_token=self.needs_token,
+            now=datetime.now(UTC),
+            **context,
+        )
+        response = HTMLResponse(html, status_code=status_code)
+        response.headers["vary"] = "HX-Request"
+        self.csrf.finish(request, response)
+        return response
+
+
+def path_quote(value: object) -> str:
+    """A value as one URL path segment (ids may hold ``/``, ``?``, ``#``); ``:`` and ``@``
+    may stay as they are in a path."""
+    return quote(str(value), safe=":@")
+
+
+def query_string(params: dict[str, Any]) -> str:
+    """``?a=1&b=2`` of the values that are set, or an empty string."""
+    kept = {k: v for k, v in params.items() if v not in (None, "")}
+    return "?" + urlencode(kept) if kept else ""
+
+
+def format_time(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def ago(value: datetime | None, now: datetime | None = None) -> str:
+    if value is None:
+        return "never"
+    seconds = ((now or datetime.now(UTC)) - value).total_seconds()
+    if seconds < 0:
+        return "just now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{int(seconds)} s ago"
+
+
+def scope_label(scope: Scope) -> str:
+    return ", ".join(f"{k}={v}" for k, v in scope.as_dict().items())
+
+
+def pretty_json(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def clip(value: str, limit: int = 160) -> str:
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+def number(value: int | float | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.1f}"
+    return f"{int(value):,}"

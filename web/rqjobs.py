@@ -1,0 +1,220 @@
+"""The background jobs, read through RQ's own API: queues, registries, ``Job``.
+
+Which queues to show is a parameter (the jobs define them). Each state of a
+queue is a sorted set (RQ's registries) read by keyset on (score, job id),
+newest first; the queued jobs are a list, shown from its head. Reads never
+run RQ's registry clean-up (it writes): a started job whose worker died shows
+as started until an RQ worker cleans it up.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+import redis
+from rq import Queue
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.job import Job
+from rq.registry import BaseRegistry
+
+from store import cursors
+from store.errors import InvalidRequestError, NotFoundError
+from store.paging import Page, check_limit
+
+JOB_STATES = ("queued", "started", "failed", "finished", "scheduled", "deferred", "canceled")
+_JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # RQ's own pattern, bounded
+_QUEUE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSummary:
+    name: str
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    id: str
+    queue: str
+    state: str
+    function: str
+    created_at: datetime | None
+    enqueued_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    error: str | None  # the exception's last line, for a failed job
+    traceback: str | None
+    arguments: str  # what the job was called with (engram's jobs pass ids only)
+
+
+def check_job_id(value: str) -> str:
+    if not isinstance(value, str) or not _JOB_ID.fullmatch(value):
+        raise InvalidRequestError("a job id is 1 to 128 letters, digits, '_' or '-'")
+    return value
+
+
+def check_queue(value: str, queues: Sequence[str]) -> str:
+    if not isinstance(value, str) or not _QUEUE.fullmatch(value) or value not in queues:
+        raise InvalidRequestError(f"queue must be one of {', '.join(queues)}")
+    return value
+
+
+def summaries(conn: redis.Redis, queues: Sequence[str]) -> list[QueueSummary]:
+    pipe = conn.pipeline(transaction=False)
+    for name in queues:
+        queue = Queue(name, connection=conn)
+        pipe.llen(queue.key)
+        for state in JOB_STATES[1:]:
+            pipe.zcard(_registry(queue, state).key)
+    counts = iter(pipe.execute())
+    return [
+        QueueSummary(name, {state: int(next(counts)) for state in JOB_STATES}) for name in queues
+    ]
+
+
+def page(
+    conn: redis.Redis,
+    queue_name: str,
+    state: str,
+    *,
+    cursor: str | None,
+    limit: int,
+    signer: cursors.Cursors,
+) -> Page[JobRow]:
+    limit = check_limit(limit)
+    if state not in JOB_STATES:
+        raise InvalidRequestError(f"state must be one of {', '.join(JOB_STATES)}")
+    queue = Queue(queue_name, connection=conn)
+    if state == "queued":
+        if cursor is not None:
+            raise cursors.InvalidCursorError("queued jobs are shown from the queue's head only")
+        ids = [_text(i) for i in conn.lrange(queue.key, 0, limit - 1)]
+        return Page(_rows(conn, ids, queue_name, state), None)
+    key = _registry(queue, state).key
+    high: float | str = "+inf"
+    after: tuple[float, str] | None = None
+    if cursor is not None:
+        held = signer.decode(cursor, f"jobs:{queue_name}:{state}", (str, str))
+        after = (_score(str(held[0])), str(held[1]))
+        high = after[0]
+    found: list[tuple[str, float]] = []
+    offset_in_ties = 0
+    while len(found) <= limit:
+        batch = conn.zrevrangebyscore(
+            key, high, "-inf", start=offset_in_ties, num=limit + 1, withscores=True
+        )
+        if not batch:
+            break
+        for raw, score in cast(list[tuple[Any, float]], batch):
+            member = _text(raw)
+            if after is not None and (score, member) >= after:
+                continue
+            found.append((member, float(score)))
+        if len(batch) < limit + 1:
+            break
+        offset_in_ties += len(batch)
+    shown = found[:limit]
+    rows = _rows(conn, [BaseRegistry.parse_job_id(m) for m, _ in shown], queue_name, state)
+    next_cursor = None
+    if len(found) > limit and shown:
+        last_member, last_score = shown[-1]
+        next_cursor = signer.encode(f"jobs:{queue_name}:{state}", (repr(last_score), last_member))
+    return Page(rows, next_cursor)
+
+
+def get(conn: redis.Redis, job_id: str) -> JobRow | None:
+    try:
+        job = Job.fetch(check_job_id(job_id), connection=conn)
+    except NoSuchJobError:
+        return None
+    return _row(job, job.origin, _state(job))
+
+
+def retry(conn: redis.Redis, job_id: str) -> JobRow:
+    """Put a failed job back on its queue."""
+    job = get(conn, job_id)
+    if job is None:
+        raise NotFoundError(f"no job {job_id}")
+    if job.state != "failed":
+        raise InvalidRequestError(f"job {job_id} is {job.state}: only a failed job is retried")
+    queue = Queue(job.queue, connection=conn)
+    try:
+        queue.failed_job_registry.requeue(job_id)
+    except (InvalidJobOperation, NoSuchJobError):
+        raise InvalidRequestError(f"job {job_id} is no longer in the failed jobs") from None
+    found = get(conn, job_id)
+    assert found is not None
+    return found
+
+
+def _registry(queue: Queue, state: str) -> BaseRegistry:
+    registries: dict[str, BaseRegistry] = {
+        "started": queue.started_job_registry,
+        "failed": queue.failed_job_registry,
+        "finished": queue.finished_job_registry,
+        "scheduled": queue.scheduled_job_registry,
+        "deferred": queue.deferred_job_registry,
+        "canceled": queue.canceled_job_registry,
+    }
+    return registries[state]
+
+
+def _rows(conn: redis.Redis, ids: list[str], queue: str, state: str) -> list[JobRow]:
+    jobs = Job.fetch_many(ids, connection=conn) if ids else []
+    return [_row(job, queue, state) for job in jobs if job is not None]
+
+
+def _row(job: Job, queue: str, state: str) -> JobRow:
+    traceback = _safely(lambda: job.exc_info)
+    return JobRow(
+        id=job.id,
+        queue=queue,
+        state=state,
+        function=_safely(lambda: job.func_name) or "?",
+        created_at=job.created_at,
+        enqueued_at=job.enqueued_at,
+        started_at=job.started_at,
+        ended_at=job.ended_at,
+        error=traceback.strip().splitlines()[-1][:300] if traceback else None,
+        traceback=traceback,
+        arguments=_safely(lambda: _call_text(job.args, job.kwargs)) or "?",
+    )
+
+
+def _state(job: Job) -> str:
+    status = _safely(lambda: job.get_status(refresh=False))
+    value = getattr(status, "value", status)
+    return str(value) if value else "unknown"
+
+
+def _call_text(args: Any, kwargs: Any) -> str:
+    parts = [repr(a) for a in args or ()] + [f"{k}={v!r}" for k, v in (kwargs or {}).items()]
+    text = ", ".join(parts)
+    return text if len(text) <= 500 else text[:499] + "…"
+
+
+def _safely(read: Any) -> Any:
+    """A job's field, or None if it cannot be read (its data may name code not here)."""
+    try:
+        return read()
+    except Exception:
+        return None
+
+
+def _score(value: str) -> float:
+    try:
+        score = float(value)
+    except ValueError:
+        score = math.nan
+    if math.isnan(score):
+        raise cursors.InvalidCursorError("the cursor holds a malformed score")
+    return score
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

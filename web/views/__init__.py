@@ -1,0 +1,1 @@
+"""The dashboard's pages: each view reads, then renders one template (or its partial)."""

@@ -1,0 +1,103 @@
+"""Receipts: the operation log with filters, a receipt, and an operation's progress
+from enqueued to committed (and, for a forget, its redaction), polled until done."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from store import ReceiptFilter, ReceiptItem
+from store.errors import EngramError, NotFoundError
+from store.operations import OPERATION_KINDS
+
+from ..params import Query, ident
+from ..state import web_of
+
+RECEIPT_FILTERS = (
+    "scope",
+    "record",
+    "kind",
+    "replayed",
+    "redacted",
+    "refused",
+    "requested_by",
+    "since",
+    "until",
+)
+
+
+def receipt_filter(q: Query) -> ReceiptFilter:
+    refused = q.choice("refused", ("only", "exclude"))
+    return ReceiptFilter(
+        scope_id=q.integer("scope"),
+        record_id=q.text("record"),
+        kind=q.choice("kind", OPERATION_KINDS),
+        replayed=q.flag("replayed"),
+        redacted=q.flag("redacted"),
+        refused=None if refused is None else refused == "only",
+        requested_by=q.text("requested_by"),
+        since=q.time("since"),
+        until=q.time("until"),
+    )
+
+
+def receipt_list(request: Request) -> Response:
+    q = Query.of(request, *RECEIPT_FILTERS, "cursor", "limit")
+    where = receipt_filter(q)
+    page = web_of(request).services.store.browse.receipts(where, cursor=q.cursor(), limit=q.limit())
+    filters = {name: request.query_params.get(name, "") for name in RECEIPT_FILTERS}
+    return web_of(request).render.page(
+        request,
+        "receipts.html",
+        "_receipts.html",
+        page=page,
+        filters=filters,
+        kinds=OPERATION_KINDS,
+    )
+
+
+def receipt_page(request: Request) -> Response:
+    Query.of(request)  # takes none
+    op_id = ident(request.path_params["operation_id"], "operation id")
+    item = web_of(request).services.store.browse.receipt(op_id)
+    if item is None:
+        raise NotFoundError(f"no receipt for operation {op_id}")
+    return web_of(request).render.page(request, "receipt.html", item=item, receipt=item.receipt)
+
+
+@dataclass(frozen=True, slots=True)
+class OperationState:
+    operation_id: str
+    state: str  # waiting | committed | refused | failed
+    item: ReceiptItem | None
+    error: EngramError | None
+
+    @property
+    def done(self) -> bool:
+        """Nothing more will change: poll no longer (a pending redaction still will)."""
+        if self.state == "waiting":
+            return False
+        return self.item is None or self.item.receipt.redaction != "pending"
+
+
+def operation_state(request: Request, op_id: str) -> OperationState:
+    services = web_of(request).services
+    item = services.store.browse.receipt(op_id)
+    if item is not None:
+        refused = item.receipt.error is not None
+        return OperationState(op_id, "refused" if refused else "committed", item, None)
+    # Not in the store: the reply says if it was dead-lettered; else it waits its turn.
+    reply = services.producer.results([op_id]).get(op_id)
+    if isinstance(reply, EngramError):
+        return OperationState(op_id, "failed", None, reply)
+    return OperationState(op_id, "waiting", None, None)
+
+
+def operation_page(request: Request) -> Response:
+    Query.of(request)  # takes none
+    op_id = ident(request.path_params["operation_id"], "operation id")
+    return web_of(request).render.page(
+        request, "operation.html", "_operation.html", op=operation_state(request, op_id)
+    )

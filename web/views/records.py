@@ -1,0 +1,96 @@
+"""A record: its current state, every revision with what changed, its links both
+ways, the receipts that touched it; forgetting it, after a confirmation."""
+
+from __future__ import annotations
+
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from store import ReceiptFilter
+from store.errors import NotFoundError
+
+from ..diff import history_diffs
+from ..params import Query, ident
+from ..render import path_quote
+from ..state import operator_of, web_of
+
+RECEIPTS_SHOWN = 20
+
+
+def record_page(request: Request) -> Response:
+    Query.of(request)  # takes none
+    web = web_of(request)
+    browse = web.services.store.browse
+    record_id = ident(request.path_params["record_id"], "record id")
+    item = browse.record(record_id)
+    receipts = browse.receipts(ReceiptFilter(record_id=record_id), limit=RECEIPTS_SHOWN)
+    if item is None:
+        tombstone = browse.tombstone(record_id)
+        if tombstone is None:
+            raise NotFoundError(f"no record {record_id}")
+        return web.render.page(
+            request,
+            "forgotten.html",
+            tombstone=tombstone,
+            scope=browse.scope(tombstone.scope_id),
+            receipts=receipts,
+        )
+    history = browse.history(record_id)
+    diffs = {d.after: d for d in history_diffs(history)}
+    return web.render.page(
+        request,
+        "record.html",
+        item=item,
+        record=item.record,
+        scope=browse.scope(item.scope_id),
+        history=list(reversed(history)),  # newest first, each with what it changed
+        diffs=diffs,
+        backlinks=browse.linked_from(record_id, item.scope_id),
+        receipts=receipts,
+    )
+
+
+def forget_confirm(request: Request) -> Response:
+    """The confirmation step: what forgetting this record will do."""
+    Query.of(request)  # takes none
+    web = web_of(request)
+    browse = web.services.store.browse
+    record_id = ident(request.path_params["record_id"], "record id")
+    item = browse.record(record_id)
+    if item is None:
+        raise NotFoundError(f"no record {record_id} to forget")
+    return web.render.page(
+        request,
+        "forget.html",
+        item=item,
+        record=item.record,
+        scope=browse.scope(item.scope_id),
+        revisions=len(browse.history(record_id)),
+    )
+
+
+def forget(request: Request, form: dict[str, str]) -> Response:
+    """Enqueue the forget through the streams, then show its progress."""
+    web = web_of(request)
+    browse = web.services.store.browse
+    record_id = ident(request.path_params["record_id"], "record id")
+    item = browse.record(record_id)
+    tombstone = browse.tombstone(record_id) if item is None else None
+    if item is not None:
+        scope = item.record.scope
+    elif tombstone is not None:  # forgetting again runs the redaction listeners again
+        row = browse.scope(tombstone.scope_id)
+        if row is None:
+            raise NotFoundError(f"no record {record_id} to forget")
+        scope = row.scope
+    else:
+        raise NotFoundError(f"no record {record_id} to forget")
+    pending = web.services.producer.forget(
+        scope,
+        record_id,
+        operation_id=f"dashboard:forget:{uuid.uuid4().hex}",
+        requested_by=operator_of(request).name,
+    )
+    return RedirectResponse(f"/operations/{path_quote(pending.operation_id)}", status_code=303)
