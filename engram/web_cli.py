@@ -85,10 +85,11 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
                 lifespan="off",
             )
         )
-        print(
-            f"engram dashboard: {config.url}"
-            + ("" if config.needs_token else "  (loopback, no token)"),
-            flush=True,
+        # A log line, not a print: under ``engram up`` (which prints the URL in its
+        # banner) the children log warnings only.
+        log.info(
+            "engram dashboard: " + config.url,
+            extra={"token": "required" if config.needs_token else "none (loopback)"},
         )
         server.run()
     return 0

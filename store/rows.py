@@ -65,7 +65,7 @@ def record_from_row(row: Sequence[Any], superseded_by: Sequence[str] = ()) -> Re
         operation_id,
         recorded_at,
         expires_at,
-    ) = row[:RECEIPT_WIDTH]
+    ) = row[:15]
     return Record(
         id=rid,
         revision=revision,
