@@ -99,11 +99,19 @@ _ERRORS = {
     "401": "The dashboard's token is needed (code unauthorized).",
     "403": "A cross-site request (code forbidden).",
     "404": "Not found (code not_found).",
-    "409": "A revision or operation conflict (revision_conflict, operation_conflict, ...).",
+    "409": (
+        "A revision or operation conflict, or an asserted record a model may not change "
+        "(revision_conflict, operation_conflict, asserted_record, embedding_mismatch)."
+    ),
     "413": "The body is too large (code too_large).",
     "415": "The body is not application/json (code unsupported_media_type).",
     "422": "An invalid operation or argument (code invalid_request).",
-    "503": "PostgreSQL, Redis, the queue or the jobs are not available (queue_full, ...).",
+    "500": "With ?wait: the operation was dead-lettered (code dead_lettered).",
+    "502": "With ?wait: the model's answer was unusable (code model_output).",
+    "503": (
+        "PostgreSQL, Redis, the queue, the jobs or (with ?wait) the model are not available "
+        "(queue_full, model_unavailable, ...)."
+    ),
     "504": "Reserved: a wait that ran out answers 202 instead.",
 }
 _READ_ERRORS = ("400", "401", "404", "503")
@@ -151,7 +159,7 @@ PATHS: dict[str, Schema] = {
                 )
             ],
             body=ref("Operation"),
-            errors=("400", "401", "403", "404", "409", "413", "415", "422", "503"),
+            errors=("400", "401", "403", "404", "409", "413", "415", "422", "500", "502", "503"),
         )
     },
     "/api/v1/operations/{operation_id}": {

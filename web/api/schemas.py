@@ -8,6 +8,7 @@ from typing import Any
 
 from store.limits import (
     MAX_ID_CHARS,
+    MAX_INSTRUCTIONS_CHARS,
     MAX_KIND_CHARS,
     MAX_LINKS,
     MAX_MESSAGES,
@@ -17,7 +18,7 @@ from store.limits import (
     MAX_TOP_K,
 )
 from store.model import LINK_RELATIONS, ORIGINS, SCOPE_FIELDS, SOURCE_KINDS
-from store.operations import MAX_TTL_MS, MESSAGE_ROLES, OPERATION_KINDS
+from store.operations import MAX_TTL_MS, MESSAGE_ROLES, OPERATION_KINDS, SUPERSEDE_MODES
 
 Schema = dict[str, Any]
 
@@ -103,6 +104,26 @@ _IMPORTANCE = nullable({"type": "number", "minimum": 0, "maximum": 1})
 _TTL = nullable({"type": "integer", "minimum": 1, "maximum": MAX_TTL_MS})
 _LINKS = nullable({"type": "array", "maxItems": MAX_LINKS, "items": _LINK})
 _KIND = nullable(string(MAX_KIND_CHARS))
+_SUPERSEDE = nullable(
+    {
+        "enum": list(SUPERSEDE_MODES),
+        "description": (
+            "How the write meets similar records: add, or reconcile with the model "
+            "(the default when the workers have one; refused without one)."
+        ),
+    }
+)
+_TOP_K = nullable(
+    {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": MAX_TOP_K,
+        "description": "Similar records the model is shown (reconcile).",
+    }
+)
+_ONLY_INFERRED = nullable(
+    {"type": "boolean", "description": "true: an asserted record is refused (asserted_record)."}
+)
 _MESSAGE = {
     "type": "object",
     "required": ["id", "message"],
@@ -152,6 +173,8 @@ _REQUESTS: dict[str, Schema] = {
         links=_LINKS,
         ttl_ms=_TTL,
         id=_ID_OR_NULL,
+        supersede=_SUPERSEDE,
+        top_k=_TOP_K,
     ),
     "extract": _request(
         ("messages",),
@@ -165,7 +188,20 @@ _REQUESTS: dict[str, Schema] = {
         ttl_ms=_TTL,
         links=_LINKS,
         trusted_tools=nullable({"type": "array", "maxItems": MAX_SOURCES, "items": string()}),
-        infer=nullable({"const": False, "description": "true needs an LLM: not in this release."}),
+        infer=nullable(
+            {
+                "type": "boolean",
+                "description": (
+                    "Infer records with the model (the default when the workers have one; "
+                    "true is refused without one); false stores the readable texts as they are."
+                ),
+            }
+        ),
+        supersede=_SUPERSEDE,
+        top_k=_TOP_K,
+        instructions=nullable(
+            {**string(MAX_INSTRUCTIONS_CHARS), "description": "Appended to the extraction prompt."}
+        ),
     ),
     "revise": _request(
         ("id",),
@@ -184,11 +220,22 @@ _REQUESTS: dict[str, Schema] = {
                 "description": "0: the record must not exist yet (then text is needed).",
             }
         ),
+        sources=nullable(
+            {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_SOURCES,
+                "items": _SOURCE,
+                "description": "Added to the record's own sources.",
+            }
+        ),
+        only_inferred=_ONLY_INFERRED,
     ),
     "retract": _request(
         ("id",),
         id=string(),
         expected_revision=nullable({"type": "integer", "minimum": 1, "maximum": 2**31 - 1}),
+        only_inferred=_ONLY_INFERRED,
     ),
     "forget": _request(("id",), id=string()),
 }
@@ -267,6 +314,7 @@ SCHEMAS: dict[str, Schema] = {
             "revisions": nullable({"type": "array", "items": {"type": "integer"}}),
             "already_forgotten": nullable({"type": "boolean"}),
             "redaction": nullable({"enum": ["pending", "complete", "failed", "none"]}),
+            "model_calls": {"type": "integer", "minimum": 0},
             "requested_by": nullable({"type": "string"}),
             "replays": {"type": "integer", "minimum": 0},
             "last_replayed_at": nullable(TIME),
