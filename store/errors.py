@@ -71,6 +71,14 @@ class EmbeddingMismatchError(EngramError):
     status = 409
 
 
+class EmbedderUnavailableError(EngramError):
+    """No embedder for a model is available here: unknown to the registry, or its
+    package is not installed (the message says which)."""
+
+    code = "embedder_unavailable"
+    status = 503
+
+
 class FencedError(EngramError):
     """A writer holding a stale partition lease tried to commit; ``fences`` names them."""
 
@@ -95,6 +103,7 @@ ERRORS_BY_CODE: dict[str, type[EngramError]] = {
         OperationConflictError,
         RevisionConflictError,
         EmbeddingMismatchError,
+        EmbedderUnavailableError,
         FencedError,
         SchemaVersionError,
     )
