@@ -6,6 +6,15 @@ transaction); ``pending`` lists current revisions without a vector in it;
 ``put`` stores vectors bound to a revision and text digest, refusing any
 whose record moved on; ``activate`` switches atomically, and refuses while a
 current revision still lacks a vector. A retired generation never returns.
+
+Writes go on during a re-embedding, and each new text leaves a gap in the
+pending generation (writers embed for the active one only). ``switch`` closes
+the last gaps and activates with writes held off: it takes the switch lock
+exclusively (a session lock, so no transaction stays open while it embeds),
+which every write transaction takes shared before anything else. Holding it
+waits for the commits in flight; then nothing commits until the gaps it
+listed are filled and the generation switched. It only does so for a few
+gaps (``max_missing``), so writes wait at most one small batch's embedding.
 """
 
 from __future__ import annotations
@@ -20,13 +29,26 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from .embedders import Embedder, embed_checked
-from .errors import EmbeddingMismatchError, InvalidRequestError
+from .errors import EmbeddingMismatchError, FencedError, InvalidRequestError
 from .limits import LARGE_SCOPE_VECTORS, REEMBED_BATCH_SIZE, REEMBED_MAX_PASSES
-from .model import Generation, ReembedResult
+from .model import Fence, Generation, ReembedResult
 
 log = logging.getLogger(__name__)
 
 _COLUMNS = "id, model_id, dims, status, created_at, activated_at, progress"
+
+# The generation switch lock (see the module's docstring). Migrations use 0x656E6772616D.
+SWITCH_LOCK_KEY = 0x656E6772616D01
+HOLD_SWITCH_SHARED = f"SELECT pg_advisory_xact_lock_shared({SWITCH_LOCK_KEY})"
+
+# Current revisions (every scope) without a vector in the generation %(g)s.
+_MISSING = """
+    FROM engram_records r
+    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+    WHERE NOT EXISTS (SELECT 1 FROM engram_vectors x WHERE x.generation_id = %(g)s
+                      AND x.record_id = r.id AND x.revision = r.revision
+                      AND x.digest = v.digest)
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +65,13 @@ class VectorItem:
     revision: int
     digest: str
     vector: Sequence[float] | np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Switched:
+    activated: bool
+    embedded: int  # gaps filled while writes waited
+    missing: int  # gaps left (more than a switch holds writes for, or moved meanwhile)
 
 
 def _generation(row: Sequence[Any] | None) -> Generation | None:
@@ -103,29 +132,44 @@ class Embeddings:
     def pending(
         self, generation_id: int, limit: int = REEMBED_BATCH_SIZE, after: str | None = None
     ) -> list[PendingItem]:
-        """Current revisions (every scope) without a vector in this pending generation."""
+        """Current revisions (every scope) without a vector in this pending generation,
+        in record id order, from after the id ``after``."""
         with self.pool.connection() as conn:
             rows = conn.execute(
-                """
-                SELECT r.id, r.revision, v.digest, v.text
-                FROM engram_generations g
-                JOIN engram_records r ON true
-                JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
-                WHERE g.id = %(g)s AND g.status = 'pending' AND r.id > %(after)s
-                  AND NOT EXISTS (SELECT 1 FROM engram_vectors x WHERE x.generation_id = g.id
-                                  AND x.record_id = r.id AND x.revision = r.revision
-                                  AND x.digest = v.digest)
+                f"""
+                SELECT r.id, r.revision, v.digest, v.text {_MISSING}
+                  AND r.id > %(after)s
+                  AND EXISTS (SELECT 1 FROM engram_generations g
+                              WHERE g.id = %(g)s AND g.status = 'pending')
                 ORDER BY r.id LIMIT %(n)s
                 """,
                 {"g": generation_id, "after": after or "", "n": limit},
             ).fetchall()
         return [PendingItem(*r) for r in rows]
 
-    def put(self, generation_id: int, items: Sequence[VectorItem]) -> int:
-        """Store vectors whose record is still at that revision and text; return how many."""
+    def counts(self, generation_id: int) -> tuple[int, int]:
+        """(current revisions with a vector in this generation, current revisions)."""
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                f"SELECT (SELECT count(*) FROM engram_records), (SELECT count(*) {_MISSING})",
+                {"g": generation_id},
+            ).fetchone()
+        assert row is not None
+        total, missing = int(row[0]), int(row[1])
+        return total - missing, total
+
+    def put(
+        self, generation_id: int, items: Sequence[VectorItem], *, fence: Fence | None = None
+    ) -> int:
+        """Store vectors whose record is still at that revision and text; return how many.
+
+        With ``fence``, refuse (``FencedError``, nothing stored) once a newer token of
+        that name has been seen: a re-embedding job that lost its lock stores nothing."""
         if not items:
             return 0
         with self.pool.connection() as conn, conn.transaction():
+            if fence is not None:
+                _raise_fence(conn, fence)
             gen = conn.execute(
                 "SELECT dims, status FROM engram_generations WHERE id = %s FOR SHARE",
                 (generation_id,),
@@ -183,15 +227,7 @@ class Embeddings:
             if status.get(generation_id) != "pending":
                 return False
             missing = conn.execute(
-                """
-                SELECT EXISTS (
-                  SELECT 1 FROM engram_records r
-                  JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
-                  WHERE NOT EXISTS (SELECT 1 FROM engram_vectors x WHERE x.generation_id = %s
-                                    AND x.record_id = r.id AND x.revision = r.revision
-                                    AND x.digest = v.digest))
-                """,
-                (generation_id,),
+                f"SELECT EXISTS (SELECT 1 {_MISSING})", {"g": generation_id}
             ).fetchone()
             if missing and missing[0]:
                 return False
@@ -205,6 +241,36 @@ class Embeddings:
             )
         log.info("embedding generation activated", extra={"generation": generation_id})
         return True
+
+    def switch(
+        self,
+        generation_id: int,
+        embedder: Embedder,
+        *,
+        max_missing: int = REEMBED_BATCH_SIZE,
+        fence: Fence | None = None,
+    ) -> Switched:
+        """Fill the last gaps of a pending generation and activate it, with writes held
+        off meanwhile. Nothing is switched when more than ``max_missing`` current
+        revisions lack a vector, or the generation is no longer pending.
+
+        The embedder runs while writes wait: it must not write to this store."""
+        with self.pool.connection() as conn:
+            # A session lock, not a transaction: none stays open while we embed.
+            conn.execute("SELECT pg_advisory_lock(%s)", (SWITCH_LOCK_KEY,))
+            try:
+                gaps = self.pending(generation_id, max_missing + 1)
+                if len(gaps) > max_missing:
+                    return Switched(activated=False, embedded=0, missing=len(gaps))
+                vectors = embed_checked(embedder, [g.text for g in gaps])
+                items = [
+                    VectorItem(g.record_id, g.revision, g.digest, v)
+                    for g, v in zip(gaps, vectors, strict=True)
+                ]
+                stored = self.put(generation_id, items, fence=fence)
+                return Switched(self.activate(generation_id), stored, len(gaps) - stored)
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (SWITCH_LOCK_KEY,))
 
     def set_progress(self, generation_id: int, progress: dict[str, Any]) -> None:
         with self.pool.connection() as conn:
@@ -241,7 +307,9 @@ class Embeddings:
                 self.set_progress(generation.id, progress)
                 if on_progress is not None:
                     on_progress(progress)
-            if self.activate(generation.id):
+            switched = self.switch(generation.id, embedder, max_missing=batch_size)
+            embedded += switched.embedded
+            if switched.activated:
                 self.index_large_scopes()
                 return ReembedResult(generation.id, embedded, skipped, activated=True)
             current = self.get(generation.id)
@@ -284,6 +352,17 @@ class Embeddings:
             finally:
                 conn.autocommit = False
         return created
+
+
+def _raise_fence(conn: psycopg.Connection[Any], fence: Fence) -> None:
+    raised = conn.execute(
+        "INSERT INTO engram_fences (name, token) VALUES (%s, %s)"
+        " ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token"
+        " WHERE engram_fences.token <= EXCLUDED.token RETURNING name",
+        (fence.name, fence.token),
+    ).fetchone()
+    if raised is None:
+        raise FencedError(f"stale fencing token for {fence.name}", fences=(fence.name,))
 
 
 def _retire(conn: psycopg.Connection[Any], generation_id: int) -> None:

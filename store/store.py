@@ -13,7 +13,7 @@ from pgvector.psycopg import register_vector
 from psycopg_pool import ConnectionPool
 
 from . import migrations, retention, wire
-from .embedders import Embedder, embed_checked
+from .embedders import Embedder, EmbedderResolver, embed_checked
 from .embeddings import Embeddings
 from .errors import EmbeddingMismatchError, InvalidRequestError, SchemaVersionError
 from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
@@ -99,7 +99,7 @@ class Store:
     def execute(
         self,
         ops: Sequence[Operation],
-        embedder: Embedder | None = None,
+        embedder: Embedder | EmbedderResolver | None = None,
         *,
         fence: Fence | Sequence[Fence] | None = None,
         listeners: bool = False,

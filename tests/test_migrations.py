@@ -13,8 +13,9 @@ def test_migrations_apply_once_and_are_idempotent(fresh_dsn: str) -> None:
         assert migrations.current_version(conn) == 0
         assert migrations.migrate(conn) == migrations.code_version()
         assert migrations.migrate(conn) == migrations.code_version()
-        versions = [r[0] for r in conn.execute("SELECT version FROM engram_schema")]
-        assert versions == list(range(1, migrations.code_version() + 1))
+        versions = [r[0] for r in conn.execute("SELECT version FROM engram_schema ORDER BY 1")]
+        # Each shipped file once (numbers are reserved per branch, so one may be missing).
+        assert versions == [number for number, _ in migrations.available()]
         assert (
             conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[
                 0
