@@ -1,0 +1,29 @@
+"""The PostgreSQL listener: the row versions a forget deleted leave the tables' pages.
+
+A forget deletes its record's rows and rewrites the receipts that held its
+text, in one transaction; the old row versions stay in the tables' pages (and
+their index entries in the indexes) until VACUUM removes them. This listener
+runs one VACUUM of the tables forgets touch for a whole batch of forgets
+(``store.forgets.vacuum``), once no transaction older than the batch is open.
+What VACUUM does not erase (free space in pages, the write-ahead log until its
+segments are recycled and overwritten) is measured in ``docs/jobs.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from store import ForgetEvent, forgets
+
+from ..context import JobContext
+
+
+class PostgresListener:
+    name = "postgres"
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+
+    def __call__(self, events: Sequence[ForgetEvent]) -> None:
+        if events:
+            forgets.vacuum(self.ctx.store.pool, wait_s=self.ctx.settings.redaction.wait_s)
