@@ -18,6 +18,8 @@ from worker import logs, metrics, runtime
 from worker.producer import Producer
 from worker.settings import Settings
 
+from . import jobs_cli
+
 log = logging.getLogger("engram")
 
 
@@ -88,10 +90,12 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     from worker.worker import Worker
 
+    from .jobs_cli import forget_hook, worker_embedders
+
     client = runtime.connect_redis(runtime.redis_url(settings))
-    embedder = runtime.load_embedder(args.embedder or settings.embedder)
     store = _connect_store(runtime.database_url(settings), settings.db_pool_size)
-    worker = Worker(client, store, embedder, config=settings.worker)
+    embedders, embedder = worker_embedders(settings, args.embedder or settings.embedder, store)
+    worker = Worker(client, store, embedders, config=settings.worker, on_forget=forget_hook())
     runtime.settle(embedder)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -198,7 +202,11 @@ def register(sub: Any) -> None:
     up.set_defaults(run=cmd_up)
     worker = sub.add_parser("worker", help="commit operations from the streams until SIGTERM")
     worker.add_argument(
-        "--embedder", default=None, help="wordllama (default), hashing[:DIMS] or module:factory"
+        "--embedder",
+        default=None,
+        help="before the store has a generation: wordllama (default), minilm, hashing[:DIMS],"
+        " a name from ENGRAM_EMBEDDERS or package.module:factory; afterwards, the active"
+        " generation's model",
     )
     worker.set_defaults(run=cmd_worker)
     enqueue = sub.add_parser("enqueue", help="send one operation; print its id or receipt")
@@ -224,7 +232,7 @@ def register(sub: Any) -> None:
 
 
 # Each module that defines commands offers ``register(subparsers)``.
-_COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (register,)
+_COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (register, jobs_cli.register)
 
 
 def build_parser() -> argparse.ArgumentParser:
