@@ -56,3 +56,44 @@ def rows_containing(conn: psycopg.Connection[Any], needle: str) -> list[str]:
         if count and count[0]:
             found.append(f"{table}.{column}")
     return found
+
+
+def marker_text(seed: int | None = None) -> str:
+    """A unique marker of 24 upper-case letters with no 3-letter sequence repeated, so
+    that compression (LZF in valkey's RDB files) keeps it as literal bytes."""
+    import random
+
+    rng = random.Random(seed)
+    while True:
+        marker = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(24))
+        triples = [marker[i : i + 3] for i in range(len(marker) - 2)]
+        if len(set(triples)) == len(triples):
+            return marker
+
+
+def bytes_hold(data: bytes, marker: str) -> bool:
+    """``marker`` in ``data``, also when a compressor's literal run split it in two
+    (LZF writes at most 32 literal bytes after a control byte)."""
+    import re
+
+    raw = marker.encode()
+    if raw in data:
+        return True
+    pattern = b"|".join(re.escape(raw[:i]) + b"." + re.escape(raw[i:]) for i in range(1, len(raw)))
+    return re.search(pattern, data, re.DOTALL) is not None
+
+
+def files_holding(folder: Any, marker: str) -> list[str]:
+    """The files under ``folder`` whose bytes hold ``marker`` (see ``bytes_hold``)."""
+    from pathlib import Path
+
+    found = []
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if bytes_hold(data, marker):
+                found.append(str(path))
+    return found
