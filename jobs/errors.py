@@ -9,6 +9,7 @@ raises ``JobFailedError``, whose message names the job and the error's type only
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import traceback
@@ -41,15 +42,16 @@ def content_free(what: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
             except JobFailedError:
                 raise
             except Exception as exc:
-                log.error(
-                    "job failed",
-                    extra={
-                        "job": what,
-                        "args": _ids(args),
-                        "error": type(exc).__name__,
-                        "where": "".join(traceback.format_tb(exc.__traceback__))[-2000:],
-                    },
-                )
+                with contextlib.suppress(Exception):  # nothing but ours may get out
+                    log.error(
+                        "job failed",
+                        extra={
+                            "job": what,
+                            "job_args": _ids(args),
+                            "error": type(exc).__name__,
+                            "where": "".join(traceback.format_tb(exc.__traceback__))[-2000:],
+                        },
+                    )
                 raise JobFailedError(f"{what} failed ({type(exc).__name__})") from None
 
         return run

@@ -104,7 +104,7 @@ def info(job: Job) -> JobInfo:
         id=job.id,
         kind=job.id.rsplit("-", 1)[0],
         queue=job.origin,
-        status=str(job.get_status(refresh=False) or "unknown"),
+        status=_status(job),
         description=job.description or job.id,
         args=list(job.args),
         created_at=job.created_at,
@@ -117,6 +117,11 @@ def info(job: Job) -> JobInfo:
         if result is not None and result.type == result.Type.SUCCESSFUL
         else None,
     )
+
+
+def _status(job: Job) -> str:
+    status = job.get_status(refresh=False)
+    return status.value if status is not None else "unknown"
 
 
 def _registries(queue: Any) -> list[tuple[str, BaseRegistry]]:

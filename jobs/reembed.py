@@ -155,6 +155,7 @@ class _Slice:
         self.generation_id = generation_id
         self.job_id = job_id
         self.embeddings = ctx.store.embeddings
+        self.latest: Progress | None = None
 
     def run(self) -> dict[str, Any]:
         generation = self.embeddings.get(self.generation_id)
@@ -187,6 +188,7 @@ class _Slice:
         saved_at = handled = 0.0
         started = time.monotonic()
         while True:
+            self.latest = p  # what a failure records
             if lease.lost.is_set():
                 return {"state": "lease_lost"}
             if time.monotonic() > deadline or self.ctx.stopping.is_set():
@@ -276,8 +278,10 @@ class _Slice:
         return {"state": status}
 
     def _failed(self, exc: Exception) -> None:
-        generation = self.embeddings.get(self.generation_id)
-        known = Progress.from_dict(generation.progress) if generation else None
+        known = self.latest
+        if known is None:
+            generation = self.embeddings.get(self.generation_id)
+            known = Progress.from_dict(generation.progress) if generation else None
         if known is None:
             return
         final = queues.is_final_attempt(get_current_job())

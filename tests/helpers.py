@@ -97,3 +97,35 @@ def files_holding(folder: Any, marker: str) -> list[str]:
             if bytes_hold(data, marker):
                 found.append(str(path))
     return found
+
+
+def redis_values(client: Any) -> bytes:
+    """Every key and value in Redis, as bytes: strings, hashes, lists, sets, sorted sets,
+    stream entries, each key's ``DUMP`` (its stored form: a stream's deleted entries
+    still in their node are in it), and any value zlib opens (RQ compresses job data)."""
+    import contextlib
+    import zlib
+
+    out: list[bytes] = []
+    for key in client.scan_iter(count=1000):
+        out.append(key)
+        kind = client.type(key)
+        if kind == b"string":
+            out.append(client.get(key) or b"")
+        elif kind == b"hash":
+            out += [v for kv in client.hgetall(key).items() for v in kv]
+        elif kind == b"list":
+            out += client.lrange(key, 0, -1)
+        elif kind == b"set":
+            out += list(client.smembers(key))
+        elif kind == b"zset":
+            out += [m for m, _ in client.zrange(key, 0, -1, withscores=True)]
+        elif kind == b"stream":
+            out += [v for _, fields in client.xrange(key) for kv in fields.items() for v in kv]
+        out.append(client.dump(key) or b"")
+    opened = []
+    for value in out:
+        opened.append(value)
+        with contextlib.suppress(zlib.error):
+            opened.append(zlib.decompress(value))
+    return b"\n".join(opened)

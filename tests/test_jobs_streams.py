@@ -60,7 +60,11 @@ def test_compact_keeps_entries_groups_and_pending_and_drops_deleted_bytes(
     assert pending[ids[1]] == (b"b", 7)
     # And consumers carry on: new entries once, pending ones claimable.
     new = redis_client.xadd(key, {"op": "after"})
-    assert [e[0] for e in redis_client.xreadgroup("g", "a", {key: ">"})[0][1]] == [ids[6], ids[7], new]
+    assert [e[0] for e in redis_client.xreadgroup("g", "a", {key: ">"})[0][1]] == [
+        ids[6],
+        ids[7],
+        new,
+    ]
     claimed = redis_client.xautoclaim(key, "g", "c", 0, start_id="0-0")
     assert ids[1] in [e[0] for e in claimed[1]]
 
