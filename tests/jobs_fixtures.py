@@ -180,3 +180,22 @@ def jobs_processes(tmp_path: Path) -> Iterator[Callable[..., JobsProcess]]:
         if proc.process.poll() is None:
             proc.process.kill()
             proc.process.wait()
+
+
+# -- forget listeners the tests plug in (ENGRAM_FORGET_LISTENERS=package.module:callable) --
+
+
+def record_event(event: Any) -> None:
+    """Append the event (JSON) to ``ENGRAM_TEST_LISTENER_LOG``."""
+    import json
+
+    from jobs import events
+
+    with open(os.environ["ENGRAM_TEST_LISTENER_LOG"], "a") as f:
+        f.write(json.dumps(events.to_dict(event)) + "\n")
+
+
+def failing_listener(event: Any) -> None:
+    """Fails while the file ``ENGRAM_TEST_FAIL_FLAG`` exists."""
+    if os.path.exists(os.environ["ENGRAM_TEST_FAIL_FLAG"]):
+        raise RuntimeError("the listener's service is down")
