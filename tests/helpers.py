@@ -102,7 +102,8 @@ def files_holding(folder: Any, marker: str) -> list[str]:
 def redis_values(client: Any) -> bytes:
     """Every key and value in Redis, as bytes: strings, hashes, lists, sets, sorted sets,
     stream entries, each key's ``DUMP`` (its stored form: a stream's deleted entries
-    still in their node are in it), and any value zlib opens (RQ compresses job data)."""
+    still in their node are in it), and every value opened the ways RQ packs them
+    (zlib for job data, base64 of zlib for a failure's traceback)."""
     import contextlib
     import zlib
 
@@ -126,6 +127,19 @@ def redis_values(client: Any) -> bytes:
     opened = []
     for value in out:
         opened.append(value)
-        with contextlib.suppress(zlib.error):
-            opened.append(zlib.decompress(value))
+        for raw in (value, _unbase64(value)):
+            with contextlib.suppress(zlib.error):
+                opened.append(zlib.decompress(raw))
+        opened.append(_unbase64(value))
     return b"\n".join(opened)
+
+
+def _unbase64(value: bytes) -> bytes:
+    """RQ keeps a failure's text as base64 of zlib (results), a return value as base64."""
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
