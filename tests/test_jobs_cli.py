@@ -1,0 +1,101 @@
+"""The jobs' commands: reembed (with its progress), prune, jobs --burst, jobs-health."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from engram.cli import main
+from jobs import keys, queues
+from store import HashingEmbedder, Store
+from tests.jobs_fixtures import PLUGINS, JobsProcess
+from tests.redis_fixtures import FAST
+from worker.runtime import connect_redis
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, fresh_dsn: str, redis_url: str) -> None:
+    monkeypatch.setenv("DATABASE_URL", fresh_dsn)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("ENGRAM_PARTITIONS", str(FAST.partitions))
+    monkeypatch.setenv("ENGRAM_EMBEDDERS", PLUGINS)
+    monkeypatch.setenv("ENGRAM_JOBS_TICK", "0.2s")
+
+
+def records(store: Store, count: int = 3) -> None:
+    mem = store.session({"user_id": "ada"}, embedder=HashingEmbedder(64))
+    for i in range(count):
+        mem.remember(f"Ada note {i}.")
+
+
+@pytest.mark.usefixtures("env")
+def test_reembed_follows_the_job_with_a_progress_bar_until_active(
+    fresh_store: Store,
+    fresh_dsn: str,
+    redis_url: str,
+    jobs_processes: Callable[..., JobsProcess],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    records(fresh_store)
+    jobs_processes(database_url=fresh_dsn, redis_url=redis_url)
+    assert main(["reembed", "--model", "hashing:32", "--requested-by", "ops"]) == 0
+    out = capsys.readouterr().out
+    assert "re-embedding generation 2: job reembed-" in out
+    last = out.strip().splitlines()[-1]
+    assert "3/3" in last and "100%" in last and "activated" in last
+    assert fresh_store.embeddings.active().model_id == "hashing-32"  # type: ignore[union-attr]
+
+
+@pytest.mark.usefixtures("env")
+def test_reembed_refuses_a_bad_model_and_says_when_no_jobs_worker_runs(
+    fresh_store: Store, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records(fresh_store)
+    assert main(["reembed", "--model", "nope"]) == 2
+    assert "invalid_request: unknown embedder 'nope'" in capsys.readouterr().err
+    assert main(["reembed", "--model", "hashing:16", "--detach"]) == 0
+    captured = capsys.readouterr()
+    assert "job reembed-" in captured.out
+    assert "no `engram jobs` worker is running" in captured.err
+    assert queues.queue(connect_redis(redis_url), keys.REEMBED_QUEUE).count == 1
+    # `engram jobs --burst` runs what is queued, then exits.
+    assert main(["jobs", "--burst"]) == 0
+    assert fresh_store.embeddings.active().model_id == "hashing-16"  # type: ignore[union-attr]
+
+
+@pytest.mark.usefixtures("env")
+def test_prune_reports_counts_per_kind(
+    fresh_store: Store, fresh_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mem = fresh_store.session({"user_id": "bob"}, embedder=HashingEmbedder(64))
+    fact = mem.remember("Bob likes jazz.").records[0]
+    mem.retract(fact.id)
+    with psycopg.connect(fresh_dsn) as conn:
+        conn.execute(
+            "UPDATE engram_revisions SET recorded_at = recorded_at - %s", (timedelta(days=40),)
+        )
+    assert main(["prune", "history", "receipts", "--older-than", "30d"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("history: 1 removed (older than ")
+    assert lines[1].startswith("receipts: 0 removed")
+    assert main(["prune", "receipts"]) == 0
+    assert capsys.readouterr().out == "receipts: retention off, nothing pruned\n"
+    assert main(["prune", "everything"]) == 2
+    assert "prune one of history, receipts, dead-letters" in capsys.readouterr().err
+    assert main(["prune", "history", "--older-than", "a while"]) == 2
+
+
+@pytest.mark.usefixtures("env")
+def test_jobs_health_says_whether_a_jobs_worker_lives_here(
+    fresh_store: Store, fresh_dsn: str, redis_url: str, jobs_processes: Callable[..., JobsProcess]
+) -> None:
+    from tests.redis_fixtures import wait_until
+
+    assert main(["jobs-health"]) == 1
+    worker = jobs_processes(database_url=fresh_dsn, redis_url=redis_url)
+    wait_until(lambda: main(["jobs-health"]) == 0, timeout=30, what="a live jobs worker")
+    worker.kill()
+    assert main(["jobs-health"]) == 1, "a killed worker is not alive, however fresh its key"
