@@ -42,6 +42,8 @@ class Redaction:
     # Rewrite valkey's append-only file (and save its RDB file, if it keeps one) so that
     # a forgotten text leaves its persistence files too.
     purge_redis_files: bool = True
+    # Rebuild the full-text index after the VACUUM: its keys keep forgotten words.
+    reindex_text: bool = True
     # How long a listener waits for open transactions, a file rewrite or stream entries.
     wait_s: float = 60.0
     # A forget still pending this long after its commit is handed to the listeners again.
@@ -96,6 +98,7 @@ class JobsSettings:
                 webhook_secret=env.get("ENGRAM_FORGET_WEBHOOK_SECRET") or None,
                 retry_s=_seconds_list(env, "ENGRAM_REDACTION_RETRY", "10s,60s,300s"),
                 purge_redis_files=env.get("ENGRAM_REDIS_PURGE_FILES", "on") != "off",
+                reindex_text=env.get("ENGRAM_REDACTION_REINDEX", "on") != "off",
                 wait_s=duration(env, "ENGRAM_REDACTION_WAIT", "60s") or 60.0,
                 sweep_after_s=duration(env, "ENGRAM_REDACTION_SWEEP_AFTER", "5m") or 300.0,
             ),

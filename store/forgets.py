@@ -107,3 +107,22 @@ def vacuum(pool: Any, *, wait_s: float = 60.0) -> datetime:
             time.sleep(0.2)
         conn.execute(f"VACUUM (INDEX_CLEANUP ON) {', '.join(FORGET_TABLES)}")
     return called
+
+
+# The full-text index: GIN keeps a word as a key of its entry tree once it was indexed,
+# even when no row has it any more (VACUUM empties its posting list, not the key).
+TEXT_INDEX = "engram_revisions_tsv_idx"
+
+
+def reindex_text(pool: Any) -> None:
+    """Rebuild the full-text index without blocking writes (``REINDEX CONCURRENTLY``), so
+    that the words of forgotten texts leave it. A rebuild that failed earlier leaves an
+    invalid copy (``…_ccnew``): it is dropped first."""
+    with pool.connection() as conn:
+        for (name,) in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
+            " WHERE NOT i.indisvalid AND c.relname LIKE %s",
+            (f"{TEXT_INDEX}_ccnew%",),
+        ).fetchall():
+            conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
+        conn.execute(f"REINDEX INDEX CONCURRENTLY {TEXT_INDEX}")

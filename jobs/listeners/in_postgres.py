@@ -4,9 +4,12 @@ A forget deletes its record's rows and rewrites the receipts that held its
 text, in one transaction; the old row versions stay in the tables' pages (and
 their index entries in the indexes) until VACUUM removes them. This listener
 runs one VACUUM of the tables forgets touch for a whole batch of forgets
-(``store.forgets.vacuum``), once no transaction older than the batch is open.
-What VACUUM does not erase (free space in pages, the write-ahead log until its
-segments are recycled and overwritten) is measured in ``docs/jobs.md``.
+(``store.forgets.vacuum``), once no transaction older than the batch is open;
+then it rebuilds the full-text index, which keeps every word it ever indexed as
+a key (``store.forgets.reindex_text``; ``ENGRAM_REDACTION_REINDEX=off`` skips it).
+What neither erases (the freed space of a page until it is reused, the
+write-ahead log until its segments are overwritten) is measured in
+``docs/jobs.md``.
 """
 
 from __future__ import annotations
@@ -25,5 +28,8 @@ class PostgresListener:
         self.ctx = ctx
 
     def __call__(self, events: Sequence[ForgetEvent]) -> None:
-        if events:
-            forgets.vacuum(self.ctx.store.pool, wait_s=self.ctx.settings.redaction.wait_s)
+        if not events:
+            return
+        forgets.vacuum(self.ctx.store.pool, wait_s=self.ctx.settings.redaction.wait_s)
+        if self.ctx.settings.redaction.reindex_text:
+            forgets.reindex_text(self.ctx.store.pool)
