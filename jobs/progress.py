@@ -15,8 +15,10 @@ contract with them (more may be added, none renamed):
 ``requested_by``  who started it (an operator name, ``cli``, ...)
 ``job_id``        the RQ job carrying it now (a re-embedding is a chain of slices)
 
-and engram's own: ``cursor`` (the last record id done in this pass) and
-``message`` (why it waits or failed: ids and counts, never memory text).
+and engram's own: ``cursor`` (the last record id done in this pass),
+``message`` (why it waits or failed: ids and counts, never memory text), and
+``embed_s`` / ``store_s`` (time spent in the embedder / listing records and
+storing vectors, all slices together).
 Pure logic, no I/O.
 """
 
@@ -50,6 +52,8 @@ class Progress:
     job_id: str
     cursor: str | None = None
     message: str | None = None
+    embed_s: float = 0.0  # time spent in the embedder, all slices together
+    store_s: float = 0.0  # time spent listing records and storing vectors
 
     @classmethod
     def queued(
@@ -77,6 +81,8 @@ class Progress:
                 job_id=str(data["job_id"]),
                 cursor=data.get("cursor"),
                 message=data.get("message"),
+                embed_s=float(data.get("embed_s", 0.0)),
+                store_s=float(data.get("store_s", 0.0)),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -91,7 +97,14 @@ class Progress:
         return self.state in FINISHED
 
     def advanced(
-        self, *, stored: int, skipped: int, handled_per_s: float | None, at: datetime
+        self,
+        *,
+        stored: int,
+        skipped: int,
+        handled_per_s: float | None,
+        at: datetime,
+        embed_s: float = 0.0,
+        store_s: float = 0.0,
     ) -> Progress:
         """After a batch: ``stored`` vectors more, ``skipped`` records that moved on."""
         done = self.done + stored
@@ -103,6 +116,8 @@ class Progress:
             rate_per_s=round(rate, 2),
             eta_s=eta(self.total - done, rate),
             updated_at=at.isoformat(),
+            embed_s=round(self.embed_s + embed_s, 3),
+            store_s=round(self.store_s + store_s, 3),
         )
 
     def at(self, state: State, at: datetime, **changes: Any) -> Progress:

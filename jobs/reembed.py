@@ -7,8 +7,9 @@ deleted), records a ``waiting`` progress and enqueues the first slice. A slice
 re-embedding lease, fills the pending generation in batches from where the last
 slice stopped, and after each pass over the store tries ``switch``: the last
 gaps are filled with writes held off, then the generation is activated
-atomically. After three passes without a switch (records kept changing faster
-than a switch may hold writes for) it waits ``resume_after_s`` and goes on.
+atomically, if the gaps are few enough to fill within ``switch_hold_s`` at the
+rate seen so far. After three passes without a switch (records kept changing
+faster than that) it waits ``resume_after_s`` and goes on.
 
 A slice works for ``slice_s`` at most, then enqueues the next one, so the other
 queues are served in between. A slice that dies (its worker was killed) leaves
@@ -191,11 +192,15 @@ class _Slice:
             self.latest = p  # what a failure records
             if lease.lost.is_set():
                 return {"state": "lease_lost"}
-            if time.monotonic() > deadline or self.ctx.stopping.is_set():
+            # A slice always does some work: one that spent its time counting (a busy
+            # database) would otherwise hand over to the next for ever.
+            if (handled and time.monotonic() > deadline) or self.ctx.stopping.is_set():
                 return self._again(p, delay_s=0)
+            listed = time.monotonic()
             batch = self.embeddings.pending(
                 self.generation_id, self.settings.batch_size, after=p.cursor
             )
+            embedding = time.monotonic()
             if not batch:
                 outcome = self._end_of_pass(p, embedder, lease)
                 if outcome is not None:
@@ -214,6 +219,7 @@ class _Slice:
                 )
                 p = replace(p, errors=p.errors + 1, cursor=batch[-1].record_id)
                 continue
+            storing = time.monotonic()
             stored = self.embeddings.put(
                 self.generation_id,
                 [
@@ -223,12 +229,15 @@ class _Slice:
                 fence=lease.fence,
             )
             handled += len(batch)
+            finished = time.monotonic()
             p = replace(
                 p.advanced(
                     stored=stored,
                     skipped=len(batch) - stored,
-                    handled_per_s=handled / max(time.monotonic() - started, 1e-6),
+                    handled_per_s=handled / max(finished - started, 1e-6),
                     at=now(),
+                    embed_s=storing - embedding,
+                    store_s=(embedding - listed) + (finished - storing),
                 ),
                 cursor=batch[-1].record_id,
             )
@@ -240,8 +249,10 @@ class _Slice:
         self, p: Progress, embedder: Embedder, lease: JobLease
     ) -> dict[str, Any] | None:
         """Switch if the gaps left are few; None to make another pass."""
+        # Hold writes off for about ``switch_hold_s`` at most, at the rate seen so far.
+        hold = max(self.settings.batch_size, int(p.rate_per_s * self.settings.switch_hold_s))
         switched = self.embeddings.switch(
-            self.generation_id, embedder, max_missing=self.settings.batch_size, fence=lease.fence
+            self.generation_id, embedder, max_missing=hold, fence=lease.fence
         )
         if switched.activated:
             self.embeddings.index_large_scopes()

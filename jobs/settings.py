@@ -57,8 +57,11 @@ class Reembed:
     # queues are served in between, and a stopped worker leaves a slice to resume.
     slice_s: float = 60.0
     lease_ttl_ms: int = 30_000
+    # A switch holds writes off while it embeds the last gaps: for about this long at
+    # most (at the rate measured so far), and never for fewer than a batch.
+    switch_hold_s: float = 1.0
     # After three passes without a switch (records kept changing), wait this long.
-    resume_after_s: float = 10.0
+    resume_after_s: float = 2.0
     # Retries of a slice that raised, before the re-embedding is marked failed.
     retry_s: tuple[int, ...] = (5, 30, 120)
 
@@ -106,7 +109,8 @@ class JobsSettings:
                 batch_size=int(env.get("ENGRAM_REEMBED_BATCH_SIZE") or 64),
                 slice_s=duration(env, "ENGRAM_REEMBED_SLICE", "60s") or 60.0,
                 lease_ttl_ms=int(1000 * (duration(env, "ENGRAM_REEMBED_LEASE_TTL", "30s") or 30.0)),
-                resume_after_s=duration(env, "ENGRAM_REEMBED_RESUME_AFTER", "10s") or 10.0,
+                switch_hold_s=duration(env, "ENGRAM_REEMBED_SWITCH_HOLD", "1s") or 1.0,
+                resume_after_s=duration(env, "ENGRAM_REEMBED_RESUME_AFTER", "2s") or 2.0,
                 retry_s=_seconds_list(env, "ENGRAM_REEMBED_RETRY", "5s,30s,120s"),
             ),
             tick_s=duration(env, "ENGRAM_JOBS_TICK", "1s") or 1.0,

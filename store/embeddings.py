@@ -28,6 +28,7 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
+from . import vector_indexes
 from .embedders import Embedder, embed_checked
 from .errors import EmbeddingMismatchError, FencedError, InvalidRequestError
 from .limits import LARGE_SCOPE_VECTORS, REEMBED_BATCH_SIZE, REEMBED_MAX_PASSES
@@ -135,17 +136,7 @@ class Embeddings:
         """Current revisions (every scope) without a vector in this pending generation,
         in record id order, from after the id ``after``."""
         with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"""
-                SELECT r.id, r.revision, v.digest, v.text {_MISSING}
-                  AND r.id > %(after)s
-                  AND EXISTS (SELECT 1 FROM engram_generations g
-                              WHERE g.id = %(g)s AND g.status = 'pending')
-                ORDER BY r.id LIMIT %(n)s
-                """,
-                {"g": generation_id, "after": after or "", "n": limit},
-            ).fetchall()
-        return [PendingItem(*r) for r in rows]
+            return _pending(conn, generation_id, limit, after)
 
     def counts(self, generation_id: int) -> tuple[int, int]:
         """(current revisions with a vector in this generation, current revisions)."""
@@ -167,80 +158,16 @@ class Embeddings:
         that name has been seen: a re-embedding job that lost its lock stores nothing."""
         if not items:
             return 0
-        with self.pool.connection() as conn, conn.transaction():
-            if fence is not None:
-                _raise_fence(conn, fence)
-            gen = conn.execute(
-                "SELECT dims, status FROM engram_generations WHERE id = %s FOR SHARE",
-                (generation_id,),
-            ).fetchone()
-            if gen is None or gen[1] == "retired":
-                return 0
-            dims = gen[0]
-            vectors = []
-            for item in items:
-                vector = np.asarray(item.vector, dtype=np.float32)
-                if vector.shape != (dims,):
-                    raise EmbeddingMismatchError(
-                        f"generation {generation_id} holds {dims}-dimensional vectors, "
-                        f"not {vector.shape[0] if vector.ndim == 1 else vector.shape}"
-                    )
-                vectors.append(vector)
-            cur = conn.execute(
-                """
-                INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,
-                                            status, kind, expires_at, embedding)
-                SELECT %(g)s, r.id, r.scope_id, r.revision, v.digest, r.status, r.kind,
-                       r.expires_at, i.embedding
-                FROM unnest(%(ids)s::text[], %(revs)s::int[], %(digests)s::text[],
-                            %(vecs)s::vector[]) AS i(id, revision, digest, embedding)
-                JOIN engram_records r ON r.id = i.id AND r.revision = i.revision
-                JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
-                                       AND v.digest = i.digest
-                ON CONFLICT (generation_id, record_id) DO UPDATE
-                  SET revision = EXCLUDED.revision, digest = EXCLUDED.digest,
-                      status = EXCLUDED.status, kind = EXCLUDED.kind,
-                      expires_at = EXCLUDED.expires_at, embedding = EXCLUDED.embedding,
-                      scope_id = EXCLUDED.scope_id
-                """,
-                {
-                    "g": generation_id,
-                    "ids": [i.record_id for i in items],
-                    "revs": [i.revision for i in items],
-                    "digests": [i.digest for i in items],
-                    "vecs": vectors,
-                },
-            )
-            stored: int = cur.rowcount
-            return stored
+        with self.pool.connection() as conn:
+            return _put(conn, generation_id, items, fence)
 
     def activate(self, generation_id: int) -> bool:
         """Make a pending generation active, atomically; False (and no change) if it can't be."""
-        with self.pool.connection() as conn, conn.transaction():
-            # Waits for in-flight writes, which hold the active row FOR SHARE.
-            rows = conn.execute(
-                "SELECT id, status FROM engram_generations WHERE status IN ('active', 'pending')"
-                " OR id = %s FOR UPDATE",
-                (generation_id,),
-            ).fetchall()
-            status = {r[0]: r[1] for r in rows}
-            if status.get(generation_id) != "pending":
-                return False
-            missing = conn.execute(
-                f"SELECT EXISTS (SELECT 1 {_MISSING})", {"g": generation_id}
-            ).fetchone()
-            if missing and missing[0]:
-                return False
-            for gid, state in status.items():
-                if state == "active":
-                    _retire(conn, gid)
-            conn.execute(
-                "UPDATE engram_generations SET status = 'active', activated_at = now()"
-                " WHERE id = %s",
-                (generation_id,),
-            )
-        log.info("embedding generation activated", extra={"generation": generation_id})
-        return True
+        with self.pool.connection() as conn:
+            activated = _activate(conn, generation_id)
+        if activated:
+            log.info("embedding generation activated", extra={"generation": generation_id})
+        return activated
 
     def switch(
         self,
@@ -255,11 +182,12 @@ class Embeddings:
         revisions lack a vector, or the generation is no longer pending.
 
         The embedder runs while writes wait: it must not write to this store."""
+        # One connection for all of it: writers waiting for the lock may hold the others.
         with self.pool.connection() as conn:
             # A session lock, not a transaction: none stays open while we embed.
             conn.execute("SELECT pg_advisory_lock(%s)", (SWITCH_LOCK_KEY,))
             try:
-                gaps = self.pending(generation_id, max_missing + 1)
+                gaps = _pending(conn, generation_id, max_missing + 1, None)
                 if len(gaps) > max_missing:
                     return Switched(activated=False, embedded=0, missing=len(gaps))
                 vectors = embed_checked(embedder, [g.text for g in gaps])
@@ -267,10 +195,13 @@ class Embeddings:
                     VectorItem(g.record_id, g.revision, g.digest, v)
                     for g, v in zip(gaps, vectors, strict=True)
                 ]
-                stored = self.put(generation_id, items, fence=fence)
-                return Switched(self.activate(generation_id), stored, len(gaps) - stored)
+                stored = _put(conn, generation_id, items, fence) if items else 0
+                activated = _activate(conn, generation_id)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (SWITCH_LOCK_KEY,))
+        if activated:
+            log.info("embedding generation activated", extra={"generation": generation_id})
+        return Switched(activated, stored, len(gaps) - stored)
 
     def set_progress(self, generation_id: int, progress: dict[str, Any]) -> None:
         with self.pool.connection() as conn:
@@ -319,39 +250,104 @@ class Embeddings:
 
     def index_large_scopes(self, threshold: int = LARGE_SCOPE_VECTORS) -> list[str]:
         """Give every scope with ``threshold`` or more vectors in the active generation its
-        own HNSW index; smaller scopes stay on the exact (generation, scope) search."""
-        created = []
-        with self.pool.connection() as conn:
-            conn.autocommit = True
-            try:
-                rows = conn.execute(
-                    """
-                    SELECT g.id, g.dims, x.scope_id FROM engram_generations g
-                    JOIN engram_vectors x ON x.generation_id = g.id
-                    WHERE g.status = 'active'
-                      AND NOT EXISTS (SELECT 1 FROM engram_vector_indexes i
-                                      WHERE i.generation_id = g.id AND i.scope_id = x.scope_id)
-                    GROUP BY g.id, g.dims, x.scope_id HAVING count(*) >= %s
-                    """,
-                    (threshold,),
-                ).fetchall()
-                for gen, dims, scope in rows:
-                    name = f"engram_vectors_hnsw_g{int(gen)}_s{int(scope)}"
-                    conn.execute(
-                        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON engram_vectors"
-                        f" USING hnsw ((embedding::vector({int(dims)})) vector_cosine_ops)"
-                        f" WHERE generation_id = {int(gen)} AND scope_id = {int(scope)}"
-                    )
-                    conn.execute(
-                        "INSERT INTO engram_vector_indexes (generation_id, scope_id, index_name)"
-                        " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                        (gen, scope, name),
-                    )
-                    log.info("approximate index built", extra={"generation": gen, "scope": scope})
-                    created.append(name)
-            finally:
-                conn.autocommit = False
-        return created
+        own HNSW index (``vector_indexes``); smaller scopes stay on the exact search."""
+        return vector_indexes.index_large_scopes(self.pool, threshold)
+
+
+def _pending(
+    conn: psycopg.Connection[Any], generation_id: int, limit: int, after: str | None
+) -> list[PendingItem]:
+    rows = conn.execute(
+        f"""
+        SELECT r.id, r.revision, v.digest, v.text {_MISSING}
+          AND r.id > %(after)s
+          AND EXISTS (SELECT 1 FROM engram_generations g
+                      WHERE g.id = %(g)s AND g.status = 'pending')
+        ORDER BY r.id LIMIT %(n)s
+        """,
+        {"g": generation_id, "after": after or "", "n": limit},
+    ).fetchall()
+    return [PendingItem(*r) for r in rows]
+
+
+def _put(
+    conn: psycopg.Connection[Any],
+    generation_id: int,
+    items: Sequence[VectorItem],
+    fence: Fence | None,
+) -> int:
+    with conn.transaction():
+        if fence is not None:
+            _raise_fence(conn, fence)
+        gen = conn.execute(
+            "SELECT dims, status FROM engram_generations WHERE id = %s FOR SHARE",
+            (generation_id,),
+        ).fetchone()
+        if gen is None or gen[1] == "retired":
+            return 0
+        dims = gen[0]
+        vectors = []
+        for item in items:
+            vector = np.asarray(item.vector, dtype=np.float32)
+            if vector.shape != (dims,):
+                raise EmbeddingMismatchError(
+                    f"generation {generation_id} holds {dims}-dimensional vectors, "
+                    f"not {vector.shape[0] if vector.ndim == 1 else vector.shape}"
+                )
+            vectors.append(vector)
+        cur = conn.execute(
+            """
+            INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,
+                                        status, kind, expires_at, embedding)
+            SELECT %(g)s, r.id, r.scope_id, r.revision, v.digest, r.status, r.kind,
+                   r.expires_at, i.embedding
+            FROM unnest(%(ids)s::text[], %(revs)s::int[], %(digests)s::text[],
+                        %(vecs)s::vector[]) AS i(id, revision, digest, embedding)
+            JOIN engram_records r ON r.id = i.id AND r.revision = i.revision
+            JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+                                   AND v.digest = i.digest
+            ON CONFLICT (generation_id, record_id) DO UPDATE
+              SET revision = EXCLUDED.revision, digest = EXCLUDED.digest,
+                  status = EXCLUDED.status, kind = EXCLUDED.kind,
+                  expires_at = EXCLUDED.expires_at, embedding = EXCLUDED.embedding,
+                  scope_id = EXCLUDED.scope_id
+            """,
+            {
+                "g": generation_id,
+                "ids": [i.record_id for i in items],
+                "revs": [i.revision for i in items],
+                "digests": [i.digest for i in items],
+                "vecs": vectors,
+            },
+        )
+        stored: int = cur.rowcount
+        return stored
+
+
+def _activate(conn: psycopg.Connection[Any], generation_id: int) -> bool:
+    with conn.transaction():
+        # Waits for in-flight writes, which hold the active row FOR SHARE.
+        rows = conn.execute(
+            "SELECT id, status FROM engram_generations WHERE status IN ('active', 'pending')"
+            " OR id = %s FOR UPDATE",
+            (generation_id,),
+        ).fetchall()
+        status = {r[0]: r[1] for r in rows}
+        if status.get(generation_id) != "pending":
+            return False
+        missing = conn.execute(
+            f"SELECT EXISTS (SELECT 1 {_MISSING})", {"g": generation_id}
+        ).fetchone()
+        if missing and missing[0]:
+            return False
+        for gid, state in status.items():
+            if state == "active":
+                _retire(conn, gid)
+        conn.execute(
+            "UPDATE engram_generations SET status = 'active', activated_at = now() WHERE id = %s",
+            (generation_id,),
+        )
+    return True
 
 
 def _raise_fence(conn: psycopg.Connection[Any], fence: Fence) -> None:

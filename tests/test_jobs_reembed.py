@@ -166,8 +166,14 @@ def test_records_that_keep_moving_leave_it_waiting_then_it_resumes(
     fresh_store: Store, redis_url: str
 ) -> None:
     ids = fill(fresh_store, 2, scopes=1)
+    # A switch holds writes off for one record at most (and so never calls the
+    # embedder that writes, which would wait for itself).
     ctx = context(
-        fresh_store, redis_url, ENGRAM_REEMBED_BATCH_SIZE="1", ENGRAM_REEMBED_RESUME_AFTER="1h"
+        fresh_store,
+        redis_url,
+        ENGRAM_REEMBED_BATCH_SIZE="1",
+        ENGRAM_REEMBED_SWITCH_HOLD="0.001s",
+        ENGRAM_REEMBED_RESUME_AFTER="1h",
     )
     moving = Moving(fresh_store, ids, moves=50)
     ctx.registry.add(moving)
