@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,41 +63,61 @@ def purge(client: redis.Redis, *, wait_s: float) -> Purged:
 
 
 def _rewrite(client: redis.Redis, info: dict[str, Any], deadline: float) -> None:
-    # A rewrite under way may have begun before our deletions: wait for the next one.
-    need = int(info["aof_rewrites"]) + 1 + int(info["aof_rewrite_in_progress"])
-    while True:
-        now = client.info("persistence")
-        busy = int(now["aof_rewrite_in_progress"]) or int(now["aof_rewrite_scheduled"])
-        if int(now["aof_rewrites"]) >= need and not busy:
-            break
-        if not busy:
-            # Start one; another caller may have just done so (then wait for it).
-            with contextlib.suppress(redis.ResponseError):
-                client.bgrewriteaof()
-        if time.monotonic() > deadline:
-            raise PurgeError("the append-only file rewrite did not finish in time")
-        time.sleep(0.05)
-    status = client.info("persistence").get("aof_last_bgrewrite_status")
-    if status != "ok":
-        raise PurgeError(f"the append-only file rewrite ended with status {status}")
+    _covered(
+        client,
+        info,
+        deadline,
+        count="aof_rewrites",
+        busy=("aof_rewrite_in_progress", "aof_rewrite_scheduled"),
+        start=client.bgrewriteaof,
+        status="aof_last_bgrewrite_status",
+        what="append-only file rewrite",
+    )
 
 
 def _save(client: redis.Redis, info: dict[str, Any], deadline: float) -> None:
-    need = int(info.get("rdb_saves", 0)) + 1 + int(info.get("rdb_bgsave_in_progress", 0))
+    _covered(
+        client,
+        info,
+        deadline,
+        count="rdb_saves",
+        busy=("rdb_bgsave_in_progress",),
+        start=lambda: client.bgsave(schedule=True),
+        status="rdb_last_bgsave_status",
+        what="RDB save",
+    )
+
+
+def _covered(
+    client: redis.Redis,
+    info: dict[str, Any],
+    deadline: float,
+    *,
+    count: str,
+    busy: tuple[str, ...],
+    start: Callable[[], Any],
+    status: str,
+    what: str,
+) -> None:
+    """Wait until a run (a rewrite, a save) that began after ``info`` was read has ended
+    well; start one whenever none is under way. One under way when ``info`` was read
+    may have begun before our deletions: then the next one is needed."""
+    need = int(info.get(count, 0)) + 1 + int(info.get(busy[0], 0))
     while True:
         now = client.info("persistence")
-        busy = int(now.get("rdb_bgsave_in_progress", 0))
-        if int(now.get("rdb_saves", 0)) >= need and not busy:
+        running = any(int(now.get(field, 0)) for field in busy)
+        if int(now.get(count, 0)) >= need and not running:
             break
-        if not busy:
+        if not running:
+            # Another caller may have just started one: then wait for it.
             with contextlib.suppress(redis.ResponseError):
-                client.bgsave(schedule=True)
+                start()
         if time.monotonic() > deadline:
-            raise PurgeError("the RDB save did not finish in time")
+            raise PurgeError(f"the {what} did not finish in time")
         time.sleep(0.05)
-    status = client.info("persistence").get("rdb_last_bgsave_status")
-    if status != "ok":
-        raise PurgeError(f"the RDB save ended with status {status}")
+    ended = client.info("persistence").get(status)
+    if ended != "ok":
+        raise PurgeError(f"the {what} ended with status {ended}")
 
 
 def _history_gone(config: dict[str, str], deadline: float) -> bool:

@@ -3,14 +3,9 @@ jobs run in this process, and embedders the tests plug in by ``ENGRAM_EMBEDDERS`
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +16,7 @@ from jobs.context import JobContext
 from jobs.settings import JobsSettings
 from store import HashingEmbedder, Store
 from store.registry import EmbedderRegistry, parse_plugins
-from tests.redis_fixtures import FAST, REPO
+from tests.redis_fixtures import FAST, WorkerProcess, spawn, stop_all
 from worker.runtime import connect_redis
 
 # The test embedders, by name, for every process of a test (workers and jobs).
@@ -106,33 +101,8 @@ def run_burst(ctx: JobContext, redis_url: str) -> None:
     runner.run(ctx, runner.rq_connection(redis_url), burst=True)
 
 
-@dataclass
-class JobsProcess:
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would."""
-        if self.process.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self, timeout: float = 60.0) -> int:
-        if self.process.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+# An ``engram jobs`` subprocess: the same handle as a worker's.
+JobsProcess = WorkerProcess
 
 
 @pytest.fixture
@@ -143,9 +113,7 @@ def jobs_processes(tmp_path: Path) -> Iterator[Callable[..., JobsProcess]]:
     def start(
         *, database_url: str, redis_url: str, env: dict[str, str] | None = None
     ) -> JobsProcess:
-        log_path = tmp_path / f"jobs-{len(started)}.log"
         full_env = {
-            **os.environ,
             "DATABASE_URL": database_url,
             "REDIS_URL": redis_url,
             "ENGRAM_EMBEDDERS": PLUGINS,
@@ -157,29 +125,14 @@ def jobs_processes(tmp_path: Path) -> Iterator[Callable[..., JobsProcess]]:
             "ENGRAM_REEMBED_RETRY": "1s",
             "ENGRAM_REDACTION_RETRY": "1s,1s",
             "ENGRAM_JOBS_TICK": "0.2s",
-            "PYTHONPATH": str(REPO),
             **(env or {}),
         }
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "engram", "--log-level", "INFO", "jobs"],
-                env=full_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=REPO,
-            )
-        proc = JobsProcess(process, log_path)
+        proc = spawn("jobs", full_env, tmp_path / f"jobs-{len(started)}.log")
         started.append(proc)
         return proc
 
     yield start
-    for proc in started:
-        if proc.process.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.stop(timeout=20)
-        if proc.process.poll() is None:
-            proc.process.kill()
-            proc.process.wait()
+    stop_all(started)
 
 
 # -- forget listeners the tests plug in (ENGRAM_FORGET_LISTENERS=package.module:callable) --
