@@ -79,6 +79,15 @@ def run(ctx: JobContext, rq_client: redis.Redis, *, burst: bool = False) -> int:
     ]
     for thread in threads:
         thread.start()
+    log.info(
+        "jobs worker started",
+        extra={
+            "worker": worker.name,
+            "queues": ",".join(keys.QUEUES),
+            "listeners": ",".join(ctx.settings.redaction.listeners) or "none",
+            "schedules": ",".join(s.name for s in ticker.schedules) or "none",
+        },
+    )
     try:
         worker.work(burst=burst, logging_level="WARNING", with_scheduler=False)
     finally:
