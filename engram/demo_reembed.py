@@ -30,6 +30,8 @@ from worker import runtime
 from worker.producer import Pending, Producer
 from worker.settings import Settings
 
+from .jobs_cli import follow
+
 SCOPE = {"user_id": "engram-demo-reembed"}
 FACTS = (
     "The demo user drinks green tea every morning.",
@@ -112,9 +114,7 @@ def run_demo(settings: Settings, *, model: str, rate_per_s: float, seed_records:
                     settings=JobsSettings.from_env().reembed,
                 )
                 print(f"re-embedding to {target}: generation {started.generation_id}")
-                from .jobs_cli import _follow
-
-                code = _follow(store, started.generation_id)
+                code = follow(store, started.generation_id)
                 outcomes = writer.stop()
         print(
             f"writes meanwhile: {len(writer.sent)} sent at {rate_per_s:g}/s,"

@@ -89,7 +89,7 @@ def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
             print("no `engram jobs` worker is running: it starts when one does", file=sys.stderr)
         if args.detach:
             return 0
-        return _follow(store, started.generation_id)
+        return follow(store, started.generation_id)
     finally:
         store.close()
         client.close()
@@ -172,7 +172,7 @@ def _context(settings: Settings) -> JobContext:
     )
 
 
-def _follow(store: Store, generation_id: int, poll_s: float = 0.5) -> int:
+def follow(store: Store, generation_id: int, poll_s: float = 0.5) -> int:
     """Print the progress bar until the re-embedding is over; 0 once it is active."""
     tty = sys.stdout.isatty()
     shown = ""

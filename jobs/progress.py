@@ -16,7 +16,8 @@ contract with them (more may be added, none renamed):
 ``job_id``        the RQ job carrying it now (a re-embedding is a chain of slices)
 
 and engram's own: ``cursor`` (the last record id done in this pass),
-``message`` (why it waits or failed: ids and counts, never memory text), and
+``message`` (why it waits or failed, or how long the switch held writes off:
+ids, counts and times, never memory text), and
 ``embed_s`` / ``store_s`` (time spent in the embedder / listing records and
 storing vectors, all slices together).
 Pure logic, no I/O.

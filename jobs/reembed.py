@@ -257,7 +257,15 @@ class _Slice:
         if switched.activated:
             self.embeddings.index_large_scopes()
             done, total = self.embeddings.counts(self.generation_id)
-            final = p.at("activated", now(), done=done, total=total, eta_s=0.0, cursor=None)
+            final = p.at(
+                "activated",
+                now(),
+                done=done,
+                total=total,
+                eta_s=0.0,
+                cursor=None,
+                message=f"writes held off {switched.held_s * 1000:.0f} ms for the switch",
+            )
             self._save(final)
             log.info("re-embedding activated", extra={"generation": self.generation_id})
             return {"state": "activated", "done": done}

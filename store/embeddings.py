@@ -20,6 +20,7 @@ gaps (``max_missing``), so writes wait at most one small batch's embedding.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,7 @@ class Switched:
     activated: bool
     embedded: int  # gaps filled while writes waited
     missing: int  # gaps left (more than a switch holds writes for, or moved meanwhile)
+    held_s: float = 0.0  # how long writes were held off
 
 
 def _generation(row: Sequence[Any] | None) -> Generation | None:
@@ -186,10 +188,11 @@ class Embeddings:
         with self.pool.connection() as conn:
             # A session lock, not a transaction: none stays open while we embed.
             conn.execute("SELECT pg_advisory_lock(%s)", (SWITCH_LOCK_KEY,))
+            held = time.monotonic()
             try:
                 gaps = _pending(conn, generation_id, max_missing + 1, None)
                 if len(gaps) > max_missing:
-                    return Switched(activated=False, embedded=0, missing=len(gaps))
+                    return Switched(False, 0, len(gaps), time.monotonic() - held)
                 vectors = embed_checked(embedder, [g.text for g in gaps])
                 items = [
                     VectorItem(g.record_id, g.revision, g.digest, v)
@@ -199,9 +202,13 @@ class Embeddings:
                 activated = _activate(conn, generation_id)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (SWITCH_LOCK_KEY,))
+                held_s = time.monotonic() - held
         if activated:
-            log.info("embedding generation activated", extra={"generation": generation_id})
-        return Switched(activated, stored, len(gaps) - stored)
+            log.info(
+                "embedding generation activated",
+                extra={"generation": generation_id, "writes_held_ms": round(held_s * 1000, 1)},
+            )
+        return Switched(activated, stored, len(gaps) - stored, held_s)
 
     def set_progress(self, generation_id: int, progress: dict[str, Any]) -> None:
         with self.pool.connection() as conn:
@@ -257,10 +264,18 @@ class Embeddings:
 def _pending(
     conn: psycopg.Connection[Any], generation_id: int, limit: int, after: str | None
 ) -> list[PendingItem]:
+    # The cursor bounds every side of the joins, not only the records': without it the
+    # planner merges from the first revision and the first vector of the generation at
+    # every batch (measured: 300 ms a batch at 120,000 records, against 1.4 ms).
     rows = conn.execute(
-        f"""
-        SELECT r.id, r.revision, v.digest, v.text {_MISSING}
-          AND r.id > %(after)s
+        """
+        SELECT r.id, r.revision, v.digest, v.text
+        FROM engram_records r
+        JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+        WHERE r.id > %(after)s AND v.record_id > %(after)s
+          AND NOT EXISTS (SELECT 1 FROM engram_vectors x WHERE x.generation_id = %(g)s
+                          AND x.record_id > %(after)s AND x.record_id = r.id
+                          AND x.revision = r.revision AND x.digest = v.digest)
           AND EXISTS (SELECT 1 FROM engram_generations g
                       WHERE g.id = %(g)s AND g.status = 'pending')
         ORDER BY r.id LIMIT %(n)s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -99,3 +100,24 @@ def test_jobs_health_says_whether_a_jobs_worker_lives_here(
     wait_until(lambda: main(["jobs-health"]) == 0, timeout=30, what="a live jobs worker")
     worker.kill()
     assert main(["jobs-health"]) == 1, "a killed worker is not alive, however fresh its key"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("env")
+def test_demo_reembed_moves_the_store_while_writes_go_on(
+    fresh_store: Store,
+    fresh_dsn: str,
+    redis_url: str,
+    worker_processes: Callable[..., Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    worker_processes(database_url=fresh_dsn, redis_url=redis_url, env={"ENGRAM_EMBEDDERS": PLUGINS})
+    code = main(["demo-reembed", "--model", "hashing:32", "--records", "50", "--rate", "10"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "starting `engram jobs` for the demo" in out
+    writes = next(line for line in out.splitlines() if line.startswith("writes meanwhile"))
+    sent = int(writes.split()[2])
+    assert f"{sent} committed, 0 refused" in writes
+    assert "active model: hashing-32" in out
+    assert fresh_store.embeddings.active().model_id == "hashing-32"  # type: ignore[union-attr]
