@@ -12,11 +12,12 @@ where it stands). One ``Consumer`` thread serves all of them, in cycles:
    often, goes to the dead letters) and committed with one ``store.execute``
    carrying every partition's fence: one embedding call and one transaction,
    each operation still with its own receipt and scope revision;
-4. the replies, the dead letters and the counters are written and the
-   entries acknowledged (and deleted) in one Redis pipeline, the one that
-   carries the next cycle's ``XREADGROUP``: one round trip a cycle. Before
-   anything else touches Redis (a claim, a partition let go, a stop), what
-   is still unsent goes on its own.
+4. the replies, the dead letters and the counters are written, committed
+   forgets handed to their redaction listeners (``on_forget``, after their
+   replies), and the entries acknowledged (and deleted) in one Redis
+   pipeline, the one that carries the next cycle's ``XREADGROUP``: one round
+   trip a cycle. Before anything else touches Redis (a claim, a partition
+   let go, a stop), what is still unsent goes on its own.
 
 The batch grows with the load: whatever arrives while a cycle commits is read
 by the next one. Partitions never share a scope and each partition's entries
