@@ -110,7 +110,13 @@ class _Ticker:
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
         self.ticks = 0
-        self.scheduler = RQScheduler(keys.QUEUES, connection=ctx.client, interval=1)
+        # RQ's scheduler sets up its own log handler, at INFO unless told otherwise.
+        self.scheduler = RQScheduler(
+            keys.QUEUES,
+            connection=ctx.client,
+            interval=1,
+            logging_level=logging.getLogger().getEffectiveLevel(),
+        )
         self.schedules = schedule.retention_schedules(ctx.settings.retention)
 
     def tick(self) -> None:
