@@ -45,8 +45,9 @@ def test_reembed_follows_the_job_with_a_progress_bar_until_active(
     assert main(["reembed", "--model", "hashing:32", "--requested-by", "ops"]) == 0
     out = capsys.readouterr().out
     assert "re-embedding generation 2: job reembed-" in out
-    last = out.strip().splitlines()[-1]
-    assert "3/3" in last and "100%" in last and "activated" in last
+    *_, bar, said = out.strip().splitlines()
+    assert "3/3" in bar and "100%" in bar and bar.endswith("activated")
+    assert said.startswith("activated: writes held off ")
     assert fresh_store.embeddings.active().model_id == "hashing-32"  # type: ignore[union-attr]
 
 
