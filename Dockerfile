@@ -1,12 +1,15 @@
-# The engram image for docker-compose.yml: the migration step, the stream workers and
-# the dashboard.
+# The engram image for docker-compose.yml: the migration step, the stream workers, the
+# jobs and the dashboard.
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY store ./store
 COPY worker ./worker
 COPY web ./web
+COPY jobs ./jobs
 COPY engram ./engram
-RUN pip install --no-cache-dir .
+# With the second embedding model: the jobs may move the store to it, and the
+# workers then embed with it.
+RUN pip install --no-cache-dir '.[minilm]'
 USER nobody
 CMD ["engram", "worker"]

@@ -26,7 +26,7 @@ from store.errors import EngramError
 from worker import logs, metrics, runtime, valkey
 from worker.settings import Settings
 
-from . import dead_letters, enqueue, exits, reads, transfer, web_cli
+from . import dead_letters, enqueue, exits, jobs_cli, reads, transfer, web_cli
 from .args import positive_int
 from .database import database_url
 
@@ -84,11 +84,15 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     from worker.worker import Worker
 
+    from .jobs_cli import forget_hook, worker_embedders
+
     client = runtime.connect_redis(runtime.redis_url(settings))
-    embedder = runtime.load_embedder(args.embedder or settings.embedder)
-    llm = runtime.load_llm(settings)
     store = _connect_store(runtime.database_url(settings), settings.db_pool_size)
-    worker = Worker(client, store, embedder, llm=llm, config=settings.worker)
+    embedders, embedder = worker_embedders(settings, args.embedder or settings.embedder, store)
+    llm = runtime.load_llm(settings)
+    worker = Worker(
+        client, store, embedders, llm=llm, config=settings.worker, on_forget=forget_hook()
+    )
     runtime.settle(embedder)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -179,7 +183,11 @@ def register(sub: Any) -> None:
     up.set_defaults(run=cmd_up)
     worker = sub.add_parser("worker", help="commit operations from the streams until SIGTERM")
     worker.add_argument(
-        "--embedder", default=None, help="wordllama (default), hashing[:DIMS] or module:factory"
+        "--embedder",
+        default=None,
+        help="before the store has a generation: wordllama (default), minilm, hashing[:DIMS],"
+        " a name from ENGRAM_EMBEDDERS or package.module:factory; afterwards, the active"
+        " generation's model",
     )
     worker.set_defaults(run=cmd_worker)
     cli = sub.add_parser(
@@ -205,6 +213,7 @@ _COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
     dead_letters.register,
     transfer.register,
     web_cli.register,
+    jobs_cli.register,
 )
 
 

@@ -43,6 +43,12 @@ def worker_specs(count: int, log_level: str) -> list[ChildSpec]:
     return [ChildSpec(f"worker-{i}", _engram(log_level, "worker")) for i in range(count)]
 
 
+def jobs_spec(log_level: str) -> ChildSpec:
+    """The RQ jobs worker with its scheduler (``engram jobs``): reembed, retention, and
+    the forget listeners the stream workers hand over. SIGTERM lets the job in hand end."""
+    return ChildSpec("jobs", _engram(log_level, "jobs"), stop_timeout_s=120.0)
+
+
 def web_spec(log_level: str) -> ChildSpec:
     """The dashboard and the JSON API (``engram web``), on the servers ``up`` runs."""
     return ChildSpec("web", _engram(log_level, "web"))
@@ -100,7 +106,7 @@ def run_up(
             "REDIS_URL": redis_url,
             "ENGRAM_HOME": str(settings.home),
         }
-        specs = worker_specs(workers, log_level)
+        specs = [*worker_specs(workers, log_level), jobs_spec(log_level)]
         if dashboard is not None:
             specs.append(web_spec(log_level))
         supervisor = Supervisor(specs, env, on_start=session.record)
@@ -165,6 +171,7 @@ def _print_where(
         f"  Redis       {redis_url}  ({vk})\n"
         f"  workers     {workers} x `engram worker`, "
         f"{settings.worker.partitions} partition streams\n"
+        "  jobs        `engram jobs`: reembed, retention, redaction listeners\n"
         + web
         + f"  run file    {home / 'run.json'}\n"
         'try:  engram enqueue remember --scope \'{"user_id": "ada"}\' '

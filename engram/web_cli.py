@@ -17,6 +17,8 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from jobs import reembed
+from jobs.settings import JobsSettings
 from store import Store
 from web import Services, WebConfig, create_app
 from web.auth import Keys
@@ -40,12 +42,29 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
         cursor_key=Keys(config.token).cursor if config.needs_token else None,
     )
     producer = Producer(client, partitions=settings.worker.partitions)
+    registry = runtime.registry(settings)
+    reembed_settings = JobsSettings.from_env().reembed
+
+    def start_reembed(model: str, requested_by: str) -> str:
+        started = reembed.start(
+            store, client, registry, model, requested_by=requested_by, settings=reembed_settings
+        )
+        return started.job_id
+
     try:
-        query_embedder = runtime.load_embedder(settings.embedder) if embedder else None
-        runtime.settle(query_embedder)
+        # Recall embeds its query with the active generation's model, whichever it is.
+        default = runtime.load_embedder(settings.embedder, registry) if embedder else None
+        runtime.settle(default)
+        query_embedder = registry.resolver(default) if default is not None else None
         yield create_app(
             config,
-            Services(store=store, redis=client, producer=producer, embedder=query_embedder),
+            Services(
+                store=store,
+                redis=client,
+                producer=producer,
+                embedder=query_embedder,
+                start_reembed=start_reembed,
+            ),
         )
     finally:
         producer.close()

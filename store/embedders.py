@@ -1,8 +1,10 @@
 """Embedders: a model id, a size, and a function from texts to vectors.
 
-Two are built in: ``WordLlamaEmbedder`` (the default, a real semantic model
-whose weights ship inside its wheel and run offline) and ``HashingEmbedder``
-(deterministic and dependency-free, for tests of exact behaviour).
+Built in here: ``WordLlamaEmbedder`` (the default, a real semantic model whose
+weights ship inside its wheel and run offline) and ``HashingEmbedder``
+(deterministic and dependency-free, for tests of exact behaviour); the
+optional ``minilm`` module has a better model, and ``registry`` finds any of
+them by name or by the model id a generation stores.
 """
 
 from __future__ import annotations
@@ -34,6 +36,26 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> Sequence[Sequence[float]] | Vectors:
         """One vector of ``dims`` floats per text, in order."""
         ...
+
+
+@runtime_checkable
+class EmbedderResolver(Protocol):
+    """Chooses what a write embeds with, from the store's active generation."""
+
+    def for_generation(self, model_id: str | None, dims: int | None) -> Embedder | None:
+        """The embedder for the active generation's model (``None, None``: the store has
+        no generation yet); raises ``EmbedderUnavailableError`` when none is known here."""
+        ...
+
+
+def embedder_for(
+    embedder: Embedder | EmbedderResolver | None, model_id: str | None, dims: int | None
+) -> Embedder | None:
+    """What embeds for the active generation (``model_id``, ``dims``): the resolver's
+    choice, or the one embedder given (a mismatch is for the caller to refuse)."""
+    if isinstance(embedder, EmbedderResolver):
+        return embedder.for_generation(model_id, dims)
+    return embedder
 
 
 def embed_checked(embedder: Embedder, texts: Sequence[str]) -> Vectors:

@@ -105,6 +105,14 @@ class ModelOutputError(EngramError):
     status = 502
 
 
+class EmbedderUnavailableError(EngramError):
+    """No embedder for a model is available here: unknown to the registry, or its
+    package is not installed (the message says which)."""
+
+    code = "embedder_unavailable"
+    status = 503
+
+
 class FencedError(EngramError):
     """A writer holding a stale partition lease tried to commit; ``fences`` names them."""
 
@@ -132,6 +140,7 @@ ERRORS_BY_CODE: dict[str, type[EngramError]] = {
         AssertedRecordError,
         ModelUnavailableError,
         ModelOutputError,
+        EmbedderUnavailableError,
         FencedError,
         SchemaVersionError,
     )

@@ -261,6 +261,14 @@ class Hit:
 
 
 @dataclass(frozen=True, slots=True)
+class Fence:
+    """A fencing token: commits carrying an older token than one seen are refused."""
+
+    name: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
 class Generation:
     id: int
     model_id: str

@@ -24,7 +24,7 @@ from typing import Any
 
 from .answers import parse_events, parse_facts
 from .apply import stored_receipts
-from .embedders import Embedder
+from .embedders import Embedder, EmbedderResolver
 from .errors import EngramError
 from .extraction import Readable, readable_sources
 from .limits import DEFAULT_KIND, DEFAULT_TOP_K, RAW_EXTRACT_KIND
@@ -57,7 +57,7 @@ def prepare(
     pool: Any,
     op: Operation,
     *,
-    embedder: Embedder | None,
+    embedder: Embedder | EmbedderResolver | None,
     llm: LLM | None,
     deadline: float | None = None,
 ) -> Prepared:
@@ -83,7 +83,7 @@ def prepare(
 def _decide(
     pool: Any,
     op: Operation,
-    embedder: Embedder | None,
+    embedder: Embedder | EmbedderResolver | None,
     llm: LLM,
     deadline: float | None,
     calls: list[ModelCall],

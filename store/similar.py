@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from .embedders import Embedder, embed_checked
+from .embedders import Embedder, EmbedderResolver, embed_checked, embedder_for
 from .errors import EmbeddingMismatchError
 from .model import Scope
 from .recall import RecallQuery, lexical_query, recall
@@ -31,37 +31,44 @@ _SAME_WORDS = """
 """
 
 
+_SCOPE_AND_GENERATION = """
+    SELECT s.id, g.id, g.model_id, g.dims, i.index_name IS NOT NULL
+    FROM engram_scopes s
+    LEFT JOIN engram_generations g ON g.status = 'active'
+    LEFT JOIN engram_vector_indexes i ON i.scope_id = s.id AND i.generation_id = g.id
+    WHERE s.key = %s
+"""
+
+
 def similar_records(
-    pool: Any, scope: Scope, texts: Sequence[str], embedder: Embedder | None, top_k: int
+    pool: Any,
+    scope: Scope,
+    texts: Sequence[str],
+    embedder: Embedder | EmbedderResolver | None,
+    top_k: int,
 ) -> list[Candidate]:
-    # Embedded before a connection is taken (a scope with no vectors wastes this).
-    vectors: list[Any] = list(embed_checked(embedder, texts)) if embedder else [None] * len(texts)
     with pool.connection() as conn:
-        row = conn.execute(
-            """SELECT s.id, g.id, g.model_id, g.dims, i.index_name IS NOT NULL
-               FROM engram_scopes s
-               LEFT JOIN engram_generations g ON g.status = 'active'
-               LEFT JOIN engram_vector_indexes i ON i.scope_id = s.id AND i.generation_id = g.id
-               WHERE s.key = %s""",
-            (scope.key,),
-        ).fetchone()
-        if row is None:
-            return []  # a scope never written holds nothing
-        scope_id, generation_id, model_id, dims, hnsw = row
-        if generation_id is None:
-            vectors = [None] * len(texts)
-        elif embedder is not None and (embedder.model_id, embedder.dims) != (model_id, dims):
+        row = conn.execute(_SCOPE_AND_GENERATION, (scope.key,)).fetchone()
+    if row is None:
+        return []  # a scope never written holds nothing
+    scope_id, generation_id, model_id, dims, hnsw = row
+    vectors: list[Any] = [None] * len(texts)
+    if generation_id is not None:
+        chosen = embedder_for(embedder, model_id, dims)
+        if chosen is not None and (chosen.model_id, chosen.dims) != (model_id, dims):
             raise EmbeddingMismatchError(
                 f"the active embedding generation is {model_id} ({dims} dimensions), "
-                f"not {embedder.model_id} ({embedder.dims})"
+                f"not {chosen.model_id} ({chosen.dims})"
             )
-        # Reads that need no snapshot of their own; an HNSW search sets its options
-        # for one transaction.
-        with conn.transaction() if hnsw else nullcontext():
-            found: dict[str, Candidate] = {}
-            for text, vector in zip(texts, vectors, strict=True):
-                for candidate in _similar_to(conn, scope_id, text, vector, row, top_k):
-                    found.setdefault(candidate.id, candidate)
+        # Embedded with no connection taken: a model may take a while.
+        vectors = list(embed_checked(chosen, texts)) if chosen else vectors
+    # Reads that need no snapshot of their own; an HNSW search sets its options for one
+    # transaction. (A generation switched since is seen by the next phase.)
+    found: dict[str, Candidate] = {}
+    with pool.connection() as conn, conn.transaction() if hnsw else nullcontext():
+        for text, vector in zip(texts, vectors, strict=True):
+            for candidate in _similar_to(conn, scope_id, text, vector, row, top_k):
+                found.setdefault(candidate.id, candidate)
     return list(found.values())
 
 

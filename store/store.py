@@ -17,7 +17,7 @@ from . import migrations, retention, wire
 from .audit import Audit
 from .browse import Browse
 from .cursors import Cursors
-from .embedders import Embedder, embed_checked
+from .embedders import Embedder, EmbedderResolver, embed_checked, embedder_for
 from .embeddings import Embeddings
 from .errors import EmbeddingMismatchError, InvalidRequestError, SchemaVersionError
 from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
@@ -122,7 +122,7 @@ class Store:
     def execute(
         self,
         ops: Sequence[Operation],
-        embedder: Embedder | None = None,
+        embedder: Embedder | EmbedderResolver | None = None,
         *,
         fence: Fence | Sequence[Fence] | None = None,
         listeners: bool = False,
@@ -180,7 +180,7 @@ class Store:
         self,
         op: Operation,
         *,
-        embedder: Embedder | None = None,
+        embedder: Embedder | EmbedderResolver | None = None,
         llm: LLM | None = None,
         deadline: float | None = None,
     ) -> Prepared:
@@ -330,7 +330,7 @@ class Store:
         scope: Scope | Mapping[str, Any],
         text: str | None = None,
         *,
-        embedder: Embedder | None = None,
+        embedder: Embedder | EmbedderResolver | None = None,
         top_k: int = DEFAULT_TOP_K,
         kind: str | None = None,
         include_retracted: bool = False,
@@ -347,6 +347,8 @@ class Store:
             raise InvalidRequestError("recorded_as_of must carry a time zone")
         active = self.embeddings.active()
         vector = None
+        # A resolver picks the active generation's model (or raises EmbedderUnavailableError).
+        embedder = embedder_for(embedder, active.model_id, active.dims) if active else None
         if text is not None and active is not None and embedder is not None:
             if (embedder.model_id, embedder.dims) != (active.model_id, active.dims):
                 raise EmbeddingMismatchError(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .embedders import Embedder
+from .embedders import Embedder, EmbedderResolver
 from .llm import LLM
 from .operations import Operation
 from .prepare import prepare
@@ -54,7 +54,7 @@ def execute_in_waves(
     writer: Writer,
     pool: Any,
     ops: Sequence[Operation],
-    embedder: Embedder | None,
+    embedder: Embedder | EmbedderResolver | None,
     *,
     llm: LLM | None,
     has_phase: Callable[[Operation], bool],

@@ -23,10 +23,12 @@ import numpy as np
 import psycopg
 
 from .apply import Loading, note_replays, stored_receipts, write_plans
-from .embedders import Embedder, Vectors, embed_checked
+from .embedders import Embedder, EmbedderResolver, Vectors, embed_checked
+from .embeddings import HOLD_SWITCH_SHARED
 from .errors import EmbeddingMismatchError, EngramError, FencedError
 from .extraction import readable_sources
 from .limits import MAX_WRITE_ATTEMPTS
+from .model import Fence as Fence  # re-exported: store.writer.Fence
 from .model import Receipt, RecordRef, WriteResult
 from .operations import Extract, Operation, Remember, Revise, text_digest
 from .planner import (
@@ -58,14 +60,6 @@ _RETRYABLE = (
 
 
 @dataclass(frozen=True, slots=True)
-class Fence:
-    """A fencing token: commits carrying an older token than one seen are refused."""
-
-    name: str
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
 class ActiveGeneration:
     id: int
     model_id: str
@@ -85,7 +79,7 @@ class Writer:
     def execute(
         self,
         ops: Sequence[Operation],
-        embedder: Embedder | None,
+        embedder: Embedder | EmbedderResolver | None,
         *,
         fence: Fence | Sequence[Fence] | None = None,
         listeners: bool = False,
@@ -102,6 +96,7 @@ class Writer:
             stream_entries=stream_entries or {},
             decisions=decisions or {},
         )
+        resolver = embedder if isinstance(embedder, EmbedderResolver) else _Fixed(embedder)
         with self.pool.connection() as conn:
             generation = self._generation
             stored: dict[str, Any] = {}
@@ -117,12 +112,15 @@ class Writer:
                 if retries:
                     generation = _active_generation(conn)
                 if generation != embedded_for:
-                    vectors, refused = self._embed(fresh, embedder, generation, ctx.decisions)
+                    # A batch embedded for a generation that has since been switched is
+                    # embedded again, with the new generation's model when the resolver
+                    # knows it (a fixed embedder of the old model is refused instead).
+                    vectors, refused, used = self._embed(fresh, resolver, generation, ctx.decisions)
                     embedded_for = generation
                 batch = [i for i, op in enumerate(ops) if op.operation_id not in refused]
                 try:
                     outcomes = self._commit(
-                        conn, [ops[i] for i in batch], embedder, generation, vectors, fence, ctx
+                        conn, [ops[i] for i in batch], used, generation, vectors, fence, ctx
                     )
                 except (_GenerationMoved, *_RETRYABLE) as exc:
                     retries += 1
@@ -158,10 +156,11 @@ class Writer:
     def _embed(
         self,
         ops: Sequence[Operation],
-        embedder: Embedder | None,
+        resolver: EmbedderResolver,
         generation: ActiveGeneration | None,
         decisions: Mapping[str, Decision],
-    ) -> tuple[dict[str, np.ndarray], dict[str, EngramError]]:
+    ) -> tuple[dict[str, np.ndarray], dict[str, EngramError], Embedder | None]:
+        """The vectors by text digest, the operations refused, and the embedder used."""
         texts: dict[str, str] = {}
         needs: dict[str, list[str]] = {}
         for op in ops:
@@ -169,8 +168,16 @@ class Writer:
             needs[op.operation_id] = op_texts
             for text in op_texts:
                 texts.setdefault(text_digest(text), text)
-        if embedder is None or not texts:
-            return {}, {}
+        if not texts:
+            return {}, {}, None
+        try:
+            embedder = resolver.for_generation(
+                generation.model_id if generation else None, generation.dims if generation else None
+            )
+        except EngramError as unavailable:  # no embedder here for the active model
+            return {}, {op_id: unavailable for op_id, t in needs.items() if t}, None
+        if embedder is None:
+            return {}, {}, None
         if generation is not None and (
             generation.model_id != embedder.model_id or generation.dims != embedder.dims
         ):
@@ -178,10 +185,10 @@ class Writer:
                 f"the active embedding generation is {generation.model_id} "
                 f"({generation.dims} dimensions), not {embedder.model_id} ({embedder.dims})"
             )
-            return {}, {op_id: error for op_id, t in needs.items() if t}
+            return {}, {op_id: error for op_id, t in needs.items() if t}, embedder
         digests = list(texts)
         matrix: Vectors = embed_checked(embedder, [texts[d] for d in digests])
-        return dict(zip(digests, matrix, strict=True)), {}
+        return dict(zip(digests, matrix, strict=True)), {}, embedder
 
     # -- the transaction ----------------------------------------------------------
 
@@ -203,6 +210,9 @@ class Writer:
         with conn.pipeline(), conn.transaction():
             with conn.pipeline():
                 conn.execute(GENERIC_PLANS)
+                # First: a generation switch holds this exclusively while it fills the
+                # last gaps of the new generation, and no commit may slip in meanwhile.
+                conn.execute(HOLD_SWITCH_SHARED)
                 begun = _begin(conn, fence)
                 loading = Loading(conn, groups, ctx.decisions)
                 now, locked = _begun(begun, fence)
@@ -237,6 +247,17 @@ GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 class _GenerationMoved(Exception):
     """The active generation changed between embedding and commit: embed again."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """The one embedder a caller passed, whatever the active generation (a mismatch is
+    refused by ``_embed``)."""
+
+    embedder: Embedder | None
+
+    def for_generation(self, model_id: str | None, dims: int | None) -> Embedder | None:
+        return self.embedder
 
 
 def _texts_to_embed(op: Operation, decision: Decision | None) -> list[str]:

@@ -15,7 +15,7 @@ import pytest
 from store import HashingEmbedder, Store
 from store.server import EmbeddedPostgres
 
-pytest_plugins = ["tests.redis_fixtures", "tests.web_fixtures"]
+pytest_plugins = ["tests.redis_fixtures", "tests.web_fixtures", "tests.jobs_fixtures"]
 
 
 @pytest.fixture(scope="session")

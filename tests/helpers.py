@@ -56,3 +56,90 @@ def rows_containing(conn: psycopg.Connection[Any], needle: str) -> list[str]:
         if count and count[0]:
             found.append(f"{table}.{column}")
     return found
+
+
+def marker_text(seed: int | None = None) -> str:
+    """A unique marker of 24 upper-case letters with no 3-letter sequence repeated, so
+    that compression (LZF in valkey's RDB files) keeps it as literal bytes."""
+    import random
+
+    rng = random.Random(seed)
+    while True:
+        marker = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(24))
+        triples = [marker[i : i + 3] for i in range(len(marker) - 2)]
+        if len(set(triples)) == len(triples):
+            return marker
+
+
+def bytes_hold(data: bytes, marker: str) -> bool:
+    """``marker`` in ``data``, also when a compressor's literal run split it in two
+    (LZF writes at most 32 literal bytes after a control byte)."""
+    import re
+
+    raw = marker.encode()
+    if raw in data:
+        return True
+    pattern = b"|".join(re.escape(raw[:i]) + b"." + re.escape(raw[i:]) for i in range(1, len(raw)))
+    return re.search(pattern, data, re.DOTALL) is not None
+
+
+def files_holding(folder: Any, marker: str) -> list[str]:
+    """The files under ``folder`` whose bytes hold ``marker`` (see ``bytes_hold``)."""
+    from pathlib import Path
+
+    found = []
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if bytes_hold(data, marker):
+                found.append(str(path))
+    return found
+
+
+def redis_values(client: Any) -> bytes:
+    """Every key and value in Redis, as bytes: strings, hashes, lists, sets, sorted sets,
+    stream entries, each key's ``DUMP`` (its stored form: a stream's deleted entries
+    still in their node are in it), and every value opened the ways RQ packs them
+    (zlib for job data, base64 of zlib for a failure's traceback)."""
+    import contextlib
+    import zlib
+
+    out: list[bytes] = []
+    for key in client.scan_iter(count=1000):
+        out.append(key)
+        kind = client.type(key)
+        if kind == b"string":
+            out.append(client.get(key) or b"")
+        elif kind == b"hash":
+            out += [v for kv in client.hgetall(key).items() for v in kv]
+        elif kind == b"list":
+            out += client.lrange(key, 0, -1)
+        elif kind == b"set":
+            out += list(client.smembers(key))
+        elif kind == b"zset":
+            out += [m for m, _ in client.zrange(key, 0, -1, withscores=True)]
+        elif kind == b"stream":
+            out += [v for _, fields in client.xrange(key) for kv in fields.items() for v in kv]
+        out.append(client.dump(key) or b"")
+    opened = []
+    for value in out:
+        opened.append(value)
+        for raw in (value, _unbase64(value)):
+            with contextlib.suppress(zlib.error):
+                opened.append(zlib.decompress(raw))
+        opened.append(_unbase64(value))
+    return b"\n".join(opened)
+
+
+def _unbase64(value: bytes) -> bytes:
+    """RQ keeps a failure's text as base64 of zlib (results), a return value as base64."""
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return b""

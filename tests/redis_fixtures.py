@@ -139,8 +139,37 @@ class WorkerProcess:
             self.process.wait()
             raise
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        self.signal(signal.SIGKILL)
+        self.process.wait()
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def spawn(command: str, env: dict[str, str], log_path: Path) -> WorkerProcess:
+    """``engram <command>`` as a subprocess of the test, its output in ``log_path``."""
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "engram", "--log-level", "INFO", command],
+            env={**os.environ, "PYTHONPATH": str(REPO), **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    return WorkerProcess(process, log_path)
+
+
+def stop_all(started: list[WorkerProcess]) -> None:
+    """SIGTERM each (SIGKILL if it does not stop), by pid."""
+    for proc in started:
+        if proc.process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.stop(timeout=10)
+        if proc.process.poll() is None:
+            proc.process.kill()
+            proc.process.wait()
 
 
 @pytest.fixture
@@ -156,9 +185,7 @@ def worker_processes(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         embedder: str = "hashing:64",
         env: dict[str, str] | None = None,
     ) -> WorkerProcess:
-        log_path = tmp_path / f"worker-{len(started)}.log"
         full_env = {
-            **os.environ,
             "DATABASE_URL": database_url,
             "REDIS_URL": redis_url,
             "ENGRAM_EMBEDDER": embedder,
@@ -169,29 +196,14 @@ def worker_processes(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
             "ENGRAM_LEASE_MARGIN_MS": str(config.lease_margin_ms),
             "ENGRAM_MAX_DELIVERIES": str(config.max_deliveries),
             "ENGRAM_DB_POOL_SIZE": "4",
-            "PYTHONPATH": str(REPO),
             **(env or {}),
         }
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "engram", "--log-level", "INFO", "worker"],
-                env=full_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=REPO,
-            )
-        proc = WorkerProcess(process, log_path)
+        proc = spawn("worker", full_env, tmp_path / f"worker-{len(started)}.log")
         started.append(proc)
         return proc
 
     yield start
-    for proc in started:
-        if proc.process.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.stop(timeout=10)
-        if proc.process.poll() is None:
-            proc.process.kill()
-            proc.process.wait()
+    stop_all(started)
 
 
 # -- embedders the stream tests plug into workers (``ENGRAM_EMBEDDER=module:factory``) --

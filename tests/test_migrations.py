@@ -13,7 +13,7 @@ def test_migrations_apply_once_and_are_idempotent(fresh_dsn: str) -> None:
         assert migrations.current_version(conn) == 0
         assert migrations.migrate(conn) == migrations.code_version()
         assert migrations.migrate(conn) == migrations.code_version()
-        versions = [r[0] for r in conn.execute("SELECT version FROM engram_schema")]
+        versions = [r[0] for r in conn.execute("SELECT version FROM engram_schema ORDER BY 1")]
         # Every migration the code ships, once, numbered without gaps: a database at
         # version N has applied every migration up to N.
         assert versions == [version for version, _ in migrations.available()]

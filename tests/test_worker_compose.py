@@ -18,7 +18,7 @@ def compose() -> dict[str, Any]:
 
 
 def test_services(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"postgres", "redis", "migrate", "worker", "web"}
+    assert set(compose["services"]) == {"postgres", "redis", "migrate", "worker", "jobs", "web"}
     assert set(compose["volumes"]) == {"postgres-data", "redis-data"}
 
 
@@ -35,7 +35,7 @@ def test_servers_have_health_checks_and_durable_storage(compose: dict[str, Any])
 
 
 def test_engram_services_are_configured_by_url(compose: dict[str, Any]) -> None:
-    for name in ("migrate", "worker", "web"):
+    for name in ("migrate", "worker", "jobs", "web"):
         service = compose["services"][name]
         env = service["environment"]
         assert (
@@ -88,3 +88,14 @@ def test_the_dashboard_needs_its_token_and_is_checked_on_healthz(compose: dict[s
     assert "/healthz" in check and ":8700" in check
     assert web["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
     assert web["depends_on"]["postgres"] == {"condition": "service_healthy"}
+
+
+def test_the_jobs_worker_runs_after_the_migration_with_its_own_health_check(
+    compose: dict[str, Any],
+) -> None:
+    jobs = compose["services"]["jobs"]
+    assert jobs["command"] == ["engram", "jobs"]
+    assert jobs["healthcheck"]["test"] == ["CMD", "engram", "jobs-health"]
+    assert jobs["stop_signal"] == "SIGTERM"
+    assert jobs["restart"] == "unless-stopped"
+    assert jobs["depends_on"] == compose["services"]["worker"]["depends_on"]

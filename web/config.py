@@ -7,11 +7,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from jobs import keys as jobs_keys
 from worker import defaults as worker_defaults
 
 DEFAULT_PORT = 8700
 # Job queues the jobs page shows when ENGRAM_JOB_QUEUES does not say.
-DEFAULT_JOB_QUEUES = ("default",)
+DEFAULT_JOB_QUEUES = jobs_keys.QUEUES
 # A token shorter than this is refused: it would be guessable.
 MIN_TOKEN_CHARS = 16
 # Request bodies: an operation may be as large as a stream entry; a form is small.

@@ -8,6 +8,7 @@ from typing import Protocol
 import redis
 
 from store import Embedder, Store
+from store.embedders import EmbedderResolver
 from worker import Producer
 
 
@@ -23,8 +24,9 @@ class Services:
     store: Store
     redis: redis.Redis  # bytes in and out, as the workers' and RQ's
     producer: Producer
-    # The query embedder for recall: the active generation's model, or None (then
-    # recall is by text only, and says so).
-    embedder: Embedder | None = None
-    # None until the jobs are deployed: the reembed form and POST /api/v1/reembed say so.
+    # The query embedder for recall: one embedder, or a resolver that follows the
+    # active generation; None, or no embedder for the active model: recall by text only
+    # (and it says so).
+    embedder: Embedder | EmbedderResolver | None = None
+    # None without the jobs: the reembed form and POST /api/v1/reembed say so.
     start_reembed: ReembedStarter | None = None

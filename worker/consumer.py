@@ -15,11 +15,12 @@ where it stands). One ``Consumer`` thread serves all of them, in cycles:
    that need a model wait out of it, with the rest of their scope, while
    their calls run on other threads (``models``); they commit in a later
    cycle, in their scope's order;
-4. the replies, the dead letters and the counters are written and the
-   entries acknowledged (and deleted) in one Redis pipeline, the one that
-   carries the next cycle's ``XREADGROUP``: one round trip a cycle. Before
-   anything else touches Redis (a claim, a partition let go, a stop), what
-   is still unsent goes on its own.
+4. the replies, the dead letters and the counters are written, committed
+   forgets handed to their redaction listeners (``on_forget``, after their
+   replies), and the entries acknowledged (and deleted) in one Redis
+   pipeline, the one that carries the next cycle's ``XREADGROUP``: one round
+   trip a cycle. Before anything else touches Redis (a claim, a partition
+   let go, a stop), what is still unsent goes on its own.
 
 The batch grows with the load: whatever arrives while a cycle commits is read
 by the next one. Partitions never share a scope and each partition's entries
@@ -48,8 +49,10 @@ import psycopg
 import psycopg_pool
 import redis
 
-from store import LLM, Embedder, Fence, Store
+from store import LLM, Embedder, Fence, ForgetEvent, Store, WriteResult
+from store.embedders import EmbedderResolver
 from store.errors import EngramError, FencedError
+from store.operations import Forget
 from store.reconcile import Decision
 
 from . import deadletters, keys
@@ -69,16 +72,24 @@ TRANSIENT_DB = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.P
 TRANSIENT_REDIS = (redis.ConnectionError, redis.TimeoutError)
 
 
+# Hands committed forgets to their redaction listeners: adds the commands that do so to
+# the pipeline that carries the cycle's replies, after them (so a listener that finishes
+# fast updates a reply that is already there). Built by the composition root.
+ForgetHook = Callable[[Sequence[ForgetEvent], Any], None]
+
+
 @dataclass(frozen=True, slots=True)
 class Shared:
     """What a worker's consumer works with."""
 
     client: redis.Redis
     store: Store
-    embedder: Embedder | None
+    # One embedder, or a resolver that follows the store's active generation.
+    embedder: Embedder | EmbedderResolver | None
     config: WorkerConfig
     worker_id: str
     llm: LLM | None = None
+    on_forget: ForgetHook | None = None
 
 
 @dataclass(eq=False)
@@ -475,6 +486,7 @@ class Consumer(threading.Thread):
                     [entry.operation for _, entry in items],
                     self.shared.embedder,
                     fence=[p.fence for p in partitions],
+                    listeners=self.shared.on_forget is not None,
                     stream_entries={e.operation.operation_id: e.entry_id for _, e in items},
                     check_replays=check_replays,
                     # Decided by the model phase, on other threads: no model is called here.
@@ -540,10 +552,11 @@ class Consumer(threading.Thread):
             )
         stats.seconds = time.monotonic() - started
         ttl = shared.config.reply_ttl_s
+        forgets = _forget_events(outcomes) if shared.on_forget is not None else []
 
         def add_to(pipe: Any) -> None:
             for (_, entry), outcome in outcomes:
-                _reply(
+                send_reply(
                     pipe, entry.operation.operation_id, encode_reply(outcome, entry.entry_id), ttl
                 )
             for d in dead:
@@ -558,7 +571,9 @@ class Consumer(threading.Thread):
                     deliveries=d.deliveries,
                 )
                 if d.operation_id is not None:
-                    _reply(pipe, d.operation_id, encode_reply(d.error, d.entry_id), ttl)
+                    send_reply(pipe, d.operation_id, encode_reply(d.error, d.entry_id), ttl)
+            if forgets and shared.on_forget is not None:
+                shared.on_forget(forgets, pipe)
             for p, entry_ids in done.items():
                 if entry_ids:
                     pipe.xack(p.stream, keys.GROUP, *entry_ids)
@@ -633,6 +648,27 @@ class Consumer(threading.Thread):
         return min(delay_s * 2, BACKOFF_MAX_S)
 
 
+def _forget_events(outcomes: list[tuple[Item, Outcome]]) -> list[ForgetEvent]:
+    """The forgets whose listeners run (again): committed or replayed, not ``none``."""
+    events = []
+    for (_, entry), outcome in outcomes:
+        request = entry.operation.request
+        if not isinstance(request, Forget) or not isinstance(outcome, WriteResult):
+            continue
+        if outcome.redaction in (None, "none"):
+            continue
+        events.append(
+            ForgetEvent(
+                scope=entry.operation.scope,
+                record_id=request.id,
+                revisions=outcome.revisions,
+                operation_id=entry.operation.operation_id,
+                already_forgotten=outcome.already_forgotten,
+            )
+        )
+    return events
+
+
 def _partitions_of(items: list[Item]) -> list[Partition]:
     return list(dict.fromkeys(p for p, _ in items))
 
@@ -654,8 +690,9 @@ def _by_stream(reply: Any) -> dict[Any, list[Any]]:
     return {stream: list(entries) for stream, entries in reply}
 
 
-def _reply(pipe: Any, operation_id: str, body: str, ttl_s: int) -> None:
-    # One element at most: a redelivered operation's reply replaces the first.
+def send_reply(pipe: Any, operation_id: str, body: str, ttl_s: int) -> None:
+    """Answer an operation on its reply key (in the caller's pipeline). One element at
+    most: a redelivered operation's reply replaces the first."""
     key = keys.reply(operation_id)
     pipe.delete(key)
     pipe.rpush(key, body)

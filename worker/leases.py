@@ -23,7 +23,9 @@ from . import keys
 # rebuilt Redis), so the store's fence never refuses every new holder, and two
 # holders drawn after such a loss never share a token (they would both pass the
 # fence). Formatted with %d: Lua would print a 16-digit number as 1.7e+15.
-_ACQUIRE = """
+# KEYS: the lease, its token counter. ARGV: the holder's id, the TTL in ms.
+# The three scripts are shared with the jobs' re-embedding lease (``jobs.lease``).
+ACQUIRE_SCRIPT = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return false end
 local now = redis.call('TIME')
 local floor_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
@@ -36,14 +38,14 @@ redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. string.format('%d', token), 'PX', A
 return token
 """
 
-_RENEW = """
+RENEW_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
 
-_RELEASE = """
+RELEASE_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
@@ -66,9 +68,9 @@ class Leases:
     def __init__(self, client: redis.Redis, *, ttl_ms: int) -> None:
         self.client = client
         self.ttl_ms = ttl_ms
-        self._acquire = client.register_script(_ACQUIRE)
-        self._renew = client.register_script(_RENEW)
-        self._release = client.register_script(_RELEASE)
+        self._acquire = client.register_script(ACQUIRE_SCRIPT)
+        self._renew = client.register_script(RENEW_SCRIPT)
+        self._release = client.register_script(RELEASE_SCRIPT)
 
     def acquire(self, partition: int, worker_id: str) -> Lease | None:
         """Take the partition if no one holds it; a new token each time."""

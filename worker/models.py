@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from store import LLM, Embedder, Store
+from store.embedders import EmbedderResolver
 from store.errors import EngramError, ModelUnavailableError
 from store.llm import CallKind, ModelCall
 from store.needs import infers, needs_model
@@ -82,7 +83,7 @@ class ModelPhase:
     def __init__(
         self,
         store: Store,
-        embedder: Embedder | None,
+        embedder: Embedder | EmbedderResolver | None,
         llm: LLM | None,
         *,
         concurrency: int,

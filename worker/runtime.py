@@ -9,7 +9,6 @@ configuration. ``DATABASE_URL`` / ``REDIS_URL`` always win.
 from __future__ import annotations
 
 import gc
-import importlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -18,8 +17,9 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import redis
 
-from store import Embedder, HashingEmbedder, OpenAICompatibleLLM, WordLlamaEmbedder
+from store import Embedder, OpenAICompatibleLLM
 from store.errors import EngramError
+from store.registry import EmbedderRegistry, parse_plugins
 
 from .settings import Settings
 
@@ -85,18 +85,21 @@ def connect_redis(url: str) -> redis.Redis:
     )
 
 
-def load_embedder(spec: str) -> Embedder:
-    """``wordllama`` (the default), ``hashing[:DIMS]``, or ``package.module:factory``."""
-    name, _, arg = spec.partition(":")
-    if name == "wordllama":
-        return WordLlamaEmbedder(int(arg)) if arg else WordLlamaEmbedder()
-    if name == "hashing":
-        return HashingEmbedder(int(arg)) if arg else HashingEmbedder()
-    if "." in name and arg:
-        factory = getattr(importlib.import_module(name), arg)
-        embedder: Embedder = factory()
-        return embedder
-    raise ConfigError(f"unknown embedder {spec!r}: use wordllama, hashing[:DIMS] or module:factory")
+def registry(settings: Settings) -> EmbedderRegistry:
+    """The embedders this process knows: the built-ins and ``ENGRAM_EMBEDDERS``."""
+    try:
+        return EmbedderRegistry(parse_plugins(settings.embedders))
+    except EngramError as exc:
+        raise ConfigError(exc.message) from None
+
+
+def load_embedder(spec: str, known: EmbedderRegistry | None = None) -> Embedder:
+    """``wordllama`` (the default), ``minilm``, ``hashing[:DIMS]``, a name registered in
+    ``ENGRAM_EMBEDDERS``, or ``package.module:factory`` (see ``store.registry``)."""
+    try:
+        return (known or EmbedderRegistry()).create(spec)
+    except EngramError as exc:
+        raise ConfigError(exc.message) from None
 
 
 def load_llm(settings: Settings) -> OpenAICompatibleLLM | None:

@@ -49,6 +49,8 @@ class Settings:
     database_url: str | None
     redis_url: str | None
     embedder: str = "wordllama"
+    # Embedders of your own, by name: "name=package.module:factory,..." (store.registry).
+    embedders: str = ""
     workers: int = defaults.UP_WORKERS
     db_pool_size: int = defaults.DB_POOL_SIZE
     worker: WorkerConfig = WorkerConfig()
@@ -62,6 +64,7 @@ class Settings:
             database_url=env.get("DATABASE_URL") or None,
             redis_url=env.get("REDIS_URL") or None,
             embedder=env.get("ENGRAM_EMBEDDER") or "wordllama",
+            embedders=env.get("ENGRAM_EMBEDDERS") or "",
             workers=_int(env, "ENGRAM_WORKERS", defaults.UP_WORKERS),
             db_pool_size=_int(env, "ENGRAM_DB_POOL_SIZE", defaults.DB_POOL_SIZE),
             worker=WorkerConfig(

@@ -18,9 +18,10 @@ import time
 import redis
 
 from store import LLM, Embedder, Store
+from store.embedders import EmbedderResolver
 
 from . import metrics
-from .consumer import Consumer, Partition, Shared
+from .consumer import Consumer, ForgetHook, Partition, Shared
 from .leases import Lease, Leases
 from .membership import Membership, first_choice, new_worker_id, share
 from .settings import WorkerConfig
@@ -36,16 +37,23 @@ class Worker:
         self,
         client: redis.Redis,
         store: Store,
-        embedder: Embedder | None,
+        embedder: Embedder | EmbedderResolver | None,
         *,
         llm: LLM | None = None,
         config: WorkerConfig | None = None,
         worker_id: str | None = None,
+        on_forget: ForgetHook | None = None,
     ) -> None:
+        """``embedder``: one embedder, or a resolver (``store.registry``) with which the
+        worker follows a switch of the active generation without a restart.
+        ``on_forget``: hands committed forgets to their redaction listeners; without it,
+        a forget's redaction is ``none``."""
         self.config = config or WorkerConfig()
         self.worker_id = worker_id or new_worker_id()
         self.client = client
-        self.shared = Shared(client, store, embedder, self.config, self.worker_id, llm)
+        self.shared = Shared(
+            client, store, embedder, self.config, self.worker_id, llm=llm, on_forget=on_forget
+        )
         self.leases = Leases(client, ttl_ms=self.config.lease_ttl_ms)
         self.membership = Membership(client, self.worker_id, ttl_ms=self.config.lease_ttl_ms)
         self.held: dict[int, Partition] = {}

@@ -9,7 +9,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from store import Scope
-from store.errors import EmbeddingMismatchError, InvalidRequestError, NotFoundError
+from store.errors import (
+    EmbedderUnavailableError,
+    EmbeddingMismatchError,
+    InvalidRequestError,
+    NotFoundError,
+)
 from store.limits import DEFAULT_TOP_K
 from store.model import SCOPE_FIELDS
 from store.validation import Fields
@@ -81,8 +86,8 @@ def recall(request: Request, body: Any) -> Response:
     embedder = services.embedder
     try:
         hits = services.store.recall(scope, text, embedder=embedder, **arguments)
-    except EmbeddingMismatchError:
-        embedder = None  # the dashboard's model is not the active generation's
+    except (EmbeddingMismatchError, EmbedderUnavailableError):
+        embedder = None  # the dashboard has no embedder for the active generation
         hits = services.store.recall(scope, text, **arguments)
     return JSONResponse(
         {"hits": [hit_json(h) for h in hits], "vector_search": embedder is not None}

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from store import ScopeRow
-from store.errors import EmbeddingMismatchError, NotFoundError
+from store.errors import EmbedderUnavailableError, EmbeddingMismatchError, NotFoundError
 from store.limits import MAX_TEXT_CHARS, MAX_TOP_K
 from store.model import SCOPE_FIELDS
 
@@ -60,25 +60,14 @@ def recall(request: Request, form: dict[str, str]) -> Response:
     scope = _scope(request)
     text = checked(form.get("text", ""), "the recall text", max_chars=MAX_TEXT_CHARS)
     top_k = integer(form.get("top_k") or str(RECALL_TOP_K), "top_k", maximum=MAX_TOP_K)
-    store, embedder = web.services.store, web.services.embedder
-    active = store.embeddings.active()
-    note = None
-    if (
-        embedder is None
-        or active is None
-        or (embedder.model_id, embedder.dims)
-        != (
-            active.model_id,
-            active.dims,
-        )
-    ):
-        embedder = None
-        note = "by text only: the dashboard has no embedder for the active generation"
+    store, note = web.services.store, None
     try:
-        hits = store.recall(scope.scope, text, embedder=embedder, top_k=top_k)
-    except EmbeddingMismatchError:  # the generation moved under us: search by text
+        hits = store.recall(scope.scope, text, embedder=web.services.embedder, top_k=top_k)
+        if web.services.embedder is None:
+            note = "by text only: the dashboard runs without an embedder"
+    except (EmbeddingMismatchError, EmbedderUnavailableError):
         hits = store.recall(scope.scope, text, top_k=top_k)
-        note = "by text only: the active generation changed"
+        note = "by text only: the dashboard has no embedder for the active generation"
     result = {"hits": hits, "note": note, "text": text, "top_k": top_k}
     if request.headers.get("hx-request") == "true":
         return web.render.page(request, "_recall.html", recall=result, scope=scope)

@@ -1,0 +1,198 @@
+"""The jobs' commands: ``engram jobs``, ``jobs-health``, ``reembed``, ``prune``,
+``demo-reembed``; and what the stream workers get from the jobs (their forget hook,
+their embedders)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from jobs import prune, redaction, reembed, runner
+from jobs.context import JobContext
+from jobs.progress import Progress, bar
+from jobs.settings import JobsSettings, parse_duration
+from store import Embedder, Store
+from store.embedders import EmbedderResolver
+from worker import runtime
+from worker.consumer import ForgetHook
+from worker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+# -- what the stream workers get from the jobs ---------------------------------------
+
+
+def forget_hook(env: dict[str, str] | None = None) -> ForgetHook | None:
+    """The stream workers hand committed forgets to the jobs, unless no listener is set."""
+    return redaction.hand_over if JobsSettings.from_env(env).redaction.listeners else None
+
+
+def worker_embedders(
+    settings: Settings, spec: str, store: Store
+) -> tuple[EmbedderResolver, Embedder]:
+    """The worker's embedders: ``spec`` until the store has a generation, then whichever
+    model is active (followed across a switch); and the one to load at start."""
+    registry = runtime.registry(settings)
+    default = runtime.load_embedder(spec, registry)
+    resolver = registry.resolver(default)
+    active = store.embeddings.active()
+    if active is None:
+        return resolver, default
+    return resolver, registry.for_model(active.model_id, active.dims)
+
+
+# -- commands -------------------------------------------------------------------------
+
+
+def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
+    ctx = _context(settings)
+    try:
+        return runner.run(ctx, runner.rq_connection(runtime.redis_url(settings)), burst=args.burst)
+    finally:
+        ctx.store.close()
+        ctx.client.close()
+
+
+def cmd_jobs_health(settings: Settings, args: argparse.Namespace) -> int:
+    """Exit 0 when a jobs worker on this host is alive (a container's health check)."""
+    client = runtime.connect_redis(runtime.redis_url(settings))
+    try:
+        here = runner.live_workers(client, here_only=True)
+    finally:
+        client.close()
+    print(json.dumps({"live_jobs_workers_on_this_host": len(here)}))
+    return 0 if here else 1
+
+
+def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
+    from .cli import _connect_store
+
+    client = runtime.connect_redis(runtime.redis_url(settings))
+    store = _connect_store(runtime.database_url(settings), 2)
+    try:
+        started = reembed.start(
+            store,
+            client,
+            runtime.registry(settings),
+            args.model,
+            requested_by=args.requested_by,
+            settings=JobsSettings.from_env().reembed,
+        )
+        joined = " (joined the one under way)" if started.already_running else ""
+        print(f"re-embedding generation {started.generation_id}: job {started.job_id}{joined}")
+        if not runner.live_workers(client):
+            print("no `engram jobs` worker is running: it starts when one does", file=sys.stderr)
+        if args.detach:
+            return 0
+        return follow(store, started.generation_id)
+    finally:
+        store.close()
+        client.close()
+
+
+def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
+    from .cli import _connect_store
+
+    what = [prune.check(name) for name in args.what] or list(prune.WHAT)
+    older_than_s = parse_duration(args.older_than, "--older-than") if args.older_than else None
+    client = runtime.connect_redis(runtime.redis_url(settings))
+    try:
+        if args.enqueue:
+            for name in what:
+                print(f"prune {name}: job {prune.enqueue(client, name, older_than_s=older_than_s)}")
+            return 0
+        store = _connect_store(runtime.database_url(settings), 2)
+        try:
+            report = prune.run(
+                store, client, JobsSettings.from_env().retention, what, older_than_s=older_than_s
+            )
+        finally:
+            store.close()
+    finally:
+        client.close()
+    for item in report:
+        if item.older_than is None:
+            print(f"{item.what}: retention off, nothing pruned")
+        else:
+            print(f"{item.what}: {item.removed} removed (older than {item.older_than.isoformat()})")
+    return 0
+
+
+def cmd_demo_reembed(settings: Settings, args: argparse.Namespace) -> int:
+    from .demo_reembed import run_demo
+
+    return run_demo(settings, model=args.model, rate_per_s=args.rate, seed_records=args.records)
+
+
+def register(sub: Any) -> None:
+    jobs = sub.add_parser("jobs", help="run the background jobs (RQ): reembed, prune, redaction")
+    jobs.add_argument("--burst", action="store_true", help="stop once the queues are empty")
+    jobs.set_defaults(run=cmd_jobs)
+    sub.add_parser(
+        "jobs-health", help="exit 0 if a jobs worker on this host is alive"
+    ).set_defaults(run=cmd_jobs_health)
+    re = sub.add_parser("reembed", help="move the whole store to another embedding model")
+    re.add_argument("--model", required=True, help="wordllama, minilm, hashing[:DIMS], ...")
+    re.add_argument("--requested-by", default="cli", help="recorded with the job (default: cli)")
+    re.add_argument("--detach", action="store_true", help="print the job id, do not follow it")
+    re.set_defaults(run=cmd_reembed)
+    pr = sub.add_parser("prune", help="remove history, receipts or dead letters past retention")
+    pr.add_argument("what", nargs="*", help=f"{', '.join(prune.WHAT)} (default: all three)")
+    pr.add_argument(
+        "--older-than", default=None, help="e.g. 30d, 12h (default: the configured windows)"
+    )
+    pr.add_argument("--enqueue", action="store_true", help="hand it to a jobs worker instead")
+    pr.set_defaults(run=cmd_prune)
+    demo = sub.add_parser(
+        "demo-reembed", help="re-embed with writes going on (needs `engram up` running)"
+    )
+    demo.add_argument("--model", default="minilm")
+    demo.add_argument("--rate", type=float, default=20.0, help="writes per second meanwhile")
+    demo.add_argument("--records", type=int, default=2000, help="records to write first")
+    demo.set_defaults(run=cmd_demo_reembed)
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+def _context(settings: Settings) -> JobContext:
+    from .cli import _connect_store
+
+    return JobContext(
+        store=_connect_store(runtime.database_url(settings), settings.db_pool_size),
+        client=runtime.connect_redis(runtime.redis_url(settings)),
+        registry=runtime.registry(settings),
+        settings=JobsSettings.from_env(),
+        streams=settings.worker,
+    )
+
+
+def follow(store: Store, generation_id: int, poll_s: float = 0.5) -> int:
+    """Print the progress bar until the re-embedding is over; 0 once it is active."""
+    tty = sys.stdout.isatty()
+    shown = ""
+    printed_at = 0.0
+    while True:
+        generation = store.embeddings.get(generation_id)
+        progress = Progress.from_dict(generation.progress) if generation else None
+        if progress is not None:
+            line = bar(progress)
+            if tty:
+                sys.stdout.write(f"\r{line}\033[K")
+                sys.stdout.flush()
+            elif line != shown and (progress.finished or time.monotonic() - printed_at >= 5):
+                print(line, flush=True)
+                printed_at = time.monotonic()
+            shown = line
+            if progress.finished:
+                if tty:
+                    print()
+                if progress.message:
+                    print(f"{progress.state}: {progress.message}")
+                return 0 if progress.state == "activated" else 1
+        time.sleep(poll_s)

@@ -1,0 +1,20 @@
+"""engram's background jobs on RQ: re-embedding, retention, redaction of forgotten records.
+
+``engram jobs`` runs them (``runner``). What the dashboard, the HTTP API and the
+command line call:
+
+>>> started = reembed.start(store, client, registry, "minilm", requested_by="ada")
+>>> status = reembed.progress(store)        # ReembedStatus: .progress.done, .total, ...
+>>> report = prune.run(store, client, settings.retention, ["history"])
+>>> job_id = prune.enqueue(client, "receipts")
+>>> jobs = listing.list_jobs(client)        # JobInfo, newest first; get_job, requeue
+
+``client`` is a Redis client with bytes replies (``worker.runtime.connect_redis``);
+``registry`` a ``store.registry.EmbedderRegistry``; ``settings`` a ``JobsSettings``.
+Nothing here connects at import time.
+"""
+
+from . import keys, listing, prune, reembed
+from .settings import JobsSettings
+
+__all__ = ["JobsSettings", "keys", "listing", "prune", "reembed"]

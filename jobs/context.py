@@ -1,0 +1,55 @@
+"""What a job function works with, set up once by the process that runs the jobs.
+
+RQ calls job functions by their dotted path with the job's arguments only (ids,
+never connections). The jobs worker installs one ``JobContext`` at start (its
+store pool, its Redis client, its embedder registry, its settings), and the job
+functions read it with ``current()``. Nothing connects at import time.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import redis
+
+from store import Store
+from store.registry import EmbedderRegistry
+from worker.settings import WorkerConfig
+
+from .settings import JobsSettings
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    store: Store
+    client: redis.Redis
+    registry: EmbedderRegistry
+    settings: JobsSettings
+    # The stream workers' settings: their partitions (to find a scope's stream) and
+    # how long their replies live.
+    streams: WorkerConfig = field(default_factory=WorkerConfig)
+    # Set when the worker was asked to stop: a long job ends its slice early.
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def partitions(self) -> int:
+        return self.streams.partitions
+
+    @property
+    def reply_ttl_s(self) -> int:
+        return self.streams.reply_ttl_s
+
+
+_current: JobContext | None = None
+
+
+def install(context: JobContext) -> None:
+    global _current
+    _current = context
+
+
+def current() -> JobContext:
+    if _current is None:
+        raise RuntimeError("no JobContext installed: run jobs with `engram jobs`")
+    return _current

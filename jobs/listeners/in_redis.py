@@ -1,0 +1,118 @@
+"""The Redis listener: a forgotten record's text leaves every key engram owns, then
+valkey's files.
+
+Where Redis can hold the text of a record, and what this listener does there:
+
+- dead letters (``engram:dead``) keep the operation as sent: every letter of an
+  operation that wrote the record, names it or would create it
+  (``matching.Forgotten``) is deleted;
+- the scope's partition stream: an entry still there for the record (a
+  redelivery of an operation that wrote it, or one sent after the forget) is
+  committed on the worker's behalf (it can only be replayed or refused, and
+  both answers hold no text), answered, acknowledged and deleted;
+- both streams are then rebuilt from their live entries (``streams.compact``):
+  a deleted entry's bytes otherwise stay in its node, and in every file valkey
+  writes of it;
+- replies, job data and every other key engram writes hold ids and counts
+  only, by construction: nothing to erase there;
+- finally the append-only file is rewritten, and the RDB file saved again if
+  the server keeps one (``persistence.purge``): until then the file still
+  holds every ``XADD`` ever sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis
+
+from store import ForgetEvent, forgets
+from worker import keys as stream_keys
+from worker.consumer import send_reply
+from worker.protocol import Entry, decode_entry, encode_reply, partition_of
+
+from .. import persistence, streams
+from ..context import JobContext
+from .matching import Forgotten
+
+log = logging.getLogger(__name__)
+
+_PAGE = 1000
+
+
+class RedisListener:
+    name = "redis"
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+        self.client: redis.Redis = ctx.client
+
+    def __call__(self, events: Sequence[ForgetEvent]) -> None:
+        record_ids = {e.record_id for e in events}
+        writers = forgets.writers(self.ctx.store.pool, sorted(record_ids))
+        forgotten = Forgotten.of(record_ids, (op for ops in writers.values() for op in ops))
+        for partition in sorted({partition_of(e.scope, self.ctx.partitions) for e in events}):
+            self._partition(partition, forgotten)
+        letters = [
+            entry_id
+            for entry_id, fields in _entries(self.client, stream_keys.DEAD_LETTERS)
+            if forgotten.holds(fields.get(b"op"))
+            or _text(fields.get(b"operation_id")) in forgotten.operation_ids
+        ]
+        streams.delete(self.client, stream_keys.DEAD_LETTERS, letters)
+        if self.ctx.settings.redaction.purge_redis_files:
+            persistence.purge(self.client, wait_s=self.ctx.settings.redaction.wait_s)
+        log.info(
+            "forgotten records erased from redis",
+            extra={"records": len(record_ids), "dead_letters": len(letters)},
+        )
+
+    def _partition(self, partition: int, forgotten: Forgotten) -> None:
+        stream = stream_keys.stream(partition)
+        found = [
+            (entry_id, fields)
+            for entry_id, fields in _entries(self.client, stream)
+            if forgotten.holds(fields.get(b"op"))
+        ]
+        for entry_id, fields in found:
+            self._settle(partition, stream, entry_id, fields)
+        if found or self.client.xlen(stream):
+            # The record's entries were deleted when committed; a node they shared with
+            # entries still live keeps their bytes until the stream is rebuilt.
+            streams.compact(self.client, stream)
+
+    def _settle(self, partition: int, stream: str, entry_id: str, fields: dict[Any, Any]) -> None:
+        """Commit, answer, acknowledge and delete one entry of a forgotten record."""
+        item = decode_entry(entry_id, fields, partition=partition, partitions=self.ctx.partitions)
+        pipe = self.client.pipeline(transaction=False)
+        if isinstance(item, Entry):
+            op = item.operation
+            [outcome] = self.ctx.store.execute(
+                [op], None, stream_entries={op.operation_id: entry_id}
+            )
+            send_reply(pipe, op.operation_id, encode_reply(outcome, entry_id), self.ctx.reply_ttl_s)
+        elif item.operation_id is not None:  # never appliable: what the worker would answer
+            send_reply(
+                pipe, item.operation_id, encode_reply(item.error, entry_id), self.ctx.reply_ttl_s
+            )
+        pipe.xack(stream, stream_keys.GROUP, entry_id)
+        pipe.xdel(stream, entry_id)
+        pipe.execute()
+
+
+def _entries(client: redis.Redis, key: str) -> Iterator[tuple[str, dict[Any, Any]]]:
+    """Every entry of a stream, oldest first, a page at a time."""
+    start = "-"
+    while True:
+        page = client.xrange(key, min=start, max="+", count=_PAGE) or []
+        for raw_id, fields in page:
+            yield _text(raw_id), fields or {}
+        if len(page) < _PAGE:
+            return
+        start = f"({_text(page[-1][0])}"
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")

@@ -1,0 +1,155 @@
+"""A re-embedding's progress, as kept in its generation's ``progress`` (jsonb).
+
+The dashboard, the HTTP API and ``engram reembed`` read it; these keys are a
+contract with them (more may be added, none renamed):
+
+``state``         running | waiting | activated | failed | retired
+``pass``          the pass over the store under way (1 to 3, then it waits and resumes)
+``done``          current revisions with a vector in the new generation
+``total``         current revisions in the store
+``skipped``       vectors not stored because their record moved on meanwhile
+``errors``        batches or slices that failed (and were tried again)
+``rate_per_s``    records handled per second in the last slice
+``eta_s``         seconds left at that rate (null when unknown)
+``started_at``, ``updated_at``   ISO 8601, UTC
+``requested_by``  who started it (an operator name, ``cli``, ...)
+``job_id``        the RQ job carrying it now (a re-embedding is a chain of slices)
+
+and engram's own: ``cursor`` (the last record id done in this pass),
+``message`` (why it waits or failed, or how long the switch held writes off:
+ids, counts and times, never memory text), and
+``embed_s`` / ``store_s`` (time spent in the embedder / listing records and
+storing vectors, all slices together).
+Pure logic, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+State = Literal["running", "waiting", "activated", "failed", "retired"]
+FINISHED: tuple[State, ...] = ("activated", "failed", "retired")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    state: State
+    pass_: int
+    done: int
+    total: int
+    skipped: int
+    errors: int
+    rate_per_s: float
+    eta_s: float | None
+    started_at: str
+    updated_at: str
+    requested_by: str
+    job_id: str
+    cursor: str | None = None
+    message: str | None = None
+    embed_s: float = 0.0  # time spent in the embedder, all slices together
+    store_s: float = 0.0  # time spent listing records and storing vectors
+
+    @classmethod
+    def queued(
+        cls, *, job_id: str, requested_by: str, done: int, total: int, at: datetime
+    ) -> Progress:
+        stamp = at.isoformat()
+        return cls("waiting", 1, done, total, 0, 0, 0.0, None, stamp, stamp, requested_by, job_id)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Progress | None:
+        """The progress a generation holds, or None if it holds none of ours."""
+        try:
+            return cls(
+                state=data["state"],
+                pass_=int(data["pass"]),
+                done=int(data["done"]),
+                total=int(data["total"]),
+                skipped=int(data["skipped"]),
+                errors=int(data["errors"]),
+                rate_per_s=float(data["rate_per_s"]),
+                eta_s=None if data["eta_s"] is None else float(data["eta_s"]),
+                started_at=str(data["started_at"]),
+                updated_at=str(data["updated_at"]),
+                requested_by=str(data["requested_by"]),
+                job_id=str(data["job_id"]),
+                cursor=data.get("cursor"),
+                message=data.get("message"),
+                embed_s=float(data.get("embed_s", 0.0)),
+                store_s=float(data.get("store_s", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["pass"] = out.pop("pass_")
+        return out
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED
+
+    def advanced(
+        self,
+        *,
+        stored: int,
+        skipped: int,
+        handled_per_s: float | None,
+        at: datetime,
+        embed_s: float = 0.0,
+        store_s: float = 0.0,
+    ) -> Progress:
+        """After a batch: ``stored`` vectors more, ``skipped`` records that moved on."""
+        done = self.done + stored
+        rate = self.rate_per_s if handled_per_s is None else handled_per_s
+        return replace(
+            self,
+            done=done,
+            skipped=self.skipped + skipped,
+            rate_per_s=round(rate, 2),
+            eta_s=eta(self.total - done, rate),
+            updated_at=at.isoformat(),
+            embed_s=round(self.embed_s + embed_s, 3),
+            store_s=round(self.store_s + store_s, 3),
+        )
+
+    def at(self, state: State, at: datetime, **changes: Any) -> Progress:
+        return replace(self, state=state, updated_at=at.isoformat(), **changes)
+
+
+def eta(left: int, rate_per_s: float) -> float | None:
+    if left <= 0:
+        return 0.0
+    if rate_per_s <= 0:
+        return None
+    return round(left / rate_per_s, 1)
+
+
+def bar(progress: Progress, width: int = 30) -> str:
+    """One line for a terminal: ``[#####.....] 1,234/5,000 25% 250.0/s ETA 15s``."""
+    total = max(progress.total, 1)
+    share = min(max(progress.done / total, 0.0), 1.0)
+    filled = round(share * width)
+    eta_text = "-" if progress.eta_s is None else _clock(progress.eta_s)
+    return (
+        f"[{'#' * filled}{'.' * (width - filled)}] {progress.done:,}/{progress.total:,}"
+        f" {share:4.0%} {progress.rate_per_s:,.1f}/s ETA {eta_text}"
+        f" pass {progress.pass_} {progress.state}"
+    )
+
+
+def _clock(seconds: float) -> str:
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

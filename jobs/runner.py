@@ -1,0 +1,177 @@
+"""``engram jobs``: an RQ worker for engram's queues, with its scheduler and watchdogs.
+
+The worker (RQ's ``SimpleWorker``: jobs run in this process, so nothing it
+starts outlives it) takes jobs from the redaction, maintenance and re-embedding
+queues, in that order. Beside it, two threads:
+
+- the ticker, every ``ENGRAM_JOBS_TICK`` (1 s): RQ's scheduler (moves delayed
+  jobs and retries due to their queue; one jobs worker at a time holds its
+  locks), the retention schedules, and every few seconds the watchdogs: the
+  next slice of a re-embedding whose slice died, the forgets whose redaction
+  was lost;
+- the feeder: forget events handed over by the stream workers become
+  redaction jobs.
+
+SIGTERM or Ctrl-C: the job in hand finishes (a re-embedding slice stops at its
+next batch and enqueues the next slice), then the worker exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import redis
+from rq import SimpleWorker, Worker
+from rq.scheduler import RQScheduler
+from rq.worker import BaseWorker
+
+from . import keys, queues, redaction, reembed, schedule
+from .context import JobContext, install
+
+log = logging.getLogger(__name__)
+
+# How often the watchdogs look, in ticks.
+_RESUME_EVERY_TICKS = 5
+_SWEEP_EVERY_TICKS = 30
+# An RQ worker beats this often (its registration lives a little longer).
+WORKER_TTL_S = 60
+
+
+class JobsWorker(SimpleWorker):
+    """RQ's in-process worker; a stop request also reaches a long job (``stopping``)."""
+
+    stopping: threading.Event | None = None
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping is not None:
+            self.stopping.set()
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+
+def rq_connection(url: str) -> redis.Redis:
+    """RQ's worker blocks on its queues for up to ``WORKER_TTL_S``: no socket timeout."""
+    return redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+
+
+def run(ctx: JobContext, rq_client: redis.Redis, *, burst: bool = False) -> int:
+    """Run the jobs until stopped (or, with ``burst``, until the queues are empty)."""
+    install(ctx)
+    worker = JobsWorker(
+        [queues.queue(rq_client, name) for name in keys.QUEUES],
+        connection=rq_client,
+        serializer=queues.SERIALIZER,
+        name=f"engram-jobs-{socket.gethostname()}-{os.getpid()}",
+        worker_ttl=WORKER_TTL_S,
+    )
+    worker.stopping = ctx.stopping
+    ticker = _Ticker(ctx)
+    threads = [
+        _Loop("engram-jobs-ticker", ticker.tick, ctx.settings.tick_s, ctx.stopping),
+        _Loop("engram-jobs-feeder", lambda: redaction.feed(ctx), 0.05, ctx.stopping),
+    ]
+    for thread in threads:
+        thread.start()
+    log.info(
+        "jobs worker started",
+        extra={
+            "worker": worker.name,
+            "queues": ",".join(keys.QUEUES),
+            "listeners": ",".join(ctx.settings.redaction.listeners) or "none",
+            "schedules": ",".join(s.name for s in ticker.schedules) or "none",
+        },
+    )
+    try:
+        worker.work(burst=burst, logging_level="WARNING", with_scheduler=False)
+    finally:
+        ctx.stopping.set()
+        for thread in threads:
+            thread.join(timeout=10)
+        ticker.close()
+    return 0
+
+
+def live_workers(client: redis.Redis, *, here_only: bool = False) -> list[BaseWorker]:
+    """The RQ workers serving engram's queues (on this host, whose process is alive)."""
+    found = Worker.all(queue=queues.queue(client, keys.REDACTION_QUEUE))
+    if not here_only:
+        return found
+    return [w for w in found if w.hostname == socket.gethostname() and _alive(w.pid)]
+
+
+class _Ticker:
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+        self.ticks = 0
+        # RQ's scheduler sets up its own log handler, at INFO unless told otherwise.
+        self.scheduler = RQScheduler(
+            keys.QUEUES,
+            connection=ctx.client,
+            interval=1,
+            logging_level=logging.getLogger().getEffectiveLevel(),
+        )
+        self.schedules = schedule.retention_schedules(ctx.settings.retention)
+
+    def tick(self) -> None:
+        self.ticks += 1
+        self._move_scheduled_jobs()
+        schedule.enqueue_due(self.ctx.client, self.schedules, time.time())
+        if self.ticks % _RESUME_EVERY_TICKS == 1:
+            reembed.resume_stalled(self.ctx)
+        if self.ticks % _SWEEP_EVERY_TICKS == 1:
+            redaction.sweep(self.ctx)
+
+    def _move_scheduled_jobs(self) -> None:
+        """RQ's scheduler, a step at a time: jobs due (delayed, retried) go to their queue."""
+        held = self.scheduler.acquired_locks
+        if len(held) < len(keys.QUEUES) and self.ticks % _RESUME_EVERY_TICKS == 1:
+            self.scheduler.acquire_locks()
+        if self.scheduler.acquired_locks:
+            self.scheduler.heartbeat()
+            self.scheduler.enqueue_scheduled_jobs()
+
+    def close(self) -> None:
+        with contextlib.suppress(redis.RedisError):
+            self.scheduler.release_locks()
+
+
+class _Loop(threading.Thread):
+    """Call ``step`` every ``every_s`` until ``stopping``; a failure is logged, not fatal."""
+
+    def __init__(
+        self, name: str, step: Callable[[], Any], every_s: float, stopping: threading.Event
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.step = step
+        self.every_s = every_s
+        self.stopping = stopping
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.step()
+            except Exception as exc:  # Redis or PostgreSQL away for a moment: next time
+                log.warning(
+                    "jobs loop failed", extra={"loop": self.name, "error": type(exc).__name__}
+                )
+                self.stopping.wait(min(5.0, self.every_s * 10))
+            self.stopping.wait(self.every_s)
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,128 @@
+"""What the redaction listeners read and write in the store, by ids only.
+
+A forget commits first; its listeners run afterwards (seed 000) and need, per
+forgotten record, the operations that ever wrote it (their stream entries and
+dead letters may still hold its text), the forgets still waiting for their
+listeners, and a way to record how the listeners did. ``vacuum`` removes the
+dead row versions a forget leaves behind in the tables it deleted from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from .model import Redaction
+from .rows import scope_from_key
+from .session import ForgetEvent
+
+# The tables a forget deletes from or rewrites (apply._delete_replaced): their
+# old row versions hold the text until VACUUM removes them.
+FORGET_TABLES = (
+    "engram_revisions",
+    "engram_vectors",
+    "engram_links",
+    "engram_records",
+    "engram_receipts",
+)
+
+
+def writers(pool: Any, record_ids: Sequence[str]) -> dict[str, list[str]]:
+    """The operation ids whose receipts wrote each record (the forgets' own excluded)."""
+    found: dict[str, list[str]] = defaultdict(list)
+    if not record_ids:
+        return found
+    with pool.connection() as conn:
+        for record_id, op_id in conn.execute(
+            "SELECT rr.record_id, rr.operation_id FROM engram_receipt_records rr"
+            " WHERE rr.record_id = ANY(%s) ORDER BY rr.record_id, rr.revision",
+            (list(record_ids),),
+        ).fetchall():
+            found[record_id].append(op_id)
+    return found
+
+
+def pending(pool: Any, committed_before: datetime, limit: int = 1000) -> list[ForgetEvent]:
+    """Forgets committed before ``committed_before`` whose redaction is still pending."""
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT s.key, c.request->>'id', c.forgotten_revisions, c.operation_id,"
+            " c.already_forgotten FROM engram_receipts c JOIN engram_scopes s ON s.id = c.scope_id"
+            " WHERE c.redaction = 'pending' AND c.committed_at < %s"
+            " ORDER BY c.committed_at LIMIT %s",
+            (committed_before, limit),
+        ).fetchall()
+    return [
+        ForgetEvent(
+            scope=scope_from_key(key),
+            record_id=record_id,
+            revisions=tuple(revisions or ()),
+            operation_id=op_id,
+            already_forgotten=bool(already),
+        )
+        for key, record_id, revisions, op_id, already in rows
+    ]
+
+
+def set_redaction(pool: Any, operation_ids: Sequence[str], status: Redaction) -> int:
+    """Record how the listeners of these forgets did; returns how many receipts changed."""
+    with pool.connection() as conn:
+        cur = conn.execute(
+            "UPDATE engram_receipts SET redaction = %s"
+            " WHERE operation_id = ANY(%s) AND kind = 'forget'",
+            (status, list(operation_ids)),
+        )
+        count: int = cur.rowcount
+    return count
+
+
+def vacuum(pool: Any, *, wait_s: float = 60.0) -> datetime:
+    """VACUUM the tables a forget touches, indexes included, to remove the row versions
+    of every forget committed before the call; returns when the VACUUM began.
+
+    VACUUM keeps the row versions an open snapshot may still read, so it first waits
+    until no transaction that began before the call is still open (``TimeoutError``
+    after ``wait_s``). Then the forgets' deleted row versions are gone from the heap
+    and the indexes (``INDEX_CLEANUP ON``: never skipped for having few dead rows), and
+    the full-text index's pending list is merged. What may remain in the data files
+    is described in ``docs/jobs.md``."""
+    deadline = time.monotonic() + wait_s
+    with pool.connection() as conn:
+        row = conn.execute("SELECT clock_timestamp()").fetchone()
+        assert row is not None
+        called: datetime = row[0]
+        while True:
+            older = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL AND xact_start < %s",
+                (called,),
+            ).fetchone()
+            if not older or older[0] == 0:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{older[0]} transactions older than the forgets are still open")
+            time.sleep(0.2)
+        conn.execute(f"VACUUM (INDEX_CLEANUP ON) {', '.join(FORGET_TABLES)}")
+    return called
+
+
+# The full-text index: GIN keeps a word as a key of its entry tree once it was indexed,
+# even when no row has it any more (VACUUM empties its posting list, not the key).
+TEXT_INDEX = "engram_revisions_tsv_idx"
+
+
+def reindex_text(pool: Any) -> None:
+    """Rebuild the full-text index without blocking writes (``REINDEX CONCURRENTLY``), so
+    that the words of forgotten texts leave it. A rebuild that failed earlier leaves an
+    invalid copy (``…_ccnew``): it is dropped first."""
+    with pool.connection() as conn:
+        for (name,) in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
+            " WHERE NOT i.indisvalid AND c.relname LIKE %s",
+            (f"{TEXT_INDEX}_ccnew%",),
+        ).fetchall():
+            conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
+        conn.execute(f"REINDEX INDEX CONCURRENTLY {TEXT_INDEX}")

@@ -1,0 +1,124 @@
+"""The jobs' commands: reembed (with its progress), prune, jobs --burst, jobs-health."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from engram.cli import main
+from jobs import keys, queues
+from store import HashingEmbedder, Store
+from tests.jobs_fixtures import PLUGINS, JobsProcess
+from tests.redis_fixtures import FAST
+from worker.runtime import connect_redis
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, fresh_dsn: str, redis_url: str) -> None:
+    monkeypatch.setenv("DATABASE_URL", fresh_dsn)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("ENGRAM_PARTITIONS", str(FAST.partitions))
+    monkeypatch.setenv("ENGRAM_EMBEDDERS", PLUGINS)
+    monkeypatch.setenv("ENGRAM_JOBS_TICK", "0.2s")
+
+
+def records(store: Store, count: int = 3) -> None:
+    mem = store.session({"user_id": "ada"}, embedder=HashingEmbedder(64))
+    for i in range(count):
+        mem.remember(f"Ada note {i}.")
+
+
+@pytest.mark.usefixtures("env")
+def test_reembed_follows_the_job_with_a_progress_bar_until_active(
+    fresh_store: Store,
+    fresh_dsn: str,
+    redis_url: str,
+    jobs_processes: Callable[..., JobsProcess],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    records(fresh_store)
+    jobs_processes(database_url=fresh_dsn, redis_url=redis_url)
+    assert main(["reembed", "--model", "hashing:32", "--requested-by", "ops"]) == 0
+    out = capsys.readouterr().out
+    assert "re-embedding generation 2: job reembed-" in out
+    *_, bar, said = out.strip().splitlines()
+    assert "3/3" in bar and "100%" in bar and bar.endswith("activated")
+    assert said.startswith("activated: writes held off ")
+    assert fresh_store.embeddings.active().model_id == "hashing-32"  # type: ignore[union-attr]
+
+
+@pytest.mark.usefixtures("env")
+def test_reembed_refuses_a_bad_model_and_says_when_no_jobs_worker_runs(
+    fresh_store: Store, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records(fresh_store)
+    assert main(["reembed", "--model", "nope"]) == 2
+    assert "invalid_request: unknown embedder 'nope'" in capsys.readouterr().err
+    assert main(["reembed", "--model", "hashing:16", "--detach"]) == 0
+    captured = capsys.readouterr()
+    assert "job reembed-" in captured.out
+    assert "no `engram jobs` worker is running" in captured.err
+    assert queues.queue(connect_redis(redis_url), keys.REEMBED_QUEUE).count == 1
+    # `engram jobs --burst` runs what is queued, then exits.
+    assert main(["jobs", "--burst"]) == 0
+    assert fresh_store.embeddings.active().model_id == "hashing-16"  # type: ignore[union-attr]
+
+
+@pytest.mark.usefixtures("env")
+def test_prune_reports_counts_per_kind(
+    fresh_store: Store, fresh_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mem = fresh_store.session({"user_id": "bob"}, embedder=HashingEmbedder(64))
+    fact = mem.remember("Bob likes jazz.").records[0]
+    mem.retract(fact.id)
+    with psycopg.connect(fresh_dsn) as conn:
+        conn.execute(
+            "UPDATE engram_revisions SET recorded_at = recorded_at - %s", (timedelta(days=40),)
+        )
+    assert main(["prune", "history", "receipts", "--older-than", "30d"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("history: 1 removed (older than ")
+    assert lines[1].startswith("receipts: 0 removed")
+    assert main(["prune", "receipts"]) == 0
+    assert capsys.readouterr().out == "receipts: retention off, nothing pruned\n"
+    assert main(["prune", "everything"]) == 2
+    assert "prune one of history, receipts, dead-letters" in capsys.readouterr().err
+    assert main(["prune", "history", "--older-than", "a while"]) == 2
+
+
+@pytest.mark.usefixtures("env")
+def test_jobs_health_says_whether_a_jobs_worker_lives_here(
+    fresh_store: Store, fresh_dsn: str, redis_url: str, jobs_processes: Callable[..., JobsProcess]
+) -> None:
+    from tests.redis_fixtures import wait_until
+
+    assert main(["jobs-health"]) == 1
+    worker = jobs_processes(database_url=fresh_dsn, redis_url=redis_url)
+    wait_until(lambda: main(["jobs-health"]) == 0, timeout=30, what="a live jobs worker")
+    worker.kill()
+    assert main(["jobs-health"]) == 1, "a killed worker is not alive, however fresh its key"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("env")
+def test_demo_reembed_moves_the_store_while_writes_go_on(
+    fresh_store: Store,
+    fresh_dsn: str,
+    redis_url: str,
+    worker_processes: Callable[..., Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    worker_processes(database_url=fresh_dsn, redis_url=redis_url, env={"ENGRAM_EMBEDDERS": PLUGINS})
+    code = main(["demo-reembed", "--model", "hashing:32", "--records", "50", "--rate", "10"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "starting `engram jobs` for the demo" in out
+    writes = next(line for line in out.splitlines() if line.startswith("writes meanwhile"))
+    sent = int(writes.split()[2])
+    assert f"{sent} committed, 0 refused" in writes
+    assert "active model: hashing-32" in out
+    assert fresh_store.embeddings.active().model_id == "hashing-32"  # type: ignore[union-attr]

@@ -1,0 +1,49 @@
+"""Which operations, as sent, may hold a forgotten record's text (pure logic)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jobs.listeners.matching import Forgotten
+from store.operations import derived_record_id
+
+SCOPE = {"user_id": "ada"}
+GONE = Forgotten.of(["rec-1", derived_record_id("op-remember", 0)], ["op-wrote-it"])
+
+
+def op(kind: str, request: dict[str, object], operation_id: str = "op-x") -> str:
+    return json.dumps(
+        {"operation_id": operation_id, "kind": kind, "scope": SCOPE, "request": request}
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "holds"),
+    [
+        (op("revise", {"id": "rec-1", "text": "t"}), True),
+        (op("revise", {"id": "rec-1", "metadata": {"m": "t"}}), True),
+        (op("remember", {"text": "t", "id": "rec-1"}), True),
+        (op("remember", {"text": "t"}, "op-remember"), True),  # would create it
+        (op("remember", {"text": "t"}, "op-wrote-it"), True),  # wrote it
+        (op("revise", {"id": "rec-2", "text": "t"}), False),
+        (op("remember", {"text": "t"}, "op-other"), False),
+        (op("forget", {"id": "rec-1"}), False),  # ids only
+        (op("retract", {"id": "rec-1"}), False),
+        # Not a valid operation (here: an unknown field), still recognised by its id.
+        (op("revise", {"id": "rec-1", "text": "t", "bogus": 1}), True),
+        ("not json", False),
+        ("[1, 2]", False),
+        (None, False),
+    ],
+)
+def test_holds(raw: str | None, holds: bool) -> None:
+    assert GONE.holds(raw) is holds
+
+
+def test_an_extract_whose_derived_ids_include_the_record_holds_it() -> None:
+    messages = [{"id": f"m{i}", "message": {"role": "user", "content": f"c{i}"}} for i in range(3)]
+    gone = Forgotten.of([derived_record_id("op-extract", 2)], [])
+    assert gone.holds(op("extract", {"messages": messages}, "op-extract"))
+    assert not gone.holds(op("extract", {"messages": messages[:2]}, "op-extract"))

@@ -1,0 +1,63 @@
+"""The PostgreSQL listener: after it, the forgotten words are out of the full-text
+index's file, and the dead row versions out of the table (its pages may keep the
+bytes until reused: see docs/jobs.md and bench/redaction_residue.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+
+from jobs.listeners.in_postgres import PostgresListener
+from store import ForgetEvent, HashingEmbedder, Store
+from store.server import EmbeddedPostgres
+from tests.helpers import marker_text
+from tests.jobs_fixtures import context
+
+
+def relation_bytes(postgres: EmbeddedPostgres, dsn: str, relation: str) -> bytes:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+        row = conn.execute("SELECT pg_relation_filepath(%s)", (relation,)).fetchone()
+    assert row is not None
+    path = Path(postgres.data_dir) / row[0]
+    return b"".join(p.read_bytes() for p in sorted(path.parent.glob(path.name + "*")))
+
+
+def dead_rows(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        row = conn.execute(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'engram_revisions'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_the_listener_vacuums_and_rebuilds_the_full_text_index(
+    postgres: EmbeddedPostgres, fresh_store: Store, fresh_dsn: str, redis_url: str
+) -> None:
+    word = marker_text().lower()
+    events: list[ForgetEvent] = []
+    mem = fresh_store.session(
+        {"user_id": "ada"}, embedder=HashingEmbedder(64), on_forget=[events.append]
+    )
+    for i in range(200):
+        mem.remember(f"Unrelated note {i}.")
+    fact = mem.remember(f"The door code is {word}.").records[0]
+    mem.forget(fact.id)
+    assert word.encode() in relation_bytes(postgres, fresh_dsn, "engram_revisions_tsv_idx")
+
+    PostgresListener(context(fresh_store, redis_url))(events)
+
+    assert word.encode() not in relation_bytes(postgres, fresh_dsn, "engram_revisions_tsv_idx")
+    assert dead_rows(fresh_dsn) == 0
+    with psycopg.connect(fresh_dsn) as conn:  # the rebuilt index serves searches
+        conn.execute("SET enable_seqscan = off")
+        plan = conn.execute(
+            "EXPLAIN SELECT 1 FROM engram_revisions WHERE tsv @@ to_tsquery('simple', 'unrelated')"
+        ).fetchall()
+        assert "engram_revisions_tsv_idx" in str(plan)
+        found = conn.execute(
+            "SELECT count(*) FROM engram_revisions WHERE tsv @@ to_tsquery('simple', 'unrelated')"
+        ).fetchone()
+    assert found == (200,)

@@ -1,0 +1,224 @@
+"""The re-embedding job, run in this process (RQ burst mode): progress, slices,
+a second model, records that keep moving, failures."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rq.job import JobStatus
+from rq.registry import ScheduledJobRegistry
+from rq.scheduler import RQScheduler
+
+from jobs import keys, listing, queues, reembed
+from jobs.context import JobContext
+from jobs.progress import Progress
+from store import HashingEmbedder, Operation, Store
+from store.errors import InvalidRequestError
+from tests.helpers import bytes_hold, marker_text, redis_values
+from tests.jobs_fixtures import context, marks, run_burst
+
+OLD = HashingEmbedder(64)
+
+
+def fill(store: Store, count: int, scopes: int = 5, text: str = "note {i} about tea") -> list[str]:
+    ops = [
+        Operation.build("remember", {"user_id": f"u{i % scopes}"}, {"text": text.format(i=i)})
+        for i in range(count)
+    ]
+    ids = []
+    for start in range(0, count, 500):
+        for result in store.execute(ops[start : start + 500], OLD):
+            assert not isinstance(result, Exception), result
+            ids.append(result.records[0].id)
+    return ids
+
+
+def current(store: Store) -> Progress:
+    status = reembed.progress(store)
+    assert status is not None
+    return status.progress
+
+
+def every_current_revision_has_a_vector(store: Store, generation_id: int) -> bool:
+    done, total = store.embeddings.counts(generation_id)
+    return done == total
+
+
+def test_a_reembed_runs_to_activation_with_its_progress_on_the_generation(
+    fresh_store: Store, redis_url: str
+) -> None:
+    fill(fresh_store, 300)
+    ctx = context(fresh_store, redis_url)
+    started = reembed.start(fresh_store, ctx.client, ctx.registry, "hashing:32", requested_by="ada")
+    waiting = current(fresh_store)
+    assert (waiting.state, waiting.done, waiting.total, waiting.job_id) == (
+        "waiting",
+        0,
+        300,
+        started.job_id,
+    )
+    run_burst(ctx, redis_url)
+
+    status = reembed.progress(fresh_store)
+    assert status is not None and status.status == "active" and status.model_id == "hashing-32"
+    p = status.progress
+    assert (p.state, p.done, p.total, p.skipped, p.errors, p.requested_by) == (
+        "activated",
+        300,
+        300,
+        0,
+        0,
+        "ada",
+    )
+    assert p.rate_per_s > 0 and p.eta_s == 0.0
+    assert fresh_store.embeddings.active().id == started.generation_id  # type: ignore[union-attr]
+    assert every_current_revision_has_a_vector(fresh_store, started.generation_id)
+    job = listing.get_job(ctx.client, started.job_id)
+    assert job is not None and job.status == "finished" and job.args == [started.generation_id]
+    assert job.result["state"] == "activated"
+
+
+def test_start_refuses_an_unknown_model_and_the_active_one_and_joins_a_running_one(
+    fresh_store: Store, redis_url: str
+) -> None:
+    fill(fresh_store, 10)
+    ctx = context(fresh_store, redis_url)
+    with pytest.raises(InvalidRequestError, match="unknown embedder"):
+        reembed.start(fresh_store, ctx.client, ctx.registry, "nope", requested_by="t")
+    with pytest.raises(InvalidRequestError, match="already the active"):
+        reembed.start(fresh_store, ctx.client, ctx.registry, "hashing:64", requested_by="t")
+    assert [g.status for g in fresh_store.embeddings.all()] == ["active"]
+    first = reembed.start(fresh_store, ctx.client, ctx.registry, "hashing:32", requested_by="a")
+    again = reembed.start(fresh_store, ctx.client, ctx.registry, "hashing:32", requested_by="b")
+    assert again == reembed.Started(first.generation_id, first.job_id, already_running=True)
+    assert queues.queue(ctx.client, keys.REEMBED_QUEUE).count == 1
+
+
+def test_a_second_model_started_meanwhile_retires_the_pending_generation(
+    fresh_store: Store, redis_url: str
+) -> None:
+    fill(fresh_store, 50)
+    ctx = context(fresh_store, redis_url)
+    first = reembed.start(fresh_store, ctx.client, ctx.registry, "hashing:32", requested_by="t")
+    second = reembed.start(fresh_store, ctx.client, ctx.registry, "hashing:16", requested_by="t")
+    assert fresh_store.embeddings.get(first.generation_id).status == "retired"  # type: ignore[union-attr]
+    run_burst(ctx, redis_url)
+    retired = Progress.from_dict(fresh_store.embeddings.get(first.generation_id).progress)  # type: ignore[union-attr,arg-type]
+    assert retired is not None and retired.state == "retired"
+    assert listing.get_job(ctx.client, first.job_id).result == {"state": "retired"}  # type: ignore[union-attr]
+    assert fresh_store.embeddings.active().id == second.generation_id  # type: ignore[union-attr]
+
+
+def test_a_reembed_goes_on_in_slices_without_embedding_a_record_twice(
+    fresh_store: Store, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mark = tmp_path / "embedded"
+    monkeypatch.setenv("ENGRAM_TEST_EMBED_MARK", str(mark))
+    monkeypatch.setenv("ENGRAM_TEST_EMBED_DELAY_S", "0.02")
+    fill(fresh_store, 400)
+    ctx = context(
+        fresh_store, redis_url, ENGRAM_REEMBED_SLICE="0.2s", ENGRAM_REEMBED_BATCH_SIZE="20"
+    )
+    started = reembed.start(fresh_store, ctx.client, ctx.registry, "slow", requested_by="t")
+    run_burst(ctx, redis_url)
+    p = current(fresh_store)
+    assert (p.state, p.done, p.total) == ("activated", 400, 400)
+    assert p.job_id != started.job_id, "later slices carried it"
+    finished = [j for j in listing.list_jobs(ctx.client) if j.kind == "reembed"]
+    assert len(finished) >= 3 and all(j.status == "finished" for j in finished)
+    assert sum(n for _, _, _, n in marks(mark)) == 400
+
+
+class Moving:
+    """The target model, revising two records at each call while ``moves`` last: each
+    pass ends with more gaps than a switch may hold writes for (batches of 1)."""
+
+    model_id = "slow-hashing-32"
+    dims = 32
+
+    def __init__(self, store: Store, record_ids: Sequence[str], moves: int) -> None:
+        self.store, self.record_ids, self.moves = store, record_ids, moves
+        self.inner = HashingEmbedder(32)
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        if self.moves > 0:
+            self.moves -= 1
+            for rid in self.record_ids:
+                self.store.session({"user_id": "u0"}).revise(rid, text=f"moved {time.monotonic()}")
+        return self.inner.embed(texts)
+
+
+def run_due(ctx: JobContext) -> None:
+    """RQ's scheduler, once: move the delayed jobs that are due to their queue."""
+    scheduler = RQScheduler(keys.QUEUES, connection=ctx.client)
+    scheduler.acquire_locks()
+    scheduler.enqueue_scheduled_jobs()
+    scheduler.release_locks()
+
+
+def test_records_that_keep_moving_leave_it_waiting_then_it_resumes(
+    fresh_store: Store, redis_url: str
+) -> None:
+    ids = fill(fresh_store, 2, scopes=1)
+    # A switch holds writes off for one record at most (and so never calls the
+    # embedder that writes, which would wait for itself).
+    ctx = context(
+        fresh_store,
+        redis_url,
+        ENGRAM_REEMBED_BATCH_SIZE="1",
+        ENGRAM_REEMBED_SWITCH_HOLD="0.001s",
+        ENGRAM_REEMBED_RESUME_AFTER="1h",
+    )
+    moving = Moving(fresh_store, ids, moves=50)
+    ctx.registry.add(moving)
+    started = reembed.start(fresh_store, ctx.client, ctx.registry, "slow", requested_by="t")
+    run_burst(ctx, redis_url)
+    p = current(fresh_store)
+    assert (p.state, p.pass_) == ("waiting", 1)
+    assert p.message is not None and "changed during the last pass" in p.message
+    assert p.skipped >= 6
+    scheduled = ScheduledJobRegistry(queue=queues.queue(ctx.client, keys.REEMBED_QUEUE))
+    assert scheduled.get_job_ids() == [p.job_id]
+    due = scheduled.get_scheduled_time(p.job_id)
+    assert 3500 < (due - datetime.now(UTC)).total_seconds() <= 3600
+    assert fresh_store.embeddings.active().model_id == "hashing-64"  # type: ignore[union-attr]
+
+    moving.moves = 0  # the records settle; and the hour is up
+    scheduled.schedule(queues.fetch(ctx.client, p.job_id), datetime.now(UTC))  # type: ignore[arg-type]
+    run_due(ctx)
+    run_burst(ctx, redis_url)
+    p = current(fresh_store)
+    assert p.state == "activated"
+    assert fresh_store.embeddings.active().id == started.generation_id  # type: ignore[union-attr]
+
+
+def test_a_slice_that_keeps_failing_marks_it_failed_and_rq_keeps_no_text(
+    fresh_store: Store, redis_url: str
+) -> None:
+    marker = marker_text()
+    fill(fresh_store, 3, text=f"secret {marker} number {{i}}")
+    ctx = context(fresh_store, redis_url, ENGRAM_REEMBED_RETRY="off")
+    started = reembed.start(
+        fresh_store,
+        ctx.client,
+        ctx.registry,
+        "leaky",
+        requested_by="t",
+        settings=ctx.settings.reembed,
+    )
+    run_burst(ctx, redis_url)
+    p = current(fresh_store)
+    # Each batch that fails is counted; the switch at the end of the pass fails the slice.
+    assert p.state == "failed" and p.errors >= 2
+    assert p.message == "ValueError"
+    job = listing.get_job(ctx.client, started.job_id)
+    assert job is not None and job.status == JobStatus.FAILED
+    assert job.error == "jobs.errors.JobFailedError: re-embedding slice failed (ValueError)"
+    assert not bytes_hold(redis_values(ctx.client), marker)
+    assert marker not in json.dumps(fresh_store.embeddings.get(started.generation_id).progress)  # type: ignore[union-attr]
