@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from store import LLM, Embedder, HashingEmbedder, Store
+from worker.consumer import ForgetHook
 from worker.runtime import connect_redis
 from worker.settings import WorkerConfig
 from worker.valkey import EmbeddedValkey
@@ -100,6 +101,7 @@ def start_worker(redis_url: str) -> Callable[..., InProcessWorker]:
         config: WorkerConfig = FAST,
         worker_id: str | None = None,
         llm: LLM | None = None,
+        on_forget: ForgetHook | None = None,
     ) -> InProcessWorker:
         client = connect_redis(redis_url)
         return InProcessWorker(
@@ -110,6 +112,7 @@ def start_worker(redis_url: str) -> Callable[..., InProcessWorker]:
                 llm=llm,
                 config=config,
                 worker_id=worker_id,
+                on_forget=on_forget,
             )
         )
 

@@ -173,8 +173,8 @@ def test_a_second_up_is_refused_and_a_killed_up_leaves_nothing_running(
     first = start_up(home)
     run = first.wait_ready()
     processes = _everything_of(first)
-    # postgres, valkey, 2 workers, the dashboard, the watchdog
-    assert len(processes) == 6, processes
+    # postgres, valkey, 2 workers, the jobs worker, the dashboard, the watchdog
+    assert len(processes) == 7, processes
     health = wait_until(
         lambda: _get(f"{run['dashboard_url']}healthz"), timeout=60, what="the dashboard"
     )

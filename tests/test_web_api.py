@@ -9,6 +9,7 @@ from typing import Any
 from rq import Queue, SimpleWorker
 from starlette.testclient import TestClient
 
+from jobs.keys import MAINTENANCE_QUEUE
 from tests.redis_fixtures import wait_until
 from tests.web_fixtures import BASE_URL, Web, make_app
 from worker import keys
@@ -179,23 +180,24 @@ def test_generations_and_starting_a_reembed(web: Web, store: Any, redis_client: 
 
 
 def test_jobs_on_rq_with_their_errors_and_a_retry(web: Web) -> None:
-    queue = Queue("default", connection=web.redis)
+    queue = Queue(MAINTENANCE_QUEUE, connection=web.redis)
     failing = queue.enqueue("tests.rq_jobs.fails", "mem_42")
     done = queue.enqueue("tests.rq_jobs.succeeds", "mem_43")
     waiting = queue.enqueue("tests.rq_jobs.succeeds", "mem_44")
     SimpleWorker([queue], connection=web.redis).work(burst=True, max_jobs=2)
-    listing = web.client.get("/api/v1/jobs?queue=default&state=failed").json()
-    [counts] = listing["queues"]
+    listing = web.client.get(f"/api/v1/jobs?queue={MAINTENANCE_QUEUE}&state=failed").json()
+    [counts] = [q for q in listing["queues"] if q["name"] == MAINTENANCE_QUEUE]
     assert counts["counts"] | {} == {**counts["counts"], "failed": 1, "finished": 1, "queued": 1}
     [job] = listing["items"]
     assert job["id"] == failing.id and job["function"] == "tests.rq_jobs.fails"
     assert job["error"].startswith("RuntimeError: the listener could not reach")
     assert job["arguments"] == "'mem_42'" and job["ended_at"]
-    finished = web.client.get("/api/v1/jobs?queue=default&state=finished").json()["items"]
-    assert [j["id"] for j in finished] == [done.id]
-    assert [j["id"] for j in web.client.get("/api/v1/jobs?state=queued").json()["items"]] == [
-        waiting.id
+    finished = web.client.get(f"/api/v1/jobs?queue={MAINTENANCE_QUEUE}&state=finished").json()[
+        "items"
     ]
+    assert [j["id"] for j in finished] == [done.id]
+    queued = web.client.get(f"/api/v1/jobs?queue={MAINTENANCE_QUEUE}&state=queued").json()
+    assert [j["id"] for j in queued["items"]] == [waiting.id]
     page = web.client.get(f"/jobs/{failing.id}").text
     assert "RuntimeError" in page and "Retry" in page
     retried = web.client.post(f"/api/v1/jobs/{failing.id}/retry")

@@ -8,13 +8,15 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from playwright.sync_api import expect
 
+from jobs import redaction
 from store import Store
+from tests.jobs_fixtures import PLUGINS
+from tests.redis_fixtures import wait_until
 from tests.web_fixtures import EMBEDDER, TOKEN, Browser, Served
 from worker import Producer
 from worker.metrics import BatchStats, record_batch
@@ -34,13 +36,15 @@ class Site:
 def site(
     serve_web: Callable[..., Served],
     start_worker: Any,
+    jobs_processes: Any,
     fresh_store: Store,
     fresh_dsn: str,
     redis_url: str,
 ) -> Iterator[Site]:
     served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
+    jobs_processes(database_url=fresh_dsn, redis_url=redis_url)  # the forget listeners
     client = connect_redis(redis_url)
-    with start_worker(fresh_store):
+    with start_worker(fresh_store, on_forget=redaction.hand_over):
         yield Site(served.url, fresh_store, Producer(client, partitions=4))
     client.close()
 
@@ -142,11 +146,8 @@ def test_find_a_scope_read_a_record_s_history_then_forget_it(site: Site, browser
     expect(page.get_by_text("This cannot be undone.")).to_be_visible()
     page.locator("#confirm-forget").click()
     expect(page.locator("#operation .badge").first).to_have_text("committed", timeout=15_000)
-    expect(page.locator("#redaction .badge")).to_have_text(
-        # No redaction listener runs until the jobs are deployed: "none"; with them,
-        # "pending" then "complete" (the page keeps polling until then).
-        "none"
-    )
+    # "pending", then "complete" once the jobs' listeners ran: the page polls until then.
+    expect(page.locator("#redaction .badge")).to_have_text("complete", timeout=60_000)
     expect(page.locator("#operation")).to_contain_text("revisions deleted")
     browser.shot("forgotten")
 
@@ -209,42 +210,51 @@ def test_off_loopback_a_page_without_the_token_is_refused(
     no_script_ran(browser)
 
 
-def test_a_reembed_s_progress_bar_moves_in_place(site: Site, browser: Browser) -> None:
-    site.producer.remember({"user_id": "erin"}, "Erin collects maps.").wait(10)
-    pending = site.store.embeddings.begin("minilm-l6-v2-int8", 384)
-    started = datetime.now(UTC).isoformat()
-
-    def progress(done: int) -> None:
-        site.store.embeddings.set_progress(
-            pending.id,
-            {
-                "state": "running", "pass": 1, "done": done, "total": 1200, "skipped": 3,
-                "errors": 0, "rate_per_s": 140.0, "eta_s": (1200 - done) / 140.0,
-                "started_at": started, "updated_at": datetime.now(UTC).isoformat(),
-                "requested_by": "grace", "job_id": "reembed-7",
-            },
-        )  # fmt: skip
-
-    progress(300)
+def test_a_reembed_s_progress_bar_moves_in_place(
+    serve_web: Callable[..., Served],
+    start_worker: Any,
+    jobs_processes: Any,
+    fresh_store: Store,
+    fresh_dsn: str,
+    redis_url: str,
+    browser: Browser,
+) -> None:
+    # A real reembed, started from the form, run by an ``engram jobs`` process whose
+    # embedder takes 0.4 s a batch of 10: its progress moves for a few seconds.
+    plugins = {"ENGRAM_EMBEDDERS": PLUGINS}
+    served = serve_web(database_url=fresh_dsn, redis_url=redis_url, env=plugins)
+    jobs_processes(
+        database_url=fresh_dsn,
+        redis_url=redis_url,
+        env={"ENGRAM_TEST_EMBED_DELAY_S": "0.4", "ENGRAM_REEMBED_BATCH_SIZE": "10"},
+    )
+    mem = fresh_store.session({"user_id": "erin"}, embedder=EMBEDDER)
+    for i in range(120):
+        mem.remember(f"Erin collects map number {i}.")
     page = browser.page
-    page.goto(site.url + "/generations")
+    page.goto(served.url + "/generations")
+    page.get_by_label("towards the model").fill("slow")
+    page.get_by_role("button", name="Start").click()
+    pending = next(g for g in fresh_store.embeddings.all() if g.status == "pending")
     bar = page.locator(f"#progress-{pending.id} progress")
-    expect(bar).to_have_attribute("value", "300")
     page.evaluate("window.engramNotReloaded = true")
-    progress(780)
-    expect(bar).to_have_attribute("value", "780", timeout=10_000)
-    expect(page.locator(f"#progress-{pending.id}")).to_contain_text("780 / 1,200")
+
+    def seen() -> int:
+        value = bar.get_attribute("value", timeout=10_000)
+        return int(value or 0)
+
+    first = wait_until(lambda: 0 < seen() < 120 and seen(), timeout=30, what="some progress")
+    wait_until(lambda: first < seen() < 120, timeout=30, what="the bar to move")
+    expect(page.locator(f"#progress-{pending.id}")).to_contain_text("/ 120")
     assert page.evaluate("window.engramNotReloaded") is True  # swapped in place
     browser.shot("generations")
-    progress(1200)
-    site.store.embeddings.set_progress(
-        pending.id, {"state": "activated", "done": 1200, "total": 1200}
-    )
-    expect(page.locator(f"#progress-{pending.id} .badge")).to_have_text(
-        "reembed activated", timeout=10_000
+    expect(page.locator(f"#progress-{pending.id} .badge").first).to_have_text(
+        "reembed activated", timeout=60_000
     )
     # Polling stops once nothing runs: the swapped region carries no trigger any more.
     expect(page.locator("#generations")).not_to_have_attribute("hx-trigger", "every 2s")
+    active = fresh_store.embeddings.active()
+    assert active is not None and active.model_id == "slow-hashing-32"
     no_script_ran(browser)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from jobs import redaction
 from tests.helpers import rows_containing
 from tests.redis_fixtures import wait_until
 from tests.web_fixtures import Web
@@ -21,9 +22,16 @@ def streams_length(web: Web) -> int:
 
 
 def test_forget_from_the_dashboard_leaves_only_a_tombstone(
-    web: Web, start_worker: Any, scope: dict[str, str], dsn: str
+    web: Web,
+    start_worker: Any,
+    jobs_processes: Any,
+    scope: dict[str, str],
+    dsn: str,
+    redis_url: str,
 ) -> None:
-    with start_worker(web.store):
+    # The real redaction: the worker hands the forget to an ``engram jobs`` process.
+    jobs_processes(database_url=dsn, redis_url=redis_url)
+    with start_worker(web.store, on_forget=redaction.hand_over):
         rid = web.producer.remember(scope, SECRET).wait(10).records[0].id
         web.producer.revise(scope, rid, text=SECRET + " Renewed.", expected_revision=1).wait(10)
         confirm = web.client.get(f"/forget/{rid}")
@@ -42,13 +50,18 @@ def test_forget_from_the_dashboard_leaves_only_a_tombstone(
         status_url = posted.headers["location"]
         assert status_url.startswith("/operations/dashboard:forget:")
 
-        def committed() -> str | None:
+        def page_when(badge: str) -> str | None:
             html = web.client.get(status_url, headers={"HX-Request": "true"}).text
-            return html if "badge committed" in html else None
+            return html if f"badge {badge}" in html else None
 
-        html = wait_until(committed, what="the forget committed")
+        html = wait_until(lambda: page_when("committed"), what="the forget committed")
+        if "badge complete" not in html:
+            assert "badge pending" in html and "hx-trigger" in html, "pending: it polls"
+        html = wait_until(
+            lambda: page_when("complete"), timeout=60, what="the redaction to complete"
+        )
     assert "hx-trigger" not in html, "done: no more polling"
-    assert 'id="redaction"' in html and "badge none" in html  # no listener runs yet
+    assert 'id="redaction"' in html and "badge complete" in html
     assert "revisions deleted</dt><dd>1, 2" in html
     assert f'href="/records/{rid}">{rid}</a> <span class="badge forgotten">' in html
 

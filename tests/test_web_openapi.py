@@ -15,8 +15,9 @@ import redis
 import schemathesis
 from hypothesis import HealthCheck, settings
 from rq import Queue
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import positive_data_acceptance
 
+from jobs import keys as jobs_keys
 from store import Store
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import EMBEDDER, Served, start_engram_web, stop_engram_web
@@ -62,7 +63,7 @@ def _seed(store: Store, client: redis.Redis) -> None:
         "error": json.dumps({"code": "invalid_request", "message": "bad"}), "deliveries": 1,
         "at_ms": 1, "op": "{}",
     })  # fmt: skip
-    Queue("default", connection=client).enqueue("tests.rq_jobs.fails", "mem_x")
+    Queue(jobs_keys.MAINTENANCE_QUEUE, connection=client).enqueue("tests.rq_jobs.fails", "mem_x")
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")
@@ -124,8 +125,9 @@ def test_the_api_does_what_its_document_says(case: Any) -> None:
     if isinstance(case.query, dict) and any(v is None for v in case.query.values()):
         return  # a query string cannot hold a null: it would arrive as the text "null"
     if case.operation.label == "POST /api/v1/reembed":
-        # No jobs service is deployed here: a valid request answers 503 (documented).
-        case.call_and_validate(timeout=60, excluded_checks=[not_a_server_error])
+        # A generated model name is no embedder this deployment knows: 422, documented;
+        # the real start is tested in tests/test_web_jobs.py.
+        case.call_and_validate(timeout=60, excluded_checks=[positive_data_acceptance])
     else:
         case.call_and_validate(timeout=60)
 
@@ -146,5 +148,5 @@ def test_the_document_is_served(served_api: Served) -> None:
     import httpx
 
     served = httpx.get(served_api.url + "/api/v1/openapi.json").json()
-    assert served == json.loads(json.dumps(document(("default",))))
+    assert served == json.loads(json.dumps(document(jobs_keys.QUEUES)))
     assert served["paths"].keys() == DOCUMENT["paths"].keys()
