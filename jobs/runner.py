@@ -117,7 +117,9 @@ class _Ticker:
             interval=1,
             logging_level=logging.getLogger().getEffectiveLevel(),
         )
-        self.schedules = schedule.retention_schedules(ctx.settings.retention)
+        self.schedules = (
+            schedule.retention_schedules(ctx.settings.retention) + schedule.upkeep_schedules()
+        )
 
     def tick(self) -> None:
         self.ticks += 1

@@ -1,4 +1,4 @@
-"""Schedules: retention jobs every so often, once per period across all jobs workers.
+"""Schedules: retention and upkeep jobs every so often, once per period across all jobs workers.
 
 Time is cut into slots of ``every_s`` seconds from the epoch; at each tick a
 jobs worker claims the current slot of each schedule (``SET NX`` on
@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from . import keys, prune, queues
+from . import indexes, keys, prune, queues
 from .settings import Retention
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,13 @@ def retention_schedules(retention: Retention) -> list[Schedule]:
         Schedule(f"prune-{what}", retention.every_s, prune.prune_job, (what,))
         for what in prune.WHAT
         if prune.window_s(retention, what) is not None
+    ]
+
+
+def upkeep_schedules() -> list[Schedule]:
+    """What always runs: HNSW indexes for the scopes that grew large."""
+    return [
+        Schedule("index-large-scopes", indexes.INDEX_EVERY_S, indexes.index_large_scopes_job, ())
     ]
 
 

@@ -21,6 +21,7 @@ def index_large_scopes(pool: Any, threshold: int = LARGE_SCOPE_VECTORS) -> list[
     own HNSW index; smaller scopes stay on the exact (generation, scope) search."""
     created = []
     with pool.connection() as conn:
+        autocommit = conn.autocommit  # CREATE INDEX CONCURRENTLY runs outside a transaction
         conn.autocommit = True
         try:
             rows = conn.execute(
@@ -49,5 +50,5 @@ def index_large_scopes(pool: Any, threshold: int = LARGE_SCOPE_VECTORS) -> list[
                 log.info("approximate index built", extra={"generation": gen, "scope": scope})
                 created.append(name)
         finally:
-            conn.autocommit = False
+            conn.autocommit = autocommit  # the pool's connections are autocommit
     return created

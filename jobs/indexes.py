@@ -1,0 +1,22 @@
+"""Approximate vector indexes for the scopes that grew large, on a schedule.
+
+A scope past ``store.limits.LARGE_SCOPE_VECTORS`` vectors in the active
+generation is searched through an HNSW index of its own
+(``store.vector_indexes``). Scopes grow by the stream workers' writes, so a jobs
+worker looks for such scopes every ``INDEX_EVERY_S`` seconds and builds their
+indexes (concurrently: writes go on meanwhile). A reembed builds them too, when
+it switches generations.
+"""
+
+from __future__ import annotations
+
+from .context import current
+from .errors import content_free
+
+INDEX_EVERY_S = 60.0
+
+
+@content_free("index-large-scopes")
+def index_large_scopes_job() -> list[str]:
+    """Build the missing indexes; their names."""
+    return current().store.embeddings.index_large_scopes()

@@ -1,0 +1,62 @@
+"""A scope that grows past the large-scope threshold gets its HNSW index from the
+jobs worker's schedule, with no reembed and no restart."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import psycopg
+import redis
+
+from jobs import listing, schedule
+from store import HashingEmbedder, Operation, Store
+from store.limits import LARGE_SCOPE_VECTORS
+from tests.jobs_fixtures import context, run_burst
+
+
+def indexes(dsn: str) -> list[tuple[str, str]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT s.key, i.index_name FROM engram_vector_indexes i"
+            " JOIN engram_scopes s ON s.id = i.scope_id JOIN pg_indexes p"
+            " ON p.indexname = i.index_name ORDER BY 1"
+        ).fetchall()
+
+
+def test_a_scope_that_grew_large_gets_its_index_on_schedule(
+    fresh_store: Store, fresh_dsn: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    embedder = HashingEmbedder(64)
+    # Texts of their own words: vectors far enough apart for an approximate search.
+    texts = [f"w{i} x{i * 7919 % 10007} y{i * 104729 % 20011}" for i in range(LARGE_SCOPE_VECTORS)]
+    grown = [Operation.build("remember", {"user_id": "grown"}, {"text": t}) for t in texts]
+    for i in range(0, len(grown), 1000):
+        fresh_store.execute(grown[i : i + 1000], embedder)
+    fresh_store.session({"user_id": "small"}, embedder=embedder).remember("tea, once")
+    before = fresh_store.session({"user_id": "grown"}, embedder=embedder).recall(texts[7])
+    assert indexes(fresh_dsn) == []
+
+    [job_id] = schedule.enqueue_due(redis_client, schedule.upkeep_schedules(), time.time())
+    run_burst(context(fresh_store, redis_url), redis_url)
+
+    job = listing.get_job(redis_client, job_id)
+    assert job is not None and job.status == "finished"
+    [(key, name)] = indexes(fresh_dsn)
+    assert '"grown"' in key and job.result == [name]
+    # Found through the index now (approximate: the exact match may rank lower than
+    # first in the vector list, but the fused hits still hold it).
+    after = fresh_store.session({"user_id": "grown"}, embedder=embedder).recall(texts[7])
+    assert before[0].record.text == texts[7]
+    assert texts[7] in [h.record.text for h in after]
+
+
+def test_building_indexes_hands_its_connection_back_as_it_found_it(fresh_store: Store) -> None:
+    """The pool's connections are autocommit: one handed back otherwise would run the
+    next caller's statements in a transaction left open (and VACUUM would refuse)."""
+    fresh_store.session({"user_id": "ada"}, embedder=HashingEmbedder(64)).remember("tea")
+    assert fresh_store.embeddings.index_large_scopes(threshold=1)
+    with contextlib.ExitStack() as held:  # every connection the pool has, and then some
+        conns = [held.enter_context(fresh_store.pool.connection()) for _ in range(4)]
+        assert all(conn.autocommit for conn in conns)
+        conns[0].execute("VACUUM engram_records")
