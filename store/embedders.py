@@ -58,6 +58,16 @@ def embedder_for(
     return embedder
 
 
+def check_matches(embedder: Embedder, model_id: str, dims: int) -> None:
+    """Refuse a query embedder other than the active generation's (``model_id``, ``dims``):
+    its vectors would be compared with another model's."""
+    if (embedder.model_id, embedder.dims) != (model_id, dims):
+        raise EmbeddingMismatchError(
+            f"query embedder {embedder.model_id} ({embedder.dims} dimensions) does not "
+            f"match the active generation {model_id} ({dims})"
+        )
+
+
 def embed_checked(embedder: Embedder, texts: Sequence[str]) -> Vectors:
     """Call an embedder and refuse an answer of the wrong shape."""
     if not texts:

@@ -8,16 +8,15 @@ fused, as ``Store.recall``), ``top_k`` records per text and no record twice.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import psycopg
 
-from .embedders import Embedder, EmbedderResolver, embed_checked, embedder_for
-from .errors import EmbeddingMismatchError
+from .embedders import Embedder, EmbedderResolver, check_matches, embed_checked, embedder_for
 from .model import Scope
-from .recall import RecallQuery, lexical_query, recall
+from .recall import RecallContext, RecallQuery, recall, recall_context
 from .reconcile import Candidate, normalized
 
 # Same-text look-ups: the full-text index narrows a scope to the records holding
@@ -31,15 +30,6 @@ _SAME_WORDS = """
 """
 
 
-_SCOPE_AND_GENERATION = """
-    SELECT s.id, g.id, g.model_id, g.dims, i.index_name IS NOT NULL
-    FROM engram_scopes s
-    LEFT JOIN engram_generations g ON g.status = 'active'
-    LEFT JOIN engram_vector_indexes i ON i.scope_id = s.id AND i.generation_id = g.id
-    WHERE s.key = %s
-"""
-
-
 def similar_records(
     pool: Any,
     scope: Scope,
@@ -48,63 +38,60 @@ def similar_records(
     top_k: int,
 ) -> list[Candidate]:
     with pool.connection() as conn:
-        row = conn.execute(_SCOPE_AND_GENERATION, (scope.key,)).fetchone()
-    if row is None:
+        context = recall_context(conn, scope.key)
+    if context.scope_id is None:
         return []  # a scope never written holds nothing
-    scope_id, generation_id, model_id, dims, hnsw = row
+    active = context.generation
     vectors: list[Any] = [None] * len(texts)
-    if generation_id is not None:
-        chosen = embedder_for(embedder, model_id, dims)
-        if chosen is not None and (chosen.model_id, chosen.dims) != (model_id, dims):
-            raise EmbeddingMismatchError(
-                f"the active embedding generation is {model_id} ({dims} dimensions), "
-                f"not {chosen.model_id} ({chosen.dims})"
-            )
+    if active is not None:
+        chosen = embedder_for(embedder, active.model_id, active.dims)
+        if chosen is not None:
+            check_matches(chosen, active.model_id, active.dims)
         # Embedded with no connection taken: a model may take a while.
         vectors = list(embed_checked(chosen, texts)) if chosen else vectors
-    # Reads that need no snapshot of their own; an HNSW search sets its options for one
-    # transaction. (A generation switched since is seen by the next phase.)
+    # Reads that need no snapshot of their own. (A generation switched since is seen
+    # by the next phase.)
     found: dict[str, Candidate] = {}
-    with pool.connection() as conn, conn.transaction() if hnsw else nullcontext():
+    with pool.connection() as conn:
         for text, vector in zip(texts, vectors, strict=True):
-            for candidate in _similar_to(conn, scope_id, text, vector, row, top_k):
+            for candidate in _similar_to(conn, context, text, vector, top_k):
                 found.setdefault(candidate.id, candidate)
     return list(found.values())
 
 
 def _similar_to(
     conn: psycopg.Connection[Any],
-    scope_id: int,
+    context: RecallContext,
     text: str,
     vector: Any,
-    row: Sequence[Any],
     top_k: int,
 ) -> list[Candidate]:
-    _, generation_id, _, dims, hnsw = row
+    assert context.scope_id is not None
+    active = context.generation
     hits = recall(
         conn,
         RecallQuery(
-            scope_id=scope_id,
+            scope_id=context.scope_id,
             text=text,
             vector=vector,
-            generation_id=generation_id,
-            dims=dims,
+            generation_id=active.id if active else None,
+            dims=active.dims if active else None,
             top_k=top_k,
             kind=None,
             include_retracted=False,
             recorded_as_of=None,
-            hnsw=bool(hnsw),
+            hnsw=context.hnsw,
             superseded_by=False,
         ),
     )
-    similar = _same_text(conn, scope_id, text) + [
+    similar = _same_text(conn, context.scope_id, text) + [
         Candidate(h.record.id, h.record.revision, h.record.origin, h.record.text) for h in hits
     ]
     return list(dict.fromkeys(similar))[:top_k]
 
 
 def _same_text(conn: psycopg.Connection[Any], scope_id: int, text: str) -> list[Candidate]:
-    if lexical_query(text) is None:
+    if not re.search(r"[^\W_]", text):
         return []  # no words to look up by
     rows = conn.execute(_SAME_WORDS, (scope_id, text)).fetchall()
     key = normalized(text)

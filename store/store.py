@@ -17,9 +17,15 @@ from . import migrations, retention, wire
 from .audit import Audit
 from .browse import Browse
 from .cursors import Cursors
-from .embedders import Embedder, EmbedderResolver, embed_checked, embedder_for
+from .embedders import (
+    Embedder,
+    EmbedderResolver,
+    check_matches,
+    embed_checked,
+    embedder_for,
+)
 from .embeddings import Embeddings
-from .errors import EmbeddingMismatchError, InvalidRequestError, SchemaVersionError
+from .errors import InvalidRequestError, SchemaVersionError
 from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
 from .llm import LLM
 from .model import (
@@ -32,7 +38,7 @@ from .model import (
 from .needs import needs_model
 from .operations import Operation
 from .prepare import Prepared, prepare
-from .recall import RecallQuery, recall
+from .recall import HNSW_SETTINGS, RecallQuery, recall, recall_context
 from .reconcile import Decision
 from .rows import (
     RECEIPT_COLUMNS,
@@ -345,41 +351,32 @@ class Store:
             raise InvalidRequestError("recorded_as_of must be a datetime")
         if recorded_as_of is not None and recorded_as_of.tzinfo is None:
             raise InvalidRequestError("recorded_as_of must carry a time zone")
-        active = self.embeddings.active()
+        with self.pool.connection() as conn:
+            found = recall_context(conn, scope.key)
+        active = found.generation
         vector = None
         # A resolver picks the active generation's model (or raises EmbedderUnavailableError).
         embedder = embedder_for(embedder, active.model_id, active.dims) if active else None
         if text is not None and active is not None and embedder is not None:
-            if (embedder.model_id, embedder.dims) != (active.model_id, active.dims):
-                raise EmbeddingMismatchError(
-                    f"query embedder {embedder.model_id} ({embedder.dims} dimensions) does not "
-                    f"match the active generation {active.model_id} ({active.dims})"
-                )
-            vector = embed_checked(embedder, [text])[0]  # outside any transaction
-        with self.pool.connection() as conn, conn.transaction():
-            row = conn.execute(
-                "SELECT s.id, i.index_name IS NOT NULL FROM engram_scopes s"
-                " LEFT JOIN engram_vector_indexes i ON i.scope_id = s.id"
-                " AND i.generation_id = %s WHERE s.key = %s",
-                (active.id if active else None, scope.key),
-            ).fetchone()
-            if row is None:
-                return []
-            return recall(
-                conn,
-                RecallQuery(
-                    scope_id=row[0],
-                    text=text,
-                    vector=vector,
-                    generation_id=active.id if active else None,
-                    dims=active.dims if active else None,
-                    top_k=top_k,
-                    kind=kind,
-                    include_retracted=include_retracted,
-                    recorded_as_of=recorded_as_of,
-                    hnsw=bool(row[1]),
-                ),
-            )
+            check_matches(embedder, active.model_id, active.dims)
+            if found.scope_id is not None:
+                vector = embed_checked(embedder, [text])[0]  # with no connection taken
+        if found.scope_id is None:
+            return []  # a scope never written holds nothing
+        query = RecallQuery(
+            scope_id=found.scope_id,
+            text=text,
+            vector=vector,
+            generation_id=active.id if active else None,
+            dims=active.dims if active else None,
+            top_k=top_k,
+            kind=kind,
+            include_retracted=include_retracted,
+            recorded_as_of=recorded_as_of,
+            hnsw=found.hnsw,
+        )
+        with self.pool.connection() as conn:
+            return recall(conn, query)
 
     # -- retention ------------------------------------------------------------------
 
@@ -402,3 +399,5 @@ def _with_superseded_by(conn: psycopg.Connection[Any], rows: list[Any]) -> list[
 def _configure(conn: psycopg.Connection[Any]) -> None:
     register_vector(conn)
     wire.register(conn)
+    for name, value in HNSW_SETTINGS.items():
+        conn.execute("SELECT set_config(%s, %s, false)", (name, value))

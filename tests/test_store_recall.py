@@ -9,13 +9,7 @@ import numpy as np
 import psycopg
 
 from store import HashingEmbedder, Store, WordLlamaEmbedder
-from store.recall import RecallQuery, _vector_candidates, lexical_query
-
-
-def test_lexical_query_ors_the_words() -> None:
-    assert lexical_query("Where does Ada live? Paris!") == "ada | does | live | paris | where"
-    assert lexical_query("?!") is None
-    assert lexical_query("snake_case's") == "case | s | snake"
+from store.recall import RecallQuery, recall
 
 
 def test_the_default_embedder_finds_meaning_not_just_words(fresh_store: Store) -> None:
@@ -134,10 +128,9 @@ def test_a_large_scope_gets_an_approximate_index_with_the_same_answers(
         include_retracted=False,
         recorded_as_of=None,
     )
-    with fresh_store.pool.connection() as conn, conn.transaction():
-        by_id = {r[0]: r[1] for r in conn.execute("SELECT record_id, text FROM engram_revisions")}
+    with fresh_store.pool.connection() as conn:
         found = {
-            hnsw: [by_id[rid] for rid, _ in _vector_candidates(conn, replace(q, hnsw=hnsw))[:10]]
+            hnsw: [h.record.text for h in recall(conn, replace(q, hnsw=hnsw))]
             for hnsw in (False, True)
         }
     distances = {
@@ -145,3 +138,43 @@ def test_a_large_scope_gets_an_approximate_index_with_the_same_answers(
     }
     assert np.allclose(distances[True], distances[False], atol=0.02)
     assert [h.record.text for h in small.recall("tea")] == ["tea in a small scope"]
+
+
+def texts(hits: list) -> list[str]:
+    return [h.record.text for h in hits]
+
+
+def test_stop_words_alone_match_nothing_unless_they_are_all_there_is(fresh_store: Store) -> None:
+    mem = fresh_store.session({"user_id": "ada"})  # no embedder: the lexical list alone
+    mem.remember("What is it that they do all day?")
+    mem.remember("Ada rides a bicycle to work.")
+    mem.remember("To be, or not to be, that is the question.")
+    assert texts(mem.recall("What does Ada do?")) == ["Ada rides a bicycle to work."]
+    # A query of stop words only is read with every word: the line holding them all first.
+    hamlet = "To be, or not to be, that is the question."
+    assert texts(mem.recall("to be or not to be"))[0] == hamlet
+
+
+def test_codes_and_numbers_are_found_as_written(fresh_store: Store) -> None:
+    mem = fresh_store.session({"user_id": "ada"})
+    mem.remember("The mortgage rate is fixed at 3.1% until 2029.")
+    mem.remember("The car's plate is KX-4471.")
+    mem.remember("Version 3 of the plan has 1 change.")
+    assert texts(mem.recall("3.1%")) == ["The mortgage rate is fixed at 3.1% until 2029."]
+    assert texts(mem.recall("KX-4471"))[0] == "The car's plate is KX-4471."
+
+
+def test_a_rare_word_outranks_many_common_ones(fresh_store: Store, fresh_dsn: str) -> None:
+    from store import Operation
+
+    scope = {"user_id": "ada"}
+    common = [f"green tea with milk and honey, cup {i}" for i in range(300)]
+    fresh_store.execute([Operation.build("remember", scope, {"text": t}) for t in common])
+    mem = fresh_store.session(scope)
+    mem.remember("A trip to Lisbon in May.")
+    query = "green tea with milk and honey in Lisbon"
+    with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE engram_revisions")
+    # Words held by most revisions say nothing (ANALYZE's statistics tell which);
+    # the rare one decides.
+    assert texts(mem.recall(query, top_k=1)) == ["A trip to Lisbon in May."]
