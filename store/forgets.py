@@ -87,7 +87,8 @@ def vacuum(pool: Any, *, wait_s: float = 60.0) -> datetime:
     until no transaction that began before the call is still open (``TimeoutError``
     after ``wait_s``). Then the forgets' deleted row versions are gone from the heap
     and the indexes (``INDEX_CLEANUP ON``: never skipped for having few dead rows), and
-    the full-text index's pending list is merged. What may remain in the data files
+    the full-text index's pending list is merged, and the tables' statistics are taken
+    again from what is left (ANALYZE's samples may have held the text). What may remain in the data files
     is described in ``docs/jobs.md``."""
     deadline = time.monotonic() + wait_s
     with pool.connection() as conn:
@@ -105,7 +106,9 @@ def vacuum(pool: Any, *, wait_s: float = 60.0) -> datetime:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{older[0]} transactions older than the forgets are still open")
             time.sleep(0.2)
-        conn.execute(f"VACUUM (INDEX_CLEANUP ON) {', '.join(FORGET_TABLES)}")
+        # ANALYZE too: the planner's statistics keep sample values and words of the
+        # tables (pg_statistic), which may be the forgotten text's.
+        conn.execute(f"VACUUM (INDEX_CLEANUP ON, ANALYZE) {', '.join(FORGET_TABLES)}")
     return called
 
 

@@ -61,3 +61,35 @@ def test_the_listener_vacuums_and_rebuilds_the_full_text_index(
             "SELECT count(*) FROM engram_revisions WHERE tsv @@ to_tsquery('simple', 'unrelated')"
         ).fetchone()
     assert found == (200,)
+
+
+def statistics_text(dsn: str) -> str:
+    """What ANALYZE keeps about the records' tables: sample values and words."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT string_agg(concat_ws(' ', most_common_vals::text, histogram_bounds::text,"
+            " most_common_elems::text), ' ') FROM pg_stats"
+            " WHERE tablename IN ('engram_revisions', 'engram_records', 'engram_receipts')"
+        ).fetchone()
+    return str(row[0] if row else "")
+
+
+def test_the_listener_refreshes_the_statistics_that_sampled_the_text(
+    fresh_store: Store, fresh_dsn: str, redis_url: str
+) -> None:
+    word = marker_text().lower()
+    events: list[ForgetEvent] = []
+    mem = fresh_store.session(
+        {"user_id": "ada"}, embedder=HashingEmbedder(64), on_forget=[events.append]
+    )
+    mem.remember("Unrelated note.")
+    mem.remember("Another note.")
+    fact = mem.remember(f"The door code is {word}.").records[0]
+    with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+    assert word in statistics_text(fresh_dsn)  # a small table is sampled whole
+    mem.forget(fact.id)
+
+    PostgresListener(context(fresh_store, redis_url))(events)
+
+    assert word not in statistics_text(fresh_dsn)
