@@ -88,8 +88,8 @@ def vacuum(pool: Any, *, wait_s: float = 60.0) -> datetime:
     after ``wait_s``). Then the forgets' deleted row versions are gone from the heap
     and the indexes (``INDEX_CLEANUP ON``: never skipped for having few dead rows), and
     the full-text index's pending list is merged, and the tables' statistics are taken
-    again from what is left (ANALYZE's samples may have held the text). What may remain in the data files
-    is described in ``docs/jobs.md``."""
+    again from what is left (ANALYZE's samples may have held the text). What may
+    remain in the data files is described in ``docs/jobs.md``."""
     deadline = time.monotonic() + wait_s
     with pool.connection() as conn:
         row = conn.execute("SELECT clock_timestamp()").fetchone()

@@ -178,3 +178,11 @@ def test_a_rare_word_outranks_many_common_ones(fresh_store: Store, fresh_dsn: st
     # Words held by most revisions say nothing (ANALYZE's statistics tell which);
     # the rare one decides.
     assert texts(mem.recall(query, top_k=1)) == ["A trip to Lisbon in May."]
+
+
+def test_a_text_holding_little_of_the_query_is_no_lexical_match(fresh_store: Store) -> None:
+    mem = fresh_store.session({"user_id": "ada"})  # no embedder: the lexical list alone
+    mem.remember("Maria moved to Lisbon in spring.")
+    mem.remember("The tram timetable of Lisbon.")
+    # Two of the query's three words: a match; one of three: too little to say.
+    assert texts(mem.recall("Maria Lisbon relocation")) == ["Maria moved to Lisbon in spring."]
