@@ -56,3 +56,7 @@ LLM_MAX_HELD = 2_048
 # dashboard's operations/s chart), and keep each interval's counts this long.
 RATE_INTERVAL_S = 10
 RATE_TTL_S = 3_600
+# A worker writes its counters at most this often (and whenever it goes idle or
+# stops): they lag its receipts by about this long, and a small cycle pays no
+# Redis commands for them.
+METRICS_FLUSH_S = 1.0
