@@ -55,10 +55,12 @@ def _name(proc: psutil.Process) -> str:
         cmd = proc.cmdline()
     except psutil.Error:
         return "?"
-    if "-m" in cmd and cmd.index("-m") + 1 < len(cmd):
-        rest = [a for a in cmd[cmd.index("-m") + 1 :] if not a.startswith("-")]
-        return " ".join(a for a in rest[:2] if a not in ("WARNING", "DEBUG", "INFO"))
-    return " ".join(Path(cmd[0]).name.split()[:1] + cmd[1:2]) if cmd else proc.name()
+    if "-m" in cmd and cmd.index("-m") + 1 < len(cmd):  # python -m engram [--log-level L] up
+        module, *rest = cmd[cmd.index("-m") + 1 :]
+        words = [a for a in rest if not a.startswith("-") and a.upper() != a]
+        return " ".join([module, *words[:1]]) if module == "engram" else module
+    first = Path(cmd[0]).name.split()[0].rstrip(":") if cmd else proc.name()
+    return "postgres (server, backends, background)" if first == "postgres" else first
 
 
 def _tree(roots: Iterable[int]) -> dict[int, psutil.Process]:

@@ -653,6 +653,12 @@ def main() -> None:
         " paced side by side",
     )
     parser.add_argument(
+        "--linger-ms",
+        type=int,
+        default=0,
+        help="also pace engram with ENGRAM_LINGER_MS at this value, at the same loads (0: skip)",
+    )
+    parser.add_argument(
         "--low",
         type=float,
         default=0.1,
@@ -714,8 +720,21 @@ def main() -> None:
         batching = setups[3]
         loads = [at_max[3].rate * float(f) for f in args.loads.split(",") if f]
         low = at_max[0].rate * args.low
+        lingering = Setup(
+            "linger",
+            f"engram, ENGRAM_LINGER_MS={args.linger_ms}",
+            lambda: Engram(
+                fresh_database(postgres, "b_engram"),
+                valkey.url,
+                args.workers,
+                args.batch_size,
+                {"ENGRAM_LINGER_MS": str(args.linger_ms)},
+            ),
+            args.ops,
+        )
         engram_paced: list[list[Result]] = []
         batching_paced: list[list[Result]] = []
+        lingering_paced: list[list[Result]] = []
         for r in range(args.repeat):  # engram, baseline, engram, baseline, ...
             engram_paced.append(
                 run_paced(
@@ -725,13 +744,28 @@ def main() -> None:
             batching_paced.append(
                 run_paced(batching, client, servers, loads, args.paced_seconds, texts, f"pb{r}")
             )
+            if args.linger_ms:
+                lingering_paced.append(
+                    run_paced(
+                        lingering,
+                        client,
+                        servers,
+                        [*loads, low],
+                        args.paced_seconds,
+                        texts,
+                        f"pl{r}",
+                    )
+                )
     finally:
         client.close()
         valkey.stop()
         postgres.stop()
     _report(args, [s.name for s in setups], at_max)
-    _report_same_load(loads, at_max[3].rate, engram_paced, batching_paced)
-    _report_low(low, at_max[0], [runs[len(loads)] for runs in engram_paced])
+    _report_same_load("engram", loads, at_max[3].rate, engram_paced, batching_paced)
+    _report_low("engram", low, at_max[0], [runs[len(loads)] for runs in engram_paced])
+    if lingering_paced:
+        _report_same_load(lingering.name, loads, at_max[3].rate, lingering_paced, batching_paced)
+        _report_low(lingering.name, low, at_max[0], [runs[len(loads)] for runs in lingering_paced])
 
 
 def _met(ok: bool) -> str:
@@ -766,6 +800,7 @@ def _report(args: argparse.Namespace, names: list[str], at_max: list[Medians]) -
 
 
 def _report_same_load(
+    name: str,
     loads: list[float],
     batching_max: float,
     engram_runs: list[list[Result]],
@@ -773,7 +808,7 @@ def _report_same_load(
 ) -> None:
     print(
         "\n### At the same offered load, paced one operation at a time"
-        " (engram against baseline 3)\n"
+        f" ({name} against baseline 3)\n"
     )
     print(
         "| load | engram p50 / p99 ms | baseline 3 p50 / p99 ms | engram CPU ms/op |"
@@ -793,12 +828,13 @@ def _report_same_load(
         )
 
 
-def _report_low(low: float, at_max: Medians, runs: list[Result]) -> None:
+def _report_low(name: str, low: float, at_max: Medians, runs: list[Result]) -> None:
     m = Medians.of(runs)
     ratio = m.cpu_ms_per_op / at_max.cpu_ms_per_op
     print(
-        f"\nengram's CPU per operation at {low:,.0f} ops/s (10% of its maximum):"
-        f" {m.cpu_ms_per_op:.2f} ms, against {at_max.cpu_ms_per_op:.2f} ms at its maximum:"
+        f"\n{name}: CPU per operation at {low:,.0f} ops/s ({low / at_max.rate:.0%} of engram's"
+        f" maximum): {m.cpu_ms_per_op:.2f} ms, against {at_max.cpu_ms_per_op:.2f} ms at engram's"
+        " maximum:"
         f" {ratio:.1f}x (target <= 2x: {_met(ratio <= 2)}); p50 / p99 there"
         f" {m.p50_ms:.1f} / {m.p99_ms:.1f} ms, CPU busy {_share(m.busy)}."
     )

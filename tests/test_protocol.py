@@ -334,9 +334,11 @@ def test_settings_from_env() -> None:
             "ENGRAM_LEASE_TTL_MS": "2000",
             "REDIS_URL": "redis://x",
             "ENGRAM_EMBEDDER": "hashing:64",
+            "ENGRAM_LINGER_MS": "20",
         }
     )
     assert s.worker.partitions == 8 and s.worker.lease_ttl_ms == 2000
+    assert s.worker.linger_ms == 20 and WorkerConfig().linger_ms == 0
     assert s.worker.lease_margin_ms == 400  # a fifth of a short lease
     assert s.redis_url == "redis://x" and s.embedder == "hashing:64"
     assert Settings.from_env({}).worker == WorkerConfig()

@@ -57,7 +57,7 @@ from store.operations import Forget
 from store.reconcile import Decision
 
 from . import deadletters, keys
-from .defaults import BACKOFF_MAX_S, BACKOFF_MIN_S, METRICS_FLUSH_S
+from .defaults import BACKOFF_MAX_S, BACKOFF_MIN_S, LINGER_BELOW, METRICS_FLUSH_S
 from .errors import DeadLetteredError
 from .leases import Lease
 from .metrics import BatchStats, Tally, record_batches
@@ -340,8 +340,35 @@ class Consumer(threading.Thread):
         return [_Read(p, list(entries), deliveries)]
 
     def _read_new(self, partitions: list[Partition], *, block: bool) -> list[_Read]:
+        """The new entries of ``partitions`` (the last cycle's replies and
+        acknowledgements go in the same round trip). With ``linger_ms``, a read that
+        found only a few is topped up by a second one after that long."""
         cfg = self.shared.config
         unsent, self._unsent = self._unsent, None
+        found = self._xreadgroup(partitions, block=block, unsent=unsent)
+        if found is None:
+            self._unsent = unsent  # idempotent: they go again
+            return []
+        if (
+            cfg.linger_ms
+            and found
+            and sum(len(entries) for entries in found.values()) < LINGER_BELOW
+            and not self._stop_requested.wait(cfg.linger_ms / 1000)
+        ):
+            for p, entries in (self._xreadgroup(partitions, block=False) or {}).items():
+                found.setdefault(p, []).extend(entries)  # later in its stream: after
+        return [_Read(p, entries, {}) for p, entries in found.items()]
+
+    def _xreadgroup(
+        self,
+        partitions: list[Partition],
+        *,
+        block: bool,
+        unsent: Callable[[Any], None] | None = None,
+    ) -> dict[Partition, list[Any]] | None:
+        """One ``XREADGROUP`` over the partitions' streams, after ``unsent``; ``None``
+        if Redis failed (after a pause)."""
+        cfg = self.shared.config
         pipe = self.shared.client.pipeline(transaction=False)
         if unsent is not None:
             unsent(pipe)
@@ -361,15 +388,14 @@ class Consumer(threading.Thread):
             # counters may count this cycle twice).
             for p in partitions:
                 p.draining, p.cursor = True, "0-0"
-            self._unsent = unsent
             self._pause("redis", exc, BACKOFF_MIN_S)
-            return []
+            return None
         by_stream = _by_stream(reply)
-        return [
-            _Read(p, entries, {})
+        return {
+            p: list(entries)
             for p in partitions
             if (entries := by_stream.get(p.stream.encode(), by_stream.get(p.stream)))
-        ]
+        }
 
     def _handle(self, reads: list[_Read], started: float) -> None:
         cfg = self.shared.config
