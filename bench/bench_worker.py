@@ -1,7 +1,7 @@
 """Stream benchmark: operations end to end (enqueue -> committed receipt), engram
 against three baselines built here, measured side by side in one run.
 
-    python -m bench.bench_worker [--ops 50000] [--workers 2] [--appendfsync always|everysec]
+    python -m bench.bench_worker [--ops 50000] [--workers 2] [--repeat 3]
 
 Every system consumes the same ``remember`` operations (distinct sentences over
 1,000 scopes) from Redis, embeds them with the default WordLlama embedder,
@@ -17,16 +17,26 @@ Systems:
   transaction, reply, acknowledge;
 * baseline 3: the same consumer with one transaction per 100 entries.
 
-For each: the maximum rate (the load is enqueued in bulk, 200 operations per
-round trip, while the consumer runs; ops/s = operations / (last answer - first
-enqueue)), sustained: by default the load keeps each system busy for at least
-as long as its half-max run lasts (a burst of a few seconds ends before the
-periodic costs of a steady load come due, and overstates the rate), latency
-p50/p99 at that rate (mostly queueing), then p50/p99 at half of it
-(operations enqueued one by one by 4 producer threads, paced together at that
-rate), once the database has done the upkeep the burst left (VACUUM ANALYZE,
-CHECKPOINT). Then engram alone at fractions of its maximum (``--curve``), to show
-where its p99 stands as the load grows. Prints markdown tables.
+Baselines 2 and 3 run as many consumer processes (one consumer group) as engram
+has workers (``--workers``, default 2).
+
+1. The maximum of each system: the load is enqueued in bulk, 200 operations
+   per round trip, while the consumers run; ops/s = operations / (last answer -
+   first enqueue), sustained (by default each run lasts 10 s or more: a burst
+   ends before the periodic costs of a steady load come due). Against baseline
+   3: target engram >= 1.5x.
+2. engram and baseline 3 at the same offered load, 25% and 50% of baseline 3's
+   own median maximum (``--loads``), operations enqueued one at a time by 4
+   producer threads paced together: receipt p50/p99 and CPU per operation.
+   Targets: engram's p99 and CPU per operation no higher than baseline 3's.
+3. engram's CPU per operation at 10% of its maximum (``--low``), against that
+   at its maximum. Target: at most 2x.
+
+CPU per operation counts the system's own processes (workers or consumers), the
+whole PostgreSQL server and valkey; not the benchmark's producers or collector.
+Every figure is the median of ``--repeat`` runs, interleaved (engram, baseline,
+engram, baseline, ...), so that a noisy minute hits every system. Prints
+markdown tables, each target as "met" or "not met".
 """
 
 from __future__ import annotations
@@ -51,7 +61,15 @@ from typing import Any
 import psycopg
 import redis
 
-from bench.common import CpuShares, MachineCpu, fresh_database, percentile, sentences
+from bench.common import (
+    CpuShares,
+    MachineCpu,
+    TreeCpu,
+    fresh_database,
+    median,
+    percentile,
+    sentences,
+)
 from store import Operation
 from store.server import EmbeddedPostgres
 from worker import keys
@@ -124,15 +142,16 @@ def _answer(client: redis.Redis, op_ids: list[str]) -> None:
     pipe.execute()
 
 
-def naive_consumer(dsn: str, redis_url: str, tx_entries: int) -> None:
+def naive_consumer(dsn: str, redis_url: str, tx_entries: int, name: str = "c1") -> None:
     """Baselines 2 and 3: read the stream (100 entries at a time); per entry embed and
-    INSERT; commit every ``tx_entries`` entries, then answer and acknowledge those."""
+    INSERT; commit every ``tx_entries`` entries, then answer and acknowledge those.
+    Several such processes (each its own ``name``) share the stream's consumer group."""
     client = _redis(redis_url)
     conn, embedder = _plain_writer(dsn)
     with contextlib.suppress(redis.ResponseError):  # the group exists already
         client.xgroup_create(NAIVE_STREAM, "naive", id="0", mkstream=True)
     while True:
-        reply: Any = client.xreadgroup("naive", "c1", {NAIVE_STREAM: ">"}, count=100, block=1000)
+        reply: Any = client.xreadgroup("naive", name, {NAIVE_STREAM: ">"}, count=100, block=1000)
         if not reply:
             continue
         entries = reply[0][1]
@@ -185,6 +204,10 @@ class System:
 
     def start(self) -> None:
         raise NotImplementedError
+
+    def pids(self) -> list[int]:
+        """Its own processes (workers, consumers), for CPU accounting."""
+        return [p.pid for p in self.processes]
 
     def enqueue(self, op_id: str, scope: dict[str, str], text: str) -> None:
         raise NotImplementedError
@@ -277,24 +300,30 @@ class Engram(System):
 
 
 class Naive(System):
-    def __init__(self, dsn: str, redis_url: str, tx_entries: int) -> None:
+    def __init__(self, dsn: str, redis_url: str, tx_entries: int, consumers: int) -> None:
         super().__init__(dsn, redis_url)
         self.tx_entries = tx_entries
+        self.consumers = consumers
         self.name = (
             f"baseline {2 if tx_entries == 1 else 3}: naive consumer, "
             f"1 transaction per {'entry' if tx_entries == 1 else f'{tx_entries} entries'}"
+            f" ({consumers} process{'es' if consumers > 1 else ''})"
         )
         self.client = redis.Redis.from_url(redis_url)
 
     def start(self) -> None:
         _plain_table(self.dsn)
-        self._spawn(
-            [
-                "-c",
-                "import sys; from bench.bench_worker import naive_consumer;"
-                f" naive_consumer({self.dsn!r}, {self.redis_url!r}, {self.tx_entries})",
-            ]
-        )
+        with contextlib.suppress(redis.ResponseError):  # one group for every consumer
+            self.client.xgroup_create(NAIVE_STREAM, "naive", id="0", mkstream=True)
+        for i in range(self.consumers):
+            self._spawn(
+                [
+                    "-c",
+                    "from bench.bench_worker import naive_consumer;"
+                    f" naive_consumer({self.dsn!r}, {self.redis_url!r}, {self.tx_entries},"
+                    f" 'c{i}')",
+                ]
+            )
 
     def enqueue(self, op_id: str, scope: dict[str, str], text: str) -> None:
         self.enqueue_bulk([(op_id, scope, text)])
@@ -409,7 +438,9 @@ class Collector:
             self._process.kill()
         return len(self.seen) == self.expected
 
-    def result(self, start: float, cpu: CpuShares | None = None) -> Result:
+    def result(
+        self, start: float, cpu: CpuShares | None = None, cpu_seconds: float = 0.0
+    ) -> Result:
         latencies = {op_id: (self.seen[op_id] - at) * 1000 for op_id, at in self.sent.items()}
         return Result(
             len(self.sent),
@@ -417,6 +448,7 @@ class Collector:
             percentile(list(latencies.values()), 50),
             percentile(list(latencies.values()), 99),
             cpu,
+            cpu_seconds,
             latencies,
             {op_id: at - start for op_id, at in self.sent.items()},
             {op_id: at - start for op_id, at in self.seen.items()},
@@ -431,6 +463,9 @@ class Result:
     p99_ms: float
     # How the machine's CPU time was used meanwhile (None: not on Linux).
     cpu: CpuShares | None = None
+    # CPU time of the system's processes meanwhile: its workers (or consumers), the
+    # whole PostgreSQL server and valkey; not the benchmark's producers or collector.
+    cpu_seconds: float = 0.0
     # Per operation id: its latency, and when it was sent and answered (s after the start).
     latencies_ms: dict[str, float] = field(default_factory=dict)
     sent_s: dict[str, float] = field(default_factory=dict)
@@ -440,31 +475,25 @@ class Result:
     def rate(self) -> float:
         return self.ops / self.seconds
 
+    @property
+    def cpu_ms_per_op(self) -> float:
+        return self.cpu_seconds * 1000 / self.ops
+
 
 def drive(
     system: System,
     client: redis.Redis,
     load: list[tuple[str, dict[str, str], str]],
     rate: float | None,
-    tick_ms: float | None = None,
+    servers: list[int],
 ) -> Result:
-    """Enqueue ``load`` (in bulk, or one by one at ``rate``/s, or at ``rate``/s in a
-    round trip every ``tick_ms`` for what fell due); wait for every answer."""
+    """Enqueue ``load`` (in bulk, or one by one at ``rate``/s); wait for every answer.
+    CPU is counted for the system's processes and the ``servers`` (PostgreSQL, valkey)."""
     collector = Collector(client, len(load))
     cpu = MachineCpu()
+    tree = TreeCpu([*system.pids(), *servers])
     start = time.perf_counter()
-    if rate is not None and tick_ms:
-        # A producer that batches its enqueues: each operation is timed from when it
-        # fell due, so its wait in the producer counts.
-        sent = 0
-        while sent < len(load):
-            time.sleep(tick_ms / 1000)
-            due = min(int((time.perf_counter() - start) * rate) + 1, len(load))
-            if due > sent:
-                system.enqueue_bulk(load[sent:due])
-                collector.sent.update((load[i][0], start + i / rate) for i in range(sent, due))
-                sent = due
-    elif rate is None:
+    if rate is None:
         for i in range(0, len(load), BULK):
             chunk = load[i : i + BULK]
             t = time.perf_counter()
@@ -492,7 +521,7 @@ def drive(
             thread.join()
     if not collector.wait(timeout=900):
         raise RuntimeError(f"{system.name}: {len(load) - len(collector.seen)} answers missing")
-    return collector.result(start, cpu.shares())
+    return collector.result(start, cpu.shares(), tree.seconds())
 
 
 def make_load(tag: str, n: int, texts: list[str]) -> list[tuple[str, dict[str, str], str]]:
@@ -502,70 +531,91 @@ def make_load(tag: str, n: int, texts: list[str]) -> list[tuple[str, dict[str, s
     ]
 
 
-def measure(
-    make: Callable[[], System],
-    redis_client: redis.Redis,
-    n_max: int,
-    half_seconds: float,
-    texts: list[str],
-    tag: str,
-) -> tuple[str, Result, Result]:
-    redis_client.flushall()
-    system = make()
+@dataclass(frozen=True)
+class Setup:
+    tag: str
+    name: str
+    make: Callable[[], System]
+    n_max: int  # operations of its maximum-rate run
+
+
+def run_max(
+    setup: Setup, client: redis.Redis, servers: list[int], texts: list[str], tag: str
+) -> Result:
+    """The sustained maximum: the load enqueued in bulk while the consumers run."""
+    client.flushall()
+    system = setup.make()
     system.start()
     try:
-        drive(system, redis_client, make_load(f"{tag}-warm", min(500, n_max), texts), None)
-        full = drive(system, redis_client, make_load(f"{tag}-max", n_max, texts), None)
-        system.settle()
-        half_rate = full.rate / 2
-        n_half = max(int(half_rate * half_seconds), 50)
-        half = drive(system, redis_client, make_load(f"{tag}-half", n_half, texts), half_rate)
+        drive(system, client, make_load(f"{tag}-warm", min(500, setup.n_max), texts), None, [])
+        full = drive(system, client, make_load(f"{tag}-max", setup.n_max, texts), None, servers)
     finally:
         system.stop()
     print(
         f"  {system.name}: {full.rate:,.0f} ops/s over {full.seconds:.1f} s;"
-        f" p50/p99 {full.p50_ms:.0f}/{full.p99_ms:.0f} ms at max,"
-        f" {half.p50_ms:.1f}/{half.p99_ms:.1f} ms at {half_rate:,.0f}/s"
-        f" (CPU busy {_busy(full)} / {_busy(half)}, stolen {_stolen(full)} / {_stolen(half)})",
+        f" p50/p99 {full.p50_ms:.0f}/{full.p99_ms:.0f} ms; {full.cpu_ms_per_op:.2f} ms CPU/op"
+        f" (CPU busy {_busy(full)}, stolen {_stolen(full)})",
         file=sys.stderr,
         flush=True,
     )
-    return system.name, full, half
+    return full
 
 
-def curve(
-    make: Callable[[], System],
-    redis_client: redis.Redis,
+def run_paced(
+    setup: Setup,
+    client: redis.Redis,
+    servers: list[int],
     rates: list[float],
     seconds: float,
     texts: list[str],
-    tick_ms: float | None = None,
-) -> list[tuple[float, Result]]:
-    """Latency at each paced rate, one system start for all of them."""
-    redis_client.flushall()
-    system = make()
+    tag: str,
+) -> list[Result]:
+    """One operation at a time at each rate, one system start for all of them."""
+    client.flushall()
+    system = setup.make()
     system.start()
-    points: list[tuple[float, Result]] = []
+    results = []
     try:
-        drive(system, redis_client, make_load("curve-warm", 500, texts), None)
+        drive(system, client, make_load(f"{tag}-warm", 500, texts), None, [])
+        system.settle()
         for i, rate in enumerate(rates):
-            load = make_load(f"curve{i}", max(int(rate * seconds), 50), texts)
-            result = drive(system, redis_client, load, rate, tick_ms)
-            points.append((rate, result))
+            load = make_load(f"{tag}-{i}", max(int(rate * seconds), 50), texts)
+            result = drive(system, client, load, rate, servers)
+            results.append(result)
             print(
-                f"  curve: {result.p50_ms:.1f}/{result.p99_ms:.1f} ms at {rate:,.0f}/s"
+                f"  {system.name} at {rate:,.0f}/s: p50/p99 {result.p50_ms:.1f}/"
+                f"{result.p99_ms:.1f} ms; {result.cpu_ms_per_op:.2f} ms CPU/op"
                 f" (CPU busy {_busy(result)}, stolen {_stolen(result)})",
                 file=sys.stderr,
                 flush=True,
             )
     finally:
         system.stop()
-    return points
+    return results
 
 
-def _median_run(runs: list[tuple[str, Result, Result]]) -> tuple[str, Result, Result]:
-    """The run with the median maximum rate (its latencies with it)."""
-    return sorted(runs, key=lambda r: r[1].rate)[len(runs) // 2]
+@dataclass
+class Medians:
+    """The median of each figure over a system's runs at one load."""
+
+    rate: float
+    p50_ms: float
+    p99_ms: float
+    cpu_ms_per_op: float
+    busy: float | None
+    stolen: float | None
+
+    @classmethod
+    def of(cls, runs: list[Result]) -> Medians:
+        shares = [r.cpu for r in runs if r.cpu is not None]
+        return cls(
+            median([r.rate for r in runs]),
+            median([r.p50_ms for r in runs]),
+            median([r.p99_ms for r in runs]),
+            median([r.cpu_ms_per_op for r in runs]),
+            median([c.busy for c in shares]) if shares else None,
+            median([c.stolen for c in shares]) if shares else None,
+        )
 
 
 def main() -> None:
@@ -576,9 +626,14 @@ def main() -> None:
         default=50_000,
         help="engram's maximum-rate run (the baselines' are scaled to last about as long)",
     )
-    parser.add_argument("--workers", type=int, default=2, help="engram worker processes")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="engram worker processes, and consumer processes of baselines 2 and 3",
+    )
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--half-seconds", type=float, default=8.0)
+    parser.add_argument("--paced-seconds", type=float, default=8.0, help="length of each paced run")
     parser.add_argument(
         "--appendfsync",
         choices=("always", "everysec"),
@@ -589,20 +644,26 @@ def main() -> None:
         "--repeat",
         type=int,
         default=3,
-        help="runs of every system (interleaved); the median is reported",
+        help="runs of every system (interleaved); medians are reported",
     )
-    parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument(
-        "--tick-ms",
+        "--loads",
+        default="0.25,0.5",
+        help="fractions of baseline 3's median maximum at which engram and baseline 3 are"
+        " paced side by side",
+    )
+    parser.add_argument(
+        "--linger-ms",
+        type=int,
+        default=0,
+        help="also pace engram with ENGRAM_LINGER_MS at this value, at the same loads (0: skip)",
+    )
+    parser.add_argument(
+        "--low",
         type=float,
-        default=0.0,
-        help="also measure engram at half its maximum with producers that enqueue, every"
-        " this many ms, what fell due (a diagnostic; 0: skip)",
-    )
-    parser.add_argument(
-        "--curve",
-        default="0.2,0.3,0.4,0.5",
-        help="fractions of engram's median maximum at which to measure its latency too",
+        default=0.1,
+        help="fraction of engram's median maximum at which its CPU per operation is"
+        " compared with that at its maximum",
     )
     args = parser.parse_args()
 
@@ -610,6 +671,7 @@ def main() -> None:
     postgres = EmbeddedPostgres(home)
     valkey = EmbeddedValkey(home, appendfsync=args.appendfsync).start()
     client = redis.Redis(port=valkey.port)
+    servers = [pid for pid in (postgres.pid, valkey.pid) if pid]
     try:
         with psycopg.connect(postgres.dsn()) as conn:
             settings = {
@@ -618,107 +680,164 @@ def main() -> None:
             }
         assert settings == {"fsync": "on", "synchronous_commit": "on"}, settings
         texts = sentences(20_000)
-        runs: list[tuple[str, Callable[[], System], int]] = [
-            (
-                "engram",
-                lambda: Engram(
-                    fresh_database(postgres, "b_engram"), valkey.url, args.workers, args.batch_size
+        procs = f"{args.workers} process{'es' if args.workers > 1 else ''}"
+        engram = Setup(
+            "engram",
+            f"engram ({procs}, 16 partitions)",
+            lambda: Engram(
+                fresh_database(postgres, "b_engram"), valkey.url, args.workers, args.batch_size
+            ),
+            args.ops,
+        )
+        setups = [
+            engram,
+            Setup(
+                "rq",
+                Rq.name,
+                lambda: Rq(fresh_database(postgres, "b_rq"), valkey.url),
+                max(args.ops // 20, 500),
+            ),
+            Setup(
+                "naive1",
+                f"baseline 2: naive consumer, 1 transaction per entry ({procs})",
+                lambda: Naive(fresh_database(postgres, "b_naive1"), valkey.url, 1, args.workers),
+                max(args.ops // 4, 2000),
+            ),
+            Setup(
+                "naive100",
+                f"baseline 3: naive consumer, 1 transaction per 100 entries ({procs})",
+                lambda: Naive(
+                    fresh_database(postgres, "b_naive100"), valkey.url, 100, args.workers
                 ),
-                args.ops,
-            )
+                args.ops,  # with two processes it can be as fast as engram: as long a run
+            ),
         ]
-        if not args.skip_baselines:
-            runs += [
-                (
-                    "rq",
-                    lambda: Rq(fresh_database(postgres, "b_rq"), valkey.url),
-                    max(args.ops // 20, 500),
-                ),
-                (
-                    "naive1",
-                    lambda: Naive(fresh_database(postgres, "b_naive1"), valkey.url, 1),
-                    max(args.ops // 4, 2000),
-                ),
-                (
-                    "naive100",
-                    lambda: Naive(fresh_database(postgres, "b_naive100"), valkey.url, 100),
-                    max(args.ops // 2, 4000),
-                ),
-            ]
-        by_system: list[list[tuple[str, Result, Result]]] = [[] for _ in runs]
+        maxima: list[list[Result]] = [[] for _ in setups]
         for r in range(args.repeat):  # interleaved, so that a noisy minute hits everyone
-            for i, (tag, make, n) in enumerate(runs):
-                by_system[i].append(measure(make, client, n, args.half_seconds, texts, f"{tag}{r}"))
-        results = [_median_run(system_runs) for system_runs in by_system]
-        fractions = [float(f) for f in args.curve.split(",") if f]
-        points = curve(
-            runs[0][1],
-            client,
-            [results[0][1].rate * f for f in fractions],
-            args.half_seconds,
-            texts,
+            for i, setup in enumerate(setups):
+                maxima[i].append(run_max(setup, client, servers, texts, f"{setup.tag}{r}"))
+        at_max = [Medians.of(runs) for runs in maxima]
+        batching = setups[3]
+        loads = [at_max[3].rate * float(f) for f in args.loads.split(",") if f]
+        low = at_max[0].rate * args.low
+        lingering = Setup(
+            "linger",
+            f"engram, ENGRAM_LINGER_MS={args.linger_ms}",
+            lambda: Engram(
+                fresh_database(postgres, "b_engram"),
+                valkey.url,
+                args.workers,
+                args.batch_size,
+                {"ENGRAM_LINGER_MS": str(args.linger_ms)},
+            ),
+            args.ops,
         )
-        half = results[0][1].rate / 2
-        batched = (
-            curve(runs[0][1], client, [half], args.half_seconds, texts, args.tick_ms)
-            if args.tick_ms
-            else []
-        )
+        engram_paced: list[list[Result]] = []
+        batching_paced: list[list[Result]] = []
+        lingering_paced: list[list[Result]] = []
+        for r in range(args.repeat):  # engram, baseline, engram, baseline, ...
+            engram_paced.append(
+                run_paced(
+                    engram, client, servers, [*loads, low], args.paced_seconds, texts, f"pe{r}"
+                )
+            )
+            batching_paced.append(
+                run_paced(batching, client, servers, loads, args.paced_seconds, texts, f"pb{r}")
+            )
+            if args.linger_ms:
+                lingering_paced.append(
+                    run_paced(
+                        lingering,
+                        client,
+                        servers,
+                        [*loads, low],
+                        args.paced_seconds,
+                        texts,
+                        f"pl{r}",
+                    )
+                )
     finally:
         client.close()
         valkey.stop()
         postgres.stop()
-    _report(results, args)
-    _report_curve(points, results[0][1].rate)
-    for rate, result in batched:
-        print(
-            f"\nengram at half max ({rate:,.0f}/s) with producers enqueueing what fell due every"
-            f" {args.tick_ms:g} ms (timed from when each fell due): p50 / p99"
-            f" {result.p50_ms:,.1f} / {result.p99_ms:,.1f} ms"
-        )
+    _report(args, [s.name for s in setups], at_max)
+    _report_same_load("engram", loads, at_max[3].rate, engram_paced, batching_paced)
+    _report_low("engram", low, at_max[0], [runs[len(loads)] for runs in engram_paced])
+    if lingering_paced:
+        _report_same_load(lingering.name, loads, at_max[3].rate, lingering_paced, batching_paced)
+        _report_low(lingering.name, low, at_max[0], [runs[len(loads)] for runs in lingering_paced])
 
 
-def _report(results: list[tuple[str, Result, Result]], args: argparse.Namespace) -> None:
+def _met(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def _report(args: argparse.Namespace, names: list[str], at_max: list[Medians]) -> None:
     print(
         f"\n## Stream benchmark ({os.cpu_count()} CPUs; PostgreSQL fsync and "
         f"synchronous_commit on; valkey appendfsync {args.appendfsync}; "
-        f"median of {args.repeat} runs)\n"
+        f"medians of {args.repeat} interleaved runs)\n"
     )
     print(
-        "| system | ops/s (max) | p50 / p99 ms at max | p50 / p99 ms at half max |"
-        " CPU busy at max / half max | CPU stolen at max / half max |"
+        "CPU/op: CPU time of the system's own processes (engram's workers, or the"
+        " baseline's consumers), the whole PostgreSQL server (every backend and"
+        " background process) and valkey, per operation; the benchmark's producers and"
+        " collector are not counted. CPU busy: the whole machine, producers included.\n"
     )
+    print("| system | ops/s (max) | p50 / p99 ms at max | CPU ms/op | CPU busy | CPU stolen |")
     print("|---|---:|---:|---:|---:|---:|")
-    for name, full, half in results:
+    for name, m in zip(names, at_max, strict=True):
         print(
-            f"| {name} | {full.rate:,.0f} | {full.p50_ms:,.0f} / {full.p99_ms:,.0f} | "
-            f"{half.p50_ms:,.1f} / {half.p99_ms:,.1f} | {_busy(full)} / {_busy(half)} |"
-            f" {_stolen(full)} / {_stolen(half)} |"
+            f"| {name} | {m.rate:,.0f} | {m.p50_ms:,.0f} / {m.p99_ms:,.0f} |"
+            f" {m.cpu_ms_per_op:.2f} | {_share(m.busy)} | {_share(m.stolen)} |"
         )
-    if len(results) == 4:
-        engram = results[0][1].rate
-        print("\n| engram vs | ratio | target |\n|---|---:|---:|")
-        for (name, full, _), target in zip(results[1:], ("25x", "2x", "1x (stretch)"), strict=True):
-            print(f"| {name} | {engram / full.rate:.1f}x | {target} |")
-    half = results[0][2]
-    print(
-        f"\nengram p99 at half max: {half.p99_ms:.1f} ms (target < 100 ms); "
-        f"batch size {args.batch_size}, {args.workers} worker process(es), 16 partitions."
-    )
+    engram = at_max[0].rate
+    print("\n| engram's maximum vs | ratio | target |\n|---|---:|---|")
+    for name, m in zip(names[1:], at_max[1:], strict=True):
+        ratio = engram / m.rate
+        target = f">= 1.5x: {_met(ratio >= 1.5)}" if name.startswith("baseline 3") else ""
+        print(f"| {name} | {ratio:.2f}x | {target} |")
 
 
-def _report_curve(points: list[tuple[float, Result]], max_rate: float) -> None:
-    if not points:
-        return
+def _report_same_load(
+    name: str,
+    loads: list[float],
+    batching_max: float,
+    engram_runs: list[list[Result]],
+    batching_runs: list[list[Result]],
+) -> None:
     print(
-        "\n| engram, paced at | ops/s | p50 / p99 ms | CPU busy | CPU stolen |"
-        "\n|---|---:|---:|---:|---:|"
+        "\n### At the same offered load, paced one operation at a time"
+        f" ({name} against baseline 3)\n"
     )
-    for rate, result in points:
+    print(
+        "| load | engram p50 / p99 ms | baseline 3 p50 / p99 ms | engram CPU ms/op |"
+        " baseline 3 CPU ms/op | CPU busy (engram / baseline 3) | p99 target | CPU target |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---|---|")
+    for i, rate in enumerate(loads):
+        e = Medians.of([runs[i] for runs in engram_runs])
+        b = Medians.of([runs[i] for runs in batching_runs])
         print(
-            f"| {rate / max_rate:.0%} of max | {rate:,.0f} | "
-            f"{result.p50_ms:,.1f} / {result.p99_ms:,.1f} | {_busy(result)} | {_stolen(result)} |"
+            f"| {rate:,.0f} ops/s ({rate / batching_max:.0%} of baseline 3's max) |"
+            f" {e.p50_ms:,.1f} / {e.p99_ms:,.1f} | {b.p50_ms:,.1f} / {b.p99_ms:,.1f} |"
+            f" {e.cpu_ms_per_op:.2f} | {b.cpu_ms_per_op:.2f} |"
+            f" {_share(e.busy)} / {_share(b.busy)} |"
+            f" engram p99 <= baseline's: {_met(e.p99_ms <= b.p99_ms)} |"
+            f" engram CPU/op <= baseline's: {_met(e.cpu_ms_per_op <= b.cpu_ms_per_op)} |"
         )
+
+
+def _report_low(name: str, low: float, at_max: Medians, runs: list[Result]) -> None:
+    m = Medians.of(runs)
+    ratio = m.cpu_ms_per_op / at_max.cpu_ms_per_op
+    print(
+        f"\n{name}: CPU per operation at {low:,.0f} ops/s ({low / at_max.rate:.0%} of engram's"
+        f" maximum): {m.cpu_ms_per_op:.2f} ms, against {at_max.cpu_ms_per_op:.2f} ms at engram's"
+        " maximum:"
+        f" {ratio:.1f}x (target <= 2x: {_met(ratio <= 2)}); p50 / p99 there"
+        f" {m.p50_ms:.1f} / {m.p99_ms:.1f} ms, CPU busy {_share(m.busy)}."
+    )
 
 
 def _busy(result: Result) -> str:
@@ -727,6 +846,10 @@ def _busy(result: Result) -> str:
 
 def _stolen(result: Result) -> str:
     return "?" if result.cpu is None else f"{result.cpu.stolen:.0%}"
+
+
+def _share(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0%}"
 
 
 if __name__ == "__main__":

@@ -89,3 +89,38 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
+
+
+class TreeCpu:
+    """CPU time (user + system) used by some processes and all their descendants
+    between construction and ``seconds`` (Linux: /proc/<pid>/stat through psutil).
+    Children that exited meanwhile count too (their reaped time, on the parent),
+    so a PostgreSQL server's backends are counted whether they lived or not."""
+
+    def __init__(self, roots: Sequence[int]) -> None:
+        self.roots = list(roots)
+        self._start = _tree_seconds(self.roots)
+
+    def seconds(self) -> float:
+        return _tree_seconds(self.roots) - self._start
+
+
+def _tree_seconds(roots: Sequence[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            times = root.cpu_times()
+            total += times.children_user + times.children_system
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+    return total

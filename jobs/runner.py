@@ -4,11 +4,12 @@ The worker (RQ's ``SimpleWorker``: jobs run in this process, so nothing it
 starts outlives it) takes jobs from the redaction, maintenance and re-embedding
 queues, in that order. Beside it, two threads:
 
-- the ticker, every ``ENGRAM_JOBS_TICK`` (1 s): RQ's scheduler (moves delayed
+- the ticker, every ``ENGRAM_JOBS_TICK`` (5 s): RQ's scheduler (moves delayed
   jobs and retries due to their queue; one jobs worker at a time holds its
-  locks), the retention schedules, and every few seconds the watchdogs: the
+  locks), the retention schedules, and every few ticks the watchdogs: the
   next slice of a re-embedding whose slice died, the forgets whose redaction
-  was lost;
+  was lost. Its Redis commands (a look at each queue's scheduled jobs, the
+  locks' heartbeat) were most of an idle jobs worker's CPU at a tick a second;
 - the feeder: forget events handed over by the stream workers become
   redaction jobs.
 

@@ -71,8 +71,9 @@ class JobsSettings:
     retention: Retention = Retention()
     redaction: Redaction = Redaction()
     reembed: Reembed = Reembed()
-    # How often a jobs worker runs its scheduler, its schedules and its watchdogs.
-    tick_s: float = 1.0
+    # How often a jobs worker runs its scheduler, its schedules and its watchdogs: a
+    # delayed job or a retry waits up to this much longer than asked.
+    tick_s: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> JobsSettings:
@@ -113,7 +114,7 @@ class JobsSettings:
                 resume_after_s=duration(env, "ENGRAM_REEMBED_RESUME_AFTER", "2s") or 2.0,
                 retry_s=_seconds_list(env, "ENGRAM_REEMBED_RETRY", "5s,30s,120s"),
             ),
-            tick_s=duration(env, "ENGRAM_JOBS_TICK", "1s") or 1.0,
+            tick_s=duration(env, "ENGRAM_JOBS_TICK", "5s") or 5.0,
         )
 
 

@@ -303,6 +303,31 @@ def test_metrics_render_in_prometheus_text_format() -> None:
         assert line.startswith("# ") or line.startswith("engram_")
 
 
+def test_a_tally_writes_many_batches_as_their_sums_once_due() -> None:
+    client = fakeredis.FakeRedis()
+    tally = metrics.Tally(flush_s=3600)
+    for entries in (1, 3, 300):
+        stats = metrics.BatchStats(entries=entries, committed=entries, seconds=0.25)
+        stats.failed["not_found"] += 1
+        tally.add(stats)
+    assert tally and tally.take(due_only=True) == []  # not due: nothing to write yet
+    pipe = client.pipeline(transaction=False)
+    metrics.record_batches(pipe, tally.take(due_only=False), "w1")
+    assert len(pipe.command_stack) < 20  # one command per counter, not per batch
+    pipe.execute()
+    assert not tally
+    counters = metrics.read_counters(client)
+    assert counters["ops_committed_total"] == 304
+    assert counters['ops_failed_total{code="not_found"}'] == 3
+    assert counters["batch_size_count"] == 3 and counters["batch_size_sum"] == 304
+    assert counters['batch_size_bucket{le="1"}'] == 1
+    assert counters['batch_size_bucket{le="4"}'] == 2
+    assert counters['batch_size_bucket{le="+Inf"}'] == 3
+    assert counters["batch_seconds_total"] == 0.75
+    [interval] = metrics.intervals(client, window_s=10)
+    assert (interval.committed, interval.failed) == (304, 3)
+
+
 def test_batches_are_counted_per_interval_with_a_ttl() -> None:
     client = fakeredis.FakeRedis()
     stats = metrics.BatchStats(entries=4, committed=2, replayed=1)
@@ -334,9 +359,11 @@ def test_settings_from_env() -> None:
             "ENGRAM_LEASE_TTL_MS": "2000",
             "REDIS_URL": "redis://x",
             "ENGRAM_EMBEDDER": "hashing:64",
+            "ENGRAM_LINGER_MS": "20",
         }
     )
     assert s.worker.partitions == 8 and s.worker.lease_ttl_ms == 2000
+    assert s.worker.linger_ms == 20 and WorkerConfig().linger_ms == 0
     assert s.worker.lease_margin_ms == 400  # a fifth of a short lease
     assert s.redis_url == "redis://x" and s.embedder == "hashing:64"
     assert Settings.from_env({}).worker == WorkerConfig()

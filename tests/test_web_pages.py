@@ -293,15 +293,15 @@ def test_the_overview_shows_streams_workers_rate_and_dead_letters(
         # A worker row: host, pid, the partitions it holds (once it has beaten with them).
         row = r'<td class="num">\d+</td><td class="mono">[\d,]+</td>'
 
-        def overview_with_workers() -> str | None:
-            html = web.client.get("/").text
-            return html if re.search(row, html) else None
+        bar = r'<rect class="committed" x="[\d.]+" y="[\d.]+" width="[\d.]+" height="[\d.]+">'
 
-        html = wait_until(overview_with_workers, what="a worker with its partitions")
+        def overview_with_workers() -> str | None:
+            # Workers write their counts about once a second, or as soon as they idle.
+            html = web.client.get("/").text
+            return html if re.search(row, html) and re.search(bar, html) else None
+
+        html = wait_until(overview_with_workers, what="a worker with its partitions, and a bar")
     assert len(re.findall(r'class="partition( busy)?"', html)) == 4
-    assert re.search(
-        r'<rect class="committed" x="[\d.]+" y="[\d.]+" width="[\d.]+" height="[\d.]+">', html
-    )
     assert "5 committed" in html
     assert 'href="/dead-letters/' in html and "malformed" in html
 

@@ -16,7 +16,7 @@ import redis
 from engram.cli import main
 from store import Store
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
-from tests.redis_fixtures import FAST, REPO, InProcessWorker
+from tests.redis_fixtures import FAST, REPO, InProcessWorker, wait_until
 
 StartWorker = Callable[..., InProcessWorker]
 
@@ -71,8 +71,13 @@ def test_enqueue_waits_and_prints_the_receipt(
         assert json.loads(capsys.readouterr().out)["error"]["code"] == "not_found"
         assert main(["health"]) == 0
         assert json.loads(capsys.readouterr().out) == {"live_workers_on_this_host": 1}
-        assert main(["metrics"]) == 0
-        assert "engram_ops_committed_total 1" in capsys.readouterr().out
+
+        def committed_counted() -> bool:
+            # Counters are written about once a second, or as soon as the worker idles.
+            assert main(["metrics"]) == 0
+            return "engram_ops_committed_total 1" in capsys.readouterr().out.splitlines()
+
+        wait_until(committed_counted, timeout=5, what="the commit counted")
 
 
 @pytest.mark.usefixtures("env")

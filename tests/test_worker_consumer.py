@@ -31,9 +31,13 @@ def _scope_in(partition: int) -> dict[str, str]:
 
 
 def _consumer(
-    store: Store, client: redis.Redis, embedder: Any, tokens: dict[int, int]
+    store: Store,
+    client: redis.Redis,
+    embedder: Any,
+    tokens: dict[int, int],
+    config: WorkerConfig = CONFIG,
 ) -> tuple[Consumer, dict[int, Partition]]:
-    consumer = Consumer(Shared(client, store, embedder, CONFIG, "w"))
+    consumer = Consumer(Shared(client, store, embedder, config, "w"))
     held = {n: Partition(Lease(n, "w", t), time.monotonic() + 60) for n, t in tokens.items()}
     for p in held.values():
         consumer.add(p)
@@ -66,6 +70,36 @@ def test_partitions_read_in_one_cycle_share_one_commit(
     counters = metrics.read_counters(redis_client)
     assert counters["batch_size_count"] == 1 and counters["batch_size_sum"] == 6
     assert not consumer.is_alive()
+
+
+def test_a_lingering_consumer_commits_what_arrives_meanwhile_in_the_same_cycle(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
+    """With ``linger_ms``, a read that found a few entries waits that long and reads
+    again: operations enqueued meanwhile commit with them, in their scopes' order."""
+    config = WorkerConfig(
+        partitions=3, block_ms=50, lease_ttl_ms=5000, lease_margin_ms=200, linger_ms=1500
+    )
+    producer = Producer(redis_client, partitions=config.partitions)
+    embedder = CountingEmbedder(HashingEmbedder(32))
+    consumer, _ = _consumer(fresh_store, redis_client, embedder, {0: 1, 1: 1, 2: 1}, config)
+    consumer.start()
+    try:
+        first = producer.remember(_scope_in(0), "the first fact")
+        wait_until(
+            lambda: redis_client.xpending(keys.stream(0), keys.GROUP)["pending"] == 1,
+            timeout=5,
+            what="the first entry read (the consumer lingers now)",
+        )
+        later = _enqueue(producer, {0: 2, 1: 1})
+        assert first.wait(10).scope_revision == 1
+        assert [w.wait(10).scope_revision for w in later[0]] == [2, 3]
+        assert later[1][0].wait(10).scope_revision == 1
+    finally:
+        consumer.stop()
+        consumer.join(10)
+    # One cycle, one commit: the four operations were embedded in one call.
+    assert embedder.calls == 1 and len(embedder.texts) == 4
 
 
 def test_a_stale_fence_at_the_start_fails_only_its_partition(

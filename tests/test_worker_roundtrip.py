@@ -271,10 +271,16 @@ def test_counters_heartbeats_and_a_clean_stop(
         )
         assert info["id"] == "test-worker-1" and int(info["pid"]) > 0
         assert int(info["last_beat_ms"]) > 0 and info["host"]
-        text = metrics.render(
-            redis_client, partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms
-        )
-        assert "engram_ops_committed_total 1" in text and "engram_workers_live 1" in text
+
+        def rendered_with_the_commit() -> str | None:
+            # Counters are written about once a second, or as soon as the worker idles.
+            text = metrics.render(
+                redis_client, partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms
+            )
+            return text if "engram_ops_committed_total 1" in text.splitlines() else None
+
+        text = wait_until(rendered_with_the_commit, timeout=5, what="the commit counted")
+        assert "engram_workers_live 1" in text
         stream = keys.stream(partition_of(scope, FAST.partitions))
         assert redis_client.xlen(stream) == 0  # acknowledged entries are deleted
     # Stopped: leases released, no longer live.

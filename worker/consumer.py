@@ -15,12 +15,13 @@ where it stands). One ``Consumer`` thread serves all of them, in cycles:
    that need a model wait out of it, with the rest of their scope, while
    their calls run on other threads (``models``); they commit in a later
    cycle, in their scope's order;
-4. the replies, the dead letters and the counters are written, committed
-   forgets handed to their redaction listeners (``on_forget``, after their
-   replies), and the entries acknowledged (and deleted) in one Redis
-   pipeline, the one that carries the next cycle's ``XREADGROUP``: one round
-   trip a cycle. Before anything else touches Redis (a claim, a partition
-   let go, a stop), what is still unsent goes on its own.
+4. the replies and the dead letters are written, committed forgets handed
+   to their redaction listeners (``on_forget``, after their replies), and
+   the entries acknowledged (and deleted) in one Redis pipeline, the one that
+   carries the next cycle's ``XREADGROUP``: one round trip a cycle. The
+   counters go in it about once a second (``metrics.Tally``), not with every
+   cycle. Before anything else touches Redis (a claim, a partition let go, a
+   stop), and when the worker goes idle, what is still unsent goes on its own.
 
 The batch grows with the load: whatever arrives while a cycle commits is read
 by the next one. Partitions never share a scope and each partition's entries
@@ -56,10 +57,10 @@ from store.operations import Forget
 from store.reconcile import Decision
 
 from . import deadletters, keys
-from .defaults import BACKOFF_MAX_S, BACKOFF_MIN_S
+from .defaults import BACKOFF_MAX_S, BACKOFF_MIN_S, LINGER_BELOW, METRICS_FLUSH_S
 from .errors import DeadLetteredError
 from .leases import Lease
-from .metrics import BatchStats, record_batch
+from .metrics import BatchStats, Tally, record_batches
 from .models import ModelPhase, Released
 from .protocol import Entry, Malformed, Outcome, decode_entry, encode_reply, raw_op
 from .settings import WorkerConfig
@@ -190,6 +191,8 @@ class Consumer(threading.Thread):
         self._stop_requested = threading.Event()
         # The last cycle's replies and acknowledgements, until they go out (``_send``).
         self._unsent: Callable[[Any], None] | None = None
+        # The counts of the batches done and not yet written (``Tally``).
+        self._tally = Tally(METRICS_FLUSH_S)
         self.models = ModelPhase(
             shared.store,
             shared.embedder,
@@ -291,6 +294,8 @@ class Consumer(threading.Thread):
             self._handle(reads, started)
         elif self.models.running:
             self.models.wait()
+        elif self._tally:
+            self._send()  # idle: the counts not yet written go now
 
     def _raise_fences(self, new: list[Partition]) -> None:
         """From this commit on, earlier holders of these partitions can commit nothing."""
@@ -335,8 +340,35 @@ class Consumer(threading.Thread):
         return [_Read(p, list(entries), deliveries)]
 
     def _read_new(self, partitions: list[Partition], *, block: bool) -> list[_Read]:
+        """The new entries of ``partitions`` (the last cycle's replies and
+        acknowledgements go in the same round trip). With ``linger_ms``, a read that
+        found only a few is topped up by a second one after that long."""
         cfg = self.shared.config
         unsent, self._unsent = self._unsent, None
+        found = self._xreadgroup(partitions, block=block, unsent=unsent)
+        if found is None:
+            self._unsent = unsent  # idempotent: they go again
+            return []
+        if (
+            cfg.linger_ms
+            and found
+            and sum(len(entries) for entries in found.values()) < LINGER_BELOW
+            and not self._stop_requested.wait(cfg.linger_ms / 1000)
+        ):
+            for p, entries in (self._xreadgroup(partitions, block=False) or {}).items():
+                found.setdefault(p, []).extend(entries)  # later in its stream: after
+        return [_Read(p, entries, {}) for p, entries in found.items()]
+
+    def _xreadgroup(
+        self,
+        partitions: list[Partition],
+        *,
+        block: bool,
+        unsent: Callable[[Any], None] | None = None,
+    ) -> dict[Partition, list[Any]] | None:
+        """One ``XREADGROUP`` over the partitions' streams, after ``unsent``; ``None``
+        if Redis failed (after a pause)."""
+        cfg = self.shared.config
         pipe = self.shared.client.pipeline(transaction=False)
         if unsent is not None:
             unsent(pipe)
@@ -356,15 +388,14 @@ class Consumer(threading.Thread):
             # counters may count this cycle twice).
             for p in partitions:
                 p.draining, p.cursor = True, "0-0"
-            self._unsent = unsent
             self._pause("redis", exc, BACKOFF_MIN_S)
-            return []
+            return None
         by_stream = _by_stream(reply)
-        return [
-            _Read(p, entries, {})
+        return {
+            p: list(entries)
             for p in partitions
             if (entries := by_stream.get(p.stream.encode(), by_stream.get(p.stream)))
-        ]
+        }
 
     def _handle(self, reads: list[_Read], started: float) -> None:
         cfg = self.shared.config
@@ -551,6 +582,10 @@ class Consumer(threading.Thread):
                 },
             )
         stats.seconds = time.monotonic() - started
+        if self._unsent is not None:
+            self._send()  # not in the normal course: the read that began this cycle took it
+        self._tally.add(stats)
+        counts = self._tally.take(due_only=True)
         ttl = shared.config.reply_ttl_s
         forgets = _forget_events(outcomes) if shared.on_forget is not None else []
 
@@ -580,9 +615,8 @@ class Consumer(threading.Thread):
                     # Acknowledged entries are deleted: the stream holds only work to
                     # do, and no memory text lingers in Redis after its commit.
                     pipe.xdel(p.stream, *entry_ids)
-            record_batch(pipe, stats, shared.worker_id)
+            record_batches(pipe, counts, shared.worker_id)
 
-        self._send()  # none in the normal course: the read that began this cycle took it
         self._unsent = add_to
         log.debug(
             "batch done",
@@ -599,14 +633,18 @@ class Consumer(threading.Thread):
         )
 
     def _send(self) -> None:
-        """Send the last cycle's replies and acknowledgements now, on their own."""
+        """Send the last cycle's replies and acknowledgements now, on their own, with
+        every count not yet written."""
         unsent = self._unsent
-        if unsent is None:
+        counts = self._tally.take(due_only=False)
+        if unsent is None and not counts:
             return
 
         def send() -> None:
             pipe = self.shared.client.pipeline(transaction=False)
-            unsent(pipe)
+            if unsent is not None:
+                unsent(pipe)
+            record_batches(pipe, counts, self.shared.worker_id)
             pipe.execute()
 
         self._redis(send)

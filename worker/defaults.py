@@ -9,6 +9,12 @@ BATCH_SIZE = 256
 # How long a partition's blocking read waits for new entries: also the
 # longest a stopping worker waits before it can exit.
 BLOCK_MS = 500
+# Off by default: how long a worker waits, after a read that found fewer than
+# LINGER_BELOW entries, for more to arrive before it commits them (one cycle for
+# more operations, so less CPU per operation at a light load, and that much
+# more latency; docs/benchmarks.md measures both).
+LINGER_MS = 0
+LINGER_BELOW = 16
 
 # A partition lease lives this long unless renewed (every third of it); a dead
 # worker's partitions are taken over after at most about this long.
@@ -56,3 +62,7 @@ LLM_MAX_HELD = 2_048
 # dashboard's operations/s chart), and keep each interval's counts this long.
 RATE_INTERVAL_S = 10
 RATE_TTL_S = 3_600
+# A worker writes its counters at most this often (and whenever it goes idle or
+# stops): they lag its receipts by about this long, and a small cycle pays no
+# Redis commands for them.
+METRICS_FLUSH_S = 1.0

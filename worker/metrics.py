@@ -1,9 +1,10 @@
 """Prometheus-style counters kept in Redis, and their text rendering.
 
 Workers add to the hash ``engram:metrics`` (one field per sample, the field
-name being the sample's name and labels in Prometheus syntax) in the same
-pipeline that acknowledges a batch, and to the current interval's counts
-(``engram:rate:<interval>``, kept an hour) for the dashboard's chart.
+name being the sample's name and labels in Prometheus syntax), and to each
+interval's counts (``engram:rate:<interval>``, kept an hour) for the
+dashboard's chart, in the pipeline that acknowledges a batch: the counts of
+the batches done since the last write, about once a second (``Tally``).
 ``render`` reads the totals back, adds the live gauges (stream length,
 pending, lag per partition, dead letters, live workers) and returns the text
 exposition format. No memory text goes here.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,25 +92,69 @@ def record_batch(
     pipe: Any, stats: BatchStats, worker_id: str, *, now_s: float | None = None
 ) -> None:
     """Add a batch's counts, in the caller's pipeline (so they land with its ack)."""
-    _record_interval(pipe, stats, time.time() if now_s is None else now_s)
-    m = keys.METRICS
-    pipe.hincrby(m, "ops_committed_total", stats.committed)
-    pipe.hincrby(m, "ops_replayed_total", stats.replayed)
-    for code, n in stats.failed.items():
-        pipe.hincrby(m, f'ops_failed_total{{code="{code}"}}', n)
-    for reason, n in stats.dead.items():
-        pipe.hincrby(m, f'dead_lettered_total{{reason="{reason}"}}', n)
-    for le in BATCH_BUCKETS:
-        if stats.entries <= le:
-            pipe.hincrby(m, f'batch_size_bucket{{le="{le}"}}', 1)
-    pipe.hincrby(m, 'batch_size_bucket{le="+Inf"}', 1)
-    pipe.hincrby(m, "batch_size_sum", stats.entries)
-    pipe.hincrby(m, "batch_size_count", 1)
-    pipe.hincrbyfloat(m, "batch_seconds_total", round(stats.seconds, 6))
-    _record_model_calls(pipe, stats.model_calls)
-    w = keys.worker(worker_id)
-    pipe.hincrby(w, "committed", stats.committed)
-    pipe.hincrby(w, "replayed", stats.replayed)
+    record_batches(pipe, [(stats, time.time() if now_s is None else now_s)], worker_id)
+
+
+def record_batches(pipe: Any, batches: Sequence[tuple[BatchStats, float]], worker_id: str) -> None:
+    """Add the counts of ``batches`` (each with when it was done, in seconds since the
+    epoch), in the caller's pipeline: one command per counter, however many batches."""
+    if not batches:
+        return
+    m, w = keys.METRICS, keys.worker(worker_id)
+    counts: Counter[tuple[str, str]] = Counter()
+    seconds = 0.0
+    _record_intervals(pipe, batches)
+    for stats, _ in batches:
+        counts[m, "ops_committed_total"] += stats.committed
+        counts[m, "ops_replayed_total"] += stats.replayed
+        for code, n in stats.failed.items():
+            counts[m, f'ops_failed_total{{code="{code}"}}'] += n
+        for reason, n in stats.dead.items():
+            counts[m, f'dead_lettered_total{{reason="{reason}"}}'] += n
+        for le in BATCH_BUCKETS:
+            if stats.entries <= le:
+                counts[m, f'batch_size_bucket{{le="{le}"}}'] += 1
+        counts[m, 'batch_size_bucket{le="+Inf"}'] += 1
+        counts[m, "batch_size_sum"] += stats.entries
+        counts[m, "batch_size_count"] += 1
+        counts[w, "committed"] += stats.committed
+        counts[w, "replayed"] += stats.replayed
+        seconds += stats.seconds
+    for (key, name), n in counts.items():
+        pipe.hincrby(key, name, n)
+    pipe.hincrbyfloat(m, "batch_seconds_total", round(seconds, 6))
+    _record_model_calls(pipe, [call for stats, _ in batches for call in stats.model_calls])
+
+
+class Tally:
+    """The counts of the batches a consumer has not written yet.
+
+    Counters do not depend on a batch's entries: writing them with every batch
+    cost a dozen Redis commands a cycle, most of a small cycle's commands. A
+    consumer writes them at most every ``flush_s`` (with a cycle's pipeline), and
+    whenever it goes idle, lets a partition go or stops: they lag its receipts
+    by about ``flush_s`` at most."""
+
+    def __init__(self, flush_s: float) -> None:
+        self.flush_s = flush_s
+        self._batches: list[tuple[BatchStats, float]] = []
+        self._since = time.monotonic()
+
+    def __bool__(self) -> bool:
+        return bool(self._batches)
+
+    def add(self, stats: BatchStats) -> None:
+        if not self._batches:
+            self._since = time.monotonic()
+        self._batches.append((stats, time.time()))
+
+    def take(self, *, due_only: bool) -> list[tuple[BatchStats, float]]:
+        """The batches to write now (all of them, or none unless ``flush_s`` has passed
+        since the first), forgotten here: the caller writes them (``record_batches``)."""
+        if due_only and time.monotonic() - self._since < self.flush_s:
+            return []
+        batches, self._batches = self._batches, []
+        return batches
 
 
 def _record_model_calls(pipe: Any, calls: list[ModelCall]) -> None:
@@ -132,20 +178,22 @@ def _record_model_calls(pipe: Any, calls: list[ModelCall]) -> None:
         pipe.hincrbyfloat(m, f'llm_seconds_total{{kind="{kind}"}}', round(total, 6))
 
 
-def _record_interval(pipe: Any, stats: BatchStats, now_s: float) -> None:
-    counts = {
-        "committed": stats.committed,
-        "replayed": stats.replayed,
-        "failed": sum(stats.failed.values()),
-        "dead": sum(stats.dead.values()),
-    }
-    if not any(counts.values()):
-        return
-    key = keys.rate(int(now_s // RATE_INTERVAL_S))
-    for name, n in counts.items():
-        if n:
-            pipe.hincrby(key, name, n)
-    pipe.expire(key, RATE_TTL_S)
+def _record_intervals(pipe: Any, batches: Sequence[tuple[BatchStats, float]]) -> None:
+    by_interval: dict[int, Counter[str]] = {}
+    for stats, now_s in batches:
+        counts = by_interval.setdefault(int(now_s // RATE_INTERVAL_S), Counter())
+        counts["committed"] += stats.committed
+        counts["replayed"] += stats.replayed
+        counts["failed"] += sum(stats.failed.values())
+        counts["dead"] += sum(stats.dead.values())
+    for number, counts in by_interval.items():
+        if not any(counts.values()):
+            continue
+        key = keys.rate(number)
+        for name, n in counts.items():
+            if n:
+                pipe.hincrby(key, name, n)
+        pipe.expire(key, RATE_TTL_S)
 
 
 def intervals(

@@ -19,6 +19,7 @@ class WorkerConfig:
     partitions: int = defaults.PARTITIONS
     batch_size: int = defaults.BATCH_SIZE
     block_ms: int = defaults.BLOCK_MS
+    linger_ms: int = defaults.LINGER_MS
     lease_ttl_ms: int = defaults.LEASE_TTL_MS
     lease_margin_ms: int = defaults.LEASE_MARGIN_MS
     max_deliveries: int = defaults.MAX_DELIVERIES
@@ -28,6 +29,8 @@ class WorkerConfig:
     llm_max_held: int = defaults.LLM_MAX_HELD
 
     def __post_init__(self) -> None:
+        if self.linger_ms < 0:
+            raise ValueError("linger_ms must not be negative")
         if self.partitions < 1 or self.batch_size < 1 or self.max_deliveries < 1:
             raise ValueError("partitions, batch_size and max_deliveries must be at least 1")
         if self.llm_concurrency < 1 or self.llm_deadline_s <= 0 or self.llm_max_held < 1:
@@ -71,6 +74,7 @@ class Settings:
                 partitions=_int(env, "ENGRAM_PARTITIONS", defaults.PARTITIONS),
                 batch_size=_int(env, "ENGRAM_BATCH_SIZE", defaults.BATCH_SIZE),
                 block_ms=_int(env, "ENGRAM_BLOCK_MS", defaults.BLOCK_MS),
+                linger_ms=_int(env, "ENGRAM_LINGER_MS", defaults.LINGER_MS),
                 lease_ttl_ms=_int(env, "ENGRAM_LEASE_TTL_MS", defaults.LEASE_TTL_MS),
                 lease_margin_ms=_int(
                     env,
