@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.common import MachineCpu, fresh_database, scratch_postgres, sentences
+from bench.common import MachineCpu, discard, fresh_database, scratch_postgres, sentences
 from engram.demo_reembed import SteadyWriter
 from jobs import reembed
 from jobs.progress import Progress
@@ -166,7 +166,7 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 child.kill()
         valkey.stop()
-        server.stop()
+        discard(server)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 
 from bench import recall_set
-from bench.common import fresh_database, percentile, scratch_postgres, sentences
+from bench.common import discard, fresh_database, percentile, scratch_postgres, sentences
 from store import Operation, Scope, Store, WordLlamaEmbedder, WriteResult
 from store.embedders import embed_checked
 from store.server import EmbeddedPostgres
@@ -358,7 +358,7 @@ def main() -> None:
                     bench_recall(store, dsn, scope, size, queries, labels, embedder, search, writer)
                     growth = growth[writer.written :]
     finally:
-        server.stop()
+        discard(server)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import statistics
 import tempfile
 from collections.abc import Sequence
@@ -40,6 +41,12 @@ def sentences(n: int, seed: int = 1, words: int = 10) -> list[str]:
 
 def scratch_postgres() -> EmbeddedPostgres:
     return EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="engram-bench-")))
+
+
+def discard(server: EmbeddedPostgres) -> None:
+    """Stop a ``scratch_postgres`` and delete its folder (a large run leaves gigabytes)."""
+    server.stop()
+    shutil.rmtree(server.data_dir.parent, ignore_errors=True)
 
 
 def fresh_database(server: EmbeddedPostgres, name: str) -> str:

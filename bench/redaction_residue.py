@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.common import fresh_database, scratch_postgres, sentences
+from bench.common import discard, fresh_database, scratch_postgres, sentences
 from store import HashingEmbedder, Operation, Store, forgets
 from tests.helpers import rows_containing
 
@@ -135,7 +135,7 @@ def main() -> None:
                 f"after {args.after} more records and two checkpoints", where(data_dir, dsn, secret)
             )
     finally:
-        server.stop()
+        discard(server)
 
 
 if __name__ == "__main__":

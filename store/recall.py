@@ -53,6 +53,34 @@ class RecallContext:
     scope_id: int | None  # None: the scope was never written
     hnsw: bool  # the scope has an approximate index in the active generation
 
+    def query(
+        self,
+        text: str | None,
+        vector: np.ndarray | None,
+        top_k: int,
+        *,
+        kind: str | None = None,
+        include_retracted: bool = False,
+        recorded_as_of: datetime | None = None,
+        superseded_by: bool = True,
+    ) -> RecallQuery:
+        """A recall in this context's scope (which must exist)."""
+        assert self.scope_id is not None
+        active = self.generation
+        return RecallQuery(
+            scope_id=self.scope_id,
+            text=text,
+            vector=vector,
+            generation_id=active.id if active else None,
+            dims=active.dims if active else None,
+            top_k=top_k,
+            kind=kind,
+            include_retracted=include_retracted,
+            recorded_as_of=recorded_as_of,
+            hnsw=self.hnsw,
+            superseded_by=superseded_by,
+        )
+
 
 def recall_context(conn: psycopg.Connection[Any], scope_key: str) -> RecallContext:
     """What a recall needs to know before it embeds its query, in one round trip."""

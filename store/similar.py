@@ -16,7 +16,7 @@ import psycopg
 
 from .embedders import Embedder, EmbedderResolver, check_matches, embed_checked, embedder_for
 from .model import Scope
-from .recall import RecallContext, RecallQuery, recall, recall_context
+from .recall import RecallContext, recall, recall_context
 from .reconcile import Candidate, normalized
 
 # Same-text look-ups: the full-text index narrows a scope to the records holding
@@ -67,23 +67,7 @@ def _similar_to(
     top_k: int,
 ) -> list[Candidate]:
     assert context.scope_id is not None
-    active = context.generation
-    hits = recall(
-        conn,
-        RecallQuery(
-            scope_id=context.scope_id,
-            text=text,
-            vector=vector,
-            generation_id=active.id if active else None,
-            dims=active.dims if active else None,
-            top_k=top_k,
-            kind=None,
-            include_retracted=False,
-            recorded_as_of=None,
-            hnsw=context.hnsw,
-            superseded_by=False,
-        ),
-    )
+    hits = recall(conn, context.query(text, vector, top_k, superseded_by=False))
     similar = _same_text(conn, context.scope_id, text) + [
         Candidate(h.record.id, h.record.revision, h.record.origin, h.record.text) for h in hits
     ]

@@ -38,7 +38,7 @@ from .model import (
 from .needs import needs_model
 from .operations import Operation
 from .prepare import Prepared, prepare
-from .recall import HNSW_SETTINGS, RecallQuery, recall, recall_context
+from .recall import HNSW_SETTINGS, recall, recall_context
 from .reconcile import Decision
 from .rows import (
     RECEIPT_COLUMNS,
@@ -363,17 +363,13 @@ class Store:
                 vector = embed_checked(embedder, [text])[0]  # with no connection taken
         if found.scope_id is None:
             return []  # a scope never written holds nothing
-        query = RecallQuery(
-            scope_id=found.scope_id,
-            text=text,
-            vector=vector,
-            generation_id=active.id if active else None,
-            dims=active.dims if active else None,
-            top_k=top_k,
+        query = found.query(
+            text,
+            vector,
+            top_k,
             kind=kind,
             include_retracted=include_retracted,
             recorded_as_of=recorded_as_of,
-            hnsw=found.hnsw,
         )
         with self.pool.connection() as conn:
             return recall(conn, query)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +21,13 @@ pytest_plugins = ["tests.redis_fixtures", "tests.web_fixtures", "tests.jobs_fixt
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[EmbeddedPostgres]:
-    home = Path(os.environ.get("ENGRAM_TEST_HOME") or tempfile.mkdtemp(prefix="engram-test-"))
+    kept = os.environ.get("ENGRAM_TEST_HOME")
+    home = Path(kept or tempfile.mkdtemp(prefix="engram-test-"))
     server = EmbeddedPostgres(home)
     yield server
     server.stop()
+    if not kept:  # a session's cluster takes gigabytes: none is left behind
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _fresh_database(postgres: EmbeddedPostgres, name: str) -> str:
