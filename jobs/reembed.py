@@ -138,9 +138,9 @@ def resume_stalled(ctx: JobContext) -> str | None:
     if lease.holder() is not None or _is_live(ctx.client, known.job_id):
         return None
     job_id = keys.new_job_id("reembed")
-    ctx.store.embeddings.set_progress(
-        generation.id, replace(known, job_id=job_id, updated_at=now().isoformat()).as_dict()
-    )
+    resumed = replace(known, job_id=job_id, updated_at=now().isoformat()).as_dict()
+    if not ctx.store.embeddings.set_progress(generation.id, resumed, if_pending=True):
+        return None  # switched (or retired) since it was read: nothing to resume
     _enqueue(ctx.client, generation.id, job_id, ctx.settings.reembed)
     log.warning(
         "re-embedding resumed after its slice stopped",

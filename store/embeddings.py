@@ -210,12 +210,19 @@ class Embeddings:
             )
         return Switched(activated, stored, len(gaps) - stored, held_s)
 
-    def set_progress(self, generation_id: int, progress: dict[str, Any]) -> None:
+    def set_progress(
+        self, generation_id: int, progress: dict[str, Any], *, if_pending: bool = False
+    ) -> bool:
+        """Store a re-embedding's progress on its generation; whether it was stored.
+        ``if_pending``: only while the generation is still pending (what read the
+        progress earlier must not overwrite the last word of a switch made since)."""
         with self.pool.connection() as conn:
-            conn.execute(
-                "UPDATE engram_generations SET progress = %s WHERE id = %s",
+            cur = conn.execute(
+                "UPDATE engram_generations SET progress = %s WHERE id = %s"
+                + (" AND status = 'pending'" if if_pending else ""),
                 (Jsonb(progress), generation_id),
             )
+            return cur.rowcount == 1
 
     def reembed(
         self,

@@ -114,8 +114,10 @@ def test_two_jobs_workers_never_run_two_slices_at_once(
             if known is None or known.finished:
                 return
             job_id = f"reembed-meddler{n}"
-            fresh_store.embeddings.set_progress(gen, {**known.as_dict(), "job_id": job_id})
-            reembed._enqueue(client, gen, job_id, Reembed())
+            if fresh_store.embeddings.set_progress(
+                gen, {**known.as_dict(), "job_id": job_id}, if_pending=True
+            ):
+                reembed._enqueue(client, gen, job_id, Reembed())
 
     meddler = threading.Thread(target=meddle)
     meddler.start()

@@ -8,7 +8,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from store import EmbeddingMismatchError, KeywordEmbedder, Store
+from store import EmbeddingMismatchError, HashingEmbedder, KeywordEmbedder, Store
 from store.embeddings import VectorItem
 from tests.helpers import CountingEmbedder
 
@@ -231,3 +231,17 @@ def test_writes_with_a_stale_embedder_are_refused_not_left_without_vectors(
         stale.remember("Ada prefers coffee.")
     assert fresh_store.scope_revision(ADA) == 1
     assert np.asarray(V2.embed(["tea"])).shape == (1, 3)
+
+
+def test_a_stale_progress_never_overwrites_a_switch_made_since(fresh_store: Store) -> None:
+    """A watchdog that read a re-embedding's progress before its switch must not put it
+    back over the progress the switch wrote (the re-embedding would look unfinished)."""
+    fresh_store.session({"user_id": "ada"}, embedder=HashingEmbedder(64)).remember("tea")
+    pending = fresh_store.embeddings.begin("hashing-32", 32)
+    stale = {"state": "running", "job_id": "old"}
+    assert fresh_store.embeddings.set_progress(pending.id, stale, if_pending=True)
+    fresh_store.embeddings.reembed(HashingEmbedder(32))  # fills it and switches
+    switched = fresh_store.embeddings.get(pending.id)
+    assert switched is not None and switched.status == "active"
+    assert not fresh_store.embeddings.set_progress(pending.id, stale, if_pending=True)
+    assert fresh_store.embeddings.get(pending.id) == switched
