@@ -222,7 +222,7 @@ class Embeddings:
                 + (" AND status = 'pending'" if if_pending else ""),
                 (Jsonb(progress), generation_id),
             )
-            return cur.rowcount == 1
+            return bool(cur.rowcount == 1)
 
     def reembed(
         self,
