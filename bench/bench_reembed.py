@@ -24,7 +24,9 @@ worker then embeds its writes with the new model, a heavier load than before.)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,7 +34,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psutil  # type: ignore[import-untyped]
+
 from bench.common import MachineCpu, discard, fresh_database, scratch_postgres, sentences
+from engram import procs
 from engram.demo_reembed import SteadyWriter
 from jobs import reembed
 from jobs.progress import Progress
@@ -101,6 +106,7 @@ def spawn(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[byte
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,
+            preexec_fn=procs.die_with_parent(),
         )
 
 
@@ -160,11 +166,9 @@ def main() -> None:
         assert outcomes["committed"] == sent and not dead, "a write was refused"
     finally:
         for child in children:
-            child.terminate()
-            try:
-                child.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                child.kill()
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs.stop_process(psutil.Process(child.pid), signal.SIGTERM, 60)
+            child.wait()
         valkey.stop()
         discard(server)
 

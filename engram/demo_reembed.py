@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -19,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import psutil  # type: ignore[import-untyped]
 import redis
 
 from jobs import reembed, runner
@@ -30,6 +32,7 @@ from worker import runtime
 from worker.producer import Pending, Producer
 from worker.settings import Settings
 
+from . import procs
 from .jobs_cli import follow
 
 SCOPE = {"user_id": "engram-demo-reembed"}
@@ -171,23 +174,11 @@ def _jobs_worker(client: redis.Redis) -> Iterator[None]:
     child = subprocess.Popen(
         [sys.executable, "-m", "engram", "--log-level", "WARNING", "jobs"],
         env=os.environ.copy(),
-        preexec_fn=_die_with_parent,
+        preexec_fn=procs.die_with_parent(),
     )
     try:
         yield
     finally:
-        child.terminate()
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the demo dies, however it dies (Linux)."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.stop_process(psutil.Process(child.pid), signal.SIGTERM, 30)
+        child.wait()
