@@ -128,6 +128,10 @@ class Baselines:
         self.scope_id = self.conn.execute(
             "SELECT id FROM engram_scopes WHERE key = %s", (scope_key,)
         ).fetchone()[0]
+        # The active generation, read once: the plain query a user writes knows it.
+        self.generation, self.dims = self.conn.execute(
+            "SELECT id, dims FROM engram_generations WHERE status = 'active'"
+        ).fetchone()
 
     def vector(self, text: str) -> list[str]:
         v = self.embedder.embed([text])[0]
@@ -141,13 +145,11 @@ class Baselines:
     def vector_hnsw(self, text: str) -> list[str]:
         """The scope's own HNSW index (its predicate spelled out, as it must be)."""
         v = self.embedder.embed([text])[0]
-        gen, dims = self.conn.execute(
-            "SELECT id, dims FROM engram_generations WHERE status = 'active'"
-        ).fetchone()
+        gen, dims = int(self.generation), int(self.dims)
         rows = self.conn.execute(
-            f"SELECT record_id FROM engram_vectors WHERE generation_id = {int(gen)}"
+            f"SELECT record_id FROM engram_vectors WHERE generation_id = {gen}"
             f" AND scope_id = {int(self.scope_id)}"
-            f" ORDER BY embedding::vector({int(dims)}) <=> %s::vector({int(dims)}) LIMIT 5",
+            f" ORDER BY embedding::vector({dims}) <=> %s::vector({dims}) LIMIT 5",
             (v,),
         ).fetchall()
         return [r[0] for r in rows]
