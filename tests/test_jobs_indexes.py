@@ -10,8 +10,9 @@ import psycopg
 import redis
 
 from jobs import listing, schedule
-from store import HashingEmbedder, Operation, Store
+from store import HashingEmbedder, Operation, Scope, Store
 from store.limits import LARGE_SCOPE_VECTORS
+from store.recall import _statement, recall_context
 from tests.jobs_fixtures import context, run_burst
 
 
@@ -44,8 +45,15 @@ def test_a_scope_that_grew_large_gets_its_index_on_schedule(
     assert job is not None and job.status == "finished"
     [(key, name)] = indexes(fresh_dsn)
     assert '"grown"' in key and job.result == [name]
-    # Found through the index now (approximate: the exact match may rank lower than
-    # first in the vector list, but the fused hits still hold it).
+    # Recall in that scope is planned through the new index now (approximate: the exact
+    # match may rank lower than first in the vector list, but the fused hits hold it).
+    with fresh_store.pool.connection() as conn:
+        found = recall_context(conn, Scope.of({"user_id": "grown"}).key)
+        assert found.hnsw
+        statement = _statement(found.query(texts[7], embedder.embed([texts[7]])[0], 5))
+        assert statement is not None
+        plan = conn.execute("EXPLAIN " + statement[0], statement[1]).fetchall()
+    assert name in str(plan)
     after = fresh_store.session({"user_id": "grown"}, embedder=embedder).recall(texts[7])
     assert before[0].record.text == texts[7]
     assert texts[7] in [h.record.text for h in after]
