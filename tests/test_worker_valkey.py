@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import socket
 import subprocess
 from pathlib import Path
@@ -50,6 +51,28 @@ def test_a_server_left_running_on_its_folder_is_stopped_first(tmp_path: Path) ->
         client.close()
     finally:
         fresh.stop()
+
+
+def test_a_stopped_server_collected_late_leaves_the_next_one_of_its_folder_running(
+    tmp_path: Path,
+) -> None:
+    """The library's server object of a stopped run may be collected any time later (a
+    reference cycle defers it to the garbage collector); that must not stop the server
+    started on the same folder since, nor delete its pid file."""
+    first = EmbeddedValkey(tmp_path).start()
+    stale = first._server  # as a reference cycle would keep it
+    first.stop()
+    second = EmbeddedValkey(tmp_path).start()
+    try:
+        pid = second.pid
+        del stale
+        gc.collect()
+        assert (tmp_path / "valkey" / "valkey.pid").read_text().strip() == str(pid)
+        client = redis.Redis(port=second.port, socket_timeout=5)
+        assert client.ping()
+        client.close()
+    finally:
+        second.stop()
 
 
 def test_a_home_keeps_its_port_across_restarts_unless_someone_took_it(tmp_path: Path) -> None:

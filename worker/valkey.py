@@ -14,6 +14,7 @@ once printed or configured stays right across restarts.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -37,12 +38,12 @@ class EmbeddedValkey:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._requested_port = port
         self._appendfsync = appendfsync
-        self._server: ValkeyServer | None = None
+        self._server: _Server | None = None
 
     def start(self) -> EmbeddedValkey:
         EmbeddedValkey.stop_stale(self.data_dir.parent)
         port = self._requested_port or self._home_port()
-        self._server = ValkeyServer(
+        self._server = _Server(
             port=port,
             host=HOST,
             data_dir=str(self.data_dir),
@@ -86,19 +87,13 @@ class EmbeddedValkey:
         """SHUTDOWN (the append-only file is flushed and synced), then wait for the exit."""
         if self._server is not None:
             self._server.stop()
-            self._forget_server()
+            self._server = None
 
     def kill(self) -> None:
         """SIGKILL, as a crash would: what the append-only file holds is what survives."""
         if self._server is not None:
             self._server.terminate()
-            self._forget_server()
-
-    def _forget_server(self) -> None:
-        """Let the library's server object go now. Its finalizer stops the server named by
-        the folder's pid file: collected later, once another server of this folder has
-        started, it would stop that one."""
-        self._server = None
+            self._server = None
 
     @staticmethod
     def stop_stale(home: Path) -> int | None:
@@ -119,6 +114,21 @@ class EmbeddedValkey:
                 proc.wait(timeout=10)
         (folder / PID_FILE).unlink(missing_ok=True)
         return int(proc.pid)
+
+
+class _Server(ValkeyServer):
+    """The library's server, stopped only when asked. Its finalizer and its exit hook
+    stop "the server named by the folder's pid file" and delete that file: run by the
+    garbage collector (a cycle keeps a stopped server object alive for a while) or at
+    exit after a kill, once another server of the same folder has started, they would
+    shut down that one and lose its pid file."""
+
+    def __del__(self) -> None:
+        pass
+
+    def terminate(self) -> None:
+        super().terminate()
+        atexit.unregister(self.stop)
 
 
 def data_dir(home: Path) -> Path:
