@@ -3,6 +3,7 @@ a fresh database for each test module."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -17,6 +18,28 @@ from store import HashingEmbedder, Store
 from store.server import EmbeddedPostgres
 
 pytest_plugins = ["tests.redis_fixtures", "tests.web_fixtures", "tests.jobs_fixtures"]
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Logging as it was before each test. A test that runs ``engram.cli.main`` in this
+    process leaves the root logger writing to that test's captured stderr, closed once
+    the test ends: every later record, from any thread, would fail and print a traceback
+    (and on CPython 3.11 two threads formatting tracebacks at once can corrupt the AST
+    recursion counter they share: "AST constructor recursion depth mismatch")."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    levels = {name: logging.getLogger(name).level for name in logging.root.manager.loggerDict}
+    yield
+    for handler in root.handlers[:]:  # pytest adds and removes its own per phase
+        if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+    for handler in handlers:  # and the session's, which a test may have replaced
+        if type(handler).__name__ != "LogCaptureHandler":
+            root.addHandler(handler)  # (no-op if still there)
+    root.setLevel(level)
+    for name, kept in levels.items():
+        logging.getLogger(name).setLevel(kept)
 
 
 @pytest.fixture(scope="session")
