@@ -180,33 +180,37 @@ def worker_processes(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``engram worker`` subprocesses; every one is stopped (by pid) at the end."""
     started: list[WorkerProcess] = []
 
-    def start(
-        *,
-        database_url: str,
-        redis_url: str,
-        config: WorkerConfig = FAST,
-        embedder: str = "hashing:64",
-        env: dict[str, str] | None = None,
-    ) -> WorkerProcess:
-        full_env = {
-            "DATABASE_URL": database_url,
-            "REDIS_URL": redis_url,
-            "ENGRAM_EMBEDDER": embedder,
-            "ENGRAM_PARTITIONS": str(config.partitions),
-            "ENGRAM_BATCH_SIZE": str(config.batch_size),
-            "ENGRAM_BLOCK_MS": str(config.block_ms),
-            "ENGRAM_LEASE_TTL_MS": str(config.lease_ttl_ms),
-            "ENGRAM_LEASE_MARGIN_MS": str(config.lease_margin_ms),
-            "ENGRAM_MAX_DELIVERIES": str(config.max_deliveries),
-            "ENGRAM_DB_POOL_SIZE": "4",
-            **(env or {}),
-        }
-        proc = spawn("worker", full_env, tmp_path / f"worker-{len(started)}.log")
+    def start(**settings: Any) -> WorkerProcess:
+        proc = spawn("worker", worker_env(**settings), tmp_path / f"worker-{len(started)}.log")
         started.append(proc)
         return proc
 
     yield start
     stop_all(started)
+
+
+def worker_env(
+    *,
+    database_url: str,
+    redis_url: str,
+    config: WorkerConfig = FAST,
+    embedder: str = "hashing:64",
+    env: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of an ``engram worker`` with ``config`` on these servers."""
+    return {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "ENGRAM_EMBEDDER": embedder,
+        "ENGRAM_PARTITIONS": str(config.partitions),
+        "ENGRAM_BATCH_SIZE": str(config.batch_size),
+        "ENGRAM_BLOCK_MS": str(config.block_ms),
+        "ENGRAM_LEASE_TTL_MS": str(config.lease_ttl_ms),
+        "ENGRAM_LEASE_MARGIN_MS": str(config.lease_margin_ms),
+        "ENGRAM_MAX_DELIVERIES": str(config.max_deliveries),
+        "ENGRAM_DB_POOL_SIZE": "4",
+        **(env or {}),
+    }
 
 
 # -- embedders the stream tests plug into workers (``ENGRAM_EMBEDDER=module:factory``) --

@@ -6,7 +6,6 @@ served by a real uvicorn on the suite's PostgreSQL and valkey, with a worker run
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,36 +18,36 @@ from schemathesis.checks import positive_data_acceptance
 
 from jobs import keys as jobs_keys
 from store import Store
-from tests.redis_fixtures import FAST
+from tests.redis_fixtures import spawn, stop_all, worker_env
 from tests.web_fixtures import EMBEDDER, Served, start_engram_web, stop_engram_web
 from web.api.openapi import DOCUMENT, document
 from web.app import routes
 from worker import keys
 from worker.runtime import connect_redis
 from worker.valkey import EmbeddedValkey
-from worker.worker import Worker
 
 
 @pytest.fixture(scope="module")
 def served_api(
     store: Store, dsn: str, valkey: EmbeddedValkey, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
-    """``engram web`` with data to read and a worker committing what is enqueued."""
+    """``engram web`` with data to read and an ``engram worker`` committing what is
+    enqueued. Both run as processes of their own: in this one, another thread turning
+    source into an AST while hypothesis does too can fail either (CPython 3.11 keeps one
+    AST recursion counter per interpreter, not per thread)."""
     client = connect_redis(valkey.url)
     client.flushall()
     _seed(store, client)
-    worker = Worker(connect_redis(valkey.url), store, EMBEDDER, config=FAST)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    served = start_engram_web(
-        tmp_path_factory.mktemp("web"), database_url=dsn, redis_url=valkey.url
+    logs = tmp_path_factory.mktemp("web")
+    worker = spawn(
+        "worker", worker_env(database_url=dsn, redis_url=valkey.url), logs / "worker.log"
     )
+    served = start_engram_web(logs, database_url=dsn, redis_url=valkey.url)
     try:
         yield served
     finally:
         stop_engram_web(served)
-        worker.stop()
-        thread.join(timeout=30)
+        stop_all([worker])
         client.close()
 
 
