@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -146,6 +147,7 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             up.kill()
             up.wait()
+        shutil.rmtree(home, ignore_errors=True)
     _report(first, last, elapsed)
 
 

@@ -27,6 +27,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -169,6 +170,7 @@ def run(
     args: argparse.Namespace,
     texts: list[str],
     tag: str,
+    servers: list[int],
 ) -> tuple[Split, Split, dict[str, int]]:
     client.flushall()
     share = args.model_share if name == "model" else 0.0
@@ -182,10 +184,10 @@ def run(
         # Every scope gets a record: a reconciling remember then always has something
         # similar, and makes its call.
         warm = [(f"{tag}-warm:{s}", {"user_id": f"user-{s}"}, texts[s]) for s in range(SCOPES)]
-        drive(system, client, warm, None)
-        full = split(drive(system, client, full_load, None), full_load, model_ops)
+        drive(system, client, warm, None, servers)
+        full = split(drive(system, client, full_load, None, servers), full_load, model_ops)
         system.settle()
-        paced = split(drive(system, client, paced_load, args.rate), paced_load, model_ops)
+        paced = split(drive(system, client, paced_load, args.rate, servers), paced_load, model_ops)
     finally:
         system.stop()
     with psycopg.connect(dsn) as conn:
@@ -230,18 +232,20 @@ def main() -> None:
         "ENGRAM_LLM_CONCURRENCY": str(args.concurrency),
     }
     runs: dict[str, list[tuple[Split, Split, dict[str, int]]]] = {"none": [], "model": []}
+    servers = [pid for pid in (postgres.pid, valkey.pid) if pid]  # their CPU is counted too
     try:
         texts = sentences(20_000)
         for r in range(args.repeat):  # interleaved, so that a noisy minute hits both
             for name in runs:
                 runs[name].append(
-                    run(name, postgres, valkey.url, client, env, args, texts, f"{name}{r}")
+                    run(name, postgres, valkey.url, client, env, args, texts, f"{name}{r}", servers)
                 )
     finally:
         model.stop()
         client.close()
         valkey.stop()
         postgres.stop()
+        shutil.rmtree(home, ignore_errors=True)  # a run leaves gigabytes
     _report(runs, args)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -171,6 +172,7 @@ def main() -> None:
             child.wait()
         valkey.stop()
         discard(server)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import psycopg
@@ -60,7 +60,7 @@ class Precomputed:
     def dims(self) -> int:
         return self.inner.dims
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
         missing = [t for t in texts if t not in self.by_text]
         if missing:
             for t, v in zip(missing, self.inner.embed(missing), strict=True):
@@ -125,13 +125,16 @@ class Baselines:
         self.conn = psycopg.connect(dsn, autocommit=True)
         register_vector(self.conn)
         self.embedder = embedder
-        self.scope_id = self.conn.execute(
+        scope = self.conn.execute(
             "SELECT id FROM engram_scopes WHERE key = %s", (scope_key,)
-        ).fetchone()[0]
+        ).fetchone()
         # The active generation, read once: the plain query a user writes knows it.
-        self.generation, self.dims = self.conn.execute(
+        generation = self.conn.execute(
             "SELECT id, dims FROM engram_generations WHERE status = 'active'"
         ).fetchone()
+        assert scope is not None and generation is not None
+        self.scope_id = scope[0]
+        self.generation, self.dims = generation
 
     def vector(self, text: str) -> list[str]:
         v = self.embedder.embed([text])[0]
@@ -355,7 +358,7 @@ def main() -> None:
                 if store.embeddings.index_large_scopes():
                     search = "HNSW"
                     bench_recall(store, dsn, scope, size, queries, labels, embedder, search)
-                if args.write_rate:
+                if args.write_rate and grown is not None:
                     writer = PacedWriter(store, scope, growth, grown, args.write_rate)
                     bench_recall(store, dsn, scope, size, queries, labels, embedder, search, writer)
                     growth = growth[writer.written :]

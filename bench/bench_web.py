@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import math
+import shutil
 import statistics
 import tempfile
 import time
@@ -39,7 +40,15 @@ from pgvector.psycopg import register_vector
 from psycopg_pool import ConnectionPool
 from rq import Queue
 
-from bench.common import MachineCpu, fresh_database, percentile, scratch_postgres, sentences
+from bench.common import (
+    MachineCpu,
+    discard,
+    fresh_database,
+    percentile,
+    scratch_postgres,
+    sentences,
+)
+from jobs import keys as jobs_keys
 from store import HashingEmbedder, Operation, Store, wire
 from store.migrations import migrate
 from web import Services, WebConfig, create_app
@@ -95,7 +104,7 @@ def load(store: Store, records: int, receipts: int, batch: int = 1000) -> dict[s
     texts = sentences(min(records, 50_000), seed=7)
     big_ids: list[str] = []
     for start in range(0, records, batch):
-        ops = [
+        ops: list[Operation] = [
             Operation.build("remember", BIG, {"text": texts[i % len(texts)] + f" #{i}"})
             for i in range(start, min(start + batch, records))
         ]
@@ -121,7 +130,7 @@ def load(store: Store, records: int, receipts: int, batch: int = 1000) -> dict[s
     scope_texts = sentences(20_000, seed=11)
     n = 0
     while done < receipts:
-        ops: list[Operation] = []
+        ops = []
         for _ in range(min(batch, receipts - done)):
             scope = {"user_id": f"user-{n % 10_000}"}
             ops.append(
@@ -174,7 +183,7 @@ def load_redis(client: redis.Redis, letters: int = 10_000, failed_jobs: int = 50
                               "scope": {"user_id": "x"}, "request": {"text": "t"}}),
         })  # fmt: skip
     pipe.execute()
-    queue = Queue("default", connection=client)
+    queue = Queue(jobs_keys.MAINTENANCE_QUEUE, connection=client)  # one the dashboard reads
     registry = queue.failed_job_registry
     for i in range(failed_jobs):
         job = queue.enqueue("bench.bench_web.load", i)
@@ -341,7 +350,8 @@ def main() -> None:
         report(rows, args, loaded, shares)
     finally:
         valkey.stop()
-        postgres.stop()
+        discard(postgres)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 RedisBaseline = Callable[[redis.Redis], Callable[[], Any]]
@@ -353,11 +363,13 @@ def page_list(store: Store) -> list[tuple[str, str, RedisBaseline | None]]:
     # Positions nine tenths into each list (found once here with OFFSET; the pages
     # themselves start from a cursor holding the row's sort key).
     with store.pool.connection() as conn:
-        records, receipts, scopes = conn.execute(
+        counts = conn.execute(
             "SELECT (SELECT count(*) FROM engram_records WHERE scope_id = %s),"
             " (SELECT count(*) FROM engram_receipts), (SELECT count(*) FROM engram_scopes)",
             (big,),
-        ).fetchone()  # type: ignore[misc]
+        ).fetchone()
+        assert counts is not None
+        records, receipts, scopes = counts
         deep_record = conn.execute(
             "SELECT updated_at, id FROM engram_records WHERE scope_id = %s"
             " ORDER BY updated_at DESC, id DESC OFFSET %s LIMIT 1",
@@ -396,11 +408,11 @@ def page_list(store: Store) -> list[tuple[str, str, RedisBaseline | None]]:
     def failed_jobs(client: redis.Redis) -> Callable[[], Any]:
         from rq.job import Job
 
-        key = Queue("default", connection=client).failed_job_registry.key
+        key = Queue(jobs_keys.MAINTENANCE_QUEUE, connection=client).failed_job_registry.key
 
         def read() -> None:
             ids = client.zrevrangebyscore(key, "+inf", "-inf", start=0, num=51)
-            Job.fetch_many([i.decode() for i in ids[:50]], connection=client)
+            Job.fetch_many([i.decode() for i in ids[:50]], connection=client)  # type: ignore[union-attr]
 
         return read
 
@@ -426,7 +438,11 @@ def page_list(store: Store) -> list[tuple[str, str, RedisBaseline | None]]:
         ("generations", "/generations", None),
         ("audit", "/audit", None),
         ("dead letters (10,000)", "/dead-letters", dead_letters),
-        ("jobs: failed (500)", "/jobs?state=failed", failed_jobs),
+        (
+            "jobs: failed (500)",
+            f"/jobs?queue={jobs_keys.MAINTENANCE_QUEUE}&state=failed",
+            failed_jobs,
+        ),
     ]
 
 

@@ -46,6 +46,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -760,6 +761,7 @@ def main() -> None:
         client.close()
         valkey.stop()
         postgres.stop()
+        shutil.rmtree(home, ignore_errors=True)  # a run leaves gigabytes
     _report(args, [s.name for s in setups], at_max)
     _report_same_load("engram", loads, at_max[3].rate, engram_paced, batching_paced)
     _report_low("engram", low, at_max[0], [runs[len(loads)] for runs in engram_paced])

@@ -113,7 +113,7 @@ class TreeCpu:
 
 
 def _tree_seconds(roots: Sequence[int]) -> float:
-    import psutil
+    import psutil  # type: ignore[import-untyped]
 
     total = 0.0
     for pid in roots:
