@@ -6,6 +6,10 @@ generation is searched through an HNSW index of its own
 worker looks for such scopes every ``INDEX_EVERY_S`` seconds and builds their
 indexes (concurrently: writes go on meanwhile). A reembed builds them too, when
 it switches generations.
+
+On the same schedule it deletes what a retired generation left behind (its
+vectors and indexes): a switch deletes them itself once writes are released,
+so this finds something only after a process died in between.
 """
 
 from __future__ import annotations
@@ -20,3 +24,9 @@ INDEX_EVERY_S = 60.0
 def index_large_scopes_job() -> list[str]:
     """Build the missing indexes; their names."""
     return current().store.embeddings.index_large_scopes()
+
+
+@content_free("purge-retired-vectors")
+def purge_retired_job() -> int:
+    """Delete retired generations' vectors and indexes; the vectors deleted."""
+    return current().store.embeddings.purge_retired()

@@ -44,9 +44,11 @@ def retention_schedules(retention: Retention) -> list[Schedule]:
 
 
 def upkeep_schedules() -> list[Schedule]:
-    """What always runs: HNSW indexes for the scopes that grew large."""
+    """What always runs: HNSW indexes for the scopes that grew large, and the deletion
+    of what retired generations left."""
     return [
-        Schedule("index-large-scopes", indexes.INDEX_EVERY_S, indexes.index_large_scopes_job, ())
+        Schedule("index-large-scopes", indexes.INDEX_EVERY_S, indexes.index_large_scopes_job, ()),
+        Schedule("purge-retired-vectors", indexes.INDEX_EVERY_S, indexes.purge_retired_job, ()),
     ]
 
 

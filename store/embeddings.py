@@ -15,6 +15,12 @@ which every write transaction takes shared before anything else. Holding it
 waits for the commits in flight; then nothing commits until the gaps it
 listed are filled and the generation switched. It only does so for a few
 gaps (``max_missing``), so writes wait at most one small batch's embedding.
+
+Retiring a generation is a change of its status, made where the switch (or
+``begin``) holds writes off; its vectors and approximate indexes are deleted
+after, in batches of their own (``purge_retired``), while writes and recall go
+on. Whatever a crash left of them, the next switch, ``begin`` or the jobs
+worker's upkeep deletes.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from .limits import LARGE_SCOPE_VECTORS, REEMBED_BATCH_SIZE, REEMBED_MAX_PASSES
 from .model import Fence, Generation, ReembedResult
 
 log = logging.getLogger(__name__)
+
+PURGE_BATCH = 10_000  # vectors of a retired generation deleted per transaction
 
 _COLUMNS = "id, model_id, dims, status, created_at, activated_at, progress"
 
@@ -130,6 +138,7 @@ class Embeddings:
             "embedding generation begun", extra={"generation": created[0] if created else None}
         )
         assert created is not None
+        self.purge_retired()
         return Generation(*created)
 
     def pending(
@@ -169,6 +178,7 @@ class Embeddings:
             activated = _activate(conn, generation_id)
         if activated:
             log.info("embedding generation activated", extra={"generation": generation_id})
+            self.purge_retired()
         return activated
 
     def switch(
@@ -208,7 +218,39 @@ class Embeddings:
                 "embedding generation activated",
                 extra={"generation": generation_id, "writes_held_ms": round(held_s * 1000, 1)},
             )
+            self.purge_retired()
         return Switched(activated, stored, len(gaps) - stored, held_s)
+
+    def purge_retired(self, batch: int = PURGE_BATCH) -> int:
+        """Delete what retired generations left behind, their approximate indexes
+        (``DROP INDEX CONCURRENTLY``) and their vectors (``batch`` rows a transaction),
+        so that neither writes nor recall wait on it; the vectors deleted."""
+        with self.pool.connection() as conn:
+            for (name,) in conn.execute(
+                "SELECT i.index_name FROM engram_vector_indexes i"
+                " JOIN engram_generations g ON g.id = i.generation_id WHERE g.status = 'retired'"
+            ).fetchall():
+                conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
+                conn.execute("DELETE FROM engram_vector_indexes WHERE index_name = %s", (name,))
+            deleted = 0
+            while True:
+                cur = conn.execute(
+                    """
+                    DELETE FROM engram_vectors v USING (
+                        SELECT x.generation_id, x.record_id FROM engram_vectors x
+                        JOIN engram_generations g ON g.id = x.generation_id
+                        WHERE g.status = 'retired' LIMIT %s) d
+                    WHERE v.generation_id = d.generation_id AND v.record_id = d.record_id
+                    """,
+                    (batch,),
+                )
+                count: int = cur.rowcount
+                deleted += count
+                if count < batch:
+                    break
+        if deleted:
+            log.info("retired vectors deleted", extra={"vectors": deleted})
+        return deleted
 
     def set_progress(
         self, generation_id: int, progress: dict[str, Any], *, if_pending: bool = False
@@ -384,13 +426,8 @@ def _raise_fence(conn: psycopg.Connection[Any], fence: Fence) -> None:
 
 
 def _retire(conn: psycopg.Connection[Any], generation_id: int) -> None:
-    """Retire a generation for good: its vectors and approximate indexes go with it."""
-    for (name,) in conn.execute(
-        "DELETE FROM engram_vector_indexes WHERE generation_id = %s RETURNING index_name",
-        (generation_id,),
-    ).fetchall():
-        conn.execute(f'DROP INDEX IF EXISTS "{name}"')
-    conn.execute("DELETE FROM engram_vectors WHERE generation_id = %s", (generation_id,))
+    """Retire a generation for good. Its vectors and approximate indexes are no longer
+    read from now on; ``purge_retired`` deletes them once the transaction is over."""
     conn.execute(
         "UPDATE engram_generations SET status = 'retired', retired_at = now() WHERE id = %s",
         (generation_id,),

@@ -7,6 +7,7 @@ import contextlib
 import time
 
 import psycopg
+import pytest
 import redis
 
 from jobs import listing, schedule
@@ -25,6 +26,13 @@ def indexes(dsn: str) -> list[tuple[str, str]]:
         ).fetchall()
 
 
+def enqueue_upkeep(client: redis.Redis) -> dict[str, str]:
+    """The upkeep schedules' jobs, enqueued as the jobs worker's ticker does; by name."""
+    upkeep = schedule.upkeep_schedules()
+    ids = schedule.enqueue_due(client, upkeep, time.time())
+    return dict(zip([s.name for s in upkeep], ids, strict=True))
+
+
 def test_a_scope_that_grew_large_gets_its_index_on_schedule(
     fresh_store: Store, fresh_dsn: str, redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -38,7 +46,7 @@ def test_a_scope_that_grew_large_gets_its_index_on_schedule(
     before = fresh_store.session({"user_id": "grown"}, embedder=embedder).recall(texts[7])
     assert indexes(fresh_dsn) == []
 
-    [job_id] = schedule.enqueue_due(redis_client, schedule.upkeep_schedules(), time.time())
+    job_id = enqueue_upkeep(redis_client)["index-large-scopes"]
     run_burst(context(fresh_store, redis_url), redis_url)
 
     job = listing.get_job(redis_client, job_id)
@@ -68,3 +76,25 @@ def test_building_indexes_hands_its_connection_back_as_it_found_it(fresh_store: 
         conns = [held.enter_context(fresh_store.pool.connection()) for _ in range(4)]
         assert all(conn.autocommit for conn in conns)
         conns[0].execute("VACUUM engram_records")
+
+
+def test_what_a_retired_generation_left_is_deleted_on_schedule(
+    fresh_store: Store,
+    fresh_dsn: str,
+    redis_url: str,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A switch deletes the old generation's vectors itself once writes are released;
+    if its process died first, the jobs worker's upkeep does."""
+    fresh_store.session({"user_id": "ada"}, embedder=HashingEmbedder(64)).remember("tea")
+    with monkeypatch.context() as crash:  # the process dies right after the switch
+        crash.setattr(type(fresh_store.embeddings), "purge_retired", lambda self: 0)
+        assert fresh_store.embeddings.reembed(HashingEmbedder(16)).activated
+    job_id = enqueue_upkeep(redis_client)["purge-retired-vectors"]
+    run_burst(context(fresh_store, redis_url), redis_url)
+    job = listing.get_job(redis_client, job_id)
+    assert job is not None and job.status == "finished" and job.result == 1
+    with psycopg.connect(fresh_dsn) as conn:
+        left = conn.execute("SELECT generation_id, count(*) FROM engram_vectors GROUP BY 1")
+        assert left.fetchall() == [(2, 1)]

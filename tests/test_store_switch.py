@@ -160,3 +160,70 @@ def test_a_stale_fence_stores_no_vector(fresh_store: Store) -> None:
     assert fresh_store.embeddings.put(gen.id, [item], fence=Fence("reembed", 5)) == 1
     with pytest.raises(FencedError):
         fresh_store.embeddings.put(gen.id, [item], fence=Fence("reembed", 4))
+
+
+def vectors_of(dsn: str, generation_id: int) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM engram_vectors WHERE generation_id = %s", (generation_id,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_writes_and_recall_go_on_while_the_old_generations_vectors_are_deleted(
+    fresh_store: Store, fresh_dsn: str
+) -> None:
+    """Deleting the old generation's vectors takes as long as the store is large: the
+    switch releases writes first. Here a row lock stalls that deletion until the end."""
+    for i in range(20):
+        remember(fresh_store, f"Ada note {i}.", OLD)
+    old = fresh_store.embeddings.active()
+    assert old is not None
+    with psycopg.connect(fresh_dsn) as blocker:
+        blocker.execute(
+            "SELECT 1 FROM engram_vectors WHERE generation_id = %s LIMIT 1 FOR UPDATE",
+            (old.id,),
+        )
+        results: list[Any] = []
+        job = threading.Thread(target=lambda: results.append(fresh_store.embeddings.reembed(NEW)))
+        job.start()
+        deadline = time.monotonic() + 20
+        while (active := fresh_store.embeddings.active()) is None or active.id == old.id:
+            assert time.monotonic() < deadline, "the switch waited for the deletion"
+            time.sleep(0.05)
+        written = remember(fresh_store, "Ada prefers coffee.", NEW)
+        hits = fresh_store.session(ADA, embedder=NEW).recall("coffee")
+        assert written.records[0].id in [h.record.id for h in hits]
+        assert job.is_alive() and vectors_of(fresh_dsn, old.id) == 20  # still deleting
+        blocker.rollback()
+    job.join(timeout=30)
+    assert results and results[0].activated
+    assert vectors_of(fresh_dsn, old.id) == 0
+
+
+def test_what_a_crash_left_of_a_retired_generation_is_deleted_by_the_next_purge(
+    fresh_store: Store, fresh_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(5):
+        remember(fresh_store, f"Ada note {i}.", OLD)
+    old = fresh_store.embeddings.active()
+    assert old is not None and fresh_store.embeddings.index_large_scopes(threshold=1)
+    with monkeypatch.context() as crash:  # the process dies right after the switch
+        crash.setattr(type(fresh_store.embeddings), "purge_retired", lambda self: 0)
+        assert fresh_store.embeddings.reembed(NEW).activated
+    assert vectors_of(fresh_dsn, old.id) == 5
+    hits = fresh_store.session(ADA, embedder=NEW).recall("Ada note 3")
+    assert hits[0].record.text == "Ada note 3."  # the new generation's, not the old's
+
+    assert fresh_store.embeddings.purge_retired(batch=2) == 5
+    assert vectors_of(fresh_dsn, old.id) == 0
+    with psycopg.connect(fresh_dsn) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM engram_vector_indexes WHERE generation_id = %s", (old.id,)
+        ).fetchone()
+        assert left == (0,)
+        assert not conn.execute(
+            "SELECT 1 FROM pg_indexes WHERE tablename = 'engram_vectors' AND indexdef LIKE %s",
+            (f"%generation_id = {old.id})%",),
+        ).fetchall()
