@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from store import EmbeddingMismatchError, HashingEmbedder, Operation, Store, WriteResult
-from store.embeddings import VectorItem
+from store.embeddings import _MISSING, VectorItem, _compare_all
 from store.errors import EmbedderUnavailableError
 from store.registry import EmbedderRegistry
 
@@ -227,3 +227,34 @@ def test_what_a_crash_left_of_a_retired_generation_is_deleted_by_the_next_purge(
             "SELECT 1 FROM pg_indexes WHERE tablename = 'engram_vectors' AND indexdef LIKE %s",
             (f"%generation_id = {old.id})%",),
         ).fetchall()
+
+
+def test_the_gap_checks_stay_linear_when_the_statistics_predate_the_pass(
+    fresh_store: Store,
+) -> None:
+    """Statistics taken before a pass say the new generation holds no vector: planned
+    from them, the check that every current revision has a vector compared all pairs in
+    a nested loop, quadratic in the store (a switch held writes off for 8 minutes at
+    100,000 records). The store runs its whole-store comparisons without nested loops."""
+    for i in range(0, 3000, 500):
+        fresh_store.execute(
+            [Operation.build("remember", ADA, {"text": f"note {n}"}) for n in range(i, i + 500)],
+            OLD,
+        )
+    with fresh_store.pool.connection() as conn:
+        conn.execute("VACUUM ANALYZE")
+    gen = fresh_store.embeddings.begin(NEW.model_id, NEW.dims)
+    while batch := fresh_store.embeddings.pending(gen.id, 500):
+        vectors = NEW.embed([item.text for item in batch])
+        items = zip(batch, vectors, strict=True)
+        fresh_store.embeddings.put(
+            gen.id, [VectorItem(i.record_id, i.revision, i.digest, v) for i, v in items]
+        )
+    check = f"EXPLAIN SELECT EXISTS (SELECT 1 {_MISSING})"
+    with fresh_store.pool.connection() as conn:
+        planned_alone = "\n".join(r[0] for r in conn.execute(check, {"g": gen.id}))
+        planned_by_store = "\n".join(r[0] for r in _compare_all(conn, check, {"g": gen.id}))
+    assert "Nested Loop Anti Join" in planned_alone  # the hazard is there
+    assert "Nested Loop" not in planned_by_store
+    assert fresh_store.embeddings.counts(gen.id) == (3000, 3000)
+    assert fresh_store.embeddings.switch(gen.id, NEW).activated
