@@ -21,6 +21,7 @@ from rq import Queue
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.registry import BaseRegistry
+from rq.results import Result
 
 from store import cursors
 from store.errors import InvalidRequestError, NotFoundError
@@ -132,7 +133,7 @@ def get(conn: redis.Redis, job_id: str) -> JobRow | None:
         job = Job.fetch(check_job_id(job_id), connection=conn)
     except NoSuchJobError:
         return None
-    return _row(job, job.origin, _state(job))
+    return _rows_of(conn, [job], job.origin, _state(job))[0]
 
 
 def retry(conn: redis.Redis, job_id: str) -> JobRow:
@@ -166,11 +167,38 @@ def _registry(queue: Queue, state: str) -> BaseRegistry:
 
 def _rows(conn: redis.Redis, ids: list[str], queue: str, state: str) -> list[JobRow]:
     jobs = Job.fetch_many(ids, connection=conn) if ids else []
-    return [_row(job, queue, state) for job in jobs if job is not None]
+    return _rows_of(conn, [job for job in jobs if job is not None], queue, state)
 
 
-def _row(job: Job, queue: str, state: str) -> JobRow:
-    traceback = _safely(lambda: job.exc_info)
+def _rows_of(conn: redis.Redis, jobs: list[Job], queue: str, state: str) -> list[JobRow]:
+    """The rows of these jobs, with each one's latest result read in one round trip for
+    all (RQ reads a job's result with a call of its own)."""
+    pipe = conn.pipeline(transaction=False)
+    for job in jobs:
+        pipe.xrevrange(Result.get_key(job.id), "+", "-", count=1)
+    return [
+        _row(job, queue, state, _traceback(conn, job, latest))
+        for job, latest in zip(jobs, pipe.execute() if jobs else [], strict=True)
+    ]
+
+
+def _traceback(conn: redis.Redis, job: Job, latest: list[Any]) -> str | None:
+    """The traceback of a job whose latest result (an entry of its results stream, as
+    ``Result.fetch_latest`` reads it) is a failure."""
+    if not latest:
+        return None
+    result_id, payload = latest[0]
+    result = _safely(
+        lambda: Result.restore(
+            job.id, _text(result_id), payload, connection=conn, serializer=job.serializer
+        )
+    )
+    if result is None or result.type != Result.Type.FAILED:
+        return None
+    return cast(str | None, result.exc_string)
+
+
+def _row(job: Job, queue: str, state: str, traceback: str | None) -> JobRow:
     return JobRow(
         id=job.id,
         queue=queue,
