@@ -15,6 +15,7 @@ all, then stops ``up`` by its pid (SIGINT, as Ctrl-C would).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
+
+from engram import procs
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -141,12 +144,9 @@ def main() -> None:
         last = sample(up.pid, home)
         elapsed = time.monotonic() - start
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.stop_process(psutil.Process(up.pid), signal.SIGINT, 120)
+        up.wait()
         shutil.rmtree(home, ignore_errors=True)
     _report(first, last, elapsed)
 

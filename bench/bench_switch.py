@@ -33,7 +33,7 @@ import psycopg
 
 from bench.common import discard, fresh_database, scratch_postgres, sentences
 from store import HashingEmbedder, Operation, Store
-from store.embeddings import _MISSING, VectorItem
+from store.embeddings import _MISSING
 
 OLD = HashingEmbedder(64)
 MODELS = [HashingEmbedder(d) for d in (32, 48, 16, 24, 40)]
@@ -55,15 +55,9 @@ def load(store: Store, n: int) -> list[str]:
 
 
 def fill(store: Store, model: HashingEmbedder) -> int:
+    """A pending generation of ``model``, filled in batches of 1,000; its id."""
     generation = store.embeddings.begin(model.model_id, model.dims)
-    after = None
-    while batch := store.embeddings.pending(generation.id, 1000, after):
-        after = batch[-1].record_id
-        vectors = model.embed([item.text for item in batch])
-        items = zip(batch, vectors, strict=True)
-        store.embeddings.put(
-            generation.id, [VectorItem(i.record_id, i.revision, i.digest, v) for i, v in items]
-        )
+    store.embeddings.fill(generation.id, model, 1000)
     return generation.id
 
 

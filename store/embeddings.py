@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -269,6 +270,34 @@ class Embeddings:
             )
             return bool(cur.rowcount == 1)
 
+    def fill(
+        self,
+        generation_id: int,
+        embedder: Embedder,
+        batch_size: int = REEMBED_BATCH_SIZE,
+        *,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> tuple[int, int]:
+        """One pass over the current revisions without a vector in a pending generation,
+        embedded and stored in batches of ``batch_size``; (stored, skipped: the records
+        that moved meanwhile). ``on_batch`` is told both counts so far after each batch."""
+        stored_all = skipped_all = 0
+        after: str | None = None
+        while batch := self.pending(generation_id, batch_size, after):
+            after = batch[-1].record_id
+            vectors = embed_checked(embedder, [item.text for item in batch])
+            stored = self.put(
+                generation_id,
+                [
+                    VectorItem(i.record_id, i.revision, i.digest, v)
+                    for i, v in zip(batch, vectors, strict=True)
+                ],
+            )
+            stored_all, skipped_all = stored_all + stored, skipped_all + len(batch) - stored
+            if on_batch is not None:
+                on_batch(stored_all, skipped_all)
+        return stored_all, skipped_all
+
     def reembed(
         self,
         embedder: Embedder,
@@ -280,23 +309,11 @@ class Embeddings:
         generation = self.begin(embedder.model_id, embedder.dims)
         embedded = skipped = 0
         for pass_number in range(1, REEMBED_MAX_PASSES + 1):
-            after: str | None = None
-            while batch := self.pending(generation.id, batch_size, after):
-                after = batch[-1].record_id
-                vectors = embed_checked(embedder, [item.text for item in batch])
-                stored = self.put(
-                    generation.id,
-                    [
-                        VectorItem(i.record_id, i.revision, i.digest, v)
-                        for i, v in zip(batch, vectors, strict=True)
-                    ],
-                )
-                embedded += stored
-                skipped += len(batch) - stored
-                progress = {"pass": pass_number, "embedded": embedded, "skipped": skipped}
-                self.set_progress(generation.id, progress)
-                if on_progress is not None:
-                    on_progress(progress)
+            report = partial(
+                self._report, generation.id, on_progress, pass_number, embedded, skipped
+            )
+            stored, moved = self.fill(generation.id, embedder, batch_size, on_batch=report)
+            embedded, skipped = embedded + stored, skipped + moved
             switched = self.switch(generation.id, embedder, max_missing=batch_size)
             embedded += switched.embedded
             if switched.activated:
@@ -306,6 +323,26 @@ class Embeddings:
             if current is None or current.status != "pending":
                 break  # retired by a newer begin: this job is over
         return ReembedResult(generation.id, embedded, skipped, activated=False)
+
+    def _report(
+        self,
+        generation_id: int,
+        on_progress: Callable[[dict[str, Any]], None] | None,
+        pass_number: int,
+        embedded_before: int,
+        skipped_before: int,
+        stored: int,
+        moved: int,
+    ) -> None:
+        """Progress of ``reembed``: this pass's counts so far, on top of earlier passes'."""
+        progress = {
+            "pass": pass_number,
+            "embedded": embedded_before + stored,
+            "skipped": skipped_before + moved,
+        }
+        self.set_progress(generation_id, progress)
+        if on_progress is not None:
+            on_progress(progress)
 
     def index_large_scopes(self, threshold: int = LARGE_SCOPE_VECTORS) -> list[str]:
         """Give every scope with ``threshold`` or more vectors in the active generation its

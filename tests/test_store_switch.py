@@ -244,12 +244,7 @@ def test_the_gap_checks_stay_linear_when_the_statistics_predate_the_pass(
     with fresh_store.pool.connection() as conn:
         conn.execute("VACUUM ANALYZE")
     gen = fresh_store.embeddings.begin(NEW.model_id, NEW.dims)
-    while batch := fresh_store.embeddings.pending(gen.id, 500):
-        vectors = NEW.embed([item.text for item in batch])
-        items = zip(batch, vectors, strict=True)
-        fresh_store.embeddings.put(
-            gen.id, [VectorItem(i.record_id, i.revision, i.digest, v) for i, v in items]
-        )
+    assert fresh_store.embeddings.fill(gen.id, NEW, 500) == (3000, 0)
     check = f"EXPLAIN SELECT EXISTS (SELECT 1 {_MISSING})"
     with fresh_store.pool.connection() as conn:
         planned_alone = "\n".join(r[0] for r in conn.execute(check, {"g": gen.id}))
