@@ -95,21 +95,25 @@ def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
         client.close()
 
 
+_NAME_IT = " (name it to prune it anyway)"
+
+
 def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
     from .cli import _connect_store
 
-    what = [prune.check(name) for name in args.what] or list(prune.WHAT)
+    named = [prune.check(name) for name in args.what]
     older_than_s = parse_duration(args.older_than, "--older-than") if args.older_than else None
     client = runtime.connect_redis(runtime.redis_url(settings))
     try:
         if args.enqueue:
-            for name in what:
+            targets = named or prune.enabled(JobsSettings.from_env().retention)
+            for name in targets:
                 print(f"prune {name}: job {prune.enqueue(client, name, older_than_s=older_than_s)}")
             return 0
         store = _connect_store(runtime.database_url(settings), 2)
         try:
             report = prune.run(
-                store, client, JobsSettings.from_env().retention, what, older_than_s=older_than_s
+                store, client, JobsSettings.from_env().retention, named, older_than_s=older_than_s
             )
         finally:
             store.close()
@@ -117,7 +121,7 @@ def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
         client.close()
     for item in report:
         if item.older_than is None:
-            print(f"{item.what}: retention off, nothing pruned")
+            print(f"{item.what}: retention off, nothing pruned" + ("" if named else _NAME_IT))
         else:
             print(f"{item.what}: {item.removed} removed (older than {item.older_than.isoformat()})")
     return 0
@@ -142,7 +146,9 @@ def register(sub: Any) -> None:
     re.add_argument("--detach", action="store_true", help="print the job id, do not follow it")
     re.set_defaults(run=cmd_reembed)
     pr = sub.add_parser("prune", help="remove history, receipts or dead letters past retention")
-    pr.add_argument("what", nargs="*", help=f"{', '.join(prune.WHAT)} (default: all three)")
+    pr.add_argument(
+        "what", nargs="*", help=f"{', '.join(prune.WHAT)} (default: each whose retention is on)"
+    )
     pr.add_argument(
         "--older-than", default=None, help="e.g. 30d, 12h (default: the configured windows)"
     )

@@ -60,6 +60,11 @@ def window_s(retention: Retention, what: str) -> float | None:
     }[what]
 
 
+def enabled(retention: Retention) -> list[str]:
+    """What a prune with no target prunes: each whose retention window is on."""
+    return [name for name in WHAT if window_s(retention, name) is not None]
+
+
 def check(what: str) -> str:
     if what not in WHAT:
         raise InvalidRequestError(f"prune one of {', '.join(WHAT)}, not {what!r}")
@@ -70,15 +75,21 @@ def run(
     store: Store,
     client: redis.Redis,
     retention: Retention,
-    what: Sequence[str] = WHAT,
+    what: Sequence[str] | None = None,
     *,
     older_than_s: float | None = None,
 ) -> list[Pruned]:
-    """Prune each of ``what`` now, older than its retention window (or ``older_than_s``
-    for all of them); a window that is off prunes nothing."""
+    """Prune each of ``what`` now, older than its retention window, or than
+    ``older_than_s`` instead.
+
+    ``what`` left out means all three, but then a window that is off stays off,
+    ``older_than_s`` or not: receipts are the store's dedupe memory, and pruning
+    them is something to ask for by name."""
     report = []
-    for name in what:
-        window = older_than_s if older_than_s is not None else window_s(retention, check(name))
+    for name in what or WHAT:
+        window = window_s(retention, check(name))
+        if older_than_s is not None and (window is not None or what):
+            window = older_than_s
         if window is None:
             report.append(Pruned(name, 0, None))
             continue

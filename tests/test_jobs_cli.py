@@ -91,6 +91,25 @@ def test_prune_reports_counts_per_kind(
 
 
 @pytest.mark.usefixtures("env")
+def test_a_prune_with_no_target_keeps_receipts_while_their_retention_is_off(
+    fresh_store: Store, fresh_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mem = fresh_store.session({"user_id": "bob"}, embedder=HashingEmbedder(64))
+    mem.remember("Bob likes jazz.", operation_id="signup:bob")
+    with psycopg.connect(fresh_dsn) as conn:
+        conn.execute(
+            "UPDATE engram_receipts SET committed_at = committed_at - %s", (timedelta(days=40),)
+        )
+    assert main(["prune", "--older-than", "30d"]) == 0
+    out = capsys.readouterr().out
+    assert "receipts: retention off, nothing pruned (name it to prune it anyway)" in out
+    # The receipt is still the dedupe memory: the same operation replays.
+    assert mem.remember("Bob likes jazz.", operation_id="signup:bob").replayed
+    assert main(["prune", "--older-than", "30d", "--enqueue"]) == 0
+    assert "prune receipts" not in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("env")
 def test_jobs_health_says_whether_a_jobs_worker_lives_here(
     fresh_store: Store, fresh_dsn: str, redis_url: str, jobs_processes: Callable[..., JobsProcess]
 ) -> None:
