@@ -10,6 +10,7 @@ them by name or by the model id a generation stores.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import threading
@@ -161,12 +162,11 @@ class WordLlamaEmbedder:
                 # (measured: 4 texts 0.51 ms of CPU in parallel, 0.11 ms in one
                 # thread; 128 texts 4.1 against 2.7 ms).
                 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-                import wordllama
-                from wordllama import WordLlama
+                wordllama = _import_wordllama()
 
                 # load() looks for its tokenizer in the wrong folder and then tries
                 # the network; the weights and tokenizer are inside the package.
-                cls._model = WordLlama.load(
+                cls._model = wordllama.WordLlama.load(
                     cache_dir=Path(wordllama.__file__).parent, disable_download=True
                 )
             return cls._model
@@ -180,6 +180,21 @@ class WordLlamaEmbedder:
         model = self._load()
         vectors = model.embed(list(texts), norm=True)
         return np.asarray(vectors, dtype=np.float32)[:, : self._dims]
+
+
+def _import_wordllama() -> Any:
+    """``import wordllama``, which calls ``logging.basicConfig(level=INFO)`` at
+    import: that would configure the root logger of whoever embeds (a
+    producer's own program included). A handler of ours on the root logger for
+    the import makes that call a no-op."""
+    root = logging.getLogger()
+    guard = logging.NullHandler()
+    root.addHandler(guard)
+    try:
+        import wordllama
+    finally:
+        root.removeHandler(guard)
+    return wordllama
 
 
 def default_embedder() -> Embedder:

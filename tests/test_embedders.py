@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -19,6 +22,22 @@ def test_wordllama_loads_offline_from_its_wheel_and_is_semantic() -> None:
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
     sims = vectors @ vectors.T
     assert sims[0, 1] > sims[0, 2] + 0.2
+
+
+def test_loading_the_default_embedder_leaves_the_callers_logging_alone() -> None:
+    # In a fresh interpreter: wordllama calls logging.basicConfig(level=INFO) when
+    # first imported, which would print every INFO line of the caller's program.
+    program = (
+        "import logging\n"
+        "from store import WordLlamaEmbedder\n"
+        "WordLlamaEmbedder().load()\n"
+        "root = logging.getLogger()\n"
+        "print(len(root.handlers), logging.getLevelName(root.level))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.split() == ["0", "WARNING"]
 
 
 def test_hashing_embedder_is_deterministic_and_word_based() -> None:
