@@ -3,7 +3,8 @@
 Every queue of ``keys.QUEUES`` and its registries (queued, started, scheduled
 for later or for a retry, finished, failed, canceled), newest first. A job's
 arguments are ids and numbers; its error is the content-free message the job
-raised (``errors.content_free``).
+raised (``errors.content_free``). A job whose data is not JSON is listed with
+kind and status ``unreadable`` (``queues.read_many``: never unpickled).
 """
 
 from __future__ import annotations
@@ -63,17 +64,9 @@ def list_jobs(
         for status, registry in _registries(queue):
             if wanted is None or status in wanted:
                 ids += registry.get_job_ids()
-    jobs = [
-        j
-        for j in Job.fetch_many(
-            list(dict.fromkeys(ids)), connection=client, serializer=queues.SERIALIZER
-        )
-        if j
-    ]
-    infos = [info(job) for job in jobs]
-    infos.sort(
-        key=lambda i: (i.enqueued_at or i.created_at or datetime.min).timestamp(), reverse=True
-    )
+    found = queues.read_many(client, list(dict.fromkeys(ids)))
+    infos = [info(job) if isinstance(job, Job) else unreadable(job) for job in found if job]
+    infos.sort(key=_newest_first, reverse=True)
     return infos[:limit]
 
 
@@ -94,8 +87,29 @@ def requeue(client: redis.Redis, job_id: str) -> bool:
     return True
 
 
+def unreadable(job: queues.UnreadableJob) -> JobInfo:
+    return JobInfo(
+        id=job.id,
+        kind="unreadable",
+        queue=job.origin,
+        status="unreadable",
+        description="unreadable",
+        args=[],
+        created_at=None,
+        enqueued_at=None,
+        started_at=None,
+        ended_at=None,
+        retries_left=None,
+        error=None,
+        result=None,
+    )
+
+
 def info(job: Job) -> JobInfo:
-    result = job.latest_result()
+    try:
+        result = job.latest_result()
+    except Exception:  # a result this side cannot read (JSON only) is no result
+        result = None
     error = None
     if result is not None and result.exc_string:
         lines = [line for line in result.exc_string.strip().splitlines() if line.strip()]
@@ -117,6 +131,11 @@ def info(job: Job) -> JobInfo:
         if result is not None and result.type == result.Type.SUCCESSFUL
         else None,
     )
+
+
+def _newest_first(job: JobInfo) -> float:
+    when = job.enqueued_at or job.created_at
+    return when.timestamp() if when is not None else 0.0  # an unreadable job: last
 
 
 def _status(job: Job) -> str:

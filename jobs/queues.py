@@ -2,11 +2,17 @@
 
 Job data is JSON (RQ's ``JSONSerializer``), so anyone can read a job's
 arguments, and they are ids and numbers only: a job never needs redaction.
+
+Every read of a job goes through here, with ``SERIALIZER``: RQ's default is
+pickle, and unpickling what anyone who can write one Redis key put there runs
+their code. A job this side cannot read (not JSON, garbled, planted) is an
+``UnreadableJob``: shown as such, never run, and it stops no list.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -55,11 +61,51 @@ def enqueue(
     return q.enqueue(func, *args, **options)
 
 
+@dataclass(frozen=True, slots=True)
+class UnreadableJob:
+    """A job whose hash is there but does not read as one of engram's (JSON) jobs."""
+
+    id: str
+    origin: str  # the queue its hash names, or "" (it is untrusted text either way)
+    status: str  # what its hash says, or "unknown"
+
+
 def fetch(client: redis.Redis, job_id: str) -> Job | None:
-    try:
-        return Job.fetch(job_id, connection=client, serializer=SERIALIZER)
-    except Exception:  # rq.exceptions.NoSuchJobError, or data it cannot read
+    found = read(client, job_id)
+    return found if isinstance(found, Job) else None
+
+
+def read(client: redis.Redis, job_id: str) -> Job | UnreadableJob | None:
+    """A job, or ``UnreadableJob``, or None when there is no such job."""
+    return read_many(client, [job_id])[0]
+
+
+def read_many(client: redis.Redis, job_ids: Sequence[str]) -> list[Job | UnreadableJob | None]:
+    """``Job.fetch_many`` that never unpickles and never raises on one job's data."""
+    pipe = client.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hgetall(Job.key_for(job_id))
+    found = pipe.execute() if job_ids else []
+    return [_restore(client, job_id, raw) for job_id, raw in zip(job_ids, found, strict=True)]
+
+
+def _restore(client: redis.Redis, job_id: str, raw: dict[Any, Any]) -> Job | UnreadableJob | None:
+    if not raw:
         return None
+    job = Job(job_id, connection=client, serializer=SERIALIZER)
+    try:
+        job.restore(raw)
+        job.func_name  # noqa: B018 -- reads the call (JSON) now, so a bad one is caught here
+    except Exception:  # RQ raises whatever its parsers raise on garbage
+        return UnreadableJob(job_id, _field(raw, "origin"), _field(raw, "status") or "unknown")
+    return job
+
+
+def _field(raw: dict[Any, Any], name: str) -> str:
+    value = raw.get(name.encode(), raw.get(name))
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")[:128]
+    return str(value)[:128] if value is not None else ""
 
 
 def status(client: redis.Redis, job_id: str) -> JobStatus | None:

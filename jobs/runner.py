@@ -117,6 +117,7 @@ class _Ticker:
             connection=ctx.client,
             interval=1,
             logging_level=logging.getLogger().getEffectiveLevel(),
+            serializer=queues.SERIALIZER,  # RQ's default unpickles the scheduled jobs
         )
         self.schedules = (
             schedule.retention_schedules(ctx.settings.retention) + schedule.upkeep_schedules()

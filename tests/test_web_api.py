@@ -10,6 +10,7 @@ from rq import Queue, SimpleWorker
 from starlette.testclient import TestClient
 
 from jobs.keys import MAINTENANCE_QUEUE
+from jobs.queues import SERIALIZER
 from tests.redis_fixtures import wait_until
 from tests.web_fixtures import BASE_URL, Web, make_app
 from worker import keys
@@ -180,11 +181,11 @@ def test_generations_and_starting_a_reembed(web: Web, store: Any, redis_client: 
 
 
 def test_jobs_on_rq_with_their_errors_and_a_retry(web: Web) -> None:
-    queue = Queue(MAINTENANCE_QUEUE, connection=web.redis)
+    queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
     failing = queue.enqueue("tests.rq_jobs.fails", "mem_42")
     done = queue.enqueue("tests.rq_jobs.succeeds", "mem_43")
     waiting = queue.enqueue("tests.rq_jobs.succeeds", "mem_44")
-    SimpleWorker([queue], connection=web.redis).work(burst=True, max_jobs=2)
+    SimpleWorker([queue], connection=web.redis, serializer=SERIALIZER).work(burst=True, max_jobs=2)
     listing = web.client.get(f"/api/v1/jobs?queue={MAINTENANCE_QUEUE}&state=failed").json()
     [counts] = [q for q in listing["queues"] if q["name"] == MAINTENANCE_QUEUE]
     assert counts["counts"] | {} == {**counts["counts"], "failed": 1, "finished": 1, "queued": 1}

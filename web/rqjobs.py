@@ -5,6 +5,9 @@ queue is a sorted set (RQ's registries) read by keyset on (score, job id),
 newest first; the queued jobs are a list, shown from its head. Reads never
 run RQ's registry clean-up (it writes): a started job whose worker died shows
 as started until an RQ worker cleans it up.
+
+Jobs are read with ``jobs.queues`` (JSON, never pickle): a job whose data does
+not read as JSON shows as "unreadable" and is not retried.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from rq.job import Job
 from rq.registry import BaseRegistry
 from rq.results import Result
 
+from jobs import queues as rq_queues
+from jobs.queues import UnreadableJob
 from store import cursors
 from store.errors import InvalidRequestError, NotFoundError
 from store.paging import Page, check_limit
 
+UNREADABLE = "unreadable"
 JOB_STATES = ("queued", "started", "failed", "finished", "scheduled", "deferred", "canceled")
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # RQ's own pattern, bounded
 _QUEUE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -51,6 +57,7 @@ class JobRow:
     error: str | None  # the exception's last line, for a failed job
     traceback: str | None
     arguments: str  # what the job was called with (engram's jobs pass ids only)
+    readable: bool = True  # False: its data is not JSON; function and arguments "unreadable"
 
 
 def check_job_id(value: str) -> str:
@@ -68,7 +75,7 @@ def check_queue(value: str, queues: Sequence[str]) -> str:
 def summaries(conn: redis.Redis, queues: Sequence[str]) -> list[QueueSummary]:
     pipe = conn.pipeline(transaction=False)
     for name in queues:
-        queue = Queue(name, connection=conn)
+        queue = rq_queues.queue(conn, name)
         pipe.llen(queue.key)
         for state in JOB_STATES[1:]:
             pipe.zcard(_registry(queue, state).key)
@@ -90,7 +97,7 @@ def page(
     limit = check_limit(limit)
     if state not in JOB_STATES:
         raise InvalidRequestError(f"state must be one of {', '.join(JOB_STATES)}")
-    queue = Queue(queue_name, connection=conn)
+    queue = rq_queues.queue(conn, queue_name)
     if state == "queued":
         if cursor is not None:
             raise cursors.InvalidCursorError("queued jobs are shown from the queue's head only")
@@ -129,10 +136,11 @@ def page(
 
 
 def get(conn: redis.Redis, job_id: str) -> JobRow | None:
-    try:
-        job = Job.fetch(check_job_id(job_id), connection=conn)
-    except NoSuchJobError:
+    job = rq_queues.read(conn, check_job_id(job_id))
+    if job is None:
         return None
+    if isinstance(job, UnreadableJob):
+        return _unreadable(job, job.origin, job.status if job.status in JOB_STATES else "unknown")
     return _rows_of(conn, [job], job.origin, _state(job))[0]
 
 
@@ -141,9 +149,11 @@ def retry(conn: redis.Redis, job_id: str) -> JobRow:
     job = get(conn, job_id)
     if job is None:
         raise NotFoundError(f"no job {job_id}")
+    if not job.readable:
+        raise InvalidRequestError(f"job {job_id} is unreadable: it is not retried")
     if job.state != "failed":
         raise InvalidRequestError(f"job {job_id} is {job.state}: only a failed job is retried")
-    queue = Queue(job.queue, connection=conn)
+    queue = rq_queues.queue(conn, job.queue)
     try:
         queue.failed_job_registry.requeue(job_id)
     except (InvalidJobOperation, NoSuchJobError):
@@ -166,8 +176,13 @@ def _registry(queue: Queue, state: str) -> BaseRegistry:
 
 
 def _rows(conn: redis.Redis, ids: list[str], queue: str, state: str) -> list[JobRow]:
-    jobs = Job.fetch_many(ids, connection=conn) if ids else []
-    return _rows_of(conn, [job for job in jobs if job is not None], queue, state)
+    found = rq_queues.read_many(conn, ids)
+    readable = iter(_rows_of(conn, [j for j in found if isinstance(j, Job)], queue, state))
+    return [
+        next(readable) if isinstance(job, Job) else _unreadable(job, queue, state)
+        for job in found
+        if job is not None
+    ]
 
 
 def _rows_of(conn: redis.Redis, jobs: list[Job], queue: str, state: str) -> list[JobRow]:
@@ -211,6 +226,23 @@ def _row(job: Job, queue: str, state: str, traceback: str | None) -> JobRow:
         error=traceback.strip().splitlines()[-1][:300] if traceback else None,
         traceback=traceback,
         arguments=_safely(lambda: _call_text(job.args, job.kwargs)) or "?",
+    )
+
+
+def _unreadable(job: UnreadableJob, queue: str, state: str) -> JobRow:
+    return JobRow(
+        id=job.id,
+        queue=queue,
+        state=state,
+        function=UNREADABLE,
+        created_at=None,
+        enqueued_at=None,
+        started_at=None,
+        ended_at=None,
+        error=None,
+        traceback=None,
+        arguments=UNREADABLE,
+        readable=False,
     )
 
 

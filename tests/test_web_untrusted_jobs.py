@@ -1,0 +1,107 @@
+"""Job data in Redis is untrusted: the jobs pages, the jobs API and the jobs listing read
+it as JSON only. A planted pickle that would create a file when unpickled creates
+nothing, and its job shows as "unreadable"; engram's own jobs name their function."""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs import keys, listing, prune, queues
+from tests.web_fixtures import Web
+
+QUEUE = keys.MAINTENANCE_QUEUE
+
+
+class _Planted:
+    """Unpickling this opens (creates) ``path``: what an attacker's payload would run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.path), "w"))
+
+
+def _plant(web: Web, job_id: str, path: Path, *, compressed: bool, **fields: Any) -> None:
+    payload = pickle.dumps(_Planted(path))
+    data = zlib.compress(payload) if compressed else payload
+    web.redis.hset(
+        f"rq:job:{job_id}",
+        mapping={
+            "data": data,
+            "meta": payload,
+            "origin": QUEUE,
+            "description": job_id,
+            "created_at": "2024-01-01T00:00:00.000000Z",
+            **fields,
+        },
+    )
+
+
+@pytest.fixture
+def planted(web: Web, tmp_path: Path) -> Path:
+    """A failed job and a queued job whose data and meta are pickles, and one whose
+    hash is garbage; the file any unpickling would create."""
+    path = tmp_path / "pwned"
+    _plant(web, "planted-failed", path, compressed=True, status="failed")
+    web.redis.zadd(f"rq:failed:{QUEUE}", {"planted-failed": 9_999_999_999})
+    _plant(web, "planted-queued", path, compressed=False, status="queued")
+    web.redis.rpush(f"rq:queue:{QUEUE}", "planted-queued")
+    _plant(web, "planted-garbled", path, compressed=False, status="failed", created_at="\xff?")
+    web.redis.zadd(f"rq:failed:{QUEUE}", {"planted-garbled": 9_999_999_998})
+    return path
+
+
+def test_planted_pickles_are_never_unpickled_and_show_as_unreadable(
+    web: Web, planted: Path
+) -> None:
+    real = prune.enqueue(web.redis, "history")  # an engram job, JSON, never run here
+    pages = [
+        "/",
+        "/jobs",
+        f"/jobs?queue={QUEUE}&state=failed",
+        f"/jobs?queue={QUEUE}&state=queued",
+        "/jobs/planted-failed",
+        "/jobs/planted-queued",
+        "/jobs/planted-garbled",
+    ]
+    for path in pages:
+        response = web.client.get(path)
+        assert response.status_code == 200, (path, response.text[:300])
+        assert not planted.exists(), path
+    assert "unreadable" in web.client.get(f"/jobs?queue={QUEUE}&state=failed").text
+    assert "unreadable" in web.client.get("/jobs/planted-failed").text
+    queued = web.client.get(f"/jobs?queue={QUEUE}&state=queued").text
+    assert "unreadable" in queued and "jobs.prune.prune_job" in queued
+
+    failed = web.client.get(f"/api/v1/jobs?queue={QUEUE}&state=failed")
+    assert failed.status_code == 200
+    assert {(j["id"], j["function"], j["arguments"]) for j in failed.json()["items"]} == {
+        ("planted-failed", "unreadable", "unreadable"),
+        ("planted-garbled", "unreadable", "unreadable"),
+    }
+    items = web.client.get(f"/api/v1/jobs?queue={QUEUE}&state=queued").json()["items"]
+    assert {j["id"]: j["function"] for j in items} == {
+        "planted-queued": "unreadable",
+        real: "jobs.prune.prune_job",
+    }
+    assert web.client.get(f"/api/v1/jobs/{real}").json()["arguments"] == "'history', None"
+    one = web.client.get("/api/v1/jobs/planted-failed")
+    assert one.status_code == 200 and one.json()["function"] == "unreadable"
+
+    # Retrying one would hand it to a worker: refused, and it stays where it was.
+    retried = web.client.post("/api/v1/jobs/planted-failed/retry")
+    assert retried.status_code == 422 and "unreadable" in retried.json()["error"]["message"]
+    assert web.redis.zscore(f"rq:failed:{QUEUE}", "planted-failed") is not None
+
+    # The jobs' own listing (``engram jobs``) reads them the same way.
+    by_id = {j.id: j for j in listing.list_jobs(web.redis)}
+    assert by_id["planted-failed"].status == by_id["planted-queued"].status == "unreadable"
+    assert by_id[real].kind == "prune-history"
+    assert queues.fetch(web.redis, "planted-failed") is None
+    assert not planted.exists()
