@@ -12,9 +12,16 @@ import time
 import pytest
 import redis
 
-from store import Operation
 from store.errors import InvalidRequestError, NotFoundError, RevisionConflictError
-from worker import Producer, QueueFullError, QueueUnavailableError, StreamReceipt, WaitTimeout, keys
+from worker import (
+    Operation,
+    Producer,
+    QueueFullError,
+    QueueUnavailableError,
+    StreamReceipt,
+    WaitTimeout,
+    keys,
+)
 from worker.protocol import encode_reply, partition_of
 
 SCOPE = {"user_id": "ada"}

@@ -4,8 +4,11 @@
 >>> p = Producer.from_env()  # REDIS_URL, else the running ``engram up``'s
 >>> receipt = p.remember({"user_id": "ada"}, "Ada lives in London.").wait(timeout=5.0)
 
-Nothing here connects at import time.
+``Operation`` and ``Scope`` (the store's value types) are here too, for
+``Producer.enqueue_many``. Nothing here connects at import time.
 """
+
+from store import Operation, Scope
 
 from .errors import (
     DeadLetteredError,
@@ -37,12 +40,14 @@ __all__ = [
     "FencedError",
     "InvalidRequestError",
     "NotFoundError",
+    "Operation",
     "OperationConflictError",
     "Pending",
     "Producer",
     "QueueFullError",
     "QueueUnavailableError",
     "RevisionConflictError",
+    "Scope",
     "Settings",
     "StreamReceipt",
     "TimeoutError",
