@@ -65,6 +65,7 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
                 producer=producer,
                 embedder=query_embedder,
                 start_reembed=start_reembed,
+                embedders=registry,
             ),
         )
     finally:

@@ -14,6 +14,11 @@ embedder that produces them, so a process can follow the store to a model
 another process switched it to: the built-ins are recognised by their model
 ids, a configured name by asking its factory (once) what it produces.
 Creating an embedder loads no model; that happens on its first use.
+
+Only the command line and the configuration may name a ``package.module:factory``:
+a model asked for from outside (the dashboard, the API) must be a registered name
+(``check_registered``), or anyone who can reach a form could import any module
+and call any function in it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,15 @@ from .minilm import MODEL_ID as MINILM_MODEL_ID
 from .minilm import MiniLMEmbedder
 
 BUILTIN_NAMES = ("wordllama", "minilm", "hashing")
+# A registered name, with the DIMS the sized built-ins take: never a dotted path.
+_REGISTERED_SPEC = re.compile(r"([a-z][a-z0-9_-]{0,63})(?::([0-9]{1,6}))?")
+_SIZED = ("wordllama", "hashing")
+
+
+class UnregisteredModelError(InvalidRequestError):
+    """A model asked for from outside that is not one of the registry's names."""
+
+    code = "unregistered_model"
 
 # The model ids the built-ins produce, and the spec that makes each again.
 _BUILTIN_MODELS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], str]], ...] = (
@@ -63,6 +77,19 @@ class EmbedderRegistry:
 
     def names(self) -> list[str]:
         return [*BUILTIN_NAMES, *self.plugins]
+
+    def check_registered(self, spec: str) -> str:
+        """``spec`` if it is a registered name (``wordllama[:DIMS]``, ``minilm``,
+        ``hashing[:DIMS]``, a configured name), else ``UnregisteredModelError``. Pure:
+        imports nothing, calls nothing."""
+        match = _REGISTERED_SPEC.fullmatch(spec.strip()) if isinstance(spec, str) else None
+        name, dims = (match[1], match[2]) if match else ("", None)
+        if not match or name not in self.names() or (dims is not None and name not in _SIZED):
+            raise UnregisteredModelError(
+                f"model must be one of the registered embedders ({', '.join(self.names())};"
+                " wordllama and hashing take :DIMS), not a module path"
+            )
+        return spec.strip()
 
     def create(self, spec: str) -> Embedder:
         """A new embedder for ``spec`` (see the module's docstring); no model is loaded yet."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import redis
 
 from store import Embedder, Store
 from store.embedders import EmbedderResolver
+from store.registry import EmbedderRegistry
 from worker import Producer
 
 
@@ -30,3 +31,6 @@ class Services:
     embedder: Embedder | EmbedderResolver | None = None
     # None without the jobs: the reembed form and POST /api/v1/reembed say so.
     start_reembed: ReembedStarter | None = None
+    # The names a reembed may ask for from the web (never a module path); the
+    # composition root hands in the configured registry, else the built-ins.
+    embedders: EmbedderRegistry = field(default_factory=EmbedderRegistry)

@@ -41,6 +41,8 @@ def start(request: Request, model: object) -> str:
     The audit trail says who started it."""
     web = web_of(request)
     name = check_string(model, "model", max_chars=MAX_ID_CHARS)
+    # Before anything else: a module path would be imported and called by the starter.
+    name = web.services.embedders.check_registered(name)
     starter = web.services.start_reembed
     if starter is None:
         raise UnavailableError(
