@@ -9,6 +9,8 @@ counters (last id, entries added, largest deleted id), its consumer groups
 with their last delivered id and entries read, their consumers and their
 pending entries with owner, delivery time and delivery count. Pending
 entries that were deleted are dropped, as ``XAUTOCLAIM`` reports them anyway.
+A stream with no live entry is left as it is: it holds no node (the deletion of
+a node's last live entry frees it), so no deleted entry's bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ import redis
 _COMPACT = """
 local key = KEYS[1]
 if redis.call('EXISTS', key) == 0 then return -1 end
+-- No live entry, no node: the deletion of a node's last live entry frees it. And a
+-- stream that never had an entry (0-0) could not be made to exist again for its
+-- groups: an error after the DEL below would leave the key deleted, groups and all.
+if redis.call('XLEN', key) == 0 then return 0 end
 local function map(flat)
   local t = {}
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
@@ -32,12 +38,6 @@ for _, entry in ipairs(entries) do
   redis.call('XADD', key, entry[1], unpack(entry[2]))
 end
 local groups = info['groups']
-if #entries == 0 and #groups == 0 then return 0 end
-if #entries == 0 then
-  -- Make the key exist: a group needs its stream.
-  redis.call('XADD', key, info['last-generated-id'], 'placeholder', '')
-  redis.call('XDEL', key, info['last-generated-id'])
-end
 redis.call('XSETID', key, info['last-generated-id'],
            'ENTRIESADDED', info['entries-added'],
            'MAXDELETEDID', info['max-deleted-entry-id'])

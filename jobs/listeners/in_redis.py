@@ -10,9 +10,12 @@ Where Redis can hold the text of a record, and what this listener does there:
   redelivery of an operation that wrote it, or one sent after the forget) is
   committed on the worker's behalf (it can only be replayed or refused, and
   both answers hold no text), answered, acknowledged and deleted;
-- both streams are then rebuilt from their live entries (``streams.compact``):
-  a deleted entry's bytes otherwise stay in its node, and in every file valkey
-  writes of it;
+- then the dead-letter stream and every partition stream are rebuilt from
+  their live entries (``streams.compact``), whether or not this batch deleted
+  anything from them: ``XDEL`` leaves a deleted entry's bytes in its node, and in
+  every file valkey writes of it, and entries are deleted by more than this
+  listener (a dead letter retried or discarded, an entry a worker committed).
+  Compacting here, every time, catches every such history at once;
 - replies, job data and every other key engram writes hold ids and counts
   only, by construction: nothing to erase there;
 - finally the append-only file is rewritten, and the RDB file saved again if
@@ -61,7 +64,9 @@ class RedisListener:
             if forgotten.holds(fields.get(b"op"))
             or _text(fields.get(b"operation_id")) in forgotten.operation_ids
         ]
-        streams.delete(self.client, stream_keys.DEAD_LETTERS, letters)
+        if letters:
+            self.client.xdel(stream_keys.DEAD_LETTERS, *letters)
+        self._compact_all()
         if self.ctx.settings.redaction.purge_redis_files:
             persistence.purge(self.client, wait_s=self.ctx.settings.redaction.wait_s)
         log.info(
@@ -78,10 +83,18 @@ class RedisListener:
         ]
         for entry_id, fields in found:
             self._settle(partition, stream, entry_id, fields)
-        if found or self.client.xlen(stream):
-            # The record's entries were deleted when committed; a node they shared with
-            # entries still live keeps their bytes until the stream is rebuilt.
-            streams.compact(self.client, stream)
+
+    def _compact_all(self) -> None:
+        """Rebuild every stream engram writes operations into from its live entries.
+
+        Not only those this batch deleted from: a letter retried (moved back to its
+        partition, then dead-lettered again under a new id) or discarded, or an entry
+        a worker committed and deleted, left its bytes in a node shared with live
+        entries, where no id points at them any more. No history is assumed: each
+        stream is rebuilt (one script each; a missing key is left alone)."""
+        streams.compact(self.client, stream_keys.DEAD_LETTERS)
+        for partition in range(self.ctx.partitions):
+            streams.compact(self.client, stream_keys.stream(partition))
 
     def _settle(self, partition: int, stream: str, entry_id: str, fields: dict[Any, Any]) -> None:
         """Commit, answer, acknowledge and delete one entry of a forgotten record."""
