@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import pytest
 
-from store.answers import Event, ProposedFact, parse_events, parse_facts
+from store.answers import Event, ProposedFact, parse_events, parse_facts, unfence
 from store.errors import ModelOutputError
 
 
@@ -83,3 +85,72 @@ def test_malformed_events(answer: str, message: str) -> None:
 def test_malformed_facts(answer: str, message: str) -> None:
     with pytest.raises(ModelOutputError, match=message):
         parse_facts(answer, 1)
+
+
+# The regular expression the fence was read with until it was found to backtrack
+# cubically; kept here, on short answers, to show the string operations accept
+# what it accepted.
+_OLD_FENCE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n(.*)\n\s*```\s*$", re.DOTALL)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '```json\n{"memory": []}\n```',
+        '```\n{"memory": []}\n```',
+        '  \n```json  \r\n{"memory": []}\r\n  ```  \n',
+        '```json-5_x\n\n{"memory": []}\n\n```',
+        '```json\n{"memory": [{"event": "ADD", "text": "a ``` b"}]}\n```',
+        "```\n\n```",
+        "```\n```",
+        "``````",
+        '``` json\n{"memory": []}\n```',
+        '```json x\n{"memory": []}\n```',
+        '```json\n{"memory": []}\n````',
+        '```json\n{"memory": []}```',
+        '```json {"memory": []}\n```',
+        '{"memory": []}',
+        '```json\n{"memory": []}',
+        '```json\n{"memory": []}\n```\ntrailing',
+    ],
+)
+def test_a_fence_is_read_as_the_regular_expression_read_it(answer: str) -> None:
+    old = _OLD_FENCE.match(answer)
+    # the same text, but for blank lines at its ends (whitespace to JSON)
+    assert unfence(answer).strip() == (old.group(1) if old else answer).strip()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "```" + "\n" * 50_000 + "x",
+        " \n" * 50_000,
+        "```json\n" + " \n" * 50_000,
+        "```json\n" + " \n" * 50_000 + "x",
+        "```json\n" + "\n" * 50_000 + "``` x",
+        "```" + "a" * 50_000 + "\n" + " " * 50_000,
+    ],
+    ids=[
+        "newlines",
+        "blank-lines",
+        "fenced-blank-lines",
+        "fenced-blank-lines-x",
+        "two-fences",
+        "long-tag",
+    ],
+)
+def test_a_hostile_answer_is_refused_at_once(answer: str) -> None:
+    # The regular expression took 45 s on 4,000 newlines (cubic): 50,000 would be days.
+    started = time.monotonic()
+    with pytest.raises(ModelOutputError, match="not JSON"):
+        parse_events(answer, 2)
+    with pytest.raises(ModelOutputError, match="not JSON"):
+        parse_facts(answer, 2)
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_large_fenced_answer_is_read_at_once() -> None:
+    answer = "```json\n" + " \n" * 50_000 + '{"memory": []}' + " \n" * 50_000 + "```"
+    started = time.monotonic()
+    assert parse_events(answer, 2) == []
+    assert time.monotonic() - started < 1.0
