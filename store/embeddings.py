@@ -411,6 +411,7 @@ def _put(
                     f"not {vector.shape[0] if vector.ndim == 1 else vector.shape}"
                 )
             vectors.append(vector)
+        _hold_scopes(conn, [i.record_id for i in items])
         cur = conn.execute(
             """
             INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,
@@ -438,6 +439,23 @@ def _put(
         )
         stored: int = cur.rowcount
         return stored
+
+
+def _hold_scopes(conn: psycopg.Connection[Any], record_ids: Sequence[str]) -> None:
+    """Lock the scopes of these records FOR SHARE, in key order, until the transaction ends.
+
+    Every write transaction locks its scopes' rows first (in key order too), so this
+    waits for a forget of these records in flight, and a forget that starts later waits
+    for this transaction. Without it, an insert whose snapshot still saw a record being
+    forgotten stored its vector after the forget's delete of the record's vectors had
+    run: a vector of a forgotten record, in no one's sight. The insert that follows is
+    a statement of its own, so its snapshot sees every forget committed before."""
+    conn.execute(
+        "SELECT s.id FROM engram_scopes s WHERE s.id IN"
+        " (SELECT r.scope_id FROM engram_records r WHERE r.id = ANY(%s))"
+        " ORDER BY s.key FOR SHARE OF s",
+        (list(record_ids),),
+    )
 
 
 def _activate(conn: psycopg.Connection[Any], generation_id: int) -> bool:

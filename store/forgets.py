@@ -9,6 +9,7 @@ dead row versions a forget leaves behind in the tables it deleted from.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -18,6 +19,8 @@ from typing import Any
 from .model import Redaction
 from .rows import scope_from_key
 from .session import ForgetEvent
+
+log = logging.getLogger(__name__)
 
 # The tables a forget deletes from or rewrites (apply._delete_replaced): their
 # old row versions hold the text until VACUUM removes them.
@@ -79,13 +82,17 @@ def set_redaction(pool: Any, operation_ids: Sequence[str], status: Redaction) ->
     return count
 
 
-def vacuum(pool: Any, *, wait_s: float = 60.0) -> datetime:
+def vacuum(pool: Any, *, wait_s: float = 60.0, record_ids: Sequence[str] = ()) -> datetime:
     """VACUUM the tables a forget touches, indexes included, to remove the row versions
     of every forget committed before the call; returns when the VACUUM began.
 
     VACUUM keeps the row versions an open snapshot may still read, so it first waits
     until no transaction that began before the call is still open (``TimeoutError``
-    after ``wait_s``). Then the forgets' deleted row versions are gone from the heap
+    after ``wait_s``). Then the vectors still stored for any of ``record_ids`` that is
+    forgotten (tombstoned) are deleted: a writer whose snapshot predated the forget
+    could have stored one (``embeddings._put`` holds the scopes against that; this is
+    the second line), and once those transactions are over no new one can read the
+    record to store one. Then the forgets' deleted row versions are gone from the heap
     and the indexes (``INDEX_CLEANUP ON``: never skipped for having few dead rows), and
     the full-text index's pending list is merged, and the tables' statistics are taken
     again from what is left (ANALYZE's samples may have held the text). What may
@@ -106,10 +113,28 @@ def vacuum(pool: Any, *, wait_s: float = 60.0) -> datetime:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{older[0]} transactions older than the forgets are still open")
             time.sleep(0.2)
+        strays = delete_stray_vectors(conn, record_ids)
+        if strays:
+            log.warning("vectors of forgotten records deleted", extra={"vectors": strays})
         # ANALYZE too: the planner's statistics keep sample values and words of the
         # tables (pg_statistic), which may be the forgotten text's.
         conn.execute(f"VACUUM (INDEX_CLEANUP ON, ANALYZE) {', '.join(FORGET_TABLES)}")
     return called
+
+
+def delete_stray_vectors(conn: Any, record_ids: Sequence[str]) -> int:
+    """Delete the vectors, in every generation, of those of ``record_ids`` that are
+    forgotten; how many. A forget deletes them itself: any found here were stored by a
+    transaction that raced it."""
+    if not record_ids:
+        return 0
+    cur = conn.execute(
+        "DELETE FROM engram_vectors x USING engram_forgotten f"
+        " WHERE f.record_id = ANY(%s) AND x.record_id = f.record_id",
+        (list(record_ids),),
+    )
+    count: int = cur.rowcount
+    return count
 
 
 # The full-text index: GIN keeps a word as a key of its entry tree once it was indexed,

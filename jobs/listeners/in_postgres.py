@@ -4,7 +4,9 @@ A forget deletes its record's rows and rewrites the receipts that held its
 text, in one transaction; the old row versions stay in the tables' pages (and
 their index entries in the indexes) until VACUUM removes them. This listener
 runs one VACUUM of the tables forgets touch for a whole batch of forgets
-(``store.forgets.vacuum``), once no transaction older than the batch is open;
+(``store.forgets.vacuum``), once no transaction older than the batch is open,
+after deleting any vector still stored for a forgotten record of the batch (one
+a re-embedding racing the forget could have stored, were its scopes not locked);
 then it rebuilds the full-text index, which keeps every word it ever indexed as
 a key (``store.forgets.reindex_text``; ``ENGRAM_REDACTION_REINDEX=off`` skips it).
 What neither erases (the freed space of a page until it is reused, the
@@ -35,7 +37,11 @@ class PostgresListener:
         if not events:
             return
         started = time.monotonic()
-        forgets.vacuum(self.ctx.store.pool, wait_s=self.ctx.settings.redaction.wait_s)
+        forgets.vacuum(
+            self.ctx.store.pool,
+            wait_s=self.ctx.settings.redaction.wait_s,
+            record_ids=sorted({e.record_id for e in events}),
+        )
         vacuumed = time.monotonic()
         if self.ctx.settings.redaction.reindex_text:
             forgets.reindex_text(self.ctx.store.pool)
