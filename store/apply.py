@@ -28,13 +28,24 @@ from .rows import REVISION_COLUMNS, record_from_row
 Pairs = Sequence[tuple[ScopeState, Plan]]
 
 
+# A stored receipt as the planner needs it, with the records it wrote or named (read
+# for repeats only: a batch of first deliveries finds no receipt).
+STORED_RECEIPTS = """
+SELECT c.operation_id, c.request_digest, c.error, c.redacted,
+       ARRAY(SELECT rr.record_id FROM engram_receipt_records rr
+             WHERE rr.operation_id = c.operation_id
+             UNION SELECT n.record_id FROM engram_receipt_named n
+             WHERE n.operation_id = c.operation_id)
+FROM engram_receipts c WHERE c.operation_id = ANY(%b::text[])
+"""
+
+
 def stored_receipts(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, StoredReceipt]:
-    rows = conn.execute(
-        "SELECT operation_id, request_digest, error FROM engram_receipts"
-        " WHERE operation_id = ANY(%b::text[])",
-        (op_ids,),
-    ).fetchall()
-    return {r[0]: StoredReceipt(r[0], r[1], r[2]) for r in rows}
+    return _stored(conn.execute(STORED_RECEIPTS, (op_ids,)).fetchall())
+
+
+def _stored(rows: Sequence[Sequence[Any]]) -> dict[str, StoredReceipt]:
+    return {r[0]: StoredReceipt(r[0], r[1], r[2], r[3], frozenset(r[4])) for r in rows}
 
 
 def referenced_ids(op: Operation, decision: Decision | None = None) -> list[str]:
@@ -108,9 +119,7 @@ class Loading:
             (every_id,),
         )
         self._receipts = conn.execute(
-            "SELECT operation_id, request_digest, error FROM engram_receipts"
-            " WHERE operation_id = ANY(%b::text[])",
-            ([op.operation_id for k in self.keys for op in groups[k]],),
+            STORED_RECEIPTS, ([op.operation_id for k in self.keys for op in groups[k]],)
         )
 
     def states(self) -> list[ScopeState]:
@@ -119,7 +128,7 @@ class Loading:
         forgotten = {r[0]: r[1] for r in self._forgotten.fetchall()}
         # One dict for the whole batch: an id committed by one scope's plan is seen
         # by the next (a repeat in another scope is a conflict).
-        receipts = {r[0]: StoredReceipt(r[0], r[1], r[2]) for r in self._receipts.fetchall()}
+        receipts = _stored(self._receipts.fetchall())
         states = []
         for key in self.keys:
             scope_id, revision = locked[key]
@@ -230,6 +239,7 @@ RECEIPT_RECORD_INSERT: Columns = (
     ("revision", "int4"),
     ("status", "text"),
 )
+RECEIPT_NAMED_INSERT: Columns = (("operation_id", "text"), ("record_id", "text"))
 TOMBSTONE_INSERT: Columns = (
     ("record_id", "text"),
     ("scope_id", "int8"),
@@ -312,6 +322,7 @@ kept_vectors AS (
 ),
 receipts AS ({_insert("engram_receipts", RECEIPT_INSERT)}),
 receipt_records AS ({_insert("engram_receipt_records", RECEIPT_RECORD_INSERT)}),
+receipt_named AS ({_insert("engram_receipt_named", RECEIPT_NAMED_INSERT)}),
 tombstones AS ({_insert("engram_forgotten", TOMBSTONE_INSERT)}),
 scopes AS (
     UPDATE engram_scopes s SET revision = v.revision FROM {_rows_of(SCOPE_UPDATE)} AS v
@@ -361,6 +372,10 @@ def write_plans(
             ],
         ),
         (
+            RECEIPT_NAMED_INSERT,
+            [(r.operation_id, rid) for _, p in pairs for r in p.receipts for rid in r.named],
+        ),
+        (
             TOMBSTONE_INSERT,
             [(rid, s.scope_id, now, op_id) for s, p in pairs for rid, op_id in p.tombstones],
         ),
@@ -381,15 +396,18 @@ def write_plans(
 
 
 def _delete_replaced(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
-    """What the batch replaces: a forgotten record everywhere (its receipts redacted),
-    the vectors of a changed text, the links of changed links."""
+    """What the batch replaces: a forgotten record everywhere (the receipts that wrote or
+    named it redacted: request and digest erased), the vectors of a changed text, the
+    links of changed links."""
     gone = [rid for _, p in pairs for rid in p.forgotten_stored]
     if gone:
         cur.execute(
-            "UPDATE engram_receipts SET request = NULL, redacted = true"
+            "UPDATE engram_receipts SET request = NULL, request_digest = '', redacted = true"
             " WHERE kind <> 'forget' AND operation_id IN"
-            " (SELECT operation_id FROM engram_receipt_records WHERE record_id = ANY(%b::text[]))",
-            (gone,),
+            " (SELECT operation_id FROM engram_receipt_records WHERE record_id = ANY(%b::text[])"
+            " UNION ALL"
+            " SELECT operation_id FROM engram_receipt_named WHERE record_id = ANY(%b::text[]))",
+            (gone, gone),
         )
         for table, column in (
             ("engram_vectors", "record_id"),

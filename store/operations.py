@@ -9,6 +9,7 @@ bad input is refused the same way everywhere and before anything changes.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,14 @@ SUPERSEDE_MODES = ("add", "reconcile")
 
 def text_digest(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def keyed_digest(key: bytes, digest: str) -> str:
+    """What a receipt stores of its request: HMAC-SHA256, keyed with the store's secret
+    (``engram_secrets``), of ``Operation.digest``. Without the secret a copy of the
+    receipts cannot confirm a guess of a request; migration 007 re-keyed the plain
+    digests stored before it the same way."""
+    return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
 
 
 def new_operation_id() -> str:
@@ -388,7 +397,8 @@ class Operation:
     """Who asked (an operator's name, ``local``, an API caller), stored on the receipt for
     the audit trail. Not part of the request: a repeat asked by someone else replays."""
     digest: str = field(init=False, repr=False, compare=False)
-    """Identifies the request (not the id): same id + other digest = conflict."""
+    """Identifies the request (not the id): same id + other digest = conflict. Never
+    stored as it is (``keyed_digest``)."""
 
     def __post_init__(self) -> None:
         body = {"kind": self.kind, "scope": self.scope.as_dict(), "request": self.request.to_dict()}

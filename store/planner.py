@@ -5,7 +5,12 @@ row lock), asks ``plan_batch`` what to write, and writes it. All the rules of
 seed 000 that decide an operation's outcome live here: revision checks, ids
 held by another scope, tombstones, no-op receipts, forget within a batch, and
 the application of a model's decision (``reconcile.Decision``) to the records
-as they are now.
+as they are now, and what a repeat of an operation id is answered.
+
+A receipt stores its request's digest keyed with the store's secret
+(``keyed_digest``): a copy of the receipts cannot confirm a guess of a request.
+Once redacted (a record it wrote or named was forgotten) it stores none, and a
+repeat of its id is answered with the receipt whatever the request.
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ from .operations import (
     Retract,
     Revise,
     derived_record_id,
+    keyed_digest,
     text_digest,
 )
-from .reconcile import Create, Decision, Retire, Update
+from .reconcile import Create, Decision, Named, Retire, Update
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +73,10 @@ class Current:
 @dataclass(frozen=True, slots=True)
 class StoredReceipt:
     operation_id: str
-    request_digest: str
+    request_digest: str  # keyed (``keyed_digest``); empty once redacted
     error: dict[str, Any] | None = None  # a refusal: replayed as the same error
+    redacted: bool = False
+    records: frozenset[str] = frozenset()  # the records it wrote or named
 
 
 @dataclass(slots=True)
@@ -98,6 +106,9 @@ class ReceiptRow:
     scope_revision: int
     committed_at: datetime
     refs: list[RecordRef]
+    # Records the operation's decision kept in place of its text (``Decision.named``): it
+    # wrote nothing to them, but a forget of one redacts this receipt.
+    named: list[str] = field(default_factory=list)
     forgotten_revisions: list[int] | None = None
     already_forgotten: bool | None = None
     redaction: str | None = None
@@ -148,9 +159,17 @@ class PlanContext:
     # What the model phase decided, by operation id (``prepare``).
     decisions: Mapping[str, Decision] = field(default_factory=dict)
 
+    # The store's secret for request digests (``keyed_digest``).
+    digest_key: bytes = b""
+
     def model_calls(self, operation_id: str) -> int:
         decision = self.decisions.get(operation_id)
         return decision.model_calls if decision is not None else 0
+
+    def request_digest(self, op: Operation) -> str:
+        if not self.digest_key:
+            raise ValueError("a plan needs the store's digest key")
+        return keyed_digest(self.digest_key, op.digest)
 
 
 def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Plan:
@@ -162,9 +181,10 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
     plan = Plan(scope_revision=state.revision)
     records = dict(state.records)
     for index, op in enumerate(ops):
+        digest = ctx.request_digest(op)
         stored = state.receipts.get(op.operation_id)
         if stored is not None:
-            outcome = _replay(op, stored)
+            outcome = _replay(op, digest, stored)
             if not isinstance(outcome, OperationConflictError):
                 plan.replayed.append(op.operation_id)
             plan.outcomes.append(outcome)
@@ -179,7 +199,7 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
                 ReceiptRow(
                     operation_id=op.operation_id,
                     kind=op.kind,
-                    request_digest=op.digest,
+                    request_digest=digest,
                     request=None,
                     scope_revision=plan.scope_revision,
                     committed_at=at,
@@ -191,7 +211,7 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
                 )
             )
             state.receipts[op.operation_id] = StoredReceipt(
-                op.operation_id, op.digest, error.to_dict()
+                op.operation_id, digest, error.to_dict()
             )
             plan.outcomes.append(error)
             continue
@@ -199,27 +219,39 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
         receipt = ReceiptRow(
             operation_id=op.operation_id,
             kind=op.kind,
-            request_digest=op.digest,
+            request_digest=digest,
             request=op.request.to_dict(),
             scope_revision=plan.scope_revision,
             committed_at=at,
             refs=[RecordRef(w.record.id, w.record.revision, w.record.status) for w in writes],  # type: ignore[arg-type]
+            named=step.named,
             stream_entry=ctx.stream_entries.get(op.operation_id),
             model_calls=ctx.model_calls(op.operation_id),
             requested_by=op.requested_by,
             **extra,
         )
+        if any(rid not in records for rid in step.named):
+            # Forgotten since the model named it: the text must not outlive it here.
+            _redact(receipt)
         _record_writes(plan, step, writes)
         if isinstance(op.request, Forget):
             _forget_in_plan(plan, state, op.request.id, op.operation_id, step)
         plan.receipts.append(receipt)
-        state.receipts[op.operation_id] = StoredReceipt(op.operation_id, op.digest)
+        state.receipts[op.operation_id] = StoredReceipt(
+            op.operation_id,
+            receipt.request_digest,
+            redacted=receipt.redacted,
+            records=frozenset([ref.id for ref in receipt.refs] + receipt.named),
+        )
         plan.outcomes.append(Applied(receipt, tuple(writes)))
     return plan
 
 
-def _replay(op: Operation, stored: StoredReceipt) -> Outcome:
-    if stored.request_digest != op.digest:
+def _replay(op: Operation, digest: str, stored: StoredReceipt) -> Outcome:
+    if stored.redacted:
+        # Its request is erased: comparing would confirm or deny a guess of it.
+        return Replayed(op.operation_id)
+    if stored.request_digest != digest:
         return OperationConflictError(
             f"operation {op.operation_id} was already used for a different request"
         )
@@ -244,12 +276,21 @@ def _forget_in_plan(plan: Plan, state: ScopeState, record_id: str, op_id: str, s
     plan.text_changed.discard(record_id)
     plan.links_changed.add(record_id)
     for receipt in plan.receipts:
-        if any(ref.id == record_id for ref in receipt.refs):
-            receipt.request = None
-            receipt.redacted = True
+        if any(ref.id == record_id for ref in receipt.refs) or record_id in receipt.named:
+            _redact(receipt)
+    # What a repeat later in the batch is answered: as the database will have it.
+    for op_id, stored in list(state.receipts.items()):
+        if record_id in stored.records:
+            state.receipts[op_id] = replace(stored, request_digest="", redacted=True)
     if record_id in state.records:
         plan.forgotten_stored.append(record_id)
     plan.tombstones.append((record_id, op_id))
+
+
+def _redact(receipt: ReceiptRow) -> None:
+    receipt.request = None
+    receipt.request_digest = ""
+    receipt.redacted = True
 
 
 class _Step:
@@ -271,6 +312,7 @@ class _Step:
         self.text_changed: set[str] = set()
         self.links_changed: set[str] = set()
         self.deleted = False
+        self.named: list[str] = []
 
     def run(self) -> tuple[list[RevisionRow], dict[str, Any]]:
         request = self.op.request
@@ -411,8 +453,9 @@ class _Step:
     ) -> list[RevisionRow]:
         """Apply a model's decision. It is bound to the revisions the model saw: a record
         it acts on that moved since (another writer) refuses the whole operation."""
+        self.named = decision.named
         for action in decision.actions:
-            if isinstance(action, Create):
+            if isinstance(action, Create | Named):
                 continue
             current = self._live(action.id)
             if current is None or current.revision != action.revision:
@@ -434,7 +477,7 @@ class _Step:
                         if action.importance is not None
                         else importance,
                         metadata=metadata,
-                        origin=origin,
+                        origin=action.origin or origin,
                         sources=action.sources,
                         links=links + action.links,
                         ttl_ms=ttl_ms,

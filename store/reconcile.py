@@ -11,7 +11,15 @@ most similar to it; the model answers ADD, UPDATE, DELETE or NOOP events, and
   asserted record linked ``supersedes`` it;
 - a DELETE plus an ADD: the new record ``supersedes`` the retracted one;
 - an ADD whose text equals an existing record's (trimmed, case-insensitive)
-  is skipped as a duplicate.
+  is skipped as a duplicate;
+- a text is asserted only in the host's own words: a text the model wrote
+  (not, trimmed and case-insensitive, the request's) is written ``inferred``,
+  citing the request's sources, whatever the write's origin.
+
+The records a decision keeps in place of the write's text (the one an ADD
+duplicates, the one an UPDATE leaves as it is, and every record shown when the
+answer has a NOOP or writes no text at all) are ``named``: the receipt, which
+still holds the request, is redacted when one of them is forgotten.
 
 A ``Decision`` is bound to the revisions the model saw: the planner applies it
 under the scope's lock and refuses it (``revision_conflict``) if one of the
@@ -55,6 +63,7 @@ class Create:
     kind: str | None = None  # None: the request's kind, or the default
     importance: float | None = None
     links: tuple[Link, ...] = ()  # besides the request's own
+    origin: str | None = None  # None: the write's; "inferred" for a text the model wrote
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +92,16 @@ class Keep:
     revision: int
 
 
-Action = Create | Update | Retire | Keep
+@dataclass(frozen=True, slots=True)
+class Named:
+    """A record the decision kept in place of the write's text, without binding to its
+    revision (a NOOP, an UPDATE to the text it has): nothing is written to it, but its
+    forget redacts the receipt that holds the text."""
+
+    id: str
+
+
+Action = Create | Update | Retire | Keep | Named
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +118,13 @@ class Decision:
 
     @property
     def targets(self) -> list[str]:
-        """The existing records it acts on."""
+        """The existing records it acts on or names."""
         return [a.id for a in self.actions if not isinstance(a, Create)]
+
+    @property
+    def named(self) -> list[str]:
+        """The records it keeps in place of the text it was given (``Keep``, ``Named``)."""
+        return [a.id for a in self.actions if isinstance(a, Keep | Named)]
 
     @property
     def creates(self) -> int:
@@ -170,33 +193,66 @@ def resolve(
             actions.append(Keep(duplicate.id, duplicate.revision))
             continue
         fact = _fact_of(event.text, facts)
+        text, text_origin = _worded(event.text, facts, origin)
         actions.append(
             Create(
-                event.text,
+                text,
                 _sources_of(fact, facts),
                 fact.kind if fact else None,
                 fact.importance if fact else None,
                 supersedes,
+                _unless(text_origin, origin),
             )
         )
-    return tuple(actions)
+    return tuple(actions) + _kept_in_place(events, actions, candidates)
+
+
+def _kept_in_place(
+    events: Sequence[Event], actions: Sequence[Action], candidates: Sequence[Candidate]
+) -> tuple[Named, ...]:
+    """Every record shown, when the answer has a NOOP or writes no text: the request's
+    text is then kept in no revision, only in the receipt, and the model's NOOP names
+    no record the store can trust (``answers`` drops it)."""
+    if any(isinstance(a, Create | Update) for a in actions) and all(
+        e.kind != "NOOP" for e in events
+    ):
+        return ()
+    linked = {a.id for a in actions if not isinstance(a, Create)}
+    return tuple(Named(i) for i in dict.fromkeys(c.id for c in candidates) if i not in linked)
 
 
 def _update(candidate: Candidate, text: str, facts: Sequence[Fact], origin: str) -> list[Action]:
     fact = _fact_of(text, facts)
     sources = _sources_of(fact, facts)
     kind, importance = (fact.kind, fact.importance) if fact else (None, None)
-    if origin == "inferred" and candidate.origin == "asserted":
-        # A model never revises what the host asserted: it may only say something about it.
-        return [Create(text, sources, kind, importance, (Link("about", candidate.id),))]
-    if origin == "asserted" and candidate.origin == "inferred":
+    text, text_origin = _worded(text, facts, origin)
+    if text_origin == "asserted" and candidate.origin == "inferred":
         return [
             Retire(candidate.id, candidate.revision),
             Create(text, sources, kind, importance, (Link("supersedes", candidate.id),)),
         ]
     if normalized(text) == normalized(candidate.text):
-        return []
+        return [Named(candidate.id)]  # the record says it already
+    if text_origin == "inferred" and candidate.origin == "asserted":
+        # A model never revises what the host asserted: it may only say something about it.
+        about = (Link("about", candidate.id),)
+        return [Create(text, sources, kind, importance, about, _unless(text_origin, origin))]
     return [Update(candidate.id, candidate.revision, text, sources)]
+
+
+def _unless(text_origin: str, origin: str) -> str | None:
+    """A ``Create``'s own origin: None when it is the write's."""
+    return None if text_origin == origin else text_origin
+
+
+def _worded(text: str, facts: Sequence[Fact], origin: str) -> tuple[str, str]:
+    """The text to write and its origin. An asserted write asserts the host's own words
+    only: a text equal to one of its facts (trimmed, case-insensitive) is written as the
+    host wrote it; any other text the model wrote, so it is inferred."""
+    if origin != "asserted":
+        return text, origin
+    own = next((f.text for f in facts if normalized(f.text) == normalized(text)), None)
+    return (own, origin) if own is not None else (text, "inferred")
 
 
 def _fact_of(text: str, facts: Sequence[Fact]) -> Fact | None:

@@ -75,6 +75,7 @@ class Writer:
         self.pool = pool
         # As of the last commit; a commit checks it under lock and retries if it moved.
         self._generation: ActiveGeneration | None = _UNKNOWN
+        self._digest_key = b""  # the store's, read once (it never changes)
 
     def execute(
         self,
@@ -98,6 +99,9 @@ class Writer:
         )
         resolver = embedder if isinstance(embedder, EmbedderResolver) else _Fixed(embedder)
         with self.pool.connection() as conn:
+            if not self._digest_key:
+                self._digest_key = digest_key(conn)
+            ctx = replace(ctx, digest_key=self._digest_key)
             generation = self._generation
             stored: dict[str, Any] = {}
             if check_replays or generation is _UNKNOWN:
@@ -273,6 +277,14 @@ def _texts_to_embed(op: Operation, decision: Decision | None) -> list[str]:
             item.text for item in readable_sources(r.messages, r.trusted_tools, op.scope.chat_id)
         ]
     return []
+
+
+def digest_key(conn: psycopg.Connection[Any]) -> bytes:
+    """The store's secret for the digests receipts keep (migration 007)."""
+    row = conn.execute("SELECT secret FROM engram_secrets WHERE name = 'request_digest'").fetchone()
+    if row is None:
+        raise RuntimeError("the store has no request digest secret: run `engram migrate`")
+    return bytes(row[0])
 
 
 def _active_generation(conn: psycopg.Connection[Any]) -> ActiveGeneration | None:

@@ -7,7 +7,17 @@ import pytest
 from store.answers import Event
 from store.errors import ModelOutputError
 from store.model import Link, Source
-from store.reconcile import Candidate, Create, Fact, Keep, Retire, Update, add_all, resolve
+from store.reconcile import (
+    Candidate,
+    Create,
+    Fact,
+    Keep,
+    Named,
+    Retire,
+    Update,
+    add_all,
+    resolve,
+)
 
 ASSERTED = Candidate("rec-a", 3, "asserted", "Ada lives in London.")
 INFERRED = Candidate("rec-i", 2, "inferred", "Ada seems to like tea.")
@@ -20,11 +30,15 @@ def update(target: int, text: str = "New text.") -> Event:
     return Event("UPDATE", target, text)
 
 
+# An asserted write's text in the host's own words (trimmed, case aside).
+HOST_WORDS = " ada MOVED to Paris. "
+
+
 @pytest.mark.parametrize(
     "origin, target, expected",
     [
         # same origin: a new revision of the record
-        ("asserted", 0, [Update("rec-a", 3, "New text.", HOST)]),
+        ("asserted", 0, [Update("rec-a", 3, "Ada moved to Paris.", HOST)]),
         ("inferred", 1, [Update("rec-i", 2, "New text.", HOST)]),
         # an inferred write never revises an asserted record: a new one, about it
         (
@@ -38,13 +52,38 @@ def update(target: int, text: str = "New text.") -> Event:
             1,
             [
                 Retire("rec-i", 2),
-                Create("New text.", HOST, "semantic", 0.5, (Link("supersedes", "rec-i"),)),
+                Create(
+                    "Ada moved to Paris.", HOST, "semantic", 0.5, (Link("supersedes", "rec-i"),)
+                ),
             ],
         ),
     ],
 )
 def test_update_by_origin(origin: str, target: int, expected: list[object]) -> None:
-    assert list(resolve([update(target)], [ASSERTED, INFERRED], [FACT], origin)) == expected
+    text = HOST_WORDS if origin == "asserted" else "New text."
+    assert list(resolve([update(target, text)], [ASSERTED, INFERRED], [FACT], origin)) == expected
+
+
+@pytest.mark.parametrize(
+    "target, expected",
+    [
+        # the host's record is not revised with the model's words: it is said about
+        (0, [Create("New text.", HOST, "semantic", 0.5, (Link("about", "rec-a"),), "inferred")]),
+        # an inferred record is revised: the revision stays inferred
+        (1, [Update("rec-i", 2, "New text.", HOST)]),
+    ],
+)
+def test_an_asserted_write_asserts_only_the_hosts_words(
+    target: int, expected: list[object]
+) -> None:
+    """A text the model wrote is inferred, citing the request's sources."""
+    assert list(resolve([update(target)], [ASSERTED, INFERRED], [FACT], "asserted")) == expected
+    assert resolve([Event("ADD", None, "Ada is in Paris now.")], [], [FACT], "asserted") == (
+        Create("Ada is in Paris now.", HOST, "semantic", 0.5, (), "inferred"),
+    )
+    assert resolve([Event("ADD", None, HOST_WORDS)], [], [FACT], "asserted") == (
+        Create("Ada moved to Paris.", HOST, "semantic", 0.5),
+    )
 
 
 def test_delete_by_origin_and_delete_plus_add() -> None:
@@ -71,7 +110,7 @@ def test_duplicates_are_skipped_trimmed_and_case_insensitive() -> None:
             Event("ADD", None, "ada likes chess."),
         ],
         [ASSERTED],
-        [FACT],
+        [Fact("Ada likes chess.", HOST, "semantic", 0.5)],
         "asserted",
     )
     assert list(actions) == [Keep("rec-a", 3), Create("Ada likes chess.", HOST, "semantic", 0.5)]
@@ -87,8 +126,25 @@ def test_an_add_of_the_text_of_a_record_this_answer_retracts_is_no_duplicate() -
     assert [type(a).__name__ for a in actions] == ["Retire", "Create"]
 
 
-def test_an_update_to_the_same_text_changes_nothing() -> None:
-    assert resolve([update(0, " ada lives in london.")], [ASSERTED], [FACT], "asserted") == ()
+def test_an_update_to_the_same_text_changes_nothing_but_names_the_record() -> None:
+    for origin in ("asserted", "inferred"):
+        actions = resolve([update(0, " ada lives in london.")], [ASSERTED], [FACT], origin)
+        assert actions == (Named("rec-a"),)
+
+
+def test_records_kept_in_place_of_the_text_are_named() -> None:
+    """A NOOP (whatever it names: the parser keeps no id), or an answer that writes no
+    text, names every record shown; an ADD of an existing text names its duplicate."""
+    shown = [ASSERTED, INFERRED]
+    noop = resolve([Event("NOOP", None, None)], shown, [FACT], "asserted")
+    assert noop == (Named("rec-a"), Named("rec-i"))
+    assert resolve([], shown, [FACT], "asserted") == noop
+    retract = resolve([Event("DELETE", 1, None)], shown, [FACT], "asserted")
+    assert retract == (Retire("rec-i", 2), Named("rec-a"))
+    keep = resolve([Event("ADD", None, ASSERTED.text)], shown, [FACT], "asserted")
+    assert keep == (Keep("rec-a", 3), Named("rec-i"))
+    added = resolve([Event("ADD", None, FACT.text)], shown, [FACT], "asserted")
+    assert [type(a).__name__ for a in added] == ["Create"]  # the text is written: no names
 
 
 def test_sources_follow_the_fact_a_text_comes_from() -> None:

@@ -102,7 +102,8 @@ def test_an_update_of_a_record_of_the_same_origin_revises_it(
     )
     mem = session(store, scope, llm)
     london = mem.remember("Ada lives in London.").records[0]
-    result = mem.remember("Ada moved to Paris.")
+    # The model keeps the host's words: they stay asserted (test_store_model_origin.py).
+    result = mem.remember("Ada lives in Paris, not London.")
     [revised] = result.records
     assert (revised.id, revised.revision, revised.text) == (
         london.id,
@@ -113,7 +114,7 @@ def test_an_update_of_a_record_of_the_same_origin_revises_it(
     # It cites where both texts came from: the first remember's and this one's.
     assert [s.digest for s in revised.sources] == [
         london.digest,
-        Operation.build("remember", scope, {"text": "Ada moved to Paris."})
+        Operation.build("remember", scope, {"text": "Ada lives in Paris, not London."})
         .request.cited()[  # type: ignore[union-attr]
             0
         ]
@@ -194,7 +195,7 @@ def test_a_delete_plus_an_add_links_the_new_record_supersedes_the_retracted_one(
     )
     mem = session(store, scope, llm)
     tea = mem.remember("Ada drinks tea.").records[0]
-    result = mem.remember("Ada switched to coffee.")
+    result = mem.remember("Ada drinks coffee now.")
     retracted, added = result.records
     assert (retracted.id, retracted.status, retracted.revision) == (tea.id, "retracted", 2)
     assert [(link.relation, link.id) for link in added.links] == [("supersedes", tea.id)]
@@ -255,13 +256,13 @@ def test_a_record_changed_while_the_model_answered_refuses_the_operation(
     record["id"] = mem.remember("Ada lives in London.", supersede="add").records[0].id
     op_id = f"{scope['user_id']}:paris"
     with pytest.raises(RevisionConflictError) as info:
-        mem.remember("Ada moved to Paris.", operation_id=op_id)
+        mem.remember("Ada lives in Paris.", operation_id=op_id)
     assert (info.value.expected, info.value.actual) == (1, 2)
     assert mem.get(record["id"]).text == "Ada lives in Rome."  # type: ignore[union-attr]
     assert llm.calls == 1 and store.scope_revision(scope) == 2
     # The refusal is kept: the same operation answers the same, with no new call.
     with pytest.raises(RevisionConflictError):
-        mem.remember("Ada moved to Paris.", operation_id=op_id)
+        mem.remember("Ada lives in Paris.", operation_id=op_id)
     assert llm.calls == 1
 
 
