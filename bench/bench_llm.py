@@ -224,7 +224,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="engram-bench-llm-"))
     postgres = EmbeddedPostgres(home)
     valkey = EmbeddedValkey(home).start()
-    client = redis.Redis(port=valkey.port)
+    client = redis.Redis.from_url(valkey.url)
     model = FakeModel(args.latency_ms)
     env = {
         "ENGRAM_LLM_URL": model.url,

@@ -671,7 +671,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="engram-bench-"))
     postgres = EmbeddedPostgres(home)
     valkey = EmbeddedValkey(home, appendfsync=args.appendfsync).start()
-    client = redis.Redis(port=valkey.port)
+    client = redis.Redis.from_url(valkey.url)
     servers = [pid for pid in (postgres.pid, valkey.pid) if pid]
     try:
         with psycopg.connect(postgres.dsn()) as conn:

@@ -166,8 +166,8 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_valkey_cli(settings: Settings, args: argparse.Namespace) -> int:
     """The valkey-cli shipped with engram, connected to engram's Redis: no redis-cli needed."""
-    url = runtime.redis_url(settings)
-    return subprocess.call([valkey.cli_path(), "-u", url, *args.arguments])
+    argv, env = valkey.cli_command(runtime.redis_url(settings))
+    return subprocess.call([*argv, *args.arguments], env={**os.environ, **env})
 
 
 def register(sub: Any) -> None:

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from store.errors import EngramError
 from store.server import EmbeddedPostgres
-from worker.runtime import RUN_FILE, read_run_file
+from worker.runtime import RUN_FILE, masked, open_private, read_run_file
 from worker.valkey import EmbeddedValkey
 
 from .procs import ProcessRecord, live_process, stop_processes
@@ -124,7 +124,7 @@ def in_use_message(home: Path, holder: Holder | None) -> str:
             ("dashboard", "dashboard_url"),
         ):
             if run.get(key):
-                lines.append(f"  {name:<11} {run[key]}")
+                lines.append(f"  {name:<11} {masked(str(run[key]))}")
     return "\n".join(lines)
 
 
@@ -234,7 +234,8 @@ class HomeSession:
         }
         path = self.home / RUN_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2))
+        with open_private(tmp) as f:  # it holds the Redis password
+            f.write(json.dumps(data, indent=2))
         os.replace(tmp, path)  # readers see the old file or the new, never half of one
 
     def close(self) -> None:

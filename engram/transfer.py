@@ -34,7 +34,8 @@ _CHUNK = 500
 def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
     scope = Scope.of(json_value(args.scope, "--scope"))
     counts: Counter[str] = Counter()
-    out: IO[str] = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+    # Every text of the scope: readable by its owner only.
+    out: IO[str] = runtime.open_private(args.output) if args.output else sys.stdout
     try:
         with (
             database_url(settings, "engram export") as dsn,

@@ -25,7 +25,7 @@ from store.errors import EngramError, InvalidRequestError
 from store.server import EmbeddedPostgres
 from web.config import ConfigError as WebConfigError
 from web.config import WebConfig
-from worker.runtime import ConfigError
+from worker.runtime import ConfigError, masked
 from worker.settings import Settings
 from worker.valkey import EmbeddedValkey
 
@@ -164,11 +164,12 @@ def _print_where(
     pg = f"embedded, data in {postgres.data_dir}" if postgres else "DATABASE_URL"
     vk = f"embedded, data in {valkey.data_dir}" if valkey else "REDIS_URL"
     home = Path(settings.home).resolve()
+    # The passwords stay in the run file, the owner's only; a terminal may be shared.
     web = f"  dashboard   {dashboard.url}  (the JSON API: /api/v1)\n" if dashboard else ""
     print(
         f"engram is up (ENGRAM_HOME={home}, pid {os.getpid()})\n"
-        f"  PostgreSQL  {database_url}  ({pg})\n"
-        f"  Redis       {redis_url}  ({vk})\n"
+        f"  PostgreSQL  {masked(database_url)}  ({pg})\n"
+        f"  Redis       {masked(redis_url)}  ({vk})\n"
         f"  workers     {workers} x `engram worker`, "
         f"{settings.worker.partitions} partition streams\n"
         "  jobs        `engram jobs`: reembed, retention, redaction listeners\n"

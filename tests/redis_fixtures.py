@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -50,6 +51,15 @@ def wait_until(
         time.sleep(interval)
 
 
+def unauthenticated_reply(port: int, *command: str) -> bytes:
+    """The first line of the server's reply to ``command`` sent by a client that never
+    authenticated (plain RESP: redis-py would send HELLO first and fail at that)."""
+    request = f"*{len(command)}\r\n" + "".join(f"${len(a)}\r\n{a}\r\n" for a in command)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request.encode())
+        return sock.makefile("rb").readline()
+
+
 @pytest.fixture(scope="session")
 def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedValkey]:
     server = EmbeddedValkey(tmp_path_factory.mktemp("valkey")).start()
@@ -60,7 +70,7 @@ def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedValkey]
 @pytest.fixture
 def redis_url(valkey: EmbeddedValkey) -> str:
     """The session valkey, emptied for this test."""
-    client = redis.Redis(port=valkey.port)
+    client = redis.Redis.from_url(valkey.url)  # the session valkey wants its password
     client.flushall()
     client.close()
     return valkey.url

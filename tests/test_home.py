@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engram.home import HomeInUseError, HomeLock, HomeSession, clean_home
+from engram.home import HomeInUseError, HomeLock, HomeSession, clean_home, in_use_message
 from engram.procs import ProcessRecord, live_process, wait_gone
 from engram.supervisor import ChildSpec, Supervisor
 from tests.redis_fixtures import REPO, wait_until
@@ -104,6 +105,26 @@ def test_a_session_refuses_a_home_an_up_owns_and_waits_for_a_one_off_command(
             session.close()
             assert time.monotonic() - started > 1.0
         holder.wait()
+
+
+def test_the_run_file_and_the_in_use_message_keep_the_redis_password_to_the_owner(
+    tmp_path: Path,
+) -> None:
+    """The run file holds the Redis password: readable by its owner only, from the moment
+    it exists; what a refused command prints masks the password."""
+    old_umask = os.umask(0o022)  # a usual one: files come out 0644 unless made otherwise
+    try:
+        (tmp_path / "run.tmp").write_text("{}")  # a leftover of a killed writer, 0644
+        with HomeSession(tmp_path, "engram up") as session:
+            assert stat.S_IMODE((tmp_path / RUN_FILE).stat().st_mode) == 0o600
+            session.publish(redis_url="redis://:s3cret@127.0.0.1:6390/0")
+            assert stat.S_IMODE((tmp_path / RUN_FILE).stat().st_mode) == 0o600
+            assert read_run_file(tmp_path) is not None
+            message = in_use_message(tmp_path, None)
+    finally:
+        os.umask(old_umask)
+    assert "redis://:***@127.0.0.1:6390/0" in message
+    assert "s3cret" not in message
 
 
 def test_a_record_never_names_a_process_that_merely_reuses_its_pid(

@@ -13,7 +13,7 @@ import pytest
 from store import Store
 from tests.redis_fixtures import InProcessWorker
 from worker import ConfigError, Producer
-from worker.runtime import RUN_FILE, read_run_file
+from worker.runtime import RUN_FILE, masked, read_run_file
 
 StartWorker = Callable[..., InProcessWorker]
 
@@ -54,3 +54,15 @@ def test_from_env_prefers_redis_url_and_ignores_a_dead_ups_run_file(
     assert read_run_file(tmp_path) is None  # the pid lives, but it is another process now
     with Producer.from_env({"ENGRAM_HOME": str(tmp_path), "REDIS_URL": redis_url}) as producer:
         assert producer.client.ping()
+
+
+def test_a_printed_url_masks_its_password_and_only_that() -> None:
+    assert masked("redis://:s%2Fcret@127.0.0.1:6390/0") == "redis://:***@127.0.0.1:6390/0"
+    assert masked("postgresql://ada:pw@db:5432/engram") == "postgresql://ada:***@db:5432/engram"
+    for url in (
+        "redis://127.0.0.1:6390/0",
+        "postgresql://ada@db/engram",
+        "postgresql://postgres:@/postgres?host=/home/postgres",  # the embedded one's
+        "host=db user=ada",
+    ):
+        assert masked(url) == url

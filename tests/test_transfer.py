@@ -4,6 +4,8 @@ same records, texts, provenance and revision chains; an import run again changes
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,28 @@ def export(monkeypatch: pytest.MonkeyPatch, dsn: str, path: Path) -> list[dict[s
     monkeypatch.setenv("DATABASE_URL", dsn)
     assert main(["export", "--scope", json.dumps(SCOPE), "--output", str(path)]) == 0
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_an_export_file_is_readable_by_its_owner_only(
+    monkeypatch: pytest.MonkeyPatch,
+    env: None,
+    fresh_store: Store,
+    fresh_dsn: str,
+    tmp_path: Path,
+) -> None:
+    """It holds every text of the scope: 0600 from its creation, and an existing file
+    written over is narrowed to 0600 before the first byte."""
+    fill(fresh_store)
+    old_umask = os.umask(0o022)
+    try:
+        export(monkeypatch, fresh_dsn, tmp_path / "new.jsonl")
+        (tmp_path / "old.jsonl").write_text("")
+        (tmp_path / "old.jsonl").chmod(0o644)
+        assert len(export(monkeypatch, fresh_dsn, tmp_path / "old.jsonl")) > 1
+    finally:
+        os.umask(old_umask)
+    for name in ("new.jsonl", "old.jsonl"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
 
 
 def essentials(lines: list[dict[str, Any]]) -> dict[str, Any]:

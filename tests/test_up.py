@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -16,13 +17,16 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
 
 from engram.home import clean_home
 from engram.procs import live_process, wait_gone
-from tests.redis_fixtures import REPO, wait_until
+from tests.redis_fixtures import REPO, unauthenticated_reply, wait_until
+from worker import Producer
+from worker.runtime import masked
 
 pytestmark = pytest.mark.slow
 
@@ -180,10 +184,23 @@ def test_a_second_up_is_refused_and_a_killed_up_leaves_nothing_running(
     )
     assert health["status"] == "ok", health
 
+    # Its valkey wants the home's password, which the run file (its owner's only) holds,
+    # and nothing printed shows.
+    redis_url = str(run["redis_url"])
+    password = urlsplit(redis_url).password
+    assert password and password not in first.log()
+    assert masked(redis_url) in first.log()
+    assert stat.S_IMODE((home / "run.json").stat().st_mode) == 0o600
+    port = urlsplit(redis_url).port
+    assert port and unauthenticated_reply(port, "KEYS", "*").startswith(b"-NOAUTH")
+    with Producer.from_env({"ENGRAM_HOME": str(home)}) as producer:
+        assert producer.client.ping()
+
     second = engram(home, "up")
     assert second.returncode == 4, second
     assert f"in use by engram up (pid {first.process.pid})" in second.stderr
-    assert str(run["redis_url"]) in second.stderr and str(run["database_url"]) in second.stderr
+    assert masked(redis_url) in second.stderr and str(run["database_url"]) in second.stderr
+    assert password not in second.stderr + second.stdout
     assert "left running" not in second.stderr + second.stdout  # it touched nothing
     assert json.loads((home / "run.json").read_text()) == run
     assert _remember(home, "The first up still serves.").returncode == 0
@@ -203,6 +220,7 @@ def test_a_second_up_is_refused_and_a_killed_up_leaves_nothing_running(
     assert json.loads(again.stdout)["scope_revision"] == 2
     assert third.stop() == 0
     assert third.log().rstrip().endswith("engram: stopped")
+    assert password not in third.log()
 
 
 def test_the_next_up_cleans_what_a_crash_left_and_stops_cleanly(

@@ -299,7 +299,7 @@ def test_valkey_restarted_under_load(
     try:
         workers = [worker_processes(database_url=fresh_dsn, redis_url=valkey.url) for _ in range(2)]
         wait_until(
-            lambda: len(live_workers(redis.Redis(port=port), FAST.lease_ttl_ms)) == 2,
+            lambda: len(live_workers(redis.Redis.from_url(valkey.url), FAST.lease_ttl_ms)) == 2,
             what="two live workers",
         )
 

@@ -3,30 +3,37 @@
 from __future__ import annotations
 
 import gc
+import logging
+import os
 import socket
+import stat
 import subprocess
+import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import psutil
+import pytest
 import redis
 
-from worker.valkey import EmbeddedValkey, cli_path
+from tests.redis_fixtures import REPO, unauthenticated_reply
+from worker.valkey import EmbeddedValkey, cli_command, cli_path
 
 
 def test_it_keeps_queued_entries_across_a_restart(tmp_path: Path) -> None:
     server = EmbeddedValkey(tmp_path).start()
     try:
-        client = redis.Redis(port=server.port, decode_responses=True)
+        client = redis.Redis.from_url(server.url, decode_responses=True)
         assert client.config_get("appendonly")["appendonly"] == "yes"
         assert client.config_get("appendfsync")["appendfsync"] == "always"
         assert client.config_get("bind")["bind"] == "127.0.0.1"
-        assert server.url == f"redis://127.0.0.1:{server.port}/0"
         assert (tmp_path / "valkey").is_dir()
         client.xadd("engram:ops:{0}", {"op": "{}"})
         client.close()
         port = server.port
         server.kill()  # as a crash: only the append-only file survives
         server = EmbeddedValkey(tmp_path, port=port).start()
-        client = redis.Redis(port=server.port)
+        client = redis.Redis.from_url(server.url)
         assert client.xlen("engram:ops:{0}") == 1
         client.close()
     finally:
@@ -37,16 +44,14 @@ def test_it_keeps_queued_entries_across_a_restart(tmp_path: Path) -> None:
 def test_a_server_left_running_on_its_folder_is_stopped_first(tmp_path: Path) -> None:
     orphan = EmbeddedValkey(tmp_path).start()  # its owner "died" without stopping it
     orphan_pid = orphan.pid
-    client = redis.Redis(port=orphan.port)
+    client = redis.Redis.from_url(orphan.url)
     client.set("kept", "1")
     client.close()
     fresh = EmbeddedValkey(tmp_path).start()
     try:
         assert fresh.pid != orphan_pid
-        import psutil
-
         assert not psutil.pid_exists(orphan_pid)
-        client = redis.Redis(port=fresh.port)
+        client = redis.Redis.from_url(fresh.url)
         assert client.get("kept") == b"1"  # SIGTERM let it sync its file
         client.close()
     finally:
@@ -68,7 +73,7 @@ def test_a_stopped_server_collected_late_leaves_the_next_one_of_its_folder_runni
         del stale
         gc.collect()
         assert (tmp_path / "valkey" / "valkey.pid").read_text().strip() == str(pid)
-        client = redis.Redis(port=second.port, socket_timeout=5)
+        client = redis.Redis.from_url(second.url, socket_timeout=5)
         assert client.ping()
         client.close()
     finally:
@@ -94,7 +99,7 @@ def test_a_home_keeps_its_port_across_restarts_unless_someone_took_it(tmp_path: 
         new_port = moved.port
         try:
             assert new_port != port
-            client = redis.Redis(port=moved.port)
+            client = redis.Redis.from_url(moved.url)
             assert client.ping()
             client.close()
         finally:
@@ -117,3 +122,82 @@ def test_the_bundled_valkey_cli_reaches_the_server(tmp_path: Path) -> None:
         assert (out.returncode, out.stdout) == (0, "PONG\n")
     finally:
         server.stop()
+
+
+# -- the home's password: any local user reaches a loopback port --
+
+
+def test_a_client_without_the_password_is_refused(tmp_path: Path) -> None:
+    server = EmbeddedValkey(tmp_path).start()
+    try:
+        for command in (("KEYS", "*"), ("XRANGE", "engram:ops:{0}", "-", "+")):
+            reply = unauthenticated_reply(server.port, *command)
+            assert reply.startswith(b"-NOAUTH"), reply
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=server.port).ping()
+        with redis.Redis.from_url(server.url) as client:
+            assert client.ping()
+    finally:
+        server.stop()
+
+
+def test_the_password_is_kept_by_the_home_and_shown_to_no_one_else(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)  # the library logs the config it renders, at DEBUG
+    server = EmbeddedValkey(tmp_path).start()
+    try:
+        password = urlsplit(server.url).password
+        assert password and len(password) >= 32
+        assert server.url == f"redis://default:{password}@127.0.0.1:{server.port}/0"
+        folder = tmp_path / "valkey"
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # its files hold every text
+        secrets = [p for p in folder.iterdir() if p.is_file() and password in p.read_text()]
+        assert [stat.S_IMODE(p.stat().st_mode) for p in secrets] == [0o600], secrets
+        assert password not in " ".join(psutil.Process(server.pid).cmdline())
+        with redis.Redis.from_url(server.url) as client:
+            client.set("kept", "1")
+        url = server.url
+    finally:
+        server.stop()
+    again = EmbeddedValkey(tmp_path).start()
+    try:
+        assert again.url == url
+        with redis.Redis.from_url(again.url) as client:
+            assert client.get("kept") == b"1"
+    finally:
+        again.stop()
+    assert password not in caplog.text
+
+
+def test_engram_valkey_cli_hands_the_password_over_outside_its_argv(tmp_path: Path) -> None:
+    server = EmbeddedValkey(tmp_path).start()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "engram", "valkey-cli", "PING"],
+            env={**os.environ, "REDIS_URL": server.url, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert (out.returncode, out.stdout) == (0, "PONG\n"), out.stderr
+        # valkey-cli warns when a password comes in on its command line (-a or -u).
+        assert "password" not in out.stderr, out.stderr
+    finally:
+        server.stop()
+
+
+def test_the_cli_command_splits_the_password_off_the_url() -> None:
+    argv, env = cli_command("redis://:s%2Fecret@127.0.0.1:6390/2")
+    assert argv == [cli_path(), "-u", "redis://127.0.0.1:6390/2"]
+    assert env == {"REDISCLI_AUTH": "s/ecret"}
+    argv, env = cli_command("redis://default:pw@127.0.0.1:6390/0")
+    assert argv == [cli_path(), "-u", "redis://127.0.0.1:6390/0", "--user", "default"]
+    assert env == {"REDISCLI_AUTH": "pw"}
+    argv, env = cli_command("redis://ada:pw@127.0.0.1:6390/0")
+    assert argv == [cli_path(), "-u", "redis://127.0.0.1:6390/0", "--user", "ada"]
+    assert env == {"REDISCLI_AUTH": "pw"}
+    assert cli_command("redis://127.0.0.1:6390/0") == (
+        [cli_path(), "-u", "redis://127.0.0.1:6390/0"],
+        {},
+    )

