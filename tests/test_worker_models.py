@@ -57,7 +57,8 @@ def test_a_reconciled_remember_round_trips_with_its_receipt(
     with start_worker(store, llm=llm):
         first = producer.remember(scope, "Ada lives in London.").wait(10)
         assert first.model_calls == 0 and llm.calls == 0  # nothing similar yet
-        moved = producer.remember(scope, "Ada moved to Paris.", supersede="reconcile").wait(10)
+        # In the host's words: an UPDATE in the model's own would be inferred, about it.
+        moved = producer.remember(scope, "Ada lives in Paris.", supersede="reconcile").wait(10)
     assert moved.model_calls == 1 and moved.kind == "remember" and not moved.replayed
     assert [r.as_dict() for r in moved.records] == [
         {"id": first.records[0].id, "revision": 2, "status": "active"}
