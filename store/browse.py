@@ -11,10 +11,11 @@ shown, in an opaque cursor; never OFFSET), each in the order of an index
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from .cursors import Cursors
+from .cursors import Cursors, InvalidCursorError
 from .errors import InvalidRequestError
 from .limits import MAX_SCOPE_VALUE_CHARS
 from .listed import (
@@ -48,6 +49,13 @@ _STATUS_CLAUSES: dict[str, str] = {
     "expired": "r.expires_at IS NOT NULL AND r.expires_at <= now()",
     "all": "true",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPage:
+    items: list[Record]
+    next: str | None  # the cursor of the next page; None on the last one
+    past: Record | None  # the revision just past the page (the next page's first)
 
 
 class Browse:
@@ -208,6 +216,49 @@ class Browse:
                 (record_id,),
             ).fetchall()
         return [record_from_row(r) for r in rows]
+
+    def history_page(
+        self,
+        record_id: str,
+        *,
+        cursor: str | None = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+        newest_first: bool = True,
+    ) -> HistoryPage:
+        """A page of a record's stored revisions by keyset on the revision (the primary
+        key's order), and the revision just past the page, if any: what the page's last
+        one changed from, when newest first."""
+        limit = check_limit(limit)
+        kind = "history" if newest_first else "history-asc"
+        after: int | None = None
+        if cursor is not None:
+            held, after = self.cursors.decode(cursor, kind, (str, int))
+            if held != record_id:
+                raise InvalidCursorError("the cursor is for another record's history")
+        op, order = ("<", "DESC") if newest_first else (">", "ASC")
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"""SELECT {REVISION_COLUMNS} FROM engram_revisions v
+                    JOIN engram_scopes s ON s.id = v.scope_id
+                    WHERE v.record_id = %(id)s
+                      AND (%(after)s::integer IS NULL OR v.revision {op} %(after)s::integer)
+                    ORDER BY v.revision {order} LIMIT %(n)s""",
+                {"id": record_id, "after": after, "n": limit + 1},
+            ).fetchall()
+        found = [record_from_row(r) for r in rows]
+        shown, past = found[:limit], (found[limit] if len(found) > limit else None)
+        next_cursor = (
+            self.cursors.encode(kind, (record_id, shown[-1].revision)) if past is not None else None
+        )
+        return HistoryPage(shown, next_cursor, past)
+
+    def revision_count(self, record_id: str) -> int:
+        """How many revisions of a record are stored (counted by the database)."""
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM engram_revisions WHERE record_id = %s", (record_id,)
+            ).fetchone()
+        return int(row[0]) if row else 0
 
     def linked_from(self, record_id: str, scope_id: int, limit: int = 100) -> list[Backlink]:
         """The records of the scope whose current revision links to this one (the way

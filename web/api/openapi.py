@@ -194,9 +194,9 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/history/{record_id}": {
         "get": _op(
-            "Every stored revision of a record, oldest first",
-            {"200": _json(ref("History"), "Its revisions.")},
-            parameters=[_RECORD_ID],
+            "A record's stored revisions, oldest first, up to 200 a page (limit, cursor)",
+            {"200": _json(ref("History"), "Its revisions, and the next page's cursor.")},
+            parameters=[_RECORD_ID, *_PAGING],
         )
     },
     "/api/v1/recall": {

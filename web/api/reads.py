@@ -17,6 +17,7 @@ from store.errors import (
 )
 from store.limits import DEFAULT_TOP_K
 from store.model import SCOPE_FIELDS
+from store.paging import MAX_PAGE_SIZE
 from store.validation import Fields
 
 from ..errors import BadRequestError
@@ -53,14 +54,21 @@ def record(request: Request) -> Response:
 
 
 def history(request: Request) -> Response:
-    Query.of(request)  # takes none
+    """Oldest first, as before paging: a record of up to ``MAX_PAGE_SIZE`` revisions
+    still comes whole by default; ``next`` pages on."""
+    q = Query.of(request, "cursor", "limit")
     browse = web_of(request).services.store.browse
     record_id = ident(request.path_params["record_id"], "record id")
-    revisions = browse.history(record_id)
-    if not revisions:
+    limit = q.integer("limit", minimum=1, maximum=MAX_PAGE_SIZE) or MAX_PAGE_SIZE
+    page = browse.history_page(record_id, cursor=q.cursor(), limit=limit, newest_first=False)
+    if not page.items and q.cursor() is None:
         raise NotFoundError(f"no record {record_id}")
     return JSONResponse(
-        {"record_id": record_id, "revisions": [revision_json(r) for r in revisions]}
+        {
+            "record_id": record_id,
+            "revisions": [revision_json(r) for r in page.items],
+            "next": page.next,
+        }
     )
 
 

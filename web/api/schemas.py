@@ -345,7 +345,11 @@ SCHEMAS: dict[str, Schema] = {
         }
     ),
     "History": obj(
-        {"record_id": {"type": "string"}, "revisions": {"type": "array", "items": ref("Revision")}}
+        {
+            "record_id": {"type": "string"},
+            "revisions": {"type": "array", "items": ref("Revision")},
+            "next": nullable({"type": "string"}),
+        }
     ),
     "Recall": {
         "type": "object",

@@ -17,10 +17,11 @@ from ..render import path_quote
 from ..state import operator_of, web_of
 
 RECEIPTS_SHOWN = 20
+HISTORY_SHOWN = 20  # revisions on a page of a record's history
 
 
 def record_page(request: Request) -> Response:
-    Query.of(request)  # takes none
+    q = Query.of(request, "cursor")
     web = web_of(request)
     browse = web.services.store.browse
     record_id = ident(request.path_params["record_id"], "record id")
@@ -37,15 +38,20 @@ def record_page(request: Request) -> Response:
             scope=browse.scope(tombstone.scope_id),
             receipts=receipts,
         )
-    history = browse.history(record_id)
-    diffs = {d.after: d for d in history_diffs(history)}
+    # A page of the history, newest first; the revision past it is what its last one
+    # changed from. Each diff is bounded (web.diff), so the page is too.
+    history = browse.history_page(record_id, cursor=q.cursor(), limit=HISTORY_SHOWN)
+    diffs = {d.after: d for d in history_diffs([*history.items, *filter(None, [history.past])])}
     return web.render.page(
         request,
         "record.html",
         item=item,
         record=item.record,
         scope=browse.scope(item.scope_id),
-        history=list(reversed(history)),  # newest first, each with what it changed
+        history=history.items,
+        history_next=history.next,
+        history_paged=q.cursor() is not None,
+        revisions=browse.revision_count(record_id),
         diffs=diffs,
         backlinks=browse.linked_from(record_id, item.scope_id),
         receipts=receipts,
@@ -67,7 +73,7 @@ def forget_confirm(request: Request) -> Response:
         item=item,
         record=item.record,
         scope=browse.scope(item.scope_id),
-        revisions=len(browse.history(record_id)),
+        revisions=browse.revision_count(record_id),
     )
 
 
