@@ -232,7 +232,8 @@ class Browse:
         kind = "history" if newest_first else "history-asc"
         after: int | None = None
         if cursor is not None:
-            held, after = self.cursors.decode(cursor, kind, (str, int))
+            held, revision = self.cursors.decode(cursor, kind, (str, int))
+            after = int(revision)  # type: ignore[arg-type]  # decoded as an int
             if held != record_id:
                 raise InvalidCursorError("the cursor is for another record's history")
         op, order = ("<", "DESC") if newest_first else (">", "ASC")

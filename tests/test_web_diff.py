@@ -65,6 +65,7 @@ def test_a_word_diff_keeps_what_is_shared_and_marks_the_rest() -> None:
 def test_whitespace_and_markup_pass_through_untouched() -> None:
     before, after = "a  <b>\n\tc", "a  <i>\n\tc"
     segments = word_diff(before, after)
+    assert segments is not None
     assert "".join(s.text for s in segments if s.kind != "added") == before
     assert "".join(s.text for s in segments if s.kind != "removed") == after
 
