@@ -279,9 +279,9 @@ def _forget_in_plan(plan: Plan, state: ScopeState, record_id: str, op_id: str, s
         if any(ref.id == record_id for ref in receipt.refs) or record_id in receipt.named:
             _redact(receipt)
     # What a repeat later in the batch is answered: as the database will have it.
-    for op_id, stored in list(state.receipts.items()):
+    for stored in list(state.receipts.values()):
         if record_id in stored.records:
-            state.receipts[op_id] = replace(stored, request_digest="", redacted=True)
+            state.receipts[stored.operation_id] = replace(stored, request_digest="", redacted=True)
     if record_id in state.records:
         plan.forgotten_stored.append(record_id)
     plan.tombstones.append((record_id, op_id))

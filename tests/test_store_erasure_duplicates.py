@@ -126,3 +126,7 @@ def test_a_forget_in_the_same_batch_erases_the_duplicate_before_it(
     assert [r.receipt.redacted for r in results] == [True, False]  # type: ignore[union-attr]
     with psycopg.connect(fresh_dsn) as conn:
         assert anywhere(conn, MARKER) == []
+        # The tombstone names the forget that made it.
+        assert conn.execute("SELECT record_id, operation_id FROM engram_forgotten").fetchall() == [
+            (rid, results[1].receipt.operation_id)  # type: ignore[union-attr]
+        ]
