@@ -6,11 +6,14 @@ message, temperature 0 and, where the endpoint offers it, structured output
 endpoint that refuses the format with a 400 is asked again with the next
 (``json_schema`` -> ``json_object`` -> none), and the client keeps to that one.
 
-Timeouts per attempt; retries with exponential back-off and jitter on 429,
-5xx, timeouts and connection errors, waiting what ``Retry-After`` (or
-``retry-after-ms``) says when the endpoint says it; never past the prompt's
-deadline. Other answers, and retries run out, raise ``ModelUnavailableError``
-with the reason. Neither logs nor errors quote a prompt or an answer.
+A timeout per attempt and the prompt's deadline bound the whole exchange (connect,
+request, every read of the answer), not each read: an endpoint trickling a byte
+a second is cut off when the time is up, its connection closed. Retries with
+exponential back-off and jitter on 429, 5xx, timeouts and connection errors,
+waiting what ``Retry-After`` (or ``retry-after-ms``) says when the endpoint says
+it; never past the prompt's deadline. Other answers, and retries run out, raise
+``ModelUnavailableError`` with the reason. Neither logs nor errors quote a
+prompt or an answer.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import email.utils
 import logging
 import random
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import httpcore
 import httpx
 
 from .errors import ModelUnavailableError
@@ -45,8 +50,8 @@ RESPONSE_FORMATS = ("json_schema", "json_object", "none")
 class LLMConfig:
     url: str  # the API's base (``https://api.openai.com/v1``) or the full endpoint
     model: str
-    api_key: str | None = None
-    timeout_s: float = LLM_TIMEOUT_S  # per attempt
+    api_key: str | None = field(default=None, repr=False)
+    timeout_s: float = LLM_TIMEOUT_S  # per attempt, the whole exchange
     max_retries: int = LLM_MAX_RETRIES
     response_format: str = "json_schema"
     backoff_s: float = LLM_BACKOFF_S
@@ -85,6 +90,93 @@ class LLMConfig:
         return url if url.endswith("/chat/completions") else f"{url}/chat/completions"
 
 
+# When the calling thread's exchange must be over (``time.monotonic()``), read by
+# every connect, read and write of the connections the client's transport opens.
+_ENDS: ContextVar[float | None] = ContextVar("engram_llm_call_ends", default=None)
+
+
+def _time_left(timeout: float | None, expired: type[httpcore.TimeoutException]) -> float | None:
+    ends = _ENDS.get()
+    if ends is None:
+        return timeout
+    left = ends - time.monotonic()
+    if left <= 0:
+        raise expired("the model call's time is up")
+    return left if timeout is None else min(timeout, left)
+
+
+class _BoundedStream(httpcore.NetworkStream):
+    """A connection whose every read and write ends by the calling thread's end time."""
+
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _time_left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _time_left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        left = _time_left(timeout, httpcore.ConnectTimeout)
+        return _BoundedStream(self._stream.start_tls(ssl_context, server_hostname, left))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _BoundedBackend(httpcore.NetworkBackend):
+    def __init__(self) -> None:
+        self._backend = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _time_left(timeout, httpcore.ConnectTimeout)
+        return _BoundedStream(
+            self._backend.connect_tcp(host, port, left, local_address, socket_options)
+        )
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        left = _time_left(timeout, httpcore.ConnectTimeout)
+        return _BoundedStream(self._backend.connect_unix_socket(path, left, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+class _BoundedTransport(httpx.HTTPTransport):
+    """httpx's transport, its connections bounded by the calling thread's end time.
+
+    httpx's timeouts hold for each read, so an endpoint sending a byte a second
+    never times out; httpcore takes a network backend, httpx offers no way to
+    give it one: the pool httpx built is replaced by the same on ours. It connects
+    directly (``HTTP(S)_PROXY`` are not read).
+    """
+
+    def __init__(self, limits: httpx.Limits) -> None:
+        super().__init__(limits=limits)
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=_BoundedBackend(),
+        )
+
+
 class _Retry(Exception):
     """An attempt that may be tried again: why, and how long the endpoint asked to wait."""
 
@@ -99,7 +191,10 @@ class _Downgrade(Exception):
 
 
 class OpenAICompatibleLLM:
-    """Thread-safe: the stream worker calls it from several threads at once."""
+    """Thread-safe: the stream worker calls it from several threads at once.
+
+    A ``client`` given is used as it is: its timeouts are httpx's, per read.
+    """
 
     def __init__(self, config: LLMConfig, *, client: httpx.Client | None = None) -> None:
         self.config = config
@@ -107,13 +202,11 @@ class OpenAICompatibleLLM:
         headers = {"Content-Type": "application/json"}
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
-        self._client = client or httpx.Client(
-            headers=headers,
-            limits=httpx.Limits(
-                max_connections=config.max_connections,
-                max_keepalive_connections=config.max_connections,
-            ),
+        limits = httpx.Limits(
+            max_connections=config.max_connections,
+            max_keepalive_connections=config.max_connections,
         )
+        self._client = client or httpx.Client(headers=headers, transport=_BoundedTransport(limits))
 
     @property
     def model_id(self) -> str:
@@ -150,11 +243,14 @@ class OpenAICompatibleLLM:
                 attempt += 1
 
     def _attempt(self, prompt: Prompt) -> Completion:
-        timeout_s = self.config.timeout_s
+        started = time.monotonic()
+        ends = started + self.config.timeout_s
         if prompt.deadline is not None:
-            timeout_s = min(timeout_s, prompt.deadline - time.monotonic())
-            if timeout_s <= 0:
+            if prompt.deadline <= started:
                 raise ModelUnavailableError("the model's deadline passed", reason="deadline")
+            ends = min(ends, prompt.deadline)
+        timeout_s = ends - started
+        token = _ENDS.set(ends)
         try:
             response = self._client.post(
                 self.config.endpoint,
@@ -162,9 +258,15 @@ class OpenAICompatibleLLM:
                 timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
             )
         except httpx.TimeoutException:
+            if prompt.deadline is not None and time.monotonic() >= prompt.deadline:
+                raise ModelUnavailableError(
+                    "the model's deadline passed", reason="deadline"
+                ) from None
             raise _Retry("timeout") from None
         except httpx.TransportError:
             raise _Retry("connection") from None
+        finally:
+            _ENDS.reset(token)
         status = response.status_code
         if status == 200:
             return _completion(response)

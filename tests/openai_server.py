@@ -4,6 +4,8 @@ the benchmark: it records every request and answers what ``respond`` says."""
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +20,10 @@ class Reply:
     body: Any = None  # JSON-encoded unless bytes
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    # Write the answer a byte every ``trickle_s`` (the head at once when not
+    # ``trickle_head``), until done or the client hangs up.
+    trickle_s: float = 0.0
+    trickle_head: bool = True
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class OpenAIServer:
     def __init__(self, respond: Respond) -> None:
         self.respond = respond
         self.requests: list[Request] = []
+        self.hung_up = threading.Event()  # a client closed a connection mid-trickle
         self._lock = threading.Lock()
         server = self
 
@@ -84,6 +91,9 @@ class OpenAIServer:
                 payload = (
                     reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
                 )
+                if reply.trickle_s:
+                    self._trickle(reply, payload)
+                    return
                 try:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")
@@ -94,6 +104,29 @@ class OpenAIServer:
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout): nothing to answer
+
+            def _trickle(self, reply: Reply, payload: bytes) -> None:
+                self.close_connection = True
+                head = (
+                    f"HTTP/1.1 {reply.status} OK\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(payload)}\r\n\r\n"
+                ).encode()
+                conn: socket.socket = self.connection
+                if not reply.trickle_head:
+                    conn.sendall(head)
+                    head = b""
+                for byte in head + payload:
+                    # Wait a byte's interval, or until the client hangs up (readable at EOF).
+                    readable, _, _ = select.select([conn], [], [], reply.trickle_s)
+                    try:
+                        if readable and not conn.recv(1, socket.MSG_PEEK):
+                            break
+                        conn.sendall(bytes([byte]))
+                    except OSError:
+                        break
+                else:
+                    return
+                server.hung_up.set()
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

@@ -206,3 +206,35 @@ def test_the_configuration_is_read_from_the_environment() -> None:
     with pytest.raises(ValueError, match="response_format"):
         LLMConfig(url="u", model="m", response_format="xml")
     assert EVENTS_SCHEMA["required"] == ["memory"]
+
+
+@pytest.mark.parametrize("trickle_head", [True, False], ids=["head", "body"])
+def test_an_endpoint_trickling_its_answer_is_cut_off_at_the_deadline(trickle_head: bool) -> None:
+    # A byte every 0.3 s: each read is well within any timeout, the whole answer
+    # (over 300 bytes) would take minutes.
+    trickling = chat(ANSWER)
+    trickling.trickle_s, trickling.trickle_head = 0.3, trickle_head
+    with serving(scripted(trickling), timeout_s=30, max_retries=5) as (server, llm):
+        prompt = Prompt(
+            PROMPT.kind, PROMPT.system, PROMPT.user, PROMPT.schema, time.monotonic() + 1.0
+        )
+        started = time.monotonic()
+        with pytest.raises(ModelUnavailableError) as info:
+            llm(prompt)
+        took = time.monotonic() - started
+        assert server.hung_up.wait(5)  # the connection was closed, not left to trickle
+    assert info.value.reason == "deadline"
+    assert 0.9 <= took < 1.5
+    assert len(server.requests) == 1
+
+
+def test_the_timeout_per_attempt_bounds_a_trickling_answer_too() -> None:
+    trickling = chat(ANSWER)
+    trickling.trickle_s = 0.2
+    with serving(scripted(trickling), timeout_s=0.5, max_retries=1) as (server, llm):
+        started = time.monotonic()
+        with pytest.raises(ModelUnavailableError) as info:
+            llm(PROMPT)
+        assert time.monotonic() - started < 2.5  # two attempts of 0.5 s and a back-off
+        assert server.hung_up.wait(5)
+    assert info.value.reason == "timeout" and len(server.requests) == 2
