@@ -23,6 +23,16 @@ QUEUES = (REDACTION_QUEUE, MAINTENANCE_QUEUE, REEMBED_QUEUE)
 FORGET_INBOX = f"{PREFIX}:forgets"
 # STRING: the id of the newest redaction job (events wait in the inbox while it runs).
 REDACTION_CURRENT = f"{PREFIX}:redaction:current"
+# LIST of forget events (JSON, ids only) whose redaction job was lost: each is
+# redacted alone, before the inbox, so one that kills its worker takes no other down.
+FORGET_AGAIN = f"{PREFIX}:forgets:again"
+
+
+def redaction_lost(job_id: str) -> str:
+    """STRING, SET NX with a TTL: the one jobs worker that hands a lost job's forgets over."""
+    return f"{PREFIX}:redaction:lost:{job_id}"
+
+
 # STRING ``<holder> <token>`` with a TTL: who may run a re-embedding slice now.
 REEMBED_LEASE = f"{PREFIX}:reembed:lease"
 # STRING counter: the re-embedding lease's fencing tokens (see ``lease``).

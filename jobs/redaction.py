@@ -14,6 +14,12 @@
 4. A forget still ``pending`` long after its commit with no redaction job in
    sight (its worker died before handing it over, or its job was lost with
    Redis) is handed over again by the sweeper (``sweep``).
+5. A redaction job whose jobs worker died while running it (SIGKILL, a listener
+   that brings its process down) is failed in RQ by the feeder, and each of its
+   forgets is handed over again alone (``FORGET_AGAIN``), so one that kills its
+   worker takes no other down. Every hand-over again is counted on the forget's
+   receipt; one counted ``ENGRAM_REDACTION_MAX_HANDOVERS`` times is not handed
+   over again but ends ``failed``, with its reason, and later forgets go on.
 
 A repeated forget (a new operation, or the same one redelivered) runs the
 listeners again: each is idempotent.
@@ -23,13 +29,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
-from rq import get_current_job
-from rq.job import JobStatus
+from rq import Worker, get_current_job
+from rq.job import Job, JobStatus
+from rq.job_lifecycle import record_job_failure
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
 from store import ForgetEvent, forgets
@@ -64,21 +73,31 @@ def hand_over(events: Sequence[ForgetEvent], pipe: Any) -> None:
 
 
 def feed(ctx: JobContext, *, block_s: float = 1.0) -> str | None:
-    """Move the waiting forget events into one redaction job; its id, if one was made."""
+    """Move the waiting forget events into one redaction job; its id, if one was made.
+
+    A forget whose job was lost goes first, alone; then whatever waits in the inbox."""
     client = ctx.client
     running = client.get(keys.REDACTION_CURRENT)
-    if running is not None and queues.status(client, _text(running)) in (
-        JobStatus.QUEUED,
-        JobStatus.STARTED,
-    ):
-        return None  # the events gather meanwhile, for the next job
+    if running is not None:
+        state = queues.status(client, _text(running))
+        if state == JobStatus.QUEUED or (
+            state == JobStatus.STARTED and not _lost(ctx, _text(running))
+        ):
+            return None  # the events gather meanwhile, for the next job
+    again = client.lpop(keys.FORGET_AGAIN)
+    if again is not None:
+        return _enqueue(ctx, [json.loads(again)])  # type: ignore[arg-type]
     raw = client.lpop(keys.FORGET_INBOX, MAX_EVENTS)
     if not raw:
         first = client.blpop([keys.FORGET_INBOX], timeout=block_s)
         if first is None:
             return None
         raw = [first[1], *(client.lpop(keys.FORGET_INBOX, MAX_EVENTS - 1) or [])]
-    batch = _unique([json.loads(r) for r in raw])  # type: ignore[arg-type]
+    return _enqueue(ctx, _unique([json.loads(r) for r in raw]))  # type: ignore[arg-type]
+
+
+def _enqueue(ctx: JobContext, batch: list[dict[str, Any]]) -> str:
+    client = ctx.client
     job_id = keys.new_job_id("redact")
     client.set(keys.REDACTION_CURRENT, job_id)
     queues.enqueue(
@@ -125,34 +144,122 @@ def redact(events: list[dict[str, Any]]) -> dict[str, Any]:
     if failed and not queues.is_final_attempt(job):
         raise JobFailedError(f"forget listeners failed: {', '.join(failed)}; will retry")
     status: Redaction = "failed" if failed else "complete"
-    finish(ctx, batch, status)
+    finish(ctx, batch, status, f"listeners failed: {', '.join(failed)}" if failed else None)
     if failed:
         raise JobFailedError(f"forget listeners failed for good: {', '.join(failed)}")
     return {"events": len(batch), "redaction": status}
 
 
-def finish(ctx: JobContext, batch: Sequence[ForgetEvent], status: Redaction) -> None:
-    """Record the redaction status on the forgets' receipts and in their replies."""
+def finish(
+    ctx: JobContext, batch: Sequence[ForgetEvent], status: Redaction, reason: str | None = None
+) -> None:
+    """Record the redaction status (and why it failed: content-free) on the forgets'
+    receipts and in their replies."""
     op_ids = [e.operation_id for e in batch]
-    forgets.set_redaction(ctx.store.pool, op_ids, status)
+    forgets.set_redaction(ctx.store.pool, op_ids, status, reason)
     for op_id in op_ids:
-        _update_reply(ctx.client, op_id, status)
+        _update_reply(ctx.client, op_id, status, reason)
     log.info("redaction finished", extra={"events": len(batch), "redaction": status})
 
 
 def sweep(ctx: JobContext) -> int:
     """Hand over again the forgets left pending with no redaction job to finish them."""
     client = ctx.client
-    if client.llen(keys.FORGET_INBOX) or _redaction_jobs(client):
+    if client.llen(keys.FORGET_INBOX) or client.llen(keys.FORGET_AGAIN) or _redaction_jobs(client):
         return 0
     cutoff = datetime.now(UTC) - timedelta(seconds=ctx.settings.redaction.sweep_after_s)
     stalled = forgets.pending(ctx.store.pool, cutoff, limit=MAX_EVENTS)
-    if stalled:
+    if not stalled:
+        return 0
+    again = _count_handover(ctx, [event_json.to_dict(e) for e in stalled])
+    if again:
         pipe = client.pipeline(transaction=False)
-        hand_over(stalled, pipe)
+        for event in again:
+            pipe.rpush(keys.FORGET_INBOX, json.dumps(event))
         pipe.execute()
-        log.warning("stalled redactions handed over again", extra={"events": len(stalled)})
-    return len(stalled)
+        log.warning("stalled redactions handed over again", extra={"events": len(again)})
+    return len(again)
+
+
+def _lost(ctx: JobContext, job_id: str) -> bool:
+    """Whether this started redaction job's worker died; if so (and no other jobs
+    worker got there first), fail it in RQ and hand its forgets over again, alone."""
+    client = ctx.client
+    worker_name = client.hget(Job.key_for(job_id), "worker_name")
+    if not _worker_dead(client, _text(worker_name) if worker_name else None):
+        return False
+    job = queues.fetch(client, job_id)
+    if job is None:
+        return False
+    if not client.set(keys.redaction_lost(job_id), "1", nx=True, ex=3600):
+        return False  # another jobs worker hands it over; its status says so next time
+    _fail_abandoned(client, job)
+    events: list[dict[str, Any]] = list(job.args[0]) if job.args else []
+    again = _count_handover(ctx, events)
+    if again:
+        client.rpush(keys.FORGET_AGAIN, *[json.dumps(e) for e in again])
+    log.warning(
+        "redaction job lost with its worker; its forgets handed over again",
+        extra={"job_id": job_id, "events": len(events), "again": len(again)},
+    )
+    return True
+
+
+def _count_handover(ctx: JobContext, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Count one more hand-over of each pending forget; the events to hand over
+    again. A forget handed over ``max_handovers`` times already ends ``failed``."""
+    by_op = {e["operation_id"]: e for e in events}
+    limit = ctx.settings.redaction.max_handovers
+    reason = (
+        f"handed over {limit} times, its redaction never finished: its jobs worker "
+        "died or its job was lost each time"
+    )
+    again, failed = forgets.hand_over_again(
+        ctx.store.pool, list(by_op), max_handovers=limit, reason=reason
+    )
+    for op_id in failed:
+        _update_reply(ctx.client, op_id, "failed", reason)
+    if failed:
+        log.error(
+            "redactions failed: handed over too many times",
+            extra={"events": len(failed), "max_handovers": limit},
+        )
+    return [by_op[op_id] for op_id in again]
+
+
+def _worker_dead(client: redis.Redis, name: str | None) -> bool:
+    """The RQ worker of this name is gone: its registration ran out (no heartbeat for
+    its TTL), or it was on this host and its process is no more."""
+    if not name:
+        return False
+    hostname, pid = client.hmget(Worker.redis_worker_namespace_prefix + name, "hostname", "pid")
+    if hostname is None:
+        return True
+    if _text(hostname) != socket.gethostname() or not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _fail_abandoned(client: redis.Redis, job: Job) -> None:
+    """Out of the started registry and failed, as RQ's own clean-up would do much later
+    (after the job's timeout), and without its retries: its forgets go on without it."""
+    started = StartedJobRegistry(queue=queues.queue(client, keys.REDACTION_QUEUE))
+    entries = [
+        entry
+        for entry in (_text(e) for e in client.zrange(started.key, 0, -1))
+        if started.parse_job_id(entry) == job.id
+    ]
+    pipe = client.pipeline()
+    if entries:
+        pipe.zrem(started.key, *entries)
+    record_job_failure(job, "abandoned: its jobs worker died while running it", pipe)
+    pipe.execute()
 
 
 def _redaction_jobs(client: redis.Redis) -> int:
@@ -165,7 +272,9 @@ def _redaction_jobs(client: redis.Redis) -> int:
     )
 
 
-def _update_reply(client: redis.Redis, operation_id: str, status: Redaction) -> None:
+def _update_reply(
+    client: redis.Redis, operation_id: str, status: Redaction, reason: str | None = None
+) -> None:
     key = stream_keys.reply(operation_id)
     for _ in range(3):
         raw = client.lindex(key, 0)
@@ -176,6 +285,10 @@ def _update_reply(client: redis.Redis, operation_id: str, status: Redaction) -> 
         if not isinstance(receipt, dict) or receipt.get("kind") != "forget":
             return
         receipt["redaction"] = status
+        if reason is not None:
+            receipt["redaction_reason"] = reason
+        else:
+            receipt.pop("redaction_reason", None)
         if client.eval(_SWAP_REPLY, 1, key, raw, json.dumps(reply, separators=(",", ":"))):
             return
 

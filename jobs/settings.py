@@ -48,6 +48,9 @@ class Redaction:
     wait_s: float = 60.0
     # A forget still pending this long after its commit is handed to the listeners again.
     sweep_after_s: float = 300.0
+    # A forget whose redaction job was lost this many times (handed over again each
+    # time) is not handed over again: it ends failed, and later forgets go on.
+    max_handovers: int = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,7 @@ class JobsSettings:
                 reindex_text=env.get("ENGRAM_REDACTION_REINDEX", "on") != "off",
                 wait_s=duration(env, "ENGRAM_REDACTION_WAIT", "60s") or 60.0,
                 sweep_after_s=duration(env, "ENGRAM_REDACTION_SWEEP_AFTER", "5m") or 300.0,
+                max_handovers=int(env.get("ENGRAM_REDACTION_MAX_HANDOVERS") or 5),
             ),
             reembed=Reembed(
                 batch_size=int(env.get("ENGRAM_REEMBED_BATCH_SIZE") or 64),

@@ -3,7 +3,8 @@
 A forget commits first; its listeners run afterwards (seed 000) and need, per
 forgotten record, the operations that ever wrote it (their stream entries and
 dead letters may still hold its text), the forgets still waiting for their
-listeners, and a way to record how the listeners did. ``vacuum`` removes the
+listeners, and a way to record how the listeners did (and how many times a
+forget was handed to them again, when its job was lost). ``vacuum`` removes the
 dead row versions a forget leaves behind in the tables it deleted from.
 """
 
@@ -70,16 +71,42 @@ def pending(pool: Any, committed_before: datetime, limit: int = 1000) -> list[Fo
     ]
 
 
-def set_redaction(pool: Any, operation_ids: Sequence[str], status: Redaction) -> int:
-    """Record how the listeners of these forgets did; returns how many receipts changed."""
+def set_redaction(
+    pool: Any, operation_ids: Sequence[str], status: Redaction, reason: str | None = None
+) -> int:
+    """Record how the listeners of these forgets did, and why when they failed
+    (content-free); returns how many receipts changed."""
     with pool.connection() as conn:
         cur = conn.execute(
-            "UPDATE engram_receipts SET redaction = %s"
+            "UPDATE engram_receipts SET redaction = %s, redaction_reason = %s"
             " WHERE operation_id = ANY(%s) AND kind = 'forget'",
-            (status, list(operation_ids)),
+            (status, reason, list(operation_ids)),
         )
         count: int = cur.rowcount
     return count
+
+
+def hand_over_again(
+    pool: Any, operation_ids: Sequence[str], *, max_handovers: int, reason: str
+) -> tuple[list[str], list[str]]:
+    """Count one more hand-over of these pending forgets, in one transaction:
+    (those to hand over again, those that had reached ``max_handovers`` and are now
+    ``failed`` with ``reason``). Forgets no longer pending are in neither."""
+    ids = list(operation_ids)
+    with pool.connection() as conn, conn.transaction():
+        failed = conn.execute(
+            "UPDATE engram_receipts SET redaction = 'failed', redaction_reason = %s"
+            " WHERE operation_id = ANY(%s) AND kind = 'forget' AND redaction = 'pending'"
+            " AND redaction_handovers >= %s RETURNING operation_id",
+            (reason, ids, max_handovers),
+        ).fetchall()
+        again = conn.execute(
+            "UPDATE engram_receipts SET redaction_handovers = redaction_handovers + 1"
+            " WHERE operation_id = ANY(%s) AND kind = 'forget' AND redaction = 'pending'"
+            " RETURNING operation_id",
+            (ids,),
+        ).fetchall()
+    return [r[0] for r in again], [r[0] for r in failed]
 
 
 def vacuum(pool: Any, *, wait_s: float = 60.0, record_ids: Sequence[str] = ()) -> datetime:

@@ -159,6 +159,7 @@ class Receipt:
     forgotten_revisions: tuple[int, ...] | None = None
     already_forgotten: bool | None = None
     redaction: Redaction | None = None
+    redaction_reason: str | None = None  # why it failed (content-free)
     stream_entry: str | None = None
     error: dict[str, Any] | None = None  # a refusal: committed nothing
     model_calls: int = 0  # the model calls the operation made (a replay makes none more)
@@ -183,6 +184,8 @@ class Receipt:
             out["revisions"] = list(self.forgotten_revisions or ())
             out["already_forgotten"] = bool(self.already_forgotten)
             out["redaction"] = self.redaction
+            if self.redaction_reason is not None:
+                out["redaction_reason"] = self.redaction_reason
         if self.stream_entry is not None:
             out["stream_entry"] = self.stream_entry
         if self.error is not None:
@@ -215,6 +218,7 @@ class Receipt:
             else None,
             "already_forgotten": bool(data.get("already_forgotten")) if forget else None,
             "redaction": data.get("redaction") if forget else None,
+            "redaction_reason": data.get("redaction_reason") if forget else None,
             "stream_entry": data.get("stream_entry"),
             "error": data.get("error"),
             "model_calls": int(data.get("model_calls", 0)),

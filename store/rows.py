@@ -16,11 +16,11 @@ REVISION_COLUMNS = """
 """
 
 # How many columns RECEIPT_COLUMNS selects: a query may select more after them.
-RECEIPT_WIDTH = 16
+RECEIPT_WIDTH = 17
 RECEIPT_COLUMNS = """
     c.operation_id, c.kind, s.key, c.scope_revision, c.committed_at, c.redacted,
     c.forgotten_revisions, c.already_forgotten, c.redaction, c.stream_entry, c.error,
-    c.model_calls, c.requested_by, c.replays, c.last_replayed_at,
+    c.model_calls, c.requested_by, c.replays, c.last_replayed_at, c.redaction_reason,
     coalesce((SELECT json_agg(json_build_array(rr.record_id, rr.revision, rr.status)
                               ORDER BY rr.record_id, rr.revision)
               FROM engram_receipt_records rr WHERE rr.operation_id = c.operation_id), '[]')
@@ -103,6 +103,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         requested_by,
         replays,
         last_replayed_at,
+        redaction_reason,
         refs,
     ) = row[:RECEIPT_WIDTH]
     return Receipt(
@@ -116,6 +117,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         forgotten_revisions=tuple(forgotten_revisions) if forgotten_revisions is not None else None,
         already_forgotten=already_forgotten,
         redaction=redaction,
+        redaction_reason=redaction_reason,
         stream_entry=stream_entry,
         error=error,
         model_calls=model_calls,
