@@ -102,7 +102,9 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
                 access_log=False,
                 log_config=None,
                 server_header=False,
-                proxy_headers=False,
+                # X-Forwarded-* believed from the configured TLS proxies only.
+                proxy_headers=bool(config.trusted_proxies),
+                forwarded_allow_ips=list(config.trusted_proxies) or None,
                 lifespan="off",
             )
         )

@@ -110,7 +110,7 @@ def routes() -> list[BaseRoute]:
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
         # -- the JSON API (described by /api/v1/openapi.json) --
         route("/api/v1/openapi.json", get=openapi),
-        route("/api/v1/operations", post=json_endpoint(api_ops.enqueue)),
+        route("/api/v1/operations", post=api_ops.enqueue),  # reads its body, waits async
         route("/api/v1/operations/{operation_id:id}", get=api_ops.operation),
         route("/api/v1/receipts", get=api_ops.receipts),
         route("/api/v1/receipts/{operation_id:id}", get=api_ops.receipt),

@@ -18,7 +18,8 @@ MIN_TOKEN_CHARS = 16
 # Request bodies: an operation may be as large as a stream entry; a form is small.
 MAX_JSON_BYTES = worker_defaults.MAX_ENTRY_BYTES
 MAX_FORM_BYTES = 64 * 1024
-# ``?wait=`` longer than this is refused: a waiting request holds a thread.
+# ``?wait=`` longer than this is refused (a waiting request holds no thread, but a
+# connection).
 MAX_WAIT_S = 30.0
 SESSION_TTL_S = 12 * 3600
 LOOPBACK_NAMES = ("localhost",)
@@ -52,6 +53,9 @@ class WebConfig:
     max_form_bytes: int = MAX_FORM_BYTES
     max_wait_s: float = MAX_WAIT_S
     session_ttl_s: int = SESSION_TTL_S
+    # The TLS proxies in front (IPs): only their X-Forwarded-Proto / -For are believed
+    # (uvicorn's proxy_headers), so behind one the cookies are Secure and HSTS is sent.
+    trusted_proxies: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if self.token is not None and len(self.token) < MIN_TOKEN_CHARS:
@@ -64,6 +68,14 @@ class WebConfig:
                 "address, without ENGRAM_DASHBOARD_TOKEN: set a token (every page and API call "
                 "will then need it), or bind 127.0.0.1"
             )
+        for proxy in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ConfigError(
+                    "ENGRAM_DASHBOARD_TRUSTED_PROXIES lists IP addresses or networks"
+                    " (comma-separated)"
+                ) from None
         if not 0 < self.port < 65536:
             raise ConfigError("the port must be between 1 and 65535")
 
@@ -97,6 +109,8 @@ class WebConfig:
         env = os.environ if env is None else env
         queues = tuple(q.strip() for q in env.get("ENGRAM_JOB_QUEUES", "").split(",") if q.strip())
         hosts = tuple(h.strip() for h in env.get("ENGRAM_DASHBOARD_HOSTS", "").split(",") if h)
+        proxies = env.get("ENGRAM_DASHBOARD_TRUSTED_PROXIES", "")
+        trusted = tuple(p.strip() for p in proxies.split(",") if p.strip())
         return cls(
             host=host or env.get("ENGRAM_DASHBOARD_HOST") or "127.0.0.1",
             port=port or _port(env.get("ENGRAM_DASHBOARD_PORT")),
@@ -105,6 +119,7 @@ class WebConfig:
             lease_ttl_ms=lease_ttl_ms,
             job_queues=queues or DEFAULT_JOB_QUEUES,
             allowed_hosts=hosts,
+            trusted_proxies=trusted,
         )
 
 

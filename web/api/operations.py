@@ -3,16 +3,20 @@ receipt), an operation's state, receipts."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from store import Operation
 from store.errors import EngramError, InvalidRequestError, NotFoundError
 from store.operations import new_operation_id
-from worker import WaitTimeout
+from worker import Pending, StreamReceipt, WaitTimeout
 
+from ..bodies import read_json
 from ..params import Query, ident
 from ..render import path_quote
 from ..state import operator_of, web_of
@@ -20,12 +24,35 @@ from ..views.receipts import RECEIPT_FILTERS, operation_state, receipt_filter
 from .serialize import page_json, receipt_json
 
 OPERATION_FIELDS = ("operation_id", "kind", "scope", "request")
+# A waiting request looks for its reply after this, then twice as long each time, up
+# to MAX_POLL_S: a reply shows within a tenth of a second, at ten reads a second.
+FIRST_POLL_S = 0.01
+MAX_POLL_S = 0.1
 
 
-def enqueue(request: Request, body: Any) -> Response:
+async def enqueue(request: Request) -> Response:
     """202 with the operation's id once it is on its stream; with ``?wait=SECONDS``, the
     receipt (200) or the error the operation failed with (its status), or 202 again
-    if no worker answered in time (the operation stays queued)."""
+    if no worker answered in time (the operation stays queued).
+
+    The wait holds no thread: it sleeps on the event loop between checks that each
+    borrow a thread for one non-blocking read, so waiting requests cannot starve the
+    thread pool every other request (``/healthz`` included) runs on."""
+    web = web_of(request)
+    body = await read_json(request, web.config.max_json_bytes)
+    wait, pending, accepted = await run_in_threadpool(_enqueue, request, body)
+    if not wait:
+        return JSONResponse(accepted, status_code=202)
+    replied = await _wait(pending, wait)
+    if replied is None:
+        return JSONResponse(accepted, status_code=202)
+    item = await run_in_threadpool(web.services.store.browse.receipt, pending.operation_id)
+    if item is None:  # the receipt was pruned meanwhile: say what the worker said
+        raise NotFoundError(f"operation {pending.operation_id} committed, but its receipt is gone")
+    return JSONResponse({**receipt_json(item), "replayed": replied.replayed})
+
+
+def _enqueue(request: Request, body: Any) -> tuple[float | None, Pending, dict[str, Any]]:
     web = web_of(request)
     wait = Query.of(request, "wait").number("wait", minimum=0.0, maximum=web.config.max_wait_s)
     if not isinstance(body, dict):
@@ -45,16 +72,24 @@ def enqueue(request: Request, body: Any) -> Response:
         "state": "enqueued",
         "status_url": f"/api/v1/operations/{path_quote(op.operation_id)}",
     }
-    if not wait:
-        return JSONResponse(accepted, status_code=202)
-    try:
-        replied = pending.wait(wait)
-    except WaitTimeout:
-        return JSONResponse(accepted, status_code=202)
-    item = web.services.store.browse.receipt(op.operation_id)
-    if item is None:  # the receipt was pruned meanwhile: say what the worker said
-        raise NotFoundError(f"operation {op.operation_id} committed, but its receipt is gone")
-    return JSONResponse({**receipt_json(item), "replayed": replied.replayed})
+    return wait, pending, accepted
+
+
+async def _wait(pending: Pending, wait_s: float) -> StreamReceipt | None:
+    """The reply, its error raised, or None after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    pause_s = FIRST_POLL_S
+    while True:
+        try:
+            # ``wait(0)`` reads the reply once and never blocks (nor sleeps).
+            return await run_in_threadpool(pending.wait, 0.0)
+        except WaitTimeout:
+            pass
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        await asyncio.sleep(min(pause_s, remaining))
+        pause_s = min(pause_s * 2, MAX_POLL_S)
 
 
 def operation(request: Request) -> Response:

@@ -1,0 +1,112 @@
+"""``engram web`` served by a real uvicorn: behind a trusted TLS proxy its cookies are
+Secure and it sends HSTS (and believes no one else's X-Forwarded-Proto); requests
+waiting for their operation hold no thread, so ``/healthz`` still answers."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+
+import httpx
+import redis
+
+from store import Store
+from tests.redis_fixtures import FAST
+from tests.web_fixtures import TOKEN, Served
+from worker import keys
+
+HTTPS = {"X-Forwarded-Proto": "https"}
+
+
+def sign_in(served: Served) -> httpx.Response:
+    """Sign in as a browser behind the proxy would; the answer that sets the session."""
+    with httpx.Client(base_url=served.url, headers=HTTPS) as client:
+        page = client.get("/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf is not None, page.text
+        # The proxy speaks HTTPS to the browser, plain HTTP here: the browser would send
+        # the (Secure) CSRF cookie, httpx over http:// would not, so it is sent by hand.
+        nonce = page.headers["set-cookie"].split(";")[0]
+        client.cookies.clear()
+        return client.post(
+            "/login",
+            data={"name": "ada", "token": TOKEN, "csrf": csrf[1], "next": "/"},
+            headers={"Cookie": nonce},
+        )
+
+
+def session_cookie(response: httpx.Response) -> str:
+    [cookie] = [c for c in response.headers.get_list("set-cookie") if "engram_session=" in c]
+    return cookie
+
+
+def test_behind_a_trusted_proxy_cookies_are_secure_and_hsts_is_sent(
+    serve_web: Callable[..., Served], fresh_dsn: str, fresh_store: Store, redis_url: str
+) -> None:
+    env = {"ENGRAM_DASHBOARD_TOKEN": TOKEN, "ENGRAM_DASHBOARD_TRUSTED_PROXIES": "127.0.0.1"}
+    served = serve_web(database_url=fresh_dsn, redis_url=redis_url, env=env)
+    signed_in = sign_in(served)
+    assert signed_in.status_code == 303, signed_in.text
+    assert "secure" in session_cookie(signed_in).lower()
+    assert signed_in.headers["strict-transport-security"].startswith("max-age=")
+    plain = httpx.get(served.url + "/healthz")  # the proxy's own plain-HTTP probe
+    assert "strict-transport-security" not in plain.headers
+
+
+def test_an_untrusted_peer_cannot_claim_https(
+    serve_web: Callable[..., Served], fresh_dsn: str, fresh_store: Store, redis_url: str
+) -> None:
+    for proxies in ("", "10.9.9.9"):  # none configured; another host's
+        env = {"ENGRAM_DASHBOARD_TOKEN": TOKEN, "ENGRAM_DASHBOARD_TRUSTED_PROXIES": proxies}
+        served = serve_web(database_url=fresh_dsn, redis_url=redis_url, env=env)
+        signed_in = sign_in(served)
+        assert signed_in.status_code == 303, signed_in.text
+        assert "secure" not in session_cookie(signed_in).lower()
+        assert "strict-transport-security" not in signed_in.headers
+
+
+def test_requests_waiting_for_their_operation_do_not_starve_healthz(
+    serve_web: Callable[..., Served], fresh_dsn: str, fresh_store: Store, redis_url: str
+) -> None:
+    """No worker runs: every ``?wait`` waits its whole 20 s. More of them than the
+    thread pool has threads (40) are in flight, and ``/healthz`` answers at once."""
+    served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
+    client = redis.Redis.from_url(redis_url)
+    streams = [keys.stream(p) for p in range(FAST.partitions)]
+    waiting = 48
+
+    def enqueued() -> int:
+        return sum(int(client.xlen(s)) for s in streams)
+
+    before = enqueued()
+
+    async def scenario() -> float:
+        limits = httpx.Limits(max_connections=waiting + 4)
+        async with httpx.AsyncClient(base_url=served.url, limits=limits, timeout=60) as http:
+            body = {"kind": "remember", "scope": {"user_id": "w"}, "request": {"text": "t"}}
+            tasks = [
+                asyncio.create_task(http.post("/api/v1/operations?wait=20", json=body))
+                for _ in range(waiting)
+            ]
+            # Every request is on its stream, so each is now waiting (the old server
+            # took at most 40 at a time, each holding a thread while it waited).
+            deadline = time.monotonic() + 15
+            while enqueued() - before < 40 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert enqueued() - before >= 40
+            started = time.monotonic()
+            health = await http.get("/healthz", timeout=10)
+            took = time.monotonic() - started
+            assert health.status_code == 200
+            assert not any(t.done() for t in tasks)  # all still waiting
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return took
+
+    took = asyncio.run(scenario())
+    client.close()
+    assert took < 2.0, took
+    assert enqueued() - before == waiting
