@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from store.errors import InvalidRequestError
+from store.masking import MASKED_URL, masked_repr
 
 BUILTIN_LISTENERS = ("redis", "postgres", "webhook")
 
@@ -35,8 +36,8 @@ class Redaction:
 
     # Built-in names and package.module:callable plug-ins, in the order they run.
     listeners: tuple[str, ...] = ("redis", "postgres", "webhook")
-    webhook_url: str | None = None
-    webhook_secret: str | None = None
+    webhook_url: str | None = field(default=None, metadata=MASKED_URL)
+    webhook_secret: str | None = field(default=None, repr=False)
     # Pauses before each retry of a failed redaction job; the last failure is final.
     retry_s: tuple[int, ...] = (10, 60, 300)
     # Rewrite valkey's append-only file (and save its RDB file, if it keeps one) so that
@@ -51,6 +52,8 @@ class Redaction:
     # A forget whose redaction job was lost this many times (handed over again each
     # time) is not handed over again: it ends failed, and later forgets go on.
     max_handovers: int = 5
+
+    __repr__ = masked_repr
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from .limits import (
     LLM_TIMEOUT_S,
 )
 from .llm import Completion, Prompt, Usage
+from .masking import MASKED_URL, masked_repr
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,8 @@ RESPONSE_FORMATS = ("json_schema", "json_object", "none")
 
 @dataclass(frozen=True, slots=True)
 class LLMConfig:
-    url: str  # the API's base (``https://api.openai.com/v1``) or the full endpoint
+    # the API's base (``https://api.openai.com/v1``) or the full endpoint
+    url: str = field(metadata=MASKED_URL)
     model: str
     api_key: str | None = field(default=None, repr=False)
     timeout_s: float = LLM_TIMEOUT_S  # per attempt, the whole exchange
@@ -57,6 +59,8 @@ class LLMConfig:
     backoff_s: float = LLM_BACKOFF_S
     max_backoff_s: float = LLM_MAX_BACKOFF_S
     max_connections: int = 64
+
+    __repr__ = masked_repr
 
     def __post_init__(self) -> None:
         if self.response_format not in RESPONSE_FORMATS:

@@ -42,7 +42,7 @@ def is_loopback(host: str) -> bool:
 class WebConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     partitions: int = worker_defaults.PARTITIONS
     lease_ttl_ms: int = worker_defaults.LEASE_TTL_MS
     job_queues: tuple[str, ...] = DEFAULT_JOB_QUEUES

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from store import LLMConfig
+from store.masking import MASKED_URL, masked_repr
 
 from . import defaults
 
@@ -49,8 +50,8 @@ class WorkerConfig:
 @dataclass(frozen=True, slots=True)
 class Settings:
     home: Path
-    database_url: str | None
-    redis_url: str | None
+    database_url: str | None = field(metadata=MASKED_URL)
+    redis_url: str | None = field(metadata=MASKED_URL)
     embedder: str = "wordllama"
     # Embedders of your own, by name: "name=package.module:factory,..." (store.registry).
     embedders: str = ""
@@ -58,6 +59,8 @@ class Settings:
     db_pool_size: int = defaults.DB_POOL_SIZE
     worker: WorkerConfig = WorkerConfig()
     llm: LLMConfig | None = None  # ENGRAM_LLM_URL and the rest (``LLMConfig.from_env``)
+
+    __repr__ = masked_repr
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

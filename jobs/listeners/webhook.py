@@ -17,10 +17,11 @@ import json
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from store import ForgetEvent
 from store.errors import InvalidRequestError
+from store.masking import MASKED_URL, masked_repr
 
 from .. import events as event_json
 from ..settings import Redaction
@@ -55,10 +56,12 @@ def verify(
 
 @dataclass(frozen=True, slots=True)
 class WebhookListener:
-    url: str
-    secret: str
+    url: str = field(metadata=MASKED_URL)
+    secret: str = field(repr=False)
     timeout_s: float = 10.0
     name: str = "webhook"
+
+    __repr__ = masked_repr
 
     @classmethod
     def configured(cls, config: Redaction) -> WebhookListener:
