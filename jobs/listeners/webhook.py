@@ -5,8 +5,9 @@ Body: ``{"events": [{"scope", "record_id", "revisions", "operation_id",
 seconds) and ``X-Engram-Signature: sha256=<hex>``, the HMAC-SHA256 of
 ``<timestamp>.<body>`` with ``ENGRAM_FORGET_WEBHOOK_SECRET``. A receiver
 recomputes it over the raw body (``verify``) and refuses old timestamps. Any
-answer but 2xx, or none within 10 s, is a failure: the redaction job is
-retried (``ENGRAM_REDACTION_RETRY``), so a receiver must accept an event twice.
+answer but 2xx (a redirect too: it is not followed), or none within 10 s, is a
+failure: the redaction job is retried (``ENGRAM_REDACTION_RETRY``), so a
+receiver must accept an event twice.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import hmac
 import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -90,6 +92,22 @@ class WebhookListener:
                 SIGNATURE_HEADER: sign(self.secret, timestamp, body),
             },
         )
-        # urlopen raises for an answer that is not 2xx (HTTPError), or none (URLError).
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
+        # The opener raises for an answer that is not 2xx (HTTPError; a redirect too, as
+        # it is not followed), or none (URLError).
+        with _OPENER.open(request, timeout=self.timeout_s) as answer:
             answer.read()
+            if not 200 <= answer.status < 300:
+                raise urllib.error.HTTPError(
+                    "webhook", answer.status, "not 2xx", answer.headers, None
+                )
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is a failed delivery, not a place to go: urllib would follow a 302
+    with a GET (the events dropped) and count the GET's 200 as delivered."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
