@@ -191,8 +191,10 @@ def _lost(ctx: JobContext, job_id: str) -> bool:
     job = queues.fetch(client, job_id)
     if job is None:
         return False
-    if not client.set(keys.redaction_lost(job_id), "1", nx=True, ex=3600):
-        return False  # another jobs worker hands it over; its status says so next time
+    # One jobs worker hands it over; should it die before failing the job, the claim
+    # runs out and another one does.
+    if not client.set(keys.redaction_lost(job_id), "1", nx=True, ex=60):
+        return False
     _fail_abandoned(client, job)
     events: list[dict[str, Any]] = list(job.args[0]) if job.args else []
     again = _count_handover(ctx, events)
