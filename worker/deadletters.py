@@ -39,6 +39,8 @@ class DeadLetter:
     deliveries: int
     at_ms: int
     op: str | None  # the op field as sent
+    # Its own fields missing or garbage (planted, damaged): shown as such, never retried.
+    malformed: bool = False
 
 
 def add(
@@ -154,13 +156,23 @@ _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 def _letter(raw_id: Any, fields: Any) -> DeadLetter:
     f = {_s(k): _s(v) for k, v in (fields or {}).items()}
+    try:
+        return _parsed(raw_id, f)
+    except (KeyError, ValueError, TypeError):
+        return DeadLetter(_s(raw_id), -1, "", None, MALFORMED, {}, 0, 0, None, malformed=True)
+
+
+def _parsed(raw_id: Any, f: dict[str, str]) -> DeadLetter:
+    error = json.loads(f["error"])
+    if not isinstance(error, dict):
+        raise TypeError("a dead letter's error is a JSON object")
     return DeadLetter(
         id=_s(raw_id),
         partition=int(f["partition"]),
         entry_id=f["entry"],
         operation_id=f["operation_id"] or None,
         reason=f["reason"],
-        error=json.loads(f["error"]),
+        error=error,
         deliveries=int(f["deliveries"]),
         at_ms=int(f["at_ms"]),
         op=f["op"] or None,

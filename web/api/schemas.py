@@ -471,6 +471,10 @@ SCHEMAS: dict[str, Schema] = {
             "deliveries": {"type": "integer"},
             "at_ms": {"type": "integer"},
             "op": nullable({"type": "string", "description": "The entry as sent."}),
+            "malformed": {
+                "type": "boolean",
+                "description": "Its fields are missing or garbage: shown, never retried.",
+            },
         }
     ),
     "Retried": obj(

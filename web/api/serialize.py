@@ -142,6 +142,7 @@ def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
         "deliveries": letter.deliveries,
         "at_ms": letter.at_ms,
         "op": letter.op,
+        "malformed": letter.malformed,
     }
 
 
