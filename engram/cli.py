@@ -217,8 +217,15 @@ _COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
 )
 
 
+DESCRIPTION = (
+    "engram, versioned memory for AI agents: run the service (up), send operations"
+    " (enqueue, wait), read what is stored (get, history, recall, receipts, scopes),"
+    " and run the background jobs (jobs, reembed, prune)."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="engram", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="engram", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"engram {version()}")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument(
@@ -241,7 +248,7 @@ def version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(list(sys.argv[1:] if argv is None else argv))
     log_format = args.log_format or os.environ.get("ENGRAM_LOG_FORMAT") or "text"
     logs.configure(args.log_level, as_json=log_format == "json")
     try:
@@ -250,6 +257,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (EngramError, ValueError, redis.RedisError, psycopg.OperationalError) as exc:
         print(f"engram: {_describe(exc)}", file=sys.stderr)
         return exits.for_error(exc)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``; what follows ``valkey-cli`` is valkey-cli's own, leading options
+    included (argparse would read ``--scan`` as one of ours)."""
+    at = _command_at(argv)
+    if at is not None and argv[at] == "valkey-cli":
+        args = build_parser().parse_args(argv[: at + 1])
+        args.arguments = argv[at + 1 :]
+        return args
+    return build_parser().parse_args(argv)
+
+
+def _command_at(argv: list[str]) -> int | None:
+    """Where the command stands in ``argv``: the first word past the global options."""
+    at = 0
+    while at < len(argv):
+        if argv[at] in ("--log-level", "--log-format"):
+            at += 2
+        elif argv[at].startswith("-"):
+            at += 1
+        else:
+            return at
+    return None
 
 
 def _describe(exc: BaseException) -> str:

@@ -217,3 +217,21 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert exited.value.code == 0
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert capsys.readouterr().out == f"engram {declared}\n"
+
+
+def test_help_speaks_to_the_user_not_of_the_code(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "versioned memory for AI agents" in out
+    assert "_COMMAND_MODULES" not in out and "``" not in out
+
+
+def test_a_record_named_like_a_command_is_still_a_record(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Only the command word itself hands the rest of the line to valkey-cli.
+    with pytest.raises(SystemExit):
+        main(["get", "valkey-cli", "--bogus"])
+    assert "engram get: error:" in capsys.readouterr().err

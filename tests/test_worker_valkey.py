@@ -183,6 +183,16 @@ def test_engram_valkey_cli_hands_the_password_over_outside_its_argv(tmp_path: Pa
         assert (out.returncode, out.stdout) == (0, "PONG\n"), out.stderr
         # valkey-cli warns when a password comes in on its command line (-a or -u).
         assert "password" not in out.stderr, out.stderr
+        # valkey-cli's own options pass through, leading ones included.
+        redis.Redis.from_url(server.url).set("engram:probe", "1")
+        out = subprocess.run(
+            [sys.executable, "-m", "engram", "valkey-cli", "--scan", "--pattern", "engram:pr*"],
+            env={**os.environ, "REDIS_URL": server.url, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert (out.returncode, out.stdout) == (0, "engram:probe\n"), out.stderr
     finally:
         server.stop()
 
