@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import os
 import random
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -166,19 +168,50 @@ class _BoundedTransport(httpx.HTTPTransport):
 
     httpx's timeouts hold for each read, so an endpoint sending a byte a second
     never times out; httpcore takes a network backend, httpx offers no way to
-    give it one: the pool httpx built is replaced by the same on ours. It connects
-    directly (``HTTP(S)_PROXY`` are not read).
+    give it one: the pool httpx built is replaced by the same on ours, through
+    ``proxy`` when one is given (a transport given to httpx reads no proxy from
+    the environment: ``proxy_for`` does).
     """
 
-    def __init__(self, limits: httpx.Limits) -> None:
+    def __init__(self, limits: httpx.Limits, proxy: str | None = None) -> None:
         super().__init__(limits=limits)
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
+        ssl_context = httpx.create_ssl_context()
+        if proxy is None:
+            self._pool = httpcore.ConnectionPool(
+                ssl_context=ssl_context,
+                max_connections=limits.max_connections,
+                max_keepalive_connections=limits.max_keepalive_connections,
+                keepalive_expiry=limits.keepalive_expiry,
+                network_backend=_BoundedBackend(),
+            )
+            return
+        url = httpx.URL(proxy)
+        self._pool = httpcore.HTTPProxy(
+            proxy_url=httpcore.URL(
+                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+            ),
+            proxy_auth=(url.username, url.password) if url.username else None,
+            ssl_context=ssl_context,
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
             network_backend=_BoundedBackend(),
         )
+
+
+def proxy_for(url: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The proxy the environment names for ``url``, as httpx reads it by default:
+    ``HTTPS_PROXY`` / ``HTTP_PROXY`` by scheme, else ``ALL_PROXY``, none for a host
+    that ``NO_PROXY`` names."""
+    env = os.environ if env is None else env
+    named = {k.lower(): v for k, v in env.items() if k.lower().endswith("_proxy") and v}
+    parts = urllib.parse.urlsplit(url)
+    for pattern in named.get("no_proxy", "").split(","):
+        pattern = pattern.strip().lstrip(".").lower()
+        host = (parts.hostname or "").lower()
+        if pattern == "*" or (pattern and (host == pattern or host.endswith("." + pattern))):
+            return None
+    return named.get(f"{parts.scheme}_proxy") or named.get("all_proxy")
 
 
 class _Retry(Exception):
@@ -210,7 +243,9 @@ class OpenAICompatibleLLM:
             max_connections=config.max_connections,
             max_keepalive_connections=config.max_connections,
         )
-        self._client = client or httpx.Client(headers=headers, transport=_BoundedTransport(limits))
+        self._client = client or httpx.Client(
+            headers=headers, transport=_BoundedTransport(limits, proxy_for(config.endpoint))
+        )
 
     @property
     def model_id(self) -> str:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 
 from store import Completion, LLMConfig, ModelUnavailableError, OpenAICompatibleLLM, Prompt
+from store.llm_client import proxy_for
 from store.prompts import EVENTS_SCHEMA, reconcile_prompt
 from tests.openai_server import OpenAIServer, Reply, Request, Respond, chat, scripted
 
@@ -238,3 +240,34 @@ def test_the_timeout_per_attempt_bounds_a_trickling_answer_too() -> None:
         assert time.monotonic() - started < 2.5  # two attempts of 0.5 s and a back-off
         assert server.hung_up.wait(5)
     assert info.value.reason == "timeout" and len(server.requests) == 2
+
+
+def test_the_environments_proxy_is_used_as_httpx_would() -> None:
+    assert proxy_for("https://api.example.com/v1", {"HTTPS_PROXY": "http://p:3128"}) == (
+        "http://p:3128"
+    )
+    assert proxy_for("http://m.test/v1", {"HTTPS_PROXY": "http://p:3128"}) is None
+    assert proxy_for("http://m.test/v1", {"all_proxy": "http://p:1"}) == "http://p:1"
+    no_proxy = {"HTTP_PROXY": "http://p:1", "NO_PROXY": "localhost, .internal"}
+    assert proxy_for("http://model.internal:8000/v1", no_proxy) is None
+    assert proxy_for("http://localhost:8000/v1", no_proxy) is None
+    assert proxy_for("http://model.test/v1", no_proxy) == "http://p:1"
+
+
+def test_a_proxy_in_the_environment_carries_the_calls_and_the_deadline_holds_through_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The test server plays the proxy: a proxied request names its whole URL.
+    answers = iter([chat(ANSWER), Reply(body=b"{}", trickle_s=0.3)])
+    with OpenAIServer(lambda _request: next(answers)) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url.rsplit("/v1", 1)[0])
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        config = LLMConfig(url="http://model.test/v1", model="m", max_retries=0)
+        with OpenAICompatibleLLM(config) as llm:
+            assert llm(PROMPT).text == ANSWER
+            started = time.monotonic()
+            with pytest.raises(ModelUnavailableError) as failed:
+                llm(replace(PROMPT, deadline=time.monotonic() + 1.0))
+            assert failed.value.reason == "deadline" and time.monotonic() - started < 3
+    assert [r.path for r in proxy.requests] == ["http://model.test/v1/chat/completions"] * 2
