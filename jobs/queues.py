@@ -11,6 +11,8 @@ their code. A job this side cannot read (not JSON, garbled, planted) is an
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,8 +20,13 @@ from typing import Any
 
 import redis
 from rq import Queue, Retry
+from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
+
+from . import keys
+
+log = logging.getLogger(__name__)
 
 SERIALIZER = JSONSerializer
 RESULT_TTL_S = 86_400
@@ -106,6 +113,29 @@ def _field(raw: dict[Any, Any], name: str) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")[:128]
     return str(value)[:128] if value is not None else ""
+
+
+class CheckedJob(Job):
+    """The jobs worker's job class. RQ lets any exception of a job's restore out of
+    its dequeue, and the worker quits: one planted or damaged job would stop the
+    jobs for good. Such a job is set aside instead, as RQ skips a job that is gone:
+    into its queue's failed jobs (where the dashboard shows it as unreadable) when
+    it names one of engram's queues, never run."""
+
+    def restore(self, raw: dict[Any, Any]) -> None:
+        try:
+            super().restore(raw)
+            self.func_name  # noqa: B018 -- reads the call (JSON) now, so a bad one is caught here
+        except Exception:
+            set_aside(self.connection, self.id, _field(raw, "origin"))
+            raise NoSuchJobError(f"job {self.id[:128]!r} is unreadable") from None
+
+
+def set_aside(client: redis.Redis, job_id: str, origin: str) -> None:
+    """List an unreadable job among its queue's failed jobs; log its id, nothing else."""
+    if origin in keys.QUEUES:
+        client.zadd(f"rq:failed:{origin}", {job_id: time.time() + FAILURE_TTL_S})
+    log.warning("an unreadable job was set aside, never run", extra={"job_id": job_id[:128]})
 
 
 def status(client: redis.Redis, job_id: str) -> JobStatus | None:

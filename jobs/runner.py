@@ -69,6 +69,7 @@ def run(ctx: JobContext, rq_client: redis.Redis, *, burst: bool = False) -> int:
         [queues.queue(rq_client, name) for name in keys.QUEUES],
         connection=rq_client,
         serializer=queues.SERIALIZER,
+        job_class=queues.CheckedJob,
         name=f"engram-jobs-{socket.gethostname()}-{os.getpid()}",
         worker_ttl=WORKER_TTL_S,
     )
