@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from jobs import runner
+from jobs import redaction, runner
 from jobs.context import JobContext
 from jobs.settings import JobsSettings
 from store import HashingEmbedder, Store
 from store.registry import EmbedderRegistry, parse_plugins
-from tests.redis_fixtures import FAST, WorkerProcess, spawn, stop_all
+from tests.redis_fixtures import FAST, InProcessWorker, WorkerProcess, spawn, stop_all
 from worker.runtime import connect_redis
+from worker.worker import Worker
 
 # The test embedders, by name, for every process of a test (workers and jobs).
 PLUGINS = "slow=tests.jobs_fixtures:SlowHashing,leaky=tests.jobs_fixtures:LeakyEmbedder"
@@ -103,6 +104,20 @@ def run_burst(ctx: JobContext, redis_url: str) -> None:
 
 # An ``engram jobs`` subprocess: the same handle as a worker's.
 JobsProcess = WorkerProcess
+
+
+@pytest.fixture
+def stream_worker(fresh_store: Store, redis_url: str) -> Iterator[Worker]:
+    """A stream worker, in this process, that hands its forgets to the jobs."""
+    worker = Worker(
+        connect_redis(redis_url),
+        fresh_store,
+        HashingEmbedder(64),
+        config=FAST,
+        on_forget=redaction.hand_over,
+    )
+    with InProcessWorker(worker) as running:
+        yield running
 
 
 @pytest.fixture

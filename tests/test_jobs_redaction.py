@@ -19,7 +19,7 @@ from jobs import keys, listing, redaction
 from jobs.listeners.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 from store import HashingEmbedder, Operation, Store
 from tests.jobs_fixtures import JobsProcess
-from tests.redis_fixtures import FAST, InProcessWorker, wait_until
+from tests.redis_fixtures import FAST, wait_until
 from worker import Producer, StreamReceipt
 from worker.runtime import connect_redis
 from worker.worker import Worker
@@ -32,20 +32,6 @@ SCOPE = {"user_id": "ada"}
 def producer(redis_url: str) -> Iterator[Producer]:
     with Producer.from_url(redis_url, partitions=FAST.partitions) as p:
         yield p
-
-
-@pytest.fixture
-def stream_worker(fresh_store: Store, redis_url: str) -> Iterator[Worker]:
-    """A stream worker that hands its forgets to the jobs."""
-    worker = Worker(
-        connect_redis(redis_url),
-        fresh_store,
-        HashingEmbedder(64),
-        config=FAST,
-        on_forget=redaction.hand_over,
-    )
-    with InProcessWorker(worker) as running:
-        yield running
 
 
 def remembered(producer: Producer, text: str = "Ada lives in London.") -> str:

@@ -16,10 +16,9 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 
-from jobs import redaction
-from store import HashingEmbedder, Store
+from store import Store
 from tests.jobs_fixtures import JobsProcess
-from tests.redis_fixtures import FAST, InProcessWorker, wait_until
+from tests.redis_fixtures import FAST, wait_until
 from tests.web_fixtures import BASE_URL, make_app
 from worker import Producer, StreamReceipt
 from worker.runtime import connect_redis
@@ -43,19 +42,6 @@ def killing_listener(event: Any) -> None:
 def producer(redis_url: str) -> Iterator[Producer]:
     with Producer.from_url(redis_url, partitions=FAST.partitions) as p:
         yield p
-
-
-@pytest.fixture
-def stream_worker(fresh_store: Store, redis_url: str) -> Iterator[Worker]:
-    worker = Worker(
-        connect_redis(redis_url),
-        fresh_store,
-        HashingEmbedder(64),
-        config=FAST,
-        on_forget=redaction.hand_over,
-    )
-    with InProcessWorker(worker) as running:
-        yield running
 
 
 def _stored(dsn: str, op_id: str) -> tuple[str, int, str | None]:
