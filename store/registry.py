@@ -45,6 +45,7 @@ class UnregisteredModelError(InvalidRequestError):
 
     code = "unregistered_model"
 
+
 # The model ids the built-ins produce, and the spec that makes each again.
 _BUILTIN_MODELS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], str]], ...] = (
     (re.compile(r"wordllama-l2-supercat-(\d+)"), lambda m: f"wordllama:{m[1]}"),
