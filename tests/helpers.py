@@ -143,3 +143,14 @@ def _unbase64(value: bytes) -> bytes:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         return b""
+
+
+class Planted:
+    """Unpickling this opens (creates) ``path``: what an attacker's payload planted in
+    Redis would run, so a test checks that the file does not exist."""
+
+    def __init__(self, path: Any) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.path), "w"))

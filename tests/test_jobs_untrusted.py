@@ -12,20 +12,11 @@ import redis
 
 from jobs import keys, prune, queues
 from store import Store
+from tests.helpers import Planted
 from tests.jobs_fixtures import context, run_burst
 from worker.runtime import connect_redis
 
 QUEUE = keys.MAINTENANCE_QUEUE
-
-
-class _Planted:
-    """Unpickling this opens (creates) ``path``: what an attacker's payload would run."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (open, (str(self.path), "w"))
 
 
 def _plant(client: redis.Redis, job_id: str, **fields: Any) -> None:
@@ -38,7 +29,7 @@ def test_planted_jobs_are_never_run_and_do_not_stop_the_jobs_worker(
 ) -> None:
     client = connect_redis(redis_url)
     pwned = tmp_path / "pwned"
-    payload = pickle.dumps(_Planted(pwned))
+    payload = pickle.dumps(Planted(pwned))
     _plant(client, "planted-pickle", data=payload, meta=payload, description="x")
     _plant(client, "planted-garbled", data=b"\xff\x00", created_at="\xff?", description="y")
     real = prune.enqueue(client, "history")

@@ -12,23 +12,14 @@ from typing import Any
 import pytest
 
 from jobs import keys, listing, prune, queues
+from tests.helpers import Planted
 from tests.web_fixtures import Web
 
 QUEUE = keys.MAINTENANCE_QUEUE
 
 
-class _Planted:
-    """Unpickling this opens (creates) ``path``: what an attacker's payload would run."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (open, (str(self.path), "w"))
-
-
 def _plant(web: Web, job_id: str, path: Path, *, compressed: bool, **fields: Any) -> None:
-    payload = pickle.dumps(_Planted(path))
+    payload = pickle.dumps(Planted(path))
     data = zlib.compress(payload) if compressed else payload
     web.redis.hset(
         f"rq:job:{job_id}",
