@@ -33,6 +33,9 @@ def test_enqueue_answers_202_then_the_operation_can_be_followed(
     assert body["operation_id"] == "api:1" and body["state"] == "enqueued"
     assert body["status_url"] == "/api/v1/operations/api:1" and body["entry"]
     assert web.client.get(body["status_url"]).json()["state"] == "waiting"
+    typo = web.client.get("/api/v1/operations/api:2")
+    assert typo.status_code == 404 and typo.json()["error"]["code"] == "not_found"
+    assert "api:2" in typo.json()["error"]["message"]
     with start_worker(web.store):
         wait_until(lambda: web.client.get(body["status_url"]).json()["state"] == "committed")
     state = web.client.get(body["status_url"]).json()

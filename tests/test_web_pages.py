@@ -143,7 +143,6 @@ def test_memory_text_renders_as_text_everywhere(web: Web) -> None:
         ("/dead-letters", '<div id="dead-letter-list"'),
         ("/jobs", '<div id="jobs"'),
         ("/audit", '<div id="audit"'),
-        ("/operations/never-sent", '<div id="operation"'),
     ],
 )
 def test_htmx_gets_the_region_and_a_browser_the_page(web: Web, path: str, region: str) -> None:
@@ -387,6 +386,11 @@ def test_an_operation_page_follows_it_to_its_receipt(
     pending = web.producer.remember(scope, "Followed.", operation_id="followed:1")
     waiting = web.client.get("/operations/followed:1", headers={"HX-Request": "true"}).text
     assert "badge waiting" in waiting and 'hx-trigger="every 1s"' in waiting
+    page = web.client.get("/operations/followed:1")
+    assert page.status_code == 200 and '<div id="operation"' in page.text
+    typo = web.client.get("/operations/followed:2")
+    assert typo.status_code == 404 and "no operation followed:2" in typo.text
+    assert 'id="operation"' not in typo.text
     with start_worker(web.store):
         pending.wait(10)
     done = web.client.get("/operations/followed:1", headers={"HX-Request": "true"}).text

@@ -164,10 +164,11 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/operations/{operation_id}": {
         "get": _op(
-            "An operation's state: waiting, committed, refused or failed (dead-lettered)",
+            "An operation's state: waiting, committed, refused or failed (dead-lettered); "
+            "404 when it has no receipt, no reply and no entry in the streams' backlog",
             {"200": _json(ref("OperationState"), "Its state.")},
             parameters=[_OPERATION_ID],
-            errors=("400", "401", "503"),
+            errors=("400", "401", "404", "503"),
         )
     },
     "/api/v1/receipts": {

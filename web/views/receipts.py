@@ -12,6 +12,7 @@ from store import ReceiptFilter, ReceiptItem
 from store.errors import EngramError, NotFoundError
 from store.operations import OPERATION_KINDS
 
+from ..backlog import Backlog, find
 from ..params import Query, ident
 from ..state import web_of
 
@@ -83,16 +84,35 @@ class OperationState:
 
 
 def operation_state(request: Request, op_id: str) -> OperationState:
+    """``NotFoundError`` for an id with no receipt, no reply and no entry in the
+    backlog: one never sent (or mistyped) would otherwise wait forever."""
+    known = _settled_state(request, op_id)
+    if known is not None:
+        return known
+    producer = web_of(request).services.producer
+    backlog = find(producer.client, op_id, range(producer.partitions))
+    if backlog is Backlog.ABSENT:
+        # It may have committed (its entry deleted) while the streams were read.
+        known = _settled_state(request, op_id)
+        if known is not None:
+            return known
+        raise NotFoundError(f"no operation {op_id}: no receipt, no reply, not queued")
+    return OperationState(op_id, "waiting", None, None)
+
+
+def _settled_state(request: Request, op_id: str) -> OperationState | None:
     services = web_of(request).services
     item = services.store.browse.receipt(op_id)
     if item is not None:
         refused = item.receipt.error is not None
         return OperationState(op_id, "refused" if refused else "committed", item, None)
-    # Not in the store: the reply says if it was dead-lettered; else it waits its turn.
+    # Not in the store: the reply says if it was dead-lettered.
     reply = services.producer.results([op_id]).get(op_id)
     if isinstance(reply, EngramError):
         return OperationState(op_id, "failed", None, reply)
-    return OperationState(op_id, "waiting", None, None)
+    if reply is not None:  # committed, its receipt not (or no longer) readable: as before
+        return OperationState(op_id, "waiting", None, None)
+    return None
 
 
 def operation_page(request: Request) -> Response:

@@ -1,0 +1,86 @@
+"""Whether an operation is in the partition streams' backlog: the entries no worker
+has committed yet (a committed entry is deleted at commit, so the live entries are
+the backlog). Read in pages, and only so far: past ``SCAN_LIMIT`` entries of one
+stream the answer is "cannot tell", never "absent"."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any
+
+import redis
+
+from worker import keys
+from worker.protocol import OP_FIELD
+
+# Live entries read per stream before giving up on ruling an operation out.
+SCAN_LIMIT = 10_000
+PAGE_SIZE = 500
+
+
+class Backlog(Enum):
+    FOUND = "found"
+    ABSENT = "absent"
+    UNKNOWN = "unknown"  # a stream held more than SCAN_LIMIT entries, none of them it
+
+
+def holds(fields: Mapping[Any, Any], operation_id: str, needle: bytes) -> bool:
+    """Whether an entry's op field is the operation's: a bytes search first (most
+    entries are some other operation's), then the parsed id, so that the id showing
+    up inside another operation's text is not taken for it."""
+    raw = fields.get(OP_FIELD.encode(), fields.get(OP_FIELD))
+    if isinstance(raw, str):
+        raw = raw.encode()
+    if not isinstance(raw, bytes) or needle not in raw:
+        return False
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("operation_id") == operation_id
+
+
+def needle_of(operation_id: str) -> bytes:
+    """The id as the producer encodes it in an entry (``ensure_ascii=False``)."""
+    return json.dumps(operation_id, ensure_ascii=False).encode()
+
+
+def find(
+    client: redis.Redis,
+    operation_id: str,
+    partitions: Iterable[int],
+    *,
+    limit: int = SCAN_LIMIT,
+    page_size: int = PAGE_SIZE,
+) -> Backlog:
+    needle = needle_of(operation_id)
+    verdict = Backlog.ABSENT
+    for partition in partitions:
+        found = _scan(client, keys.stream(partition), operation_id, needle, limit, page_size)
+        if found is Backlog.FOUND:
+            return found
+        if found is Backlog.UNKNOWN:
+            verdict = found
+    return verdict
+
+
+def _scan(
+    client: redis.Redis, stream: str, operation_id: str, needle: bytes, limit: int, page_size: int
+) -> Backlog:
+    start, seen = "-", 0
+    while seen < limit:
+        page: list[tuple[Any, Mapping[Any, Any]]] = client.xrange(  # type: ignore[assignment]
+            stream, start, "+", count=min(page_size, limit - seen)
+        )
+        if any(holds(fields, operation_id, needle) for _, fields in page):
+            return Backlog.FOUND
+        if len(page) < min(page_size, limit - seen):
+            return Backlog.ABSENT
+        seen += len(page)
+        last = page[-1][0]
+        start = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+    # As many entries as the bound, none of them it: there may be more.
+    more = client.xrange(stream, start, "+", count=1)
+    return Backlog.UNKNOWN if more else Backlog.ABSENT
