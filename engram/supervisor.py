@@ -29,6 +29,8 @@ class ChildSpec:
     stop_timeout_s: float = 30.0
     # A child that exits sooner than this after its start is restarted only after a pause.
     restart_pause_s: float = 2.0
+    # Descriptors the child inherits under the same numbers (the dashboard's listening socket).
+    pass_fds: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -57,7 +59,9 @@ class Supervisor:
         self.children = [self._spawn(spec) for spec in self.specs]
 
     def _spawn(self, spec: ChildSpec) -> _Running:
-        process = subprocess.Popen(list(spec.argv), env=self.env, preexec_fn=die_with_parent())
+        process = subprocess.Popen(
+            list(spec.argv), env=self.env, pass_fds=spec.pass_fds, preexec_fn=die_with_parent()
+        )
         self.on_start(
             ProcessRecord.of(
                 spec.name,

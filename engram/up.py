@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -29,6 +30,7 @@ from worker.runtime import ConfigError, masked
 from worker.settings import Settings
 from worker.valkey import EmbeddedValkey
 
+from . import web_cli
 from .home import UP, HomeSession
 from .procs import ProcessRecord
 from .supervisor import ChildSpec, Supervisor
@@ -49,9 +51,11 @@ def jobs_spec(log_level: str) -> ChildSpec:
     return ChildSpec("jobs", _engram(log_level, "jobs"), stop_timeout_s=120.0)
 
 
-def web_spec(log_level: str) -> ChildSpec:
-    """The dashboard and the JSON API (``engram web``), on the servers ``up`` runs."""
-    return ChildSpec("web", _engram(log_level, "web"))
+def web_spec(log_level: str, listener: socket.socket) -> ChildSpec:
+    """The dashboard and the JSON API (``engram web``), on the servers ``up`` runs, serving
+    the socket ``up`` bound (kept open by ``up``: a restarted child serves the same port)."""
+    fd = listener.fileno()
+    return ChildSpec("web", _engram(log_level, "web", "--fd", str(fd)), pass_fds=(fd,))
 
 
 def _engram(log_level: str, *command: str) -> list[str]:
@@ -87,7 +91,12 @@ def run_up(
     postgres: EmbeddedPostgres | None = None
     valkey: EmbeddedValkey | None = None
     supervisor: Supervisor | None = None
+    listener: socket.socket | None = None
     try:
+        default_port = dashboard.port if dashboard is not None else None
+        if dashboard is not None:
+            # Bound before anything else starts: a port set and taken stops ``up`` here.
+            listener, dashboard = web_cli.listen(dashboard, chosen=web_cli.port_chosen())
         database_url = settings.database_url
         if database_url is None:
             postgres = EmbeddedPostgres(settings.home)
@@ -107,8 +116,9 @@ def run_up(
             "ENGRAM_HOME": str(settings.home),
         }
         specs = [*worker_specs(workers, log_level), jobs_spec(log_level)]
-        if dashboard is not None:
-            specs.append(web_spec(log_level))
+        if dashboard is not None and listener is not None:
+            env["ENGRAM_DASHBOARD_PORT"] = str(dashboard.port)
+            specs.append(web_spec(log_level, listener))
         supervisor = Supervisor(specs, env, on_start=session.record)
         supervisor.start()
         session.publish(
@@ -117,7 +127,9 @@ def run_up(
             workers=workers,
             **({"dashboard_url": dashboard.url} if dashboard else {}),
         )
-        _print_where(settings, database_url, redis_url, postgres, valkey, workers, dashboard)
+        _print_where(
+            settings, database_url, redis_url, postgres, valkey, workers, dashboard, default_port
+        )
         if demo:
             _stream_demo(redis_url, settings)
         while not stop.wait(1.0):
@@ -134,6 +146,8 @@ def run_up(
         if postgres is not None:
             postgres.stop()
             log.info("postgres stopped")
+        if listener is not None:
+            listener.close()
         session.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -160,12 +174,16 @@ def _print_where(
     valkey: EmbeddedValkey | None,
     workers: int,
     dashboard: WebConfig | None,
+    default_port: int | None = None,
 ) -> None:
     pg = f"embedded, data in {postgres.data_dir}" if postgres else "DATABASE_URL"
     vk = f"embedded, data in {valkey.data_dir}" if valkey else "REDIS_URL"
     home = Path(settings.home).resolve()
     # The passwords stay in the run file, the owner's only; a terminal may be shared.
-    web = f"  dashboard   {dashboard.url}  (the JSON API: /api/v1)\n" if dashboard else ""
+    web = ""
+    if dashboard is not None:
+        taken = f"; port {default_port} was taken" if dashboard.port != default_port else ""
+        web = f"  dashboard   {dashboard.url}  (the JSON API: /api/v1{taken})\n"
     print(
         f"engram is up (ENGRAM_HOME={home}, pid {os.getpid()})\n"
         f"  PostgreSQL  {masked(database_url)}  ({pg})\n"

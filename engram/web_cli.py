@@ -4,6 +4,12 @@ It finds PostgreSQL and Redis as the other commands do (DATABASE_URL and
 REDIS_URL, else the run file of an ``engram up`` on this ENGRAM_HOME), binds
 127.0.0.1 unless told otherwise, and refuses any other address without
 ENGRAM_DASHBOARD_TOKEN. ``build`` is what ``engram up`` can serve as well.
+
+The listening socket is bound before the URL is said (``listen``): a port set
+explicitly (``--port``, ENGRAM_DASHBOARD_PORT) and taken is refused; the default
+one, if taken, gives way to a free one. ``engram up`` binds it itself and hands
+it to each ``engram web`` child it starts (``--fd``), so the URL it prints is
+served from the moment it is printed, and across the child's restarts.
 """
 
 from __future__ import annotations
@@ -11,8 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Iterator
+import os
+import socket
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import uvicorn
@@ -73,6 +82,42 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
         store.close()
 
 
+def port_chosen(port: int | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the dashboard's port was set (``--port``, ENGRAM_DASHBOARD_PORT), not defaulted."""
+    env = os.environ if env is None else env
+    return port is not None or bool(env.get("ENGRAM_DASHBOARD_PORT"))
+
+
+def listen(config: WebConfig, *, chosen: bool) -> tuple[socket.socket, WebConfig]:
+    """The dashboard's listening socket, and the config naming the port it really has.
+
+    A port that was ``chosen`` and is taken is a ``ConfigError``: serving elsewhere
+    would break whoever was told that port. The default one, taken, gives way to a
+    free port."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    try:
+        sock = socket.create_server((config.host.strip("[]"), config.port), family=family)
+    except OSError as exc:
+        if chosen:
+            raise runtime.ConfigError(
+                f"the dashboard's port {config.port} on {config.host} is taken ({exc.strerror}):"
+                " another program listens there; stop it, or set ENGRAM_DASHBOARD_PORT"
+                " to a free port"
+            ) from None
+        sock = socket.create_server((config.host.strip("[]"), 0), family=family)
+        log.warning(
+            "the dashboard's default port is taken, serving on a free one",
+            extra={"taken": config.port, "port": sock.getsockname()[1]},
+        )
+    return sock, dataclasses.replace(config, port=int(sock.getsockname()[1]))
+
+
+def inherited(fd: int, config: WebConfig) -> tuple[socket.socket, WebConfig]:
+    """The listening socket ``engram up`` bound and passed down as ``fd``."""
+    sock = socket.socket(fileno=fd)
+    return sock, dataclasses.replace(config, port=int(sock.getsockname()[1]))
+
+
 class _NoColour(logging.Filter):
     """uvicorn adds a coloured copy of each message as a field: one copy is enough."""
 
@@ -92,12 +137,14 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise runtime.ConfigError(str(exc)) from None
     logging.getLogger("uvicorn.error").addFilter(_NoColour())
-    with build(settings, config, embedder=not args.no_embedder) as app:
+    if args.fd is not None:
+        sock, config = inherited(args.fd, config)
+    else:
+        sock, config = listen(config, chosen=port_chosen(args.port))
+    with sock, build(settings, config, embedder=not args.no_embedder) as app:
         server = _QuietServer(
             uvicorn.Config(
                 app,
-                host=config.host,
-                port=config.port,
                 # Ours logs ids only; uvicorn's would log query strings (search text).
                 access_log=False,
                 log_config=None,
@@ -114,7 +161,7 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
             "engram dashboard: " + config.url,
             extra={"token": "required" if config.needs_token else "none (loopback)"},
         )
-        server.run()
+        server.run(sockets=[sock])
     return 0
 
 
@@ -137,6 +184,8 @@ def register(sub: Any) -> None:
     web.add_argument(
         "--port", type=int, default=None, help="default: ENGRAM_DASHBOARD_PORT, else 8700"
     )
+    # The listening socket ``engram up`` bound and passed down.
+    web.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)
     web.add_argument(
         "--no-embedder",
         action="store_true",

@@ -25,6 +25,7 @@ import pytest
 from engram.home import clean_home
 from engram.procs import live_process, wait_gone
 from tests.redis_fixtures import REPO, unauthenticated_reply, wait_until
+from web.config import DEFAULT_PORT
 from worker import Producer
 from worker.runtime import masked
 
@@ -94,12 +95,12 @@ def start_up(tmp_path: Path) -> Iterator[Callable[..., Up]]:
     """``engram up`` subprocesses; each is stopped at the end, and everything it started."""
     started: list[Up] = []
 
-    def start(home: Path, *args: str) -> Up:
+    def start(home: Path, *args: str, env: dict[str, str] | None = None) -> Up:
         log_path = tmp_path / f"up-{len(started)}.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "engram", "up", *args],
-                env=home_env(home),
+                env={**home_env(home), **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
@@ -319,6 +320,51 @@ def test_up_logs_one_line_per_change_after_its_banner(
     assert all(" engram." in line for line in after[:-1]), after
     for change in ("stopping", "workers stopped", "valkey stopped", "postgres stopped"):
         assert sum(line.endswith(change) for line in after) == 1, (change, after)
+
+
+def test_a_taken_default_port_gives_way_to_a_free_one_served_from_the_banner_on(
+    home: Path, start_up: Callable[..., Up]
+) -> None:
+    with socket.socket() as taker:
+        with contextlib.suppress(OSError):  # already taken by another program: as good
+            taker.bind(("127.0.0.1", DEFAULT_PORT))
+            taker.listen()
+        up = start_up(home, env={"ENGRAM_DASHBOARD_PORT": ""})
+        run = up.wait_ready()
+        url = str(run["dashboard_url"])
+        # The first request after the banner is served: the port was bound before it.
+        with urllib.request.urlopen(f"{url}healthz", timeout=30) as response:
+            assert response.status == 200
+        port = urlsplit(url).port
+        assert port and port != DEFAULT_PORT
+        assert f"dashboard   {url}" in up.log()
+        assert f"port {DEFAULT_PORT} was taken" in up.log()
+        assert up.stop() == 0
+
+
+def test_a_taken_port_that_was_set_stops_up_with_the_reason_and_nothing_left(
+    home: Path, start_up: Callable[..., Up]
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taker:
+        port = taker.getsockname()[1]
+        up = start_up(home, env={"ENGRAM_DASHBOARD_PORT": str(port)})
+        wait_until(lambda: up.process.poll() is not None, timeout=60, what="up to refuse")
+    assert up.process.returncode == 2, up.log()
+    assert f"port {port} on 127.0.0.1 is taken" in up.log()
+    assert "engram is up" not in up.log()
+    assert not (home / "run.json").exists()
+    assert not [p for p in _server_pids(home).values() if live_process(p)]
+    assert not _processes_of(home)
+
+
+def _processes_of(home: Path) -> list[psutil.Process]:
+    """Live processes started for ``home`` (it is in their environment)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("ENGRAM_HOME") == str(home):
+                found.append(proc)
+    return found
 
 
 @pytest.mark.parametrize("workers", ["0", "-1"])
