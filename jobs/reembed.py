@@ -1,6 +1,7 @@
 """Moving the whole store to another embedding model while writes go on.
 
-``start`` prepares the pending generation (``store.embeddings.begin``: a
+``start`` loads the model (one that cannot load is refused, nothing created),
+prepares the pending generation (``store.embeddings.begin``: a
 generation of another model pending meanwhile is retired and its vectors
 deleted), records a ``waiting`` progress and enqueues the first slice. A slice
 (``run_slice``, an RQ job whose only argument is the generation id) holds the
@@ -82,9 +83,11 @@ def start(
     """Start (or join) a re-embedding of the whole store with ``model`` (a registry name
     such as ``minilm``); returns at once with the RQ job that carries it.
 
-    ``InvalidRequestError`` for an unknown model or the model already active."""
+    ``InvalidRequestError`` for an unknown model or the model already active;
+    ``EmbedderLoadError`` for one that cannot load here. The model is loaded and
+    tried first, so neither leaves a generation behind."""
     settings = settings or Reembed()
-    embedder = registry.create(model)
+    embedder = registry.load(model)
     active = store.embeddings.active()
     if active is not None and (active.model_id, active.dims) == (embedder.model_id, embedder.dims):
         raise InvalidRequestError(f"{embedder.model_id} is already the active embedding model")

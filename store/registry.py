@@ -13,7 +13,9 @@ A generation records only a model id and a size. ``for_model`` finds the
 embedder that produces them, so a process can follow the store to a model
 another process switched it to: the built-ins are recognised by their model
 ids, a configured name by asking its factory (once) what it produces.
-Creating an embedder loads no model; that happens on its first use.
+Creating an embedder loads no model; that happens on its first use. ``load``
+loads one now and tries it on a short text: what a reembed does before it
+creates a generation, so that a model that cannot load here is refused at once.
 
 Only the command line and the configuration may name a ``package.module:factory``:
 a model asked for from outside (the dashboard, the API) must be a registered name
@@ -29,8 +31,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .embedders import Embedder, HashingEmbedder, WordLlamaEmbedder
-from .errors import EmbedderUnavailableError, InvalidRequestError
+from .embedders import Embedder, HashingEmbedder, WordLlamaEmbedder, embed_checked
+from .errors import EmbedderUnavailableError, EngramError, InvalidRequestError
 from .minilm import MODEL_ID as MINILM_MODEL_ID
 from .minilm import MiniLMEmbedder
 
@@ -45,6 +47,20 @@ class UnregisteredModelError(InvalidRequestError):
 
     code = "unregistered_model"
 
+
+class EmbedderLoadError(InvalidRequestError):
+    """A model asked for cannot be loaded here (its package is missing, its factory or
+    its first embedding fails): nothing was started."""
+
+    code = "embedder_cannot_load"
+
+
+# What ``load`` embeds to see that a model works: no one's data.
+PROBE_TEXT = "engram checks that this model loads."
+# What a model that loaded may raise for a text it will not take: a fault of the
+# text, not of the model, so not a reason to refuse it (a reembed counts each batch
+# that fails so, and ends failed, its cause on its progress, if every batch does).
+_TEXT_FAULTS = (ValueError, TypeError)
 
 # The model ids the built-ins produce, and the spec that makes each again.
 _BUILTIN_MODELS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], str]], ...] = (
@@ -110,6 +126,32 @@ class EmbedderRegistry:
             " or package.module:factory"
         )
 
+    def load(self, spec: str) -> Embedder:
+        """A new embedder for ``spec``, its model loaded and tried on one short text.
+
+        ``EmbedderLoadError`` (its message says why, with the install hint for a
+        built-in whose extra is missing) when it cannot load; ``InvalidRequestError``
+        for a spec that names no embedder."""
+        try:
+            embedder = self.create(spec)
+        except InvalidRequestError:
+            raise  # not an embedder this can make: the spec is wrong, not the machine
+        except Exception as exc:  # not importable here, or its factory failed
+            raise _unavailable(spec, exc) from None
+        try:
+            loader = getattr(embedder, "load", None)
+            if callable(loader):
+                loader()
+        except Exception as exc:
+            raise _unavailable(spec, exc) from None
+        try:
+            embed_checked(embedder, [PROBE_TEXT])
+        except _TEXT_FAULTS:
+            pass  # it loaded and ran; its batches that fail are counted as they go
+        except Exception as exc:
+            raise _unavailable(spec, exc) from None
+        return embedder
+
     def add(self, embedder: Embedder) -> Embedder:
         """Use this instance for its model from now on (a process's configured embedder)."""
         with self._lock:
@@ -162,6 +204,12 @@ class GenerationEmbedders:
         if model_id is None or dims is None:
             return self.default
         return self.registry.for_model(model_id, dims)
+
+
+def _unavailable(spec: str, exc: BaseException) -> EmbedderLoadError:
+    # An EngramError's message is written for people; another's may be anything.
+    why = exc.message if isinstance(exc, EngramError) else f"{type(exc).__name__}: {exc}"[:300]
+    return EmbedderLoadError(f"model {spec.strip()!r} cannot be loaded here: {why}")
 
 
 def _dims(spec: str, arg: str, largest: int) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -12,6 +15,7 @@ import pytest
 from engram.cli import main
 from jobs import keys, queues
 from store import HashingEmbedder, Store
+from tests.embedder_faults import FAULTY_PLUGINS
 from tests.jobs_fixtures import PLUGINS, JobsProcess
 from tests.redis_fixtures import FAST
 from worker.runtime import connect_redis
@@ -66,6 +70,69 @@ def test_reembed_refuses_a_bad_model_and_says_when_no_jobs_worker_runs(
     # `engram jobs --burst` runs what is queued, then exits.
     assert main(["jobs", "--burst"]) == 0
     assert fresh_store.embeddings.active().model_id == "hashing-16"  # type: ignore[union-attr]
+
+
+# ``python -m engram`` as if onnxruntime were not installed (minilm's extra missing).
+WITHOUT_ONNXRUNTIME = """
+import runpy, sys
+
+class Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "onnxruntime":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Missing())
+sys.argv = ["engram", *sys.argv[1:]]
+runpy.run_module("engram", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.usefixtures("env")
+def test_reembed_to_a_model_that_cannot_load_exits_2_and_creates_nothing(
+    fresh_store: Store,
+    fresh_dsn: str,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    records(fresh_store)
+    before = [(g.id, g.status) for g in fresh_store.embeddings.all()]
+    monkeypatch.setenv("ENGRAM_EMBEDDERS", FAULTY_PLUGINS)
+    assert main(["reembed", "--model", "unloadable"]) == 2
+    err = capsys.readouterr().err
+    assert "embedder_cannot_load" in err and "unloadable.onnx is missing" in err
+    env = {**os.environ, "DATABASE_URL": fresh_dsn, "REDIS_URL": redis_url}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_ONNXRUNTIME, "reembed", "--model", "minilm"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'engram[minilm]'" in done.stderr
+    assert "onnxruntime is missing" in done.stderr
+    assert [(g.id, g.status) for g in fresh_store.embeddings.all()] == before
+    assert queues.queue(connect_redis(redis_url), keys.REEMBED_QUEUE).count == 0
+
+
+@pytest.mark.usefixtures("env")
+def test_reembed_exits_1_with_the_cause_when_its_job_fails(
+    fresh_store: Store,
+    fresh_dsn: str,
+    redis_url: str,
+    jobs_processes: Callable[..., JobsProcess],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    records(fresh_store)
+    monkeypatch.setenv("ENGRAM_REEMBED_RETRY", "off")
+    jobs_processes(database_url=fresh_dsn, redis_url=redis_url)
+    # leaky loads, then fails on every text it is given.
+    assert main(["reembed", "--model", "leaky"]) == 1
+    captured = capsys.readouterr()
+    assert "failed: ValueError" in captured.out + captured.err
 
 
 @pytest.mark.usefixtures("env")

@@ -20,6 +20,8 @@ from jobs.context import JobContext
 from jobs.progress import Progress
 from store import HashingEmbedder, Operation, Store
 from store.errors import InvalidRequestError
+from store.registry import EmbedderLoadError, EmbedderRegistry, parse_plugins
+from tests.embedder_faults import FAULTY_PLUGINS
 from tests.helpers import bytes_hold, marker_text, redis_values
 from tests.jobs_fixtures import context, marks, run_burst
 
@@ -100,6 +102,21 @@ def test_start_refuses_an_unknown_model_and_the_active_one_and_joins_a_running_o
     assert queues.queue(ctx.client, keys.REEMBED_QUEUE).count == 1
 
 
+def test_a_model_that_cannot_load_is_refused_before_a_generation_is_made(
+    fresh_store: Store, redis_url: str
+) -> None:
+    fill(fresh_store, 3)
+    ctx = context(fresh_store, redis_url)
+    registry = EmbedderRegistry(parse_plugins(FAULTY_PLUGINS))
+    with pytest.raises(EmbedderLoadError, match=r"unloadable\.onnx is missing") as missing:
+        reembed.start(fresh_store, ctx.client, registry, "unloadable", requested_by="t")
+    assert missing.value.status == 422 and missing.value.code == "embedder_cannot_load"
+    with pytest.raises(EmbedderLoadError, match="RuntimeError: no GPU here"):
+        reembed.start(fresh_store, ctx.client, registry, "nofactory", requested_by="t")
+    assert [g.status for g in fresh_store.embeddings.all()] == ["active"]
+    assert queues.queue(ctx.client, keys.REEMBED_QUEUE).count == 0
+
+
 def test_a_second_model_started_meanwhile_retires_the_pending_generation(
     fresh_store: Store, redis_url: str
 ) -> None:
@@ -126,6 +143,8 @@ def test_a_reembed_goes_on_in_slices_without_embedding_a_record_twice(
         fresh_store, redis_url, ENGRAM_REEMBED_SLICE="0.2s", ENGRAM_REEMBED_BATCH_SIZE="20"
     )
     started = reembed.start(fresh_store, ctx.client, ctx.registry, "slow", requested_by="t")
+    assert [n for *_, n in marks(mark)] == [1], "start tried the model on one text"
+    mark.unlink()
     run_burst(ctx, redis_url)
     p = current(fresh_store)
     assert (p.state, p.done, p.total) == ("activated", 400, 400)

@@ -248,7 +248,8 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/reembed": {
         "post": _op(
-            "Start a reembed towards a model",
+            "Start a reembed towards a model, loaded and tried here first: 422 "
+            "embedder_cannot_load (nothing created) when it cannot load",
             {"202": _json(ref("JobStarted"), "Started.")},
             body=ref("Reembed"),
             errors=("400", "401", "403", "409", "413", "415", "422", "503"),
