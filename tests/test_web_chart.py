@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from web.chart import ops_chart
+from web.chart import bucketed, lag_rows, ops_chart
 from web.progress import duration, progress_of
-from worker.metrics import Interval
+from worker.metrics import Interval, LagSample
 
 
 def test_bars_stack_by_outcome_scaled_to_the_busiest_interval() -> None:
@@ -39,6 +39,38 @@ def test_a_quiet_pipeline_draws_nothing_and_divides_by_nothing() -> None:
 def test_a_tiny_count_next_to_a_huge_one_still_shows() -> None:
     chart = ops_chart([Interval(0, committed=100_000), Interval(10, committed=1)], height=100)
     assert chart.columns[1].bars[0].height == 1.0
+
+
+def test_a_day_of_minutes_is_summed_into_ten_minute_columns() -> None:
+    day = 1_700_000_400  # on a 10-minute boundary
+    minutes = [Interval(day + 60 * n, committed=n, failed=1) for n in range(25)]
+    columns = bucketed(minutes)
+    assert [c.start_s for c in columns] == [day, day + 600, day + 1200]
+    assert [c.committed for c in columns] == [sum(range(10)), sum(range(10, 20)), 110]
+    assert [c.failed for c in columns] == [10, 10, 5]
+    chart = ops_chart(columns, interval_s=600)
+    assert chart.peak_per_s == (145 + 10) / 600
+    assert "(0.1/s)" in chart.columns[0].title
+    assert (chart.start, chart.end) == ("22:20:00", "22:50:00")
+    # A column is longer than a minute: the last minute's rate is the last column's.
+    assert chart.last_minute_per_s == 115 / 600
+
+
+def test_lag_rows_give_each_partition_now_the_last_hour_and_the_day() -> None:
+    now = 1_700_086_400.0
+    samples = [
+        LagSample(int(now) - 20 * 3600, {0: 900, 1: 3}),  # 20 hours ago
+        LagSample(int(now) - 600, {0: 40, 1: 0}),
+        LagSample(int(now) - 60, {0: 5}),
+    ]
+    rows = lag_rows(samples, {0: 2, 1: 0, 2: 7}, now)
+    assert [(r.partition, r.now, r.max_hour, r.max_day) for r in rows] == [
+        (0, 2, 40, 900),
+        (1, 0, 0, 3),
+        (2, 7, 0, 0),  # live now, never sampled before
+    ]
+    assert rows[0].max_day_at == "02:13:20" and rows[2].max_day_at == ""
+    assert lag_rows([], {}, now) == []
 
 
 def test_progress_reads_the_agreed_shape() -> None:

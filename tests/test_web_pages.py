@@ -326,6 +326,21 @@ def test_generations_show_counts_and_a_reembed_in_progress(web: Web) -> None:
     assert "hx-trigger" not in web.client.get("/generations", headers={"HX-Request": "true"}).text
 
 
+def test_polls_never_overlap(web: Web) -> None:
+    """Every element that polls drops a poll while its last one is still out, so a slow
+    answer never piles requests up behind it."""
+    pending = web.store.embeddings.begin("polled-model", 16)
+    web.store.embeddings.set_progress(pending.id, {"state": "running", "done": 1, "total": 2})
+    polling = []
+    for path in ("/", "/jobs", "/generations"):
+        for tag, attrs in parsed(web.client.get(path).text).elements:
+            if "every" in (attrs.get("hx-trigger") or ""):
+                polling.append((path, tag, attrs.get("hx-sync")))
+    web.store.embeddings.set_progress(pending.id, {"state": "failed"})
+    assert [p for p, _, _ in polling] == ["/", "/jobs", "/generations"]
+    assert all(sync == "this:drop" for _, _, sync in polling), polling
+
+
 def test_starting_a_reembed_from_the_dashboard_is_audited(web: Web) -> None:
     csrf = web.csrf("/generations")
     response = web.client.post("/generations/reembed", data={"csrf": csrf, "model": "minilm"})

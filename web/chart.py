@@ -1,7 +1,8 @@
-"""The overview's operations/s chart, as geometry for a server-rendered SVG.
+"""The overview's operations/s charts, as geometry for a server-rendered SVG, and its
+per-partition lag over the last day.
 
-Pure: the workers' per-interval counts in, bars out (one stacked bar per
-interval: committed, replayed, failed), scaled to the busiest interval. The
+Pure: the workers' per-interval (or per-minute) counts in, bars out (one stacked
+bar per interval: committed, replayed, failed), scaled to the busiest interval. The
 template draws them with classes only (the CSP allows no inline style).
 """
 
@@ -12,12 +13,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from worker.defaults import RATE_INTERVAL_S
-from worker.metrics import Interval
+from worker.metrics import Interval, LagSample
 
 WIDTH = 720
 HEIGHT = 140
 GAP = 1.0
-MINUTE = 60 // RATE_INTERVAL_S  # intervals
+DAY_COLUMN_S = 600  # the last day's chart: one column per 10 minutes
+HOUR_S = 3_600
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +51,14 @@ class Chart:
     end: str
 
 
-def ops_chart(intervals: Sequence[Interval], width: int = WIDTH, height: int = HEIGHT) -> Chart:
+def ops_chart(
+    intervals: Sequence[Interval],
+    width: int = WIDTH,
+    height: int = HEIGHT,
+    *,
+    interval_s: int = RATE_INTERVAL_S,
+) -> Chart:
+    """``intervals`` of ``interval_s`` seconds each, oldest first."""
     peak = max((i.operations for i in intervals), default=0)
     step = width / max(len(intervals), 1)
     scale = (height - 2) / peak if peak else 0.0
@@ -75,20 +84,64 @@ def ops_chart(intervals: Sequence[Interval], width: int = WIDTH, height: int = H
                 round(step, 2),
                 f"{_clock(interval.start_s)}: {interval.committed} committed, "
                 f"{interval.replayed} replayed, {interval.failed} failed "
-                f"({interval.operations / RATE_INTERVAL_S:.1f}/s)",
+                f"({interval.operations / interval_s:.1f}/s)",
             )
         )
-    last_minute = intervals[-MINUTE:]
+    minute = max(60 // interval_s, 1)  # intervals
+    last_minute = intervals[-minute:]
     return Chart(
         width=width,
         height=height,
         columns=tuple(columns),
-        peak_per_s=peak / RATE_INTERVAL_S,
-        last_minute_per_s=sum(i.operations for i in last_minute) / (MINUTE * RATE_INTERVAL_S),
+        peak_per_s=peak / interval_s,
+        last_minute_per_s=sum(i.operations for i in last_minute) / (minute * interval_s),
         total=sum(i.operations for i in intervals),
         start=_clock(intervals[0].start_s) if intervals else "",
-        end=_clock(intervals[-1].start_s + RATE_INTERVAL_S) if intervals else "",
+        end=_clock(intervals[-1].start_s + interval_s) if intervals else "",
     )
+
+
+def bucketed(minutes: Sequence[Interval], column_s: int = DAY_COLUMN_S) -> list[Interval]:
+    """Minutes summed into columns of ``column_s`` seconds (aligned on the clock), oldest
+    first: a day of minutes is 1,440 bars, too thin to see or to send every 2 s."""
+    columns: dict[int, Interval] = {}
+    for m in minutes:
+        start = m.start_s - m.start_s % column_s
+        c = columns.get(start, Interval(start))
+        columns[start] = Interval(
+            start,
+            c.committed + m.committed,
+            c.replayed + m.replayed,
+            c.failed + m.failed,
+            c.dead + m.dead,
+        )
+    return [columns[k] for k in sorted(columns)]
+
+
+@dataclass(frozen=True, slots=True)
+class LagRow:
+    """One partition's lag over the last day, from the dashboard's samples."""
+
+    partition: int
+    now: int
+    max_hour: int
+    max_day: int
+    max_day_at: str  # when the day's highest was sampled ("" if never above 0)
+
+
+def lag_rows(samples: Sequence[LagSample], lag_now: dict[int, int], now_s: float) -> list[LagRow]:
+    """A row per partition (those live now and those sampled): its lag now, and its
+    highest sample in the last hour and the last day."""
+    partitions = sorted(set(lag_now) | {p for s in samples for p in s.lags})
+    rows = []
+    for p in partitions:
+        day = [(s.lags[p], s.start_s) for s in samples if p in s.lags]
+        hour = [lag for lag, start in day if start > now_s - HOUR_S]
+        peak, at = max(day, default=(0, 0))
+        rows.append(
+            LagRow(p, lag_now.get(p, 0), max(hour, default=0), peak, _clock(at) if peak else "")
+        )
+    return rows
 
 
 def _clock(epoch_s: int) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,3 +36,6 @@ class Services:
     # The names a reembed may ask for from the web (never a module path); the
     # composition root hands in the configured registry, else the built-ins.
     embedders: EmbedderRegistry = field(default_factory=EmbedderRegistry)
+    # Seconds since the epoch: the overview's minute buckets and how old its costly
+    # counts are. Tests hand in their own.
+    clock: Callable[[], float] = time.time

@@ -19,6 +19,12 @@ DEAD_LETTERS = f"{PREFIX}:dead"
 WORKERS = f"{PREFIX}:workers"
 # HASH of counters; field names carry Prometheus labels (see ``metrics``).
 METRICS = f"{PREFIX}:metrics"
+# HASH partition number -> JSON ``{"by", "at_ms", "reason"}``: the partitions no
+# worker reads nor claims until they are resumed (``pause``). Producers still XADD.
+PAUSED = f"{PREFIX}:paused"
+# STRING JSON ``{"by", "at_ms", "reason"}``: who paused the jobs queues and why. The
+# pause itself is RQ's own suspension key (``rq:suspended``), which RQ's workers honour.
+PAUSED_JOBS = f"{PREFIX}:paused:jobs"
 
 
 def stream(partition: int) -> str:
@@ -50,6 +56,19 @@ def rate(interval: int) -> str:
     (``interval`` = seconds since the epoch // that length): operations committed,
     replayed, failed and dead-lettered. Expires after ``RATE_TTL_S``."""
     return f"{PREFIX}:rate:{interval}"
+
+
+def minute(number: int) -> str:
+    """HASH of what the workers did in one minute (``number`` = seconds since the epoch
+    // 60), the fields of ``rate``'s. Expires after ``metrics.HISTORY_TTL_S`` (25 h): the
+    overview's last 24 hours, which outlive a restart of the dashboard."""
+    return f"{PREFIX}:minute:{number}"
+
+
+def lag(minute_number: int) -> str:
+    """HASH partition -> its lag as the dashboard last sampled it in that minute
+    (``minute_number`` as ``minute``'s). Expires after ``metrics.HISTORY_TTL_S``."""
+    return f"{PREFIX}:lag:{minute_number}"
 
 
 def worker(worker_id: str) -> str:

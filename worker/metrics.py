@@ -2,19 +2,22 @@
 
 Workers add to the hash ``engram:metrics`` (one field per sample, the field
 name being the sample's name and labels in Prometheus syntax), and to each
-interval's counts (``engram:rate:<interval>``, kept an hour) for the
-dashboard's chart, in the pipeline that acknowledges a batch: the counts of
+interval's counts (``engram:rate:<interval>``, kept an hour) and each minute's
+(``engram:minute:<minute>``, kept 25 hours) for the dashboard's charts, in the
+pipeline that acknowledges a batch: the counts of
 the batches done since the last write, about once a second (``Tally``).
 ``render`` reads the totals back, adds the live gauges (stream length,
 pending, lag per partition, dead letters, live workers) and returns the text
-exposition format. No memory text goes here.
+exposition format. The dashboard samples each partition's lag into the
+minute's ``engram:lag:<minute>`` (``record_lag``), kept as long. No memory text
+goes here.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +30,9 @@ from .defaults import RATE_INTERVAL_S, RATE_TTL_S
 from .membership import now_ms
 
 BATCH_BUCKETS = (1, 4, 16, 64, 256, 1024)
+MINUTE_S = 60
+# A day of history, and an hour more so the oldest minute of a day's window is whole.
+HISTORY_TTL_S = 25 * 3_600
 
 _HELP: dict[str, tuple[str, str]] = {
     "ops_committed_total": ("counter", "Operations applied and committed by the workers."),
@@ -179,21 +185,26 @@ def _record_model_calls(pipe: Any, calls: list[ModelCall]) -> None:
 
 
 def _record_intervals(pipe: Any, batches: Sequence[tuple[BatchStats, float]]) -> None:
-    by_interval: dict[int, Counter[str]] = {}
-    for stats, now_s in batches:
-        counts = by_interval.setdefault(int(now_s // RATE_INTERVAL_S), Counter())
-        counts["committed"] += stats.committed
-        counts["replayed"] += stats.replayed
-        counts["failed"] += sum(stats.failed.values())
-        counts["dead"] += sum(stats.dead.values())
-    for number, counts in by_interval.items():
-        if not any(counts.values()):
-            continue
-        key = keys.rate(number)
-        for name, n in counts.items():
-            if n:
-                pipe.hincrby(key, name, n)
-        pipe.expire(key, RATE_TTL_S)
+    """Each interval's counts (the last hour's chart) and each minute's (the last day's)."""
+    for length_s, key_of, ttl_s in (
+        (RATE_INTERVAL_S, keys.rate, RATE_TTL_S),
+        (MINUTE_S, keys.minute, HISTORY_TTL_S),
+    ):
+        by_number: dict[int, Counter[str]] = {}
+        for stats, now_s in batches:
+            counts = by_number.setdefault(int(now_s // length_s), Counter())
+            counts["committed"] += stats.committed
+            counts["replayed"] += stats.replayed
+            counts["failed"] += sum(stats.failed.values())
+            counts["dead"] += sum(stats.dead.values())
+        for number, counts in by_number.items():
+            if not any(counts.values()):
+                continue
+            key = key_of(number)
+            for name, n in counts.items():
+                if n:
+                    pipe.hincrby(key, name, n)
+            pipe.expire(key, ttl_s)
 
 
 def intervals(
@@ -201,14 +212,76 @@ def intervals(
 ) -> list[Interval]:
     """The intervals of the last ``window_s`` seconds, oldest first, the current one
     (still filling) last; intervals without work count zero."""
-    last = int((time.time() if now_s is None else now_s) // RATE_INTERVAL_S)
-    numbers = range(last - max(window_s // RATE_INTERVAL_S, 1) + 1, last + 1)
+    return _read_counts(client, keys.rate, RATE_INTERVAL_S, window_s, now_s)
+
+
+def _read_counts(
+    client: redis.Redis,
+    key_of: Callable[[int], str],
+    length_s: int,
+    window_s: int,
+    now_s: float | None,
+) -> list[Interval]:
+    last = int((time.time() if now_s is None else now_s) // length_s)
+    numbers = range(last - max(window_s // length_s, 1) + 1, last + 1)
     pipe = client.pipeline(transaction=False)
     for n in numbers:
-        pipe.hmget(keys.rate(n), list(RATE_FIELDS))
+        pipe.hmget(key_of(n), list(RATE_FIELDS))
     return [
-        Interval(n * RATE_INTERVAL_S, *(int(_s(v)) if v is not None else 0 for v in values))
+        Interval(n * length_s, *(int(_s(v)) if v is not None else 0 for v in values))
         for n, values in zip(numbers, pipe.execute(), strict=True)
+    ]
+
+
+def minutes(
+    client: redis.Redis, *, window_s: int = 86_400, now_s: float | None = None
+) -> list[Interval]:
+    """The minutes of the last ``window_s`` seconds, oldest first, the current one last;
+    minutes without work count zero. What survives a restart of the dashboard."""
+    return _read_counts(client, keys.minute, MINUTE_S, window_s, now_s)
+
+
+@dataclass(frozen=True, slots=True)
+class LagSample:
+    """Each partition's lag as last sampled in one minute (``start_s``); a partition
+    missing was not sampled (no dashboard was looking)."""
+
+    start_s: int
+    lags: dict[int, int]
+
+
+def record_lag(
+    client: redis.Redis,
+    states: Sequence[StreamState],
+    *,
+    now_s: float | None = None,
+    pipe: Any = None,
+) -> None:
+    """Sample every partition's lag into the current minute (the latest sample of a
+    minute stands for it), in ``pipe`` if given (else in one round trip of its own)."""
+    if not states:
+        return
+    key = keys.lag(int((time.time() if now_s is None else now_s) // MINUTE_S))
+    target = client.pipeline(transaction=False) if pipe is None else pipe
+    target.hset(key, mapping={str(s.partition): s.lag for s in states})
+    target.expire(key, HISTORY_TTL_S)
+    if pipe is None:
+        target.execute()
+
+
+def lag_samples(
+    client: redis.Redis, *, window_s: int = 86_400, now_s: float | None = None
+) -> list[LagSample]:
+    """The sampled minutes of the last ``window_s`` seconds, oldest first."""
+    last = int((time.time() if now_s is None else now_s) // MINUTE_S)
+    numbers = range(last - max(window_s // MINUTE_S, 1) + 1, last + 1)
+    pipe = client.pipeline(transaction=False)
+    for n in numbers:
+        pipe.hgetall(keys.lag(n))
+    return [
+        LagSample(n * MINUTE_S, {int(_s(p)): int(_s(v)) for p, v in raw.items()})
+        for n, raw in zip(numbers, pipe.execute(), strict=True)
+        if raw
     ]
 
 

@@ -6,19 +6,23 @@ import redis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from store import Store
 from worker import metrics
 
-from ..chart import ops_chart
+from ..chart import DAY_COLUMN_S, bucketed, lag_rows, ops_chart
 from ..params import Query
 from ..pipeline import snapshot
 from ..progress import progress_of
 from ..state import web_of
+
+DAY_S = 86_400
 
 
 def overview(request: Request) -> Response:
     Query.of(request)  # takes none
     web = web_of(request)
     config, services = web.config, web.services
+    now_s = services.clock()
     pipeline = snapshot(
         services.redis,
         partitions=config.partitions,
@@ -26,16 +30,36 @@ def overview(request: Request) -> Response:
         queues=config.job_queues,
         signer=services.store.cursors,
     )
-    generations = services.store.browse.generations(limit=5).items
-    current = [g for g in generations if g.generation.status in ("active", "pending")]
+    # The dashboard samples the lag (the workers count only what they did), so the
+    # last day's lag covers the minutes some dashboard was open.
+    metrics.record_lag(services.redis, pipeline.streams, now_s=now_s)
+    # A day of minutes is 2,880 reads, and the vector counts scan a table: both at
+    # most every 30 s; the generations themselves (a reembed's progress) every poll.
+    minutes, samples = web.costly.get(
+        "history",
+        now_s,
+        lambda: (
+            metrics.minutes(services.redis, window_s=DAY_S, now_s=now_s),
+            metrics.lag_samples(services.redis, window_s=DAY_S, now_s=now_s),
+        ),
+    )
+    vectors = web.costly.get("vectors", now_s, lambda: vector_counts(services.store))
+    current = [g for g in services.store.embeddings.all() if g.status in ("active", "pending")]
     return web.render.page(
         request,
         "overview.html",
         "_overview.html",
         pipeline=pipeline,
         chart=ops_chart(pipeline.intervals),
-        generations=[(g, progress_of(g.generation.progress)) for g in current],
+        day=ops_chart(bucketed(minutes), interval_s=DAY_COLUMN_S),
+        lags=lag_rows(samples, {s.partition: s.lag for s in pipeline.streams}, now_s),
+        generations=[(g, vectors.get(g.id), progress_of(g.progress)) for g in current],
     )
+
+
+def vector_counts(store: Store) -> dict[int, int]:
+    """How many vectors each of the newest generations holds (a count of the vectors)."""
+    return {g.generation.id: g.vectors for g in store.browse.generations(limit=5).items}
 
 
 def healthz(request: Request) -> Response:
