@@ -23,6 +23,9 @@ where it stands). One ``Consumer`` thread serves all of them, in cycles:
    cycle. Before anything else touches Redis (a claim, a partition let go, a
    stop), and when the worker goes idle, what is still unsent goes on its own.
 
+A paused partition (``pause``: looked up at most once a second) is neither
+claimed nor read until it is resumed; what it holds waits in its stream.
+
 The batch grows with the load: whatever arrives while a cycle commits is read
 by the next one. Partitions never share a scope and each partition's entries
 keep their stream order within and across cycles, so every scope's operations
@@ -56,7 +59,7 @@ from store.errors import EngramError, FencedError
 from store.operations import Forget
 from store.reconcile import Decision
 
-from . import deadletters, keys
+from . import deadletters, keys, pause
 from .defaults import BACKOFF_MAX_S, BACKOFF_MIN_S, LINGER_BELOW, METRICS_FLUSH_S
 from .errors import DeadLetteredError
 from .leases import Lease
@@ -193,6 +196,7 @@ class Consumer(threading.Thread):
         self._unsent: Callable[[Any], None] | None = None
         # The counts of the batches done and not yet written (``Tally``).
         self._tally = Tally(METRICS_FLUSH_S)
+        self._pauses = pause.PauseWatch()
         self.models = ModelPhase(
             shared.store,
             shared.embedder,
@@ -276,6 +280,10 @@ class Consumer(threading.Thread):
         ready = [p for p in active if p.fenced and p.lost is None]
         # A partition being let go (or a worker stopping) only finishes what it holds.
         taking = [p for p in ready if not p.stopping and not self._stop_requested.is_set()]
+        # A paused partition is neither claimed nor read: its entries wait in the stream.
+        paused = self._paused()
+        held_back = any(p.number in paused for p in taking)
+        taking = [p for p in taking if p.number not in paused]
         reads = [r for p in taking if p.draining for r in self._claim(p)]
         claimed = {r.partition for r in reads}
         reading = [
@@ -296,6 +304,24 @@ class Consumer(threading.Thread):
             self.models.wait()
         elif self._tally:
             self._send()  # idle: the counts not yet written go now
+        if held_back and not reading and not reads and not self.models.running:
+            # Nothing but paused partitions: no read blocks, so wait as one would have.
+            self._stop_requested.wait(self.shared.config.block_ms / 1000)
+
+    def _paused(self) -> frozenset[int]:
+        """The paused partitions, read again at most once every ``PAUSE_CHECK_S``; a
+        change is reported in this worker's hash once it is in effect here."""
+        now = time.monotonic()
+        if self._pauses.due(now):
+            client = self.shared.client
+            if self._pauses.update(self._redis(partial(pause.paused_numbers, client)), now):
+                found = self._pauses.paused
+                self._redis(partial(pause.report, client, self.shared.worker_id, found))
+                log.info(
+                    "paused partitions",
+                    extra={"worker": self.shared.worker_id, "paused": sorted(found)},
+                )
+        return self._pauses.paused
 
     def _raise_fences(self, new: list[Partition]) -> None:
         """From this commit on, earlier holders of these partitions can commit nothing."""

@@ -1,0 +1,205 @@
+"""Pausing and resuming: a partition's consumption, and the jobs queues.
+
+A paused partition is neither read (``XREADGROUP``) nor claimed (``XAUTOCLAIM``)
+by any worker: the operations sent meanwhile wait in its stream, and the entries
+pending on it stay where they are (nobody delivers them again, so none moves
+towards the dead letters). Producers are unaffected. Once resumed, its worker
+claims what is pending and reads on, in stream order. Workers look at
+``keys.PAUSED`` at most once every ``PAUSE_CHECK_S`` (``PauseWatch``) and report
+what they saw in their hash (field ``paused``), so whoever paused can tell when the
+pause is in effect.
+
+The jobs queues pause with RQ's own suspension (``rq.suspension``), which an RQ
+worker checks before it takes a job. An idle RQ worker, though, is blocked taking
+the next job and checks only after it: pausing also enqueues one no-op ``barrier``
+job per live RQ worker, so each idle one takes one, then finds the suspension.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from rq import Queue, Worker
+from rq.serializers import JSONSerializer
+from rq.suspension import is_suspended, resume, suspend
+
+from . import keys
+
+# How often a worker reads the paused partitions: a pause or a resume takes effect
+# within about this long plus one blocking read (``ENGRAM_BLOCK_MS``).
+PAUSE_CHECK_S = 1.0
+# Longest reason kept, in characters.
+MAX_REASON_CHARS = 200
+BARRIER = "worker.pause.barrier"
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Who paused something, when, and why."""
+
+    by: str
+    at_ms: int
+    reason: str = ""
+
+    @property
+    def at(self) -> datetime | None:
+        return datetime.fromtimestamp(self.at_ms / 1000, UTC) if self.at_ms else None
+
+    def as_dict(self) -> dict[str, Any]:
+        at = self.at
+        return {"by": self.by, "at": at.isoformat() if at else None, "reason": self.reason}
+
+    def encode(self) -> str:
+        return json.dumps({"by": self.by, "at_ms": self.at_ms, "reason": self.reason})
+
+    @classmethod
+    def decode(cls, raw: bytes | str | None) -> Pause:
+        """Whatever is stored; something unreadable is a pause by ``unknown``."""
+        try:
+            data = json.loads(raw or "")
+            return cls(str(data["by"]), int(data["at_ms"]), str(data.get("reason") or ""))
+        except (ValueError, TypeError, KeyError):
+            return cls("unknown", 0)
+
+    @classmethod
+    def now(cls, by: str, reason: str = "") -> Pause:
+        return cls(by, int(time.time() * 1000), reason.strip()[:MAX_REASON_CHARS])
+
+
+@dataclass(frozen=True, slots=True)
+class PausedState:
+    """What is paused: partitions by number, and the jobs queues (or ``None``)."""
+
+    partitions: dict[int, Pause]
+    jobs: Pause | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "partitions": [
+                {"partition": n, **p.as_dict()} for n, p in sorted(self.partitions.items())
+            ],
+            "jobs": {"paused": True, **self.jobs.as_dict()}
+            if self.jobs is not None
+            else {"paused": False, "by": None, "at": None, "reason": ""},
+        }
+
+
+def check_partition(partition: int, partitions: int) -> None:
+    if not 0 <= partition < partitions:
+        raise ValueError(f"no partition {partition}: they are numbered 0 to {partitions - 1}")
+
+
+# -- partitions ----------------------------------------------------------------------
+
+
+def pause_partition(client: redis.Redis, partition: int, pause: Pause, *, pipe: Any = None) -> None:
+    (pipe if pipe is not None else client).hset(keys.PAUSED, str(partition), pause.encode())
+
+
+def resume_partition(client: redis.Redis, partition: int, *, pipe: Any = None) -> bool:
+    """Whether it was paused (always ``True`` in a pipeline)."""
+    if pipe is not None:
+        pipe.hdel(keys.PAUSED, str(partition))
+        return True
+    return bool(client.hdel(keys.PAUSED, str(partition)))
+
+
+def paused_partitions(client: redis.Redis) -> dict[int, Pause]:
+    found = {}
+    for field, raw in client.hgetall(keys.PAUSED).items():
+        number = _int(field)
+        if number is not None:
+            found[number] = Pause.decode(raw)
+    return found
+
+
+def paused_numbers(client: redis.Redis) -> frozenset[int]:
+    """The paused partitions' numbers alone: what a worker reads each second."""
+    return frozenset(n for f in client.hkeys(keys.PAUSED) if (n := _int(f)) is not None)
+
+
+def report(client: redis.Redis, worker_id: str, paused: Iterable[int]) -> None:
+    """What this worker last saw paused, in its hash: the pause is in effect there."""
+    client.hset(keys.worker(worker_id), "paused", ",".join(map(str, sorted(paused))))
+
+
+class PauseWatch:
+    """A worker's view of the paused partitions, read again once ``due``."""
+
+    def __init__(self, every_s: float = PAUSE_CHECK_S) -> None:
+        self.every_s = every_s
+        self.paused: frozenset[int] = frozenset()
+        self._next_s = 0.0
+        self._seen = False
+
+    def due(self, now_s: float) -> bool:
+        return now_s >= self._next_s
+
+    def update(self, paused: frozenset[int], now_s: float) -> bool:
+        """Take what was read; whether it differs from what was seen before."""
+        changed = not self._seen or paused != self.paused
+        self.paused, self._seen, self._next_s = paused, True, now_s + self.every_s
+        return changed
+
+
+# -- the jobs queues -------------------------------------------------------------------
+
+
+def pause_jobs(client: redis.Redis, pause: Pause, queues: Sequence[str] = ()) -> int:
+    """Suspend the RQ workers; wake the idle ones with a barrier on the first of
+    ``queues`` (the one they take from first). Returns the barriers enqueued."""
+    pipe = client.pipeline(transaction=True)
+    pipe.set(keys.PAUSED_JOBS, pause.encode())
+    pipe.execute()
+    suspend(client)
+    if not queues:
+        return 0
+    live = len(Worker.all_keys(connection=client))
+    queue = Queue(queues[0], connection=client, serializer=JSONSerializer)
+    for _ in range(live):
+        queue.enqueue_call(
+            BARRIER,
+            job_id=f"pause-barrier-{uuid.uuid4().hex[:16]}",
+            at_front=True,
+            result_ttl=60,
+            failure_ttl=3_600,
+            description="pause barrier (a no-op: wakes an idle jobs worker)",
+        )
+    return live
+
+
+def resume_jobs(client: redis.Redis) -> bool:
+    """Whether the jobs were paused."""
+    was = bool(is_suspended(client))
+    resume(client)
+    client.delete(keys.PAUSED_JOBS)
+    return was
+
+
+def jobs_paused(client: redis.Redis) -> Pause | None:
+    """Who paused the jobs, or ``None``; a suspension made elsewhere (``rq suspend``)
+    is a pause by ``rq``."""
+    if not is_suspended(client):
+        return None
+    raw = client.get(keys.PAUSED_JOBS)
+    return Pause.decode(raw) if raw is not None else Pause("rq", 0)
+
+
+def paused(client: redis.Redis) -> PausedState:
+    return PausedState(paused_partitions(client), jobs_paused(client))
+
+
+def barrier() -> None:
+    """The job that wakes an idle jobs worker so it sees the suspension: does nothing."""
+
+
+def _int(value: bytes | str) -> int | None:
+    text = value.decode() if isinstance(value, bytes) else value
+    return int(text) if text.isdigit() else None
