@@ -26,7 +26,7 @@ from store.errors import EngramError
 from worker import logs, metrics, runtime, valkey
 from worker.settings import Settings
 
-from . import dead_letters, enqueue, exits, jobs_cli, reads, transfer, web_cli
+from . import dead_letters, enqueue, exits, jobs_cli, pause_cli, reads, transfer, web_cli
 from .args import positive_int
 from .database import database_url
 
@@ -214,6 +214,7 @@ _COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
     transfer.register,
     web_cli.register,
     jobs_cli.register,
+    pause_cli.register,
 )
 
 

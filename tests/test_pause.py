@@ -4,7 +4,9 @@ is resumed; paused jobs are not run until resumed."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,9 +15,11 @@ from rq import Queue, Worker
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
+from engram.cli import main
 from jobs import keys as jobs_keys
 from jobs import prune, queues
 from store import Store
+from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.jobs_fixtures import JobsProcess, context, jobs_processes, run_burst  # noqa: F401
 from tests.redis_fixtures import FAST, WorkerProcess, wait_until
 from worker import Producer, keys, pause
@@ -35,6 +39,7 @@ def scope_on(partition: int, name: str) -> dict[str, str]:
 
 
 def worker_field(client: redis.Redis, name: str) -> str | None:
+    worker_id: Any
     for worker_id in client.zrange(keys.WORKERS, 0, -1):
         value: Any = client.hget(keys.worker(bytes(worker_id).decode()), name)
         if value is not None:
@@ -159,3 +164,41 @@ def test_an_idle_jobs_worker_stops_taking_jobs_when_paused(
     pause.resume_jobs(client)
     wait_until(lambda: queues.status(client, job_id) == "finished", what="the job run")
     client.close()
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def test_the_cli_pauses_lists_and_resumes(
+    monkeypatch: pytest.MonkeyPatch,
+    redis_client: redis.Redis,
+    redis_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ENGRAM_PARTITIONS", str(FAST.partitions))
+    assert main(["pause", "partition", "2", "--reason", "reindex", "--by", "ada"]) == 0
+    assert main(["pause", "jobs"]) == 0
+    capsys.readouterr()
+    assert main(["paused", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(p["partition"], p["by"], p["reason"]) for p in listed["partitions"]] == [
+        (2, "ada", "reindex")
+    ]
+    assert listed["jobs"]["paused"] is True and listed["jobs"]["by"].startswith("cli:")
+    assert main(["paused"]) == 0
+    out = capsys.readouterr().out
+    assert "partition 2" in out and "reindex" in out and "jobs" in out
+
+    assert main(["pause", "partition", str(FAST.partitions)]) == 2
+    assert "no partition 4: they are numbered 0 to 3" in capsys.readouterr().err
+    assert main(["resume", "partition", "7"]) == 2
+    assert pause.paused_numbers(redis_client) == {2}
+
+    assert main(["resume", "partition", "2"]) == 0
+    assert main(["resume", "jobs"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["partition 2 resumed", "jobs resumed"]
+    assert main(["paused"]) == 0
+    assert capsys.readouterr().out == "nothing is paused\n"

@@ -1,0 +1,108 @@
+"""``engram pause|resume partition N|jobs`` and ``engram paused``: hold a partition's
+operations in its stream, or the jobs in their queues, until resumed (``worker.pause``)."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from typing import Any
+
+from jobs import keys as jobs_keys
+from worker import pause, runtime
+from worker.settings import Settings
+
+from . import exits
+from .args import json_flag
+from .output import print_json, table
+
+
+def _who(args: argparse.Namespace) -> str:
+    return str(args.by or f"cli:{getpass.getuser()}")
+
+
+def _partition(settings: Settings, args: argparse.Namespace) -> int | None:
+    """The partition named, or ``None`` (said on stderr) when there is no such one."""
+    try:
+        pause.check_partition(args.number, settings.worker.partitions)
+    except ValueError as exc:
+        print(f"engram: invalid_request: {exc}", file=sys.stderr)
+        return None
+    return int(args.number)
+
+
+def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
+    number = _partition(settings, args) if args.what == "partition" else None
+    if args.what == "partition" and number is None:
+        return exits.USAGE
+    client = runtime.connect_redis(runtime.redis_url(settings))
+    try:
+        held = pause.Pause.now(_who(args), args.reason or "")
+        if number is not None:
+            pause.pause_partition(client, number, held)
+            print(f"partition {number} paused: its operations wait in its stream")
+        else:
+            pause.pause_jobs(client, held, jobs_keys.QUEUES)
+            print("jobs paused: no jobs worker takes a job until they are resumed")
+    finally:
+        client.close()
+    return exits.OK
+
+
+def cmd_resume(settings: Settings, args: argparse.Namespace) -> int:
+    number = _partition(settings, args) if args.what == "partition" else None
+    if args.what == "partition" and number is None:
+        return exits.USAGE
+    client = runtime.connect_redis(runtime.redis_url(settings))
+    try:
+        if number is not None:
+            was = pause.resume_partition(client, number)
+            print(f"partition {number} resumed" if was else f"partition {number} was not paused")
+        else:
+            was = pause.resume_jobs(client)
+            print("jobs resumed" if was else "jobs were not paused")
+    finally:
+        client.close()
+    return exits.OK
+
+
+def cmd_paused(settings: Settings, args: argparse.Namespace) -> int:
+    client = runtime.connect_redis(runtime.redis_url(settings))
+    try:
+        state = pause.paused(client)
+    finally:
+        client.close()
+    if args.json:
+        print_json(state.as_dict())
+        return exits.OK
+    rows = [
+        [f"partition {n}", p.by, p.as_dict()["at"] or "", p.reason]
+        for n, p in sorted(state.partitions.items())
+    ]
+    if state.jobs is not None:
+        rows.append(["jobs", state.jobs.by, state.jobs.as_dict()["at"] or "", state.jobs.reason])
+    if rows:
+        sys.stdout.write(table(["paused", "by", "since", "reason"], rows))
+    else:
+        print("nothing is paused")
+    return exits.OK
+
+
+def register(sub: Any) -> None:
+    for name, run, verb in (("pause", cmd_pause, "hold"), ("resume", cmd_resume, "release")):
+        cmd = sub.add_parser(
+            name, help=f"{verb} a partition's operations, or the jobs (`{name} partition N`)"
+        )
+        what = cmd.add_subparsers(dest="what", required=True)
+        part = what.add_parser("partition", help=f"{name} one partition stream's consumption")
+        part.add_argument("number", type=int, help="the partition, from 0")
+        jobs = what.add_parser("jobs", help=f"{name} the jobs queues")
+        if name == "pause":
+            for p in (part, jobs):
+                p.add_argument("--reason", default="", help="why (shown on the dashboard)")
+                p.add_argument("--by", default=None, help="who (default: cli:<your login>)")
+        for p in (part, jobs):
+            p.set_defaults(run=run)
+    listing = sub.add_parser("paused", help="what is paused: partitions and the jobs")
+    json_flag(listing)
+    listing.set_defaults(run=cmd_paused)
