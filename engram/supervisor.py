@@ -1,4 +1,5 @@
-"""The children ``engram up`` runs: named commands, restarted when they exit.
+"""The children ``engram up`` runs: named commands, restarted when they exit; and the
+embedded servers it started (``ServerWatch``), restarted when they die.
 
 Adding a kind of child (``engram web``, ``engram jobs``) is one more
 ``ChildSpec``. Every child gets SIGTERM from the kernel when the supervisor
@@ -14,6 +15,9 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from store.errors import EngramError
 
 from .procs import ProcessRecord, die_with_parent
 
@@ -99,3 +103,90 @@ class Supervisor:
                 child.process.kill()
                 child.process.wait()
         self.children = []
+
+
+class ServerGaveUpError(EngramError):
+    """An embedded server kept dying: ``up`` stops everything rather than run without it."""
+
+    code = "server_gave_up"
+    status = 503
+
+
+class Server(Protocol):
+    """An embedded server (PostgreSQL, valkey): daemonised, so watched by its pid file."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def running(self) -> bool: ...
+
+    def restart(self) -> object: ...
+
+
+@dataclass(slots=True)
+class RestartBudget:
+    """At most ``max_tries`` restart tries within ``window_s``; the pause before each
+    doubles from ``first_pause_s`` up to ``max_pause_s``."""
+
+    max_tries: int = 5
+    window_s: float = 300.0
+    first_pause_s: float = 1.0
+    max_pause_s: float = 15.0
+    tries: list[float] = field(default_factory=list)
+
+    def next_pause_s(self, now: float) -> float | None:
+        """The pause before the next try, counting it; None once the budget is spent."""
+        self.tries = [t for t in self.tries if now - t < self.window_s]
+        if len(self.tries) >= self.max_tries:
+            return None
+        pause = min(self.first_pause_s * (1 << len(self.tries)), self.max_pause_s)
+        self.tries.append(now)
+        return pause
+
+
+class ServerWatch:
+    """Restart ``server`` when it dies (same folder, same port: the URLs handed out stay
+    right), after a pause that grows; ``ServerGaveUpError`` once its budget is spent."""
+
+    def __init__(
+        self,
+        name: str,
+        server: Server,
+        *,
+        budget: RestartBudget | None = None,
+        on_start: Callable[[int], None] = lambda pid: None,
+    ) -> None:
+        self.name = name
+        self.server = server
+        self.budget = budget or RestartBudget()
+        self.on_start = on_start
+        self._next_try: float | None = None
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if self._next_try is None:
+            if self.server.running():
+                return
+            log.warning(f"{self.name} died, restarting")
+            self._schedule(now)
+        if self._next_try is None or now < self._next_try:
+            return
+        try:
+            self.server.restart()
+        except Exception as exc:
+            log.warning(f"{self.name} did not start again", extra={"error": repr(exc)})
+            self._schedule(now)
+            return
+        self._next_try = None
+        log.warning(f"{self.name} restarted", extra={"pid": self.server.pid})
+        if self.server.pid:
+            self.on_start(self.server.pid)
+
+    def _schedule(self, now: float) -> None:
+        pause = self.budget.next_pause_s(now)
+        if pause is None:
+            raise ServerGaveUpError(
+                f"the embedded {self.name} keeps dying or will not start: {self.budget.max_tries}"
+                f" restarts tried within {self.budget.window_s:.0f} s; stopping everything"
+            )
+        self._next_try = now + pause

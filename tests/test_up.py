@@ -357,6 +357,47 @@ def test_a_taken_port_that_was_set_stops_up_with_the_reason_and_nothing_left(
     assert not _processes_of(home)
 
 
+def test_a_killed_embedded_server_comes_back_on_the_same_url(
+    home: Path, start_up: Callable[..., Up]
+) -> None:
+    up = start_up(home)
+    run = up.wait_ready()
+    for name, url_key in (("postgres", "database_url"), ("valkey", "redis_url")):
+        killed = _server_pids(home)[name]
+        os.kill(killed, signal.SIGKILL)
+        assert wait_gone([killed], timeout_s=10)
+        if name == "valkey":  # an enqueue needs it (PostgreSQL's outage it waits out)
+            wait_until(lambda: "valkey restarted" in up.log(), timeout=60, what="valkey")
+        remembered = engram(
+            home,
+            "enqueue",
+            "remember",
+            "--scope",
+            '{"user_id": "up"}',
+            "--request",
+            json.dumps({"text": f"Sent after {name} was killed."}),
+            "--wait",
+            "90",
+            timeout=120,
+        )
+        assert remembered.returncode == 0, (remembered.stderr, up.log())
+        # The server serves a moment before up has said so and noted its pid.
+        pid = _server_pids(home)[name]
+        assert pid != killed and live_process(pid)
+        wait_until(lambda n=name, p=pid: _recorded_pid(home, n) == p, timeout=30, what="run file")
+        assert f"{name} restarted" in up.log()
+        assert json.loads((home / "run.json").read_text())[url_key] == run[url_key]
+    assert up.process.poll() is None
+    assert up.stop() == 0
+    assert not [p for p in _server_pids(home).values() if live_process(p)]
+
+
+def _recorded_pid(home: Path, name: str) -> int | None:
+    """The pid of ``name`` in the home's run file (the one its watchdog would stop)."""
+    processes = json.loads((home / "run.json").read_text())["processes"]
+    return next((int(p["pid"]) for p in processes if p["name"] == name), None)
+
+
 def _processes_of(home: Path) -> list[psutil.Process]:
     """Live processes started for ``home`` (it is in their environment)."""
     found = []

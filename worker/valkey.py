@@ -102,6 +102,20 @@ class EmbeddedValkey:
     def pid(self) -> int:
         return self._server.pid if self._server is not None else 0
 
+    def running(self) -> bool:
+        return _server_of(self.data_dir) is not None
+
+    def restart(self) -> EmbeddedValkey:
+        """Start it again after it died, on the port it had: the URL handed out stays
+        right (a port taken meanwhile fails the start: the caller decides)."""
+        port = self.port if self._server is not None else self._requested_port
+        if self._server is not None:
+            # The dead server's exit hook would stop "the server of the folder": the new one.
+            atexit.unregister(self._server.stop)
+        self._server = None
+        self._requested_port = port
+        return self.start()
+
     def stop(self) -> None:
         """SHUTDOWN (the append-only file is flushed and synced), then wait for the exit."""
         if self._server is not None:
