@@ -51,7 +51,7 @@ def test_a_day_of_minutes_is_summed_into_ten_minute_columns() -> None:
     chart = ops_chart(columns, interval_s=600)
     assert chart.peak_per_s == (145 + 10) / 600
     assert "(0.1/s)" in chart.columns[0].title
-    assert (chart.start, chart.end) == ("22:20:00", "22:50:00")
+    assert (chart.start, chart.end) == ("Nov 14 22:20", "Nov 14 22:50")
     # A column is longer than a minute: the last minute's rate is the last column's.
     assert chart.last_minute_per_s == 115 / 600
 
@@ -69,7 +69,7 @@ def test_lag_rows_give_each_partition_now_the_last_hour_and_the_day() -> None:
         (1, 0, 0, 3),
         (2, 7, 0, 0),  # live now, never sampled before
     ]
-    assert rows[0].max_day_at == "02:13:20" and rows[2].max_day_at == ""
+    assert rows[0].max_day_at == "Nov 15 02:13" and rows[2].max_day_at == ""
     assert lag_rows([], {}, now) == []
 
 

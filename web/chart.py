@@ -59,6 +59,8 @@ def ops_chart(
     interval_s: int = RATE_INTERVAL_S,
 ) -> Chart:
     """``intervals`` of ``interval_s`` seconds each, oldest first."""
+    # A day's chart spans two dates: its times say which.
+    clock = _clock if interval_s < 60 else _day_clock
     peak = max((i.operations for i in intervals), default=0)
     step = width / max(len(intervals), 1)
     scale = (height - 2) / peak if peak else 0.0
@@ -82,7 +84,7 @@ def ops_chart(
                 tuple(bars),
                 round(x, 2),
                 round(step, 2),
-                f"{_clock(interval.start_s)}: {interval.committed} committed, "
+                f"{clock(interval.start_s)}: {interval.committed} committed, "
                 f"{interval.replayed} replayed, {interval.failed} failed "
                 f"({interval.operations / interval_s:.1f}/s)",
             )
@@ -96,8 +98,8 @@ def ops_chart(
         peak_per_s=peak / interval_s,
         last_minute_per_s=sum(i.operations for i in last_minute) / (minute * interval_s),
         total=sum(i.operations for i in intervals),
-        start=_clock(intervals[0].start_s) if intervals else "",
-        end=_clock(intervals[-1].start_s + interval_s) if intervals else "",
+        start=clock(intervals[0].start_s) if intervals else "",
+        end=clock(intervals[-1].start_s + interval_s) if intervals else "",
     )
 
 
@@ -139,10 +141,14 @@ def lag_rows(samples: Sequence[LagSample], lag_now: dict[int, int], now_s: float
         hour = [lag for lag, start in day if start > now_s - HOUR_S]
         peak, at = max(day, default=(0, 0))
         rows.append(
-            LagRow(p, lag_now.get(p, 0), max(hour, default=0), peak, _clock(at) if peak else "")
+            LagRow(p, lag_now.get(p, 0), max(hour, default=0), peak, _day_clock(at) if peak else "")
         )
     return rows
 
 
 def _clock(epoch_s: int) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%H:%M:%S")
+
+
+def _day_clock(epoch_s: int) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%b %d %H:%M")
