@@ -27,6 +27,10 @@ ACTIONS = (
     "dead_letter.discard",
     "reembed.start",
     "job.retry",
+    "partition.pause",
+    "partition.resume",
+    "jobs.pause",
+    "jobs.resume",
 )
 
 

@@ -114,6 +114,12 @@ def state_of(rq_worker: BaseWorker) -> str:
     return str(rq_worker.get_state())
 
 
+def idle(client: redis.Redis, rq_worker: BaseWorker) -> bool:
+    """Waiting for a job, every queue empty (the jobs it enqueues at start are done)."""
+    queued = sum(len(Queue(q, connection=client)) for q in jobs_keys.QUEUES)
+    return state_of(rq_worker) == "idle" and queued == 0
+
+
 def _prune_job(client: redis.Redis) -> str:
     return prune.enqueue(client, "dead-letters", older_than_s=3600)
 
@@ -140,10 +146,11 @@ def test_an_idle_jobs_worker_stops_taking_jobs_when_paused(
 ) -> None:
     client = connect_redis(redis_url)
     jobs_processes(database_url=dsn, redis_url=redis_url)
-    wait_until(lambda: Worker.all(connection=client), what="the jobs worker")
-    # Idle, it is blocked taking the next job: the barrier wakes it to see the pause.
+    [rq_worker] = wait_until(lambda: Worker.all(connection=client), what="the jobs worker")
+    wait_until(lambda: idle(client, rq_worker), what="the jobs worker idle")
+    # Idle, it is blocked taking the next job, and RQ looks at the suspension only
+    # between jobs: the barrier wakes it to see the pause.
     assert pause.pause_jobs(client, pause.Pause.now("tester"), jobs_keys.QUEUES) == 1
-    [rq_worker] = Worker.all(connection=client)
     wait_until(lambda: state_of(rq_worker) == "suspended", what="the worker suspended")
     job_id = _prune_job(client)
     # It looks at the suspension each second, beating as it does: two beats later it is

@@ -331,13 +331,16 @@ def test_polls_never_overlap(web: Web) -> None:
     answer never piles requests up behind it."""
     pending = web.store.embeddings.begin("polled-model", 16)
     web.store.embeddings.set_progress(pending.id, {"state": "running", "done": 1, "total": 2})
+    body = {"kind": "remember", "scope": {"user_id": "poll"}, "request": {"text": "t"}}
+    waiting = web.client.post("/api/v1/operations", json=body).json()["operation_id"]
+    operation = f"/operations/{waiting}"  # no worker runs: it polls until committed
     polling = []
-    for path in ("/", "/jobs", "/generations"):
+    for path in ("/", "/jobs", "/generations", operation):
         for tag, attrs in parsed(web.client.get(path).text).elements:
             if "every" in (attrs.get("hx-trigger") or ""):
                 polling.append((path, tag, attrs.get("hx-sync")))
     web.store.embeddings.set_progress(pending.id, {"state": "failed"})
-    assert [p for p, _, _ in polling] == ["/", "/jobs", "/generations"]
+    assert [p for p, _, _ in polling] == ["/", "/jobs", "/generations", operation]
     assert all(sync == "this:drop" for _, _, sync in polling), polling
 
 

@@ -26,6 +26,7 @@ from starlette.staticfiles import StaticFiles
 from store.errors import EngramError, NotFoundError
 
 from .api import operations as api_ops
+from .api import pause as api_pause
 from .api import pipeline as api_pipeline
 from .api import reads as api_reads
 from .api.openapi import openapi
@@ -38,7 +39,18 @@ from .middleware import AccessLog, Failsafe, Gate, SecurityHeaders, wants_json
 from .render import Renderer
 from .services import Services
 from .state import WebState, web_of
-from .views import audit, deadletters, generations, jobs, login, overview, receipts, records, scopes
+from .views import (
+    audit,
+    deadletters,
+    generations,
+    jobs,
+    login,
+    overview,
+    pause,
+    receipts,
+    records,
+    scopes,
+)
 
 STATIC = Path(__file__).parent / "static"
 
@@ -103,6 +115,10 @@ def routes() -> list[BaseRoute]:
         route("/jobs/{job_id}", get=jobs.job_page),
         route("/jobs/{job_id}/retry", post=form_endpoint(jobs.retry)),
         route("/audit", get=audit.audit_page),
+        route("/pause/partition", post=form_endpoint(pause.pause_partition_form)),
+        route("/resume/partition/{partition}", post=form_endpoint(pause.resume_partition_form)),
+        route("/pause/jobs", post=form_endpoint(pause.pause_jobs_form)),
+        route("/resume/jobs", post=form_endpoint(pause.resume_jobs_form)),
         route("/login", get=login.login_page, post=form_endpoint(login.login)),
         route("/logout", post=form_endpoint(login.logout)),
         route("/healthz", get=overview.healthz),
@@ -124,6 +140,9 @@ def routes() -> list[BaseRoute]:
         route("/api/v1/generations", get=api_reads.generations),
         route("/api/v1/reembed", post=json_endpoint(api_pipeline.reembed)),
         route("/api/v1/jobs", get=api_pipeline.job_list),
+        # Before the job ids: these two are not jobs.
+        route("/api/v1/jobs/pause", post=api_pause.with_reason(api_pause.jobs_pause)),
+        route("/api/v1/jobs/resume", post=action_endpoint(api_pause.jobs_resume)),
         route("/api/v1/jobs/{job_id}", get=api_pipeline.job),
         route("/api/v1/jobs/{job_id}/retry", post=action_endpoint(api_pipeline.job_retry)),
         route("/api/v1/dead-letters", get=api_pipeline.dead_letter_list),
@@ -137,6 +156,15 @@ def routes() -> list[BaseRoute]:
             post=action_endpoint(api_pipeline.dead_letter_retry),
         ),
         route("/api/v1/audit", get=api_reads.audit),
+        route("/api/v1/paused", get=api_pause.paused),
+        route(
+            "/api/v1/partitions/{partition}/pause",
+            post=api_pause.with_reason(api_pause.partition_pause),
+        ),
+        route(
+            "/api/v1/partitions/{partition}/resume",
+            post=action_endpoint(api_pause.partition_resume),
+        ),
     ]
 
 

@@ -70,7 +70,8 @@ class Pause:
 
     @classmethod
     def now(cls, by: str, reason: str = "") -> Pause:
-        return cls(by, int(time.time() * 1000), reason.strip()[:MAX_REASON_CHARS])
+        printable = "".join(c if c.isprintable() else " " for c in reason)
+        return cls(by, int(time.time() * 1000), printable.strip()[:MAX_REASON_CHARS])
 
 
 @dataclass(frozen=True, slots=True)

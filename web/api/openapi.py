@@ -15,12 +15,13 @@ from store.limits import MAX_SCOPE_VALUE_CHARS
 from store.model import SCOPE_FIELDS
 from store.operations import OPERATION_KINDS
 from store.paging import MAX_PAGE_SIZE
+from worker.pause import MAX_REASON_CHARS
 
 from ..config import MAX_WAIT_S
 from ..params import MAX_CURSOR_PARAM_CHARS, Query
 from ..rqjobs import JOB_STATES
 from ..state import web_of
-from .schemas import SCHEMAS, TIME, Schema, ref, string
+from .schemas import SCHEMAS, TIME, Schema, nullable, obj, ref, string
 
 # -- parameters ---------------------------------------------------------------------
 
@@ -142,6 +143,50 @@ def _op(
 
 
 _NO_BODY = {"type": "object", "maxProperties": 0, "description": "Nothing, or {}."}
+
+# -- pausing (web/api/pause.py) ------------------------------------------------------
+
+_PARTITION = _path(
+    "partition", {"type": "string", "pattern": "^[0-9]{1,6}$"}, "A partition's number, from 0."
+)
+_PAUSE_BODY = obj(
+    {"reason": {"type": "string", "maxLength": MAX_REASON_CHARS, "description": "Why."}},
+    optional=("reason",),
+)
+_PAUSE_ERRORS = ("400", "401", "403", "413", "415", "422", "503")
+_PAUSE = {
+    "by": {"type": "string", "description": "The operator signed in."},
+    "at": {**nullable(TIME), "description": "Since when."},
+    "reason": {"type": "string"},
+}
+_PAUSED_NOW = obj(
+    {"partition": {"type": "integer"}, "paused": {"const": True}, **_PAUSE},
+    optional=("partition",),
+)
+_RESUMED = obj(
+    {
+        "partition": {"type": "integer"},
+        "paused": {"const": False},
+        "was_paused": {"type": "boolean"},
+    },
+    optional=("partition",),
+)
+_PAUSED_STATE = obj(
+    {
+        "partitions": {
+            "type": "array",
+            "items": obj({"partition": {"type": "integer"}, **_PAUSE}),
+        },
+        "jobs": obj(
+            {
+                "paused": {"type": "boolean"},
+                "by": nullable({"type": "string"}),
+                "at": nullable(TIME),
+                "reason": {"type": "string"},
+            }
+        ),
+    }
+)
 
 PATHS: dict[str, Schema] = {
     "/api/v1/operations": {
@@ -309,6 +354,53 @@ PATHS: dict[str, Schema] = {
             body=_NO_BODY,
             body_required=False,
             errors=_BODY_ERRORS,
+        )
+    },
+    "/api/v1/jobs/pause": {
+        "post": _op(
+            "Pause the jobs queues (RQ's suspension): no jobs worker takes a job until "
+            "resumed; the job in hand finishes",
+            {"200": _json(_PAUSED_NOW, "Paused.")},
+            body=_PAUSE_BODY,
+            body_required=False,
+            errors=_PAUSE_ERRORS,
+        )
+    },
+    "/api/v1/jobs/resume": {
+        "post": _op(
+            "Resume the jobs queues",
+            {"200": _json(_RESUMED, "Resumed (was_paused: whether they were).")},
+            body=_NO_BODY,
+            body_required=False,
+            errors=_PAUSE_ERRORS,
+        )
+    },
+    "/api/v1/partitions/{partition}/pause": {
+        "post": _op(
+            "Pause a partition: no worker reads or claims it; its operations wait in its "
+            "stream (producers are unaffected) and commit in order once it is resumed",
+            {"200": _json(_PAUSED_NOW, "Paused, within about a second at every worker.")},
+            parameters=[_PARTITION],
+            body=_PAUSE_BODY,
+            body_required=False,
+            errors=(*_PAUSE_ERRORS, "404"),
+        )
+    },
+    "/api/v1/partitions/{partition}/resume": {
+        "post": _op(
+            "Resume a partition",
+            {"200": _json(_RESUMED, "Resumed (was_paused: whether it was).")},
+            parameters=[_PARTITION],
+            body=_NO_BODY,
+            body_required=False,
+            errors=(*_PAUSE_ERRORS, "404"),
+        )
+    },
+    "/api/v1/paused": {
+        "get": _op(
+            "What is paused: partitions (who, since when, why) and the jobs queues",
+            {"200": _json(_PAUSED_STATE, "What is paused.")},
+            errors=("400", "401", "503"),
         )
     },
     "/api/v1/audit": {

@@ -14,6 +14,7 @@ from ..params import Query
 from ..pipeline import snapshot
 from ..progress import progress_of
 from ..state import web_of
+from . import pause
 
 DAY_S = 86_400
 
@@ -54,6 +55,8 @@ def overview(request: Request) -> Response:
         day=ops_chart(bucketed(minutes), interval_s=DAY_COLUMN_S),
         lags=lag_rows(samples, {s.partition: s.lag for s in pipeline.streams}, now_s),
         generations=[(g, vectors.get(g.id), progress_of(g.progress)) for g in current],
+        paused=pause.state(request),
+        partition_count=config.partitions,
     )
 
 

@@ -1,0 +1,97 @@
+"""Pausing and resuming from the dashboard: a partition's consumption, the jobs queues
+(``worker.pause``). Each action is a CSRF-checked form (or an API call) and writes an
+audit row under the operator signed in."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from store.errors import NotFoundError
+from worker import pause
+from worker.pause import Pause, PausedState
+
+from ..errors import BadRequestError
+from ..state import operator_of, web_of
+
+
+def state(request: Request) -> PausedState:
+    return pause.paused(web_of(request).services.redis)
+
+
+def pause_partition(request: Request, number: int, reason: str) -> Pause:
+    web = web_of(request)
+    check(request, number)
+    held = Pause.now(operator_of(request).name, reason)
+    pause.pause_partition(web.services.redis, number, held)
+    web.services.store.audit.record(
+        held.by, "partition.pause", str(number), {"reason": held.reason or None}
+    )
+    return held
+
+
+def resume_partition(request: Request, number: int) -> bool:
+    web = web_of(request)
+    check(request, number)
+    was = pause.resume_partition(web.services.redis, number)
+    web.services.store.audit.record(
+        operator_of(request).name, "partition.resume", str(number), {"was_paused": was}
+    )
+    return was
+
+
+def pause_jobs(request: Request, reason: str) -> Pause:
+    web = web_of(request)
+    held = Pause.now(operator_of(request).name, reason)
+    pause.pause_jobs(web.services.redis, held, web.config.job_queues)
+    web.services.store.audit.record(held.by, "jobs.pause", "jobs", {"reason": held.reason or None})
+    return held
+
+
+def resume_jobs(request: Request) -> bool:
+    web = web_of(request)
+    was = pause.resume_jobs(web.services.redis)
+    web.services.store.audit.record(
+        operator_of(request).name, "jobs.resume", "jobs", {"was_paused": was}
+    )
+    return was
+
+
+def number_in_path(request: Request) -> int:
+    value = str(request.path_params["partition"])
+    if not (value.isascii() and value.isdigit()) or len(value) > 6:
+        raise NotFoundError("a partition is a number, from 0")
+    return int(value)
+
+
+def check(request: Request, number: int) -> None:
+    try:
+        pause.check_partition(number, web_of(request).config.partitions)
+    except ValueError as exc:
+        raise NotFoundError(str(exc)) from None
+
+
+# -- the overview's forms --------------------------------------------------------------
+
+
+def pause_partition_form(request: Request, form: dict[str, str]) -> Response:
+    number = form.get("partition", "")
+    if not number.isdigit() or len(number) > 6:
+        raise BadRequestError("partition must be a partition's number")
+    pause_partition(request, int(number), form.get("reason", ""))
+    return RedirectResponse("/", 303)
+
+
+def resume_partition_form(request: Request, form: dict[str, str]) -> Response:
+    resume_partition(request, number_in_path(request))
+    return RedirectResponse("/", 303)
+
+
+def pause_jobs_form(request: Request, form: dict[str, str]) -> Response:
+    pause_jobs(request, form.get("reason", ""))
+    return RedirectResponse("/", 303)
+
+
+def resume_jobs_form(request: Request, form: dict[str, str]) -> Response:
+    resume_jobs(request)
+    return RedirectResponse("/", 303)
