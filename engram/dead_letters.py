@@ -1,8 +1,11 @@
-"""``engram dead-letters list|show|retry|discard``: the entries workers could not apply."""
+"""``engram dead-letters list|show|retry|discard``: the entries workers could not apply,
+one at a time or every one a filter matches (``--all``: a dry run, then ``--confirm``).
+Each retry or discard is written to the audit trail with who (``cli:<os user>``) and why."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,14 +14,18 @@ from typing import Any
 
 import redis
 
-from store.errors import NotFoundError
+from store import Store
+from store.errors import InvalidRequestError, NotFoundError
 from worker import deadletters, runtime
-from worker.deadletters import DeadLetter
+from worker.deadletters import Bulk, DeadLetter, Match
 from worker.settings import Settings
 
 from . import exits
 from .args import json_flag, positive_int
+from .database import database_url
 from .output import fields, print_json, table
+
+PREVIEW = 20  # letters a dry run lists
 
 
 @contextmanager
@@ -28,6 +35,35 @@ def _redis(settings: Settings) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@contextmanager
+def _store(settings: Settings) -> Iterator[Store]:
+    with (
+        database_url(settings, "engram dead-letters") as dsn,
+        Store.connect(dsn, migrate=False, max_connections=2) as store,
+    ):
+        yield store
+
+
+def _who() -> str:
+    return f"cli:{getpass.getuser()}"[:200]
+
+
+def _audit(
+    store: Store,
+    action: str,
+    letter: DeadLetter,
+    detail: dict[str, Any],
+    why: str | None,
+    bulk: int = 0,
+) -> None:
+    detail = {**detail, "operation_id": letter.operation_id}
+    if why is not None:
+        detail["reason"] = why
+    if bulk:
+        detail["bulk"] = bulk
+    store.audit.record(_who(), action, letter.id, detail)
 
 
 def _as_dict(letter: DeadLetter) -> dict[str, Any]:
@@ -91,21 +127,121 @@ def cmd_show(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
-    with _redis(settings) as client:
-        letter = deadletters.get(client, deadletters.check_id(args.id))
-        new_id = deadletters.retry(client, args.id) if letter is not None else None
-    if letter is None or new_id is None:
-        raise _missing(args.id)
-    print_json({"retried": args.id, "partition": letter.partition, "entry": new_id})
+    if args.all:
+        return _bulk(settings, args, "retry")
+    why = deadletters.check_why(args.reason)
+    with _redis(settings) as client, _store(settings) as store:
+        letter = deadletters.get(client, deadletters.check_id(_one(args)))
+        if letter is None:
+            raise _missing(args.id)
+        # A valid operation goes to the partition its scope belongs to; anything else as sent.
+        home = deadletters.home_partition(letter, settings.worker.partitions)
+        new_id = deadletters.retry(client, letter.id, partition=home)
+        if new_id is None:
+            raise _missing(args.id)
+        where = letter.partition if home is None else home
+        _audit(store, "dead_letter.retry", letter, {"partition": where, "entry": new_id}, why)
+    print_json({"retried": args.id, "partition": where, "entry": new_id})
     return exits.OK
 
 
 def cmd_discard(settings: Settings, args: argparse.Namespace) -> int:
-    with _redis(settings) as client:
-        if not deadletters.discard(client, args.id):
+    if args.all:
+        return _bulk(settings, args, "discard")
+    why = deadletters.check_why(args.reason)
+    with _redis(settings) as client, _store(settings) as store:
+        letter = deadletters.get(client, deadletters.check_id(_one(args)))
+        if letter is None or not deadletters.discard(client, letter.id):
             raise _missing(args.id)
+        _audit(store, "dead_letter.discard", letter, {"partition": letter.partition}, why)
     print_json({"discarded": args.id})
     return exits.OK
+
+
+def _one(args: argparse.Namespace) -> str:
+    if args.id is None or args.filter_reason is not None or args.partition is not None:
+        raise InvalidRequestError("name one dead letter, or pass --all (with its filters)")
+    return str(args.id)
+
+
+def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
+    """Without ``--confirm``, the dry run: how many, which, and the ``--confirm`` value;
+    with it, the action on those letters, refused if they changed since."""
+    if args.id is not None:
+        raise InvalidRequestError("--all takes no id")
+    why = deadletters.check_why(args.reason)
+    match = Match(args.filter_reason, args.partition)
+    with _redis(settings) as client:
+        bulk = deadletters.plan(client, action, match, partitions=settings.worker.partitions)
+        seen = f"{bulk.count}:{bulk.digest}"
+        if args.confirm is None:
+            print_json(_dry_run(bulk, seen))
+            return exits.OK
+        count, _, digest = args.confirm.partition(":")
+        bulk.check(int(count) if count.isdigit() else None, digest)
+        with _store(settings) as store:
+            for letter, home in bulk.taken:
+                _apply(client, store, bulk, letter, home, why)
+    print_json({"action": action, "filter": match.as_dict(), "done": bulk.count})
+    return exits.OK
+
+
+def _dry_run(bulk: Bulk, seen: str) -> dict[str, Any]:
+    return {
+        "action": bulk.action,
+        "filter": bulk.match.as_dict(),
+        "count": bulk.count,
+        "dead_letters": [_as_dict(x) for x, _ in bulk.taken[:PREVIEW]],
+        "left": [x.id for x in bulk.left],
+        "confirm": seen,
+    }
+
+
+def _apply(
+    client: redis.Redis,
+    store: Store,
+    bulk: Bulk,
+    letter: DeadLetter,
+    home: int | None,
+    why: str | None,
+) -> None:
+    if bulk.action == "retry":
+        entry = deadletters.retry(client, letter.id, partition=home)
+        if entry is None:
+            raise _missing(letter.id)
+        detail: dict[str, Any] = {"partition": home, "entry": entry}
+        _audit(store, "dead_letter.retry", letter, detail, why, bulk.count)
+    else:
+        if not deadletters.discard(client, letter.id):
+            raise _missing(letter.id)
+        _audit(
+            store, "dead_letter.discard", letter, {"partition": letter.partition}, why, bulk.count
+        )
+
+
+def _actions(parser: Any, verb: str) -> None:
+    parser.add_argument("id", nargs="?", default=None)
+    parser.add_argument("--reason", default=None, help="why (kept in the audit trail)")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help=f"{verb} every letter the filter matches: a dry run unless --confirm",
+    )
+    parser.add_argument(
+        "--filter-reason",
+        choices=deadletters.REASONS,
+        default=None,
+        help="with --all: only letters of this reason",
+    )
+    parser.add_argument(
+        "--partition", type=int, default=None, help="with --all: only letters of this partition"
+    )
+    parser.add_argument(
+        "--confirm",
+        default=None,
+        metavar="COUNT:DIGEST",
+        help="with --all: what the dry run printed",
+    )
 
 
 def register(sub: Any) -> None:
@@ -120,9 +256,11 @@ def register(sub: Any) -> None:
     show.add_argument("id")
     json_flag(show)
     show.set_defaults(run=cmd_show)
-    retry = actions.add_parser("retry", help="enqueue its operation again on its partition")
-    retry.add_argument("id")
+    retry = actions.add_parser(
+        "retry", help="enqueue its operation again on the partition its scope belongs to"
+    )
+    _actions(retry, "retry")
     retry.set_defaults(run=cmd_retry)
     discard = actions.add_parser("discard", help="delete a dead letter for good")
-    discard.add_argument("id")
+    _actions(discard, "discard")
     discard.set_defaults(run=cmd_discard)

@@ -61,6 +61,7 @@ FORM_ROUTES = {
     "/scopes/{scope_id}/recall",
     "/forget/{record_id:id}",
     "/generations/reembed",
+    "/dead-letters/bulk",
     "/dead-letters/{letter_id}/retry",
     "/dead-letters/{letter_id}/discard",
     "/jobs/{job_id}/retry",

@@ -86,3 +86,31 @@ def test_a_letter_without_an_operation_or_a_full_partition_is_refused(
         deadletters.retry(redis_client, dead_id, stream_max_len=0)
     letter = deadletters.get(redis_client, dead_id)
     assert letter is not None and json.loads(letter.op or "")["operation_id"] == op.operation_id
+
+
+def test_a_bulk_plan_takes_what_its_filter_matches_and_retries_only_what_can_succeed(
+    redis_client: redis.Redis,
+) -> None:
+    redis_client.delete(keys.DEAD_LETTERS)
+    op = Operation.build("forget", {"user_id": "home"}, {"id": "m1"})
+    good = _letter(redis_client, op)
+    garbage = _letter(redis_client, None, raw="{not json")
+    discard = deadletters.plan(
+        redis_client, "discard", deadletters.Match(reason=deadletters.FAILED), partitions=4
+    )
+    assert sorted(x.id for x, _ in discard.taken) == sorted([good, garbage])
+    retry = deadletters.plan(redis_client, "retry", deadletters.Match(), partitions=FAST.partitions)
+    assert [(x.id, p) for x, p in retry.taken] == [(good, partition_of(op.scope, FAST.partitions))]
+    assert [x.id for x in retry.left] == [garbage]
+    none = deadletters.plan(redis_client, "retry", deadletters.Match(partition=99), partitions=4)
+    assert none.count == 0
+    retry.check(1, retry.digest)
+    with pytest.raises(deadletters.SelectionChangedError):
+        retry.check(1, discard.digest)
+    with pytest.raises(deadletters.SelectionChangedError):
+        retry.check(2, retry.digest)
+    with pytest.raises(InvalidRequestError):
+        deadletters.plan(redis_client, "explode", deadletters.Match(), partitions=4)
+    assert deadletters.check_why("  ") is None and deadletters.check_why("ok") == "ok"
+    with pytest.raises(InvalidRequestError):
+        deadletters.check_why("x" * (deadletters.MAX_WHY_CHARS + 1))

@@ -7,8 +7,10 @@ never trimmed here; logs name only its ids.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +22,18 @@ from . import keys
 from .defaults import STREAM_MAX_LEN
 from .errors import QueueFullError
 from .membership import now_ms
-from .protocol import OP_FIELD
+from .protocol import OP_FIELD, Entry, decode_entry, partition_of
 
 # Why an entry was dead-lettered.
 MALFORMED = "malformed"  # not a valid operation for its partition
 DELIVERIES = "deliveries"  # delivered too many times without a commit
 FAILED = "failed"  # its commit raised an unexpected error on its own
+REASONS = (MALFORMED, DELIVERIES, FAILED)
+
+# An operator's why for a retry or discard: free text, kept in the audit row.
+MAX_WHY_CHARS = 200
+# A bulk action touches at most this many letters (reading the whole stream to find them).
+MAX_BULK = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +116,139 @@ return id
 """
 
 
-def retry(client: redis.Redis, dead_id: str, *, stream_max_len: int = STREAM_MAX_LEN) -> str | None:
-    """Enqueue a dead letter's operation again, as sent, on the partition it came from, and
-    remove the letter; the new entry's id, or None when there is no such letter.
+@dataclass(frozen=True, slots=True)
+class Match:
+    """Which dead letters a bulk action takes: those of one reason and/or one partition
+    (neither: all of them)."""
+
+    reason: str | None = None
+    partition: int | None = None
+
+    def admits(self, letter: DeadLetter) -> bool:
+        return (self.reason is None or letter.reason == self.reason) and (
+            self.partition is None or letter.partition == self.partition
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "partition": self.partition}
+
+
+def matching(
+    client: redis.Redis, match: Match, *, before: str | None = None, limit: int = MAX_BULK + 1
+) -> list[DeadLetter]:
+    """Up to ``limit`` dead letters ``match`` admits, newest first, older than the one
+    ``before`` names (the stream read in pages)."""
+    if match == Match():
+        return page(client, before=before, count=limit)  # no filter: one read
+    found: list[DeadLetter] = []
+    while len(found) < limit:
+        letters = page(client, before=before, count=_SCAN_BATCH)
+        found += [x for x in letters if match.admits(x)]
+        if len(letters) < _SCAN_BATCH:
+            break
+        before = letters[-1].id
+    return found[:limit]
+
+
+_SCAN_BATCH = 500
+
+
+def digest(letters: Sequence[DeadLetter]) -> str:
+    """A stable name of a set of letters: a bulk action confirms the set its dry run saw."""
+    return hashlib.sha256(" ".join(sorted(x.id for x in letters)).encode()).hexdigest()[:32]
+
+
+BULK_ACTIONS = ("retry", "discard")
+
+
+class SelectionChangedError(EngramError):
+    """The letters a bulk action would take are no longer those its dry run showed."""
+
+    code = "selection_changed"
+    status = 409
+
+
+@dataclass(frozen=True, slots=True)
+class Bulk:
+    """What a bulk action would do: the letters it takes (with the partition each retried
+    one goes to) and those its filter matches that it leaves (a retry that can never
+    succeed)."""
+
+    action: str
+    match: Match
+    taken: list[tuple[DeadLetter, int | None]]
+    left: list[DeadLetter]
+
+    @property
+    def count(self) -> int:
+        return len(self.taken)
+
+    @property
+    def digest(self) -> str:
+        return digest([x for x, _ in self.taken])
+
+    def check(self, count: object, seen_digest: object) -> None:
+        """Refuse unless it takes the letters a dry run saw (``count`` and ``digest``)."""
+        if count != self.count or seen_digest != self.digest:
+            raise SelectionChangedError(
+                f"{self.count} dead letters match now, not the ones the dry run showed: look again"
+            )
+
+
+def plan(client: redis.Redis, action: str, match: Match, *, partitions: int) -> Bulk:
+    """The dry run of ``action`` on every letter ``match`` admits (at most ``MAX_BULK``)."""
+    if action not in BULK_ACTIONS:
+        raise InvalidRequestError("a bulk action is retry or discard")
+    found = matching(client, match)
+    if len(found) > MAX_BULK:
+        raise InvalidRequestError(f"more than {MAX_BULK} dead letters match: narrow the filter")
+    if action == "discard":
+        return Bulk(action, match, [(x, None) for x in found], [])
+    homes = [(x, home_partition(x, partitions)) for x in found]
+    taken: list[tuple[DeadLetter, int | None]] = [(x, p) for x, p in homes if p is not None]
+    return Bulk(action, match, taken, [x for x, p in homes if p is None])
+
+
+def home_partition(letter: DeadLetter, partitions: int) -> int | None:
+    """The partition a retry of the letter should go to, or None when it can never succeed.
+
+    A letter dead-lettered for deliveries or a failed commit was read as a valid operation
+    on its partition: back there. A malformed one can only succeed if it holds a valid
+    operation that was on the wrong partition: then on the one its scope belongs to.
+    """
+    if letter.op is None or letter.malformed:
+        return None
+    try:
+        expected = partition_of(json.loads(letter.op)["scope"], partitions)
+    except Exception:  # not JSON, no scope, a scope that is not one: never valid
+        return None
+    decoded = decode_entry(
+        letter.entry_id or "0-0", {OP_FIELD: letter.op}, partition=expected, partitions=partitions
+    )
+    if not isinstance(decoded, Entry):
+        return None
+    return expected if letter.reason == MALFORMED else letter.partition
+
+
+def check_why(value: Any) -> str | None:
+    """An operator's why, or None; ``InvalidRequestError`` past ``MAX_WHY_CHARS``."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > MAX_WHY_CHARS:
+        raise InvalidRequestError(f"a reason is text of at most {MAX_WHY_CHARS} characters")
+    return value.strip() or None
+
+
+def retry(
+    client: redis.Redis,
+    dead_id: str,
+    *,
+    partition: int | None = None,
+    stream_max_len: int = STREAM_MAX_LEN,
+) -> str | None:
+    """Enqueue a dead letter's operation again, as sent, on ``partition`` (by default the
+    one it came from), and remove the letter; the new entry's id, or None when there is
+    no such letter.
 
     A letter that holds no operation (the entry had no ``op`` field) cannot be retried:
     ``InvalidRequestError``. A letter that is still malformed is dead-lettered again.
@@ -124,7 +262,7 @@ def retry(client: redis.Redis, dead_id: str, *, stream_max_len: int = STREAM_MAX
         new_id = client.eval(
             _RETRY,
             2,
-            keys.stream(letter.partition),
+            keys.stream(letter.partition if partition is None else partition),
             keys.DEAD_LETTERS,
             dead_id,
             letter.op,

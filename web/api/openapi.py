@@ -102,7 +102,8 @@ _ERRORS = {
     "404": "Not found (code not_found).",
     "409": (
         "A revision or operation conflict, or an asserted record a model may not change "
-        "(revision_conflict, operation_conflict, asserted_record, embedding_mismatch)."
+        "(revision_conflict, operation_conflict, asserted_record, embedding_mismatch), or "
+        "a bulk action's letters changed since its dry run (selection_changed)."
     ),
     "413": "The body is too large (code too_large).",
     "415": "The body is not application/json (code unsupported_media_type).",
@@ -143,6 +144,52 @@ def _op(
 
 
 _NO_BODY = {"type": "object", "maxProperties": 0, "description": "Nothing, or {}."}
+# Why an operator retries or discards: kept in the audit row.
+_REASON = {"type": "string", "maxLength": 200}
+_WHY = {
+    "type": "object",
+    "properties": {"reason": nullable(_REASON)},
+    "additionalProperties": False,
+    "description": "Nothing, {}, or why.",
+}
+_SEEN = {
+    "type": "object",
+    "properties": {"count": {"type": "integer"}, "digest": {"type": "string"}},
+    "required": ["count", "digest"],
+}
+_BULK_FILTER = {
+    "type": "object",
+    "properties": {
+        "reason": nullable({"enum": ["malformed", "deliveries", "failed"]}),
+        "partition": nullable({"type": "integer", "minimum": 0}),
+    },
+    "additionalProperties": False,
+}
+_BULK = {
+    "type": "object",
+    "properties": {
+        "action": {"enum": ["retry", "discard"]},
+        "filter": nullable(_BULK_FILTER),
+        "reason": nullable(_REASON),
+        "confirm": nullable(_SEEN),
+    },
+    "required": ["action"],
+    "additionalProperties": False,
+}
+_BULK_DONE = {
+    "type": "object",
+    "properties": {
+        "action": {"enum": ["retry", "discard"]},
+        "filter": _BULK_FILTER,
+        "count": {"type": "integer"},
+        "digest": {"type": "string"},
+        "dry_run": {"type": "boolean"},
+        "items": {"type": "array", "items": ref("DeadLetter")},
+        "left": {"type": "array", "items": {"type": "string"}},
+        "confirm": _SEEN,
+    },
+    "required": ["action", "filter", "count", "digest", "dry_run"],
+}
 
 # -- pausing (web/api/pause.py) ------------------------------------------------------
 
@@ -333,6 +380,16 @@ PATHS: dict[str, Schema] = {
             errors=("400", "401", "503"),
         )
     },
+    "/api/v1/bulk/dead-letters": {
+        "post": _op(
+            "Retry or discard every dead letter a filter matches: without confirm a dry "
+            "run (count, the first 20, and the confirm to send back); with it, the action, "
+            "refused (409 selection_changed) if the matching letters changed",
+            {"200": _json(_BULK_DONE, "The dry run, or what was done.")},
+            body=_BULK,
+            errors=("400", "401", "403", "409", "413", "415", "422", "503"),
+        )
+    },
     "/api/v1/dead-letters/{letter_id}": {
         "get": _op(
             "A dead letter: the entry as sent, its error and why",
@@ -340,18 +397,21 @@ PATHS: dict[str, Schema] = {
             parameters=[_LETTER_ID],
         ),
         "delete": _op(
-            "Discard a dead letter for good",
+            "Discard a dead letter for good (why, optionally, for the audit trail)",
             {"204": {"description": "Discarded."}},
             parameters=[_LETTER_ID],
-            errors=("400", "401", "403", "404", "503"),
+            body=_WHY,
+            body_required=False,
+            errors=_BODY_ERRORS,
         ),
     },
     "/api/v1/dead-letters/{letter_id}/retry": {
         "post": _op(
-            "Enqueue a dead letter's operation again on its partition",
+            "Enqueue a dead letter's operation again on its partition (on its scope's when "
+            "it was on the wrong one; 422 for one that can never be applied)",
             {"200": _json(ref("Retried"), "Enqueued again.")},
             parameters=[_LETTER_ID],
-            body=_NO_BODY,
+            body=_WHY,
             body_required=False,
             errors=_BODY_ERRORS,
         )

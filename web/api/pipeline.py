@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from store.errors import InvalidRequestError
 from store.validation import Fields
 
+from ..bodies import read_json
+from ..endpoints import Endpoint
 from ..params import Query
+from ..state import web_of
 from ..views import deadletters, jobs
 from ..views.generations import start
 from .serialize import dead_letter_json, job_json, page_json, queue_json
@@ -46,14 +52,50 @@ def dead_letter(request: Request) -> Response:
     return JSONResponse(dead_letter_json(deadletters.get_letter(request)))
 
 
-def dead_letter_retry(request: Request) -> Response:
-    letter, entry = deadletters.retry_letter(request)
-    return JSONResponse(
-        {"operation_id": letter.operation_id, "partition": letter.partition, "entry": entry}
-    )
+def reasoned(view: Callable[[Request, str | None], Response]) -> Endpoint:
+    """An action that takes nothing but, optionally, why: ``{}``, no body, or
+    ``{"reason": "..."}`` (kept in the audit row)."""
+
+    async def endpoint(request: Request) -> Response:
+        body = await read_json(request, web_of(request).config.max_json_bytes, empty={})
+        if not isinstance(body, dict) or set(body) - {"reason"}:
+            raise InvalidRequestError('this action takes {} or {"reason": "..."}')
+        why = deadletters.deadletters_why(body.get("reason"))
+        return await run_in_threadpool(view, request, why)
+
+    endpoint.__name__ = view.__name__
+    return endpoint
 
 
-def dead_letter_discard(request: Request) -> Response:
+def dead_letter_retry(request: Request, why: str | None) -> Response:
+    letter, home, entry = deadletters.retry_letter(request, why)
+    return JSONResponse({"operation_id": letter.operation_id, "partition": home, "entry": entry})
+
+
+def dead_letter_discard(request: Request, why: str | None) -> Response:
     Query.of(request)  # takes none
-    deadletters.discard_letter(request)
+    deadletters.discard_letter(request, why)
     return Response(status_code=204)
+
+
+def dead_letter_bulk(request: Request, body: Any) -> Response:
+    """Without ``confirm``, a dry run: the count and the first letters the action would
+    take, and the ``confirm`` to send back; with it, the action, if the set is unchanged."""
+    f = Fields(body, "bulk", ("action", "filter", "reason", "confirm"))
+    found = f.get("filter")
+    if found is not None and not isinstance(found, dict):
+        raise InvalidRequestError("filter is an object: {reason?, partition?}")
+    if found and set(found) - {"reason", "partition"}:
+        raise InvalidRequestError("filter takes reason and partition")
+    bulk = deadletters.plan(request, f.get("action"), deadletters.match_of(request, found or {}))
+    seen = {"count": bulk.count, "digest": bulk.digest}
+    answer = {"action": bulk.action, "filter": bulk.match.as_dict(), **seen}
+    if f.get("confirm") is None:
+        items = [dead_letter_json(x) for x, _ in bulk.taken[: deadletters.PREVIEW]]
+        left = [x.id for x in bulk.left]
+        return JSONResponse(
+            {**answer, "dry_run": True, "items": items, "left": left, "confirm": seen}
+        )
+    why = deadletters.deadletters_why(f.get("reason"))
+    deadletters.apply(request, bulk, f.get("confirm"), why)
+    return JSONResponse({**answer, "dry_run": False})

@@ -1,30 +1,85 @@
-"""Dead letters: the entries no worker could apply, with why; retry or discard."""
+"""Dead letters: the entries no worker could apply, with why; retry or discard, one at
+a time or every one a filter matches (after a dry run that shows which)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from store.errors import NotFoundError
+from store.errors import InvalidRequestError, NotFoundError
 from worker import deadletters
-from worker.deadletters import DeadLetter
+from worker.deadletters import Bulk, DeadLetter, Match
 
 from ..errors import BadRequestError
-from ..params import Query
+from ..params import Query, integer
 from ..render import path_quote
 from ..state import operator_of, web_of
+
+PREVIEW = 20  # letters a dry run lists
+
+
+def match_of(request: Request, params: Mapping[str, Any]) -> Match:
+    """The filter in ``params`` (a query, a form or a JSON object): a reason, a partition."""
+    reason, partition = params.get("reason"), params.get("partition")
+    if reason not in (None, "") and reason not in deadletters.REASONS:
+        raise BadRequestError(f"reason must be one of {', '.join(deadletters.REASONS)}")
+    number: int | None = None
+    if isinstance(partition, float) and partition.is_integer():
+        partition = int(partition)  # JSON's 1.0 is an integer
+    if isinstance(partition, int) and not isinstance(partition, bool) and partition >= 0:
+        number = partition
+    elif isinstance(partition, str) and partition != "":
+        number = integer(partition, "partition", minimum=0)
+    elif partition not in (None, ""):
+        raise BadRequestError("partition is a number")
+    return Match(reason or None, number)
+
+
+def plan(request: Request, action: str, match: Match) -> Bulk:
+    web = web_of(request)
+    try:
+        return deadletters.plan(
+            web.services.redis, action, match, partitions=web.services.producer.partitions
+        )
+    except InvalidRequestError as exc:
+        if action not in deadletters.BULK_ACTIONS:
+            raise BadRequestError(exc.message) from None
+        raise
+
+
+def apply(request: Request, bulk: Bulk, seen: Any, why: str | None) -> int:
+    """Do ``bulk`` if it takes the letters its dry run saw (``seen``: count and digest)."""
+    seen = seen if isinstance(seen, Mapping) else {}
+    bulk.check(seen.get("count"), seen.get("digest"))
+    for letter, home in bulk.taken:
+        if bulk.action == "retry":
+            _retry(request, letter, home, why, bulk.count)
+        else:
+            _discard(request, letter, why, bulk.count)
+    return bulk.count
+
+
+def filter_query(match: Match) -> str:
+    return urlencode({k: v for k, v in match.as_dict().items() if v is not None})
 
 
 def letter_page_of(request: Request) -> tuple[list[DeadLetter], str | None]:
     """A page of dead letters, newest first (the cursor holds the last one's id)."""
-    q = Query.of(request, "cursor", "limit")
+    q = Query.of(request, "cursor", "limit", "reason", "partition")
     limit, cursor = q.limit(), q.cursor()
+    match = match_of(request, q.params)
     signer = web_of(request).services.store.cursors
     before = None
     if cursor is not None:
         (last,) = signer.decode(cursor, "dead_letters", (str,))
         before = dead_id(str(last))
-    letters = deadletters.page(web_of(request).services.redis, before=before, count=limit + 1)
+    letters = deadletters.matching(
+        web_of(request).services.redis, match, before=before, limit=limit + 1
+    )
     shown = letters[:limit]
     more = len(letters) > limit and shown
     return shown, signer.encode("dead_letters", (shown[-1].id,)) if more else None
@@ -32,7 +87,9 @@ def letter_page_of(request: Request) -> tuple[list[DeadLetter], str | None]:
 
 def letter_list(request: Request) -> Response:
     letters, next_cursor = letter_page_of(request)
+    match = match_of(request, request.query_params)
     total = deadletters.count(web_of(request).services.redis)
+    partitions = web_of(request).services.producer.partitions
     return web_of(request).render.page(
         request,
         "dead_letters.html",
@@ -40,55 +97,117 @@ def letter_list(request: Request) -> Response:
         letters=letters,
         next_cursor=next_cursor,
         total=total,
+        homes={x.id: deadletters.home_partition(x, partitions) for x in letters},
+        match=match,
+        filter_query=filter_query(match),
+        reasons=deadletters.REASONS,
     )
+
+
+def bulk_page(request: Request) -> Response:
+    """The dry run: how many letters, and which, an action on the filter would take."""
+    q = Query.of(request, "action", "reason", "partition")
+    action = q.choice("action", deadletters.BULK_ACTIONS) or "discard"
+    bulk = plan(request, action, match_of(request, q.params))
+    return web_of(request).render.page(
+        request,
+        "dead_letters.html",
+        "_bulk.html",
+        bulk=bulk,
+        preview=bulk.taken[:PREVIEW],
+        filter_query=filter_query(bulk.match),
+    )
+
+
+def bulk(request: Request, form: dict[str, str]) -> Response:
+    count = form.get("count", "")
+    seen = {"count": int(count) if count.isdigit() else None, "digest": form.get("digest")}
+    done = plan(request, form.get("action", ""), match_of(request, form))
+    apply(request, done, seen, deadletters_why(form.get("why")))
+    query = filter_query(done.match)
+    return RedirectResponse("/dead-letters" + (f"?{query}" if query else ""), 303)
+
+
+def confirm_discard(request: Request) -> Response:
+    Query.of(request)  # takes none
+    letter = get_letter(request)
+    return web_of(request).render.page(request, "dead_letter.html", letter=letter, confirm=True)
 
 
 def letter_page(request: Request) -> Response:
     Query.of(request)  # takes none
     letter = get_letter(request)
-    return web_of(request).render.page(request, "dead_letter.html", letter=letter)
+    home = deadletters.home_partition(letter, web_of(request).services.producer.partitions)
+    return web_of(request).render.page(request, "dead_letter.html", letter=letter, home=home)
 
 
 def retry(request: Request, form: dict[str, str]) -> Response:
-    letter, _ = retry_letter(request)
+    letter, _, _ = retry_letter(request, deadletters_why(form.get("why")))
     if letter.operation_id:
         return RedirectResponse(f"/operations/{path_quote(letter.operation_id)}", 303)
     return RedirectResponse("/dead-letters", 303)
 
 
 def discard(request: Request, form: dict[str, str]) -> Response:
-    discard_letter(request)
+    discard_letter(request, deadletters_why(form.get("why")))
     return RedirectResponse("/dead-letters", 303)
 
 
-def retry_letter(request: Request) -> tuple[DeadLetter, str]:
-    """Enqueue the letter's operation again on its partition; the audit trail says who."""
-    web = web_of(request)
+def retry_letter(request: Request, why: str | None = None) -> tuple[DeadLetter, int, str]:
+    """Enqueue the letter's operation again on the partition its scope belongs to (a letter
+    that can never be applied is refused); the audit trail says who and why."""
     letter = get_letter(request)
-    entry = deadletters.retry(web.services.redis, letter.id)
+    home = deadletters.home_partition(letter, web_of(request).services.producer.partitions)
+    if home is None:
+        raise InvalidRequestError(
+            f"dead letter {letter.id} holds no operation valid on any partition: discard it"
+        )
+    return letter, home, _retry(request, letter, home, why)
+
+
+def discard_letter(request: Request, why: str | None = None) -> DeadLetter:
+    letter = get_letter(request)
+    _discard(request, letter, why)
+    return letter
+
+
+def _retry(
+    request: Request, letter: DeadLetter, home: int | None, why: str | None, bulk: int = 0
+) -> str:
+    web = web_of(request)
+    entry = deadletters.retry(web.services.redis, letter.id, partition=home)
     if entry is None:
         raise NotFoundError(f"no dead letter {letter.id}")
+    detail = {"partition": home, "entry": entry, "operation_id": letter.operation_id}
     web.services.store.audit.record(
-        operator_of(request).name,
-        "dead_letter.retry",
-        letter.id,
-        {"partition": letter.partition, "entry": entry, "operation_id": letter.operation_id},
+        operator_of(request).name, "dead_letter.retry", letter.id, _why(detail, why, bulk)
     )
-    return letter, entry
+    return entry
 
 
-def discard_letter(request: Request) -> DeadLetter:
+def _discard(request: Request, letter: DeadLetter, why: str | None, bulk: int = 0) -> None:
     web = web_of(request)
-    letter = get_letter(request)
     if not deadletters.discard(web.services.redis, letter.id):
         raise NotFoundError(f"no dead letter {letter.id}")
+    detail = {"partition": letter.partition, "operation_id": letter.operation_id}
     web.services.store.audit.record(
-        operator_of(request).name,
-        "dead_letter.discard",
-        letter.id,
-        {"partition": letter.partition, "operation_id": letter.operation_id},
+        operator_of(request).name, "dead_letter.discard", letter.id, _why(detail, why, bulk)
     )
-    return letter
+
+
+def _why(detail: dict[str, Any], why: str | None, bulk: int) -> dict[str, Any]:
+    if why is not None:
+        detail["reason"] = why
+    if bulk:
+        detail["bulk"] = bulk  # one of this many, confirmed together
+    return detail
+
+
+def deadletters_why(value: Any) -> str | None:
+    try:
+        return deadletters.check_why(value)
+    except InvalidRequestError as exc:
+        raise BadRequestError(exc.message) from None
 
 
 def get_letter(request: Request) -> DeadLetter:
