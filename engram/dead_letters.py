@@ -140,7 +140,8 @@ def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
         if new_id is None:
             raise _missing(args.id)
         where = letter.partition if home is None else home
-        _audit(store, "dead_letter.retry", letter, {"partition": where, "entry": new_id}, why)
+        detail = {"partition": where, "entry": new_id, **deadletters.attempt(letter)}
+        _audit(store, "dead_letter.retry", letter, detail, why)
     print_json({"retried": args.id, "partition": where, "entry": new_id})
     return exits.OK
 
@@ -209,7 +210,7 @@ def _apply(
         entry = deadletters.retry(client, letter.id, partition=home)
         if entry is None:
             raise _missing(letter.id)
-        detail: dict[str, Any] = {"partition": home, "entry": entry}
+        detail: dict[str, Any] = {"partition": home, "entry": entry, **deadletters.attempt(letter)}
         _audit(store, "dead_letter.retry", letter, detail, why, bulk.count)
     else:
         if not deadletters.discard(client, letter.id):

@@ -64,6 +64,7 @@ FORM_ROUTES = {
     "/dead-letters/bulk",
     "/dead-letters/{letter_id}/retry",
     "/dead-letters/{letter_id}/discard",
+    "/jobs/bulk",
     "/jobs/{job_id}/retry",
     "/login",
     "/logout",

@@ -135,6 +135,10 @@ def test_a_bulk_retry_leaves_what_can_never_succeed_and_moves_a_stray_home(web: 
     assert [i.decode() for i, _ in stream(web)] == [garbage]
     [(who, action, target, detail)] = audited(web, since)
     assert (who, action, target, detail["partition"]) == ("local", "dead_letter.retry", stray, home)
+    # The letter is gone; what it went through is kept in the audit row.
+    assert (detail["dead_reason"], detail["deliveries"], detail["error_code"]) == (
+        "malformed", 3, "dead_lettered",
+    )  # fmt: skip
     single = web.client.post(f"/api/v1/dead-letters/{garbage}/retry", json={})
     assert single.status_code == 422  # never offered: it can only be discarded
     assert "it can only be discarded" in web.client.get(f"/dead-letters/{garbage}").text

@@ -121,6 +121,7 @@ def routes() -> list[BaseRoute]:
             post=form_endpoint(deadletters.discard),
         ),
         route("/jobs", get=jobs.job_list),
+        route("/jobs/bulk", get=jobs.bulk_page, post=form_endpoint(jobs.bulk)),
         route("/jobs/{job_id}", get=jobs.job_page),
         route("/jobs/{job_id}/retry", post=form_endpoint(jobs.retry)),
         route("/audit", get=audit.audit_page),
@@ -153,7 +154,8 @@ def routes() -> list[BaseRoute]:
         route("/api/v1/jobs/pause", post=api_pause.with_reason(api_pause.jobs_pause)),
         route("/api/v1/jobs/resume", post=action_endpoint(api_pause.jobs_resume)),
         route("/api/v1/jobs/{job_id}", get=api_pipeline.job),
-        route("/api/v1/jobs/{job_id}/retry", post=action_endpoint(api_pipeline.job_retry)),
+        route("/api/v1/bulk/jobs", post=json_endpoint(api_pipeline.job_bulk)),
+        route("/api/v1/jobs/{job_id}/retry", post=api_pipeline.reasoned(api_pipeline.job_retry)),
         route("/api/v1/dead-letters", get=api_pipeline.dead_letter_list),
         route("/api/v1/bulk/dead-letters", post=json_endpoint(api_pipeline.dead_letter_bulk)),
         route(

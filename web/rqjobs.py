@@ -12,6 +12,7 @@ not read as JSON shows as "unreadable" and is not retried.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ UNREADABLE = "unreadable"
 JOB_STATES = ("queued", "started", "failed", "finished", "scheduled", "deferred", "canceled")
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # RQ's own pattern, bounded
 _QUEUE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+MAX_BULK = 1000  # failed jobs a bulk retry takes at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +163,19 @@ def retry(conn: redis.Redis, job_id: str) -> JobRow:
     found = get(conn, job_id)
     assert found is not None
     return found
+
+
+def failed(conn: redis.Redis, queue_name: str, *, limit: int = MAX_BULK + 1) -> list[JobRow]:
+    """Up to ``limit`` of a queue's failed jobs, newest first (what a bulk retry takes)."""
+    key = rq_queues.queue(conn, queue_name).failed_job_registry.key
+    members = conn.zrevrange(key, 0, limit - 1)
+    ids = [BaseRegistry.parse_job_id(_text(m)) for m in cast(list[Any], members)]
+    return _rows(conn, ids, queue_name, "failed")
+
+
+def digest(ids: Sequence[str]) -> str:
+    """A stable name of a set of jobs: a bulk retry confirms the set its dry run saw."""
+    return hashlib.sha256(" ".join(sorted(ids)).encode()).hexdigest()[:32]
 
 
 def _registry(queue: Queue, state: str) -> BaseRegistry:

@@ -230,6 +230,17 @@ def home_partition(letter: DeadLetter, partitions: int) -> int | None:
     return expected if letter.reason == MALFORMED else letter.partition
 
 
+def attempt(letter: DeadLetter) -> dict[str, str | int]:
+    """What a retry should remember of the letter it removes (for the audit row): why it
+    was dead-lettered, after how many deliveries, with which error code."""
+    code = letter.error.get("code")
+    return {
+        "dead_reason": letter.reason,
+        "deliveries": letter.deliveries,
+        "error_code": code[:64] if isinstance(code, str) else "",
+    }
+
+
 def check_why(value: Any) -> str | None:
     """An operator's why, or None; ``InvalidRequestError`` past ``MAX_WHY_CHARS``."""
     if value is None or value == "":

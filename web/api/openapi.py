@@ -176,6 +176,37 @@ _BULK = {
     "required": ["action"],
     "additionalProperties": False,
 }
+# The queue's enum is the configured queues (``document``).
+_JOBS_FILTER = {
+    "type": "object",
+    "properties": {"queue": {"type": "string"}},
+    "additionalProperties": False,
+}
+_JOBS_BULK = {
+    "type": "object",
+    "properties": {
+        "action": {"enum": ["retry"]},
+        "filter": nullable(_JOBS_FILTER),
+        "reason": nullable(_REASON),
+        "confirm": nullable(_SEEN),
+    },
+    "required": ["action"],
+    "additionalProperties": False,
+}
+_JOBS_BULK_DONE = {
+    "type": "object",
+    "properties": {
+        "action": {"enum": ["retry"]},
+        "filter": _JOBS_FILTER,
+        "count": {"type": "integer"},
+        "digest": {"type": "string"},
+        "dry_run": {"type": "boolean"},
+        "items": {"type": "array", "items": ref("Job")},
+        "left": {"type": "array", "items": {"type": "string"}},
+        "confirm": _SEEN,
+    },
+    "required": ["action", "filter", "count", "digest", "dry_run"],
+}
 _BULK_DONE = {
     "type": "object",
     "properties": {
@@ -364,12 +395,22 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/jobs/{job_id}/retry": {
         "post": _op(
-            "Put a failed job back on its queue",
+            "Put a failed job back on its queue (why, optionally, for the audit trail)",
             {"200": _json(ref("Job"), "The job, queued.")},
             parameters=[_JOB_ID],
-            body=_NO_BODY,
+            body=_WHY,
             body_required=False,
             errors=_BODY_ERRORS,
+        )
+    },
+    "/api/v1/bulk/jobs": {
+        "post": _op(
+            "Retry every failed job of a queue: without confirm a dry run (count, the first "
+            "20, and the confirm to send back); with it, the retry, refused (409 "
+            "selection_changed) if the failed jobs changed",
+            {"200": _json(_JOBS_BULK_DONE, "The dry run, or what was done.")},
+            body=_JOBS_BULK,
+            errors=("400", "401", "403", "409", "413", "415", "422", "503"),
         )
     },
     "/api/v1/dead-letters": {
@@ -504,6 +545,9 @@ DOCUMENT: dict[str, Any] = {
 def document(job_queues: tuple[str, ...]) -> dict[str, Any]:
     """The document of a server whose jobs page shows these queues."""
     found = copy.deepcopy(DOCUMENT)
+    found["paths"]["/api/v1/bulk/jobs"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"
+    ]["properties"]["filter"]["anyOf"][0]["properties"]["queue"] = {"enum": list(job_queues)}
     for param in found["paths"]["/api/v1/jobs"]["get"]["parameters"]:
         if param["name"] == "queue":
             param["schema"] = {"enum": list(job_queues)}

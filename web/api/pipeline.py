@@ -38,8 +38,31 @@ def job(request: Request) -> Response:
     return JSONResponse(job_json(jobs.get_job(request)))
 
 
-def job_retry(request: Request) -> Response:
-    return JSONResponse(job_json(jobs.retry_job(request)))
+def job_retry(request: Request, why: str | None) -> Response:
+    return JSONResponse(job_json(jobs.retry_job(request, why)))
+
+
+def job_bulk(request: Request, body: Any) -> Response:
+    """Retry every failed job of a queue: without ``confirm`` a dry run, as for dead
+    letters; with it, the retry, if the failed jobs are those the dry run saw."""
+    f = Fields(body, "bulk", ("action", "filter", "reason", "confirm"))
+    if f.get("action") != "retry":
+        raise InvalidRequestError("failed jobs are retried in bulk: action is retry")
+    found = f.get("filter") or {}
+    if not isinstance(found, dict) or set(found) - {"queue"}:
+        raise InvalidRequestError("filter is an object: {queue?}")
+    why = deadletters.deadletters_why(f.get("reason"))  # checked even for a dry run
+    bulk = jobs.plan(request, found.get("queue"))
+    seen = {"count": bulk.count, "digest": bulk.digest}
+    answer = {"action": "retry", "filter": {"queue": bulk.queue}, **seen}
+    if f.get("confirm") is None:
+        items = [job_json(j) for j in bulk.taken[:20]]
+        left = [j.id for j in bulk.left]
+        return JSONResponse(
+            {**answer, "dry_run": True, "items": items, "left": left, "confirm": seen}
+        )
+    jobs.apply(request, bulk, f.get("confirm"), why)
+    return JSONResponse({**answer, "dry_run": False})
 
 
 def dead_letter_list(request: Request) -> Response:
@@ -87,6 +110,7 @@ def dead_letter_bulk(request: Request, body: Any) -> Response:
         raise InvalidRequestError("filter is an object: {reason?, partition?}")
     if found and set(found) - {"reason", "partition"}:
         raise InvalidRequestError("filter takes reason and partition")
+    why = deadletters.deadletters_why(f.get("reason"))  # checked even for a dry run
     bulk = deadletters.plan(request, f.get("action"), deadletters.match_of(request, found or {}))
     seen = {"count": bulk.count, "digest": bulk.digest}
     answer = {"action": bulk.action, "filter": bulk.match.as_dict(), **seen}
@@ -96,6 +120,5 @@ def dead_letter_bulk(request: Request, body: Any) -> Response:
         return JSONResponse(
             {**answer, "dry_run": True, "items": items, "left": left, "confirm": seen}
         )
-    why = deadletters.deadletters_why(f.get("reason"))
     deadletters.apply(request, bulk, f.get("confirm"), why)
     return JSONResponse({**answer, "dry_run": False})

@@ -179,6 +179,7 @@ def _retry(
     if entry is None:
         raise NotFoundError(f"no dead letter {letter.id}")
     detail = {"partition": home, "entry": entry, "operation_id": letter.operation_id}
+    detail |= deadletters.attempt(letter)  # the letter is gone: its history stays here
     web.services.store.audit.record(
         operator_of(request).name, "dead_letter.retry", letter.id, _why(detail, why, bulk)
     )

@@ -1,14 +1,19 @@
-"""Background jobs (RQ): every queue by state, a job with its error, retry."""
+"""Background jobs (RQ): every queue by state, a job with its error, retry one, or every
+failed job of a queue (after a dry run that shows which)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from store import Page
 from store.errors import InvalidRequestError, NotFoundError
+from worker import deadletters
+from worker.deadletters import SelectionChangedError
 
 from .. import rqjobs
 from ..errors import BadRequestError
@@ -65,18 +70,90 @@ def job_page(request: Request) -> Response:
 
 
 def retry(request: Request, form: dict[str, str]) -> Response:
-    job = retry_job(request)
+    job = retry_job(request, why_of(form.get("why")))
     return RedirectResponse(f"/jobs/{path_quote(job.id)}", status_code=303)
 
 
-def retry_job(request: Request) -> rqjobs.JobRow:
+def retry_job(request: Request, why: str | None = None) -> rqjobs.JobRow:
+    return _retry(request, job_id_of(request), why)
+
+
+def _retry(request: Request, job_id: str, why: str | None, bulk: int = 0) -> rqjobs.JobRow:
     web = web_of(request)
-    job_id = job_id_of(request)
     job = rqjobs.retry(web.services.redis, job_id)
-    web.services.store.audit.record(
-        operator_of(request).name, "job.retry", job_id, {"queue": job.queue}
-    )
+    detail: dict[str, Any] = {"queue": job.queue}
+    if why is not None:
+        detail["reason"] = why
+    if bulk:
+        detail["bulk"] = bulk  # one of this many, confirmed together
+    web.services.store.audit.record(operator_of(request).name, "job.retry", job_id, detail)
     return job
+
+
+@dataclass(frozen=True, slots=True)
+class JobBulk:
+    """What retrying a queue's failed jobs would do: the jobs it takes, and the failed
+    jobs it leaves (unreadable: never retried from here)."""
+
+    queue: str
+    taken: list[rqjobs.JobRow]
+    left: list[rqjobs.JobRow]
+
+    @property
+    def count(self) -> int:
+        return len(self.taken)
+
+    @property
+    def digest(self) -> str:
+        return rqjobs.digest([j.id for j in self.taken])
+
+
+def plan(request: Request, queue: object) -> JobBulk:
+    queues = web_of(request).config.job_queues
+    if queue in (None, ""):
+        queue = queues[0]
+    if not isinstance(queue, str) or queue not in queues:
+        raise BadRequestError(f"queue must be one of {', '.join(queues)}")
+    found = rqjobs.failed(web_of(request).services.redis, queue)
+    if len(found) > rqjobs.MAX_BULK:
+        raise InvalidRequestError(f"more than {rqjobs.MAX_BULK} failed jobs: retry fewer")
+    return JobBulk(queue, [j for j in found if j.readable], [j for j in found if not j.readable])
+
+
+def apply(request: Request, bulk: JobBulk, seen: Any, why: str | None) -> int:
+    """Retry the jobs of ``bulk`` if they are those its dry run saw (count and digest)."""
+    seen = seen if isinstance(seen, Mapping) else {}
+    if seen.get("count") != bulk.count or seen.get("digest") != bulk.digest:
+        raise SelectionChangedError(
+            f"{bulk.count} failed jobs match now, not the ones the dry run showed: look again"
+        )
+    for job in bulk.taken:
+        _retry(request, job.id, why, bulk.count)
+    return bulk.count
+
+
+def bulk_page(request: Request) -> Response:
+    """The dry run: which failed jobs of a queue a bulk retry would take."""
+    q = Query.of(request, "queue")
+    bulk = plan(request, q.params.get("queue"))
+    return web_of(request).render.page(
+        request, "jobs.html", "_bulk.html", kind="jobs", bulk=bulk, preview=bulk.taken[:20]
+    )
+
+
+def bulk(request: Request, form: dict[str, str]) -> Response:
+    count = form.get("count", "")
+    seen = {"count": int(count) if count.isdigit() else None, "digest": form.get("digest")}
+    done = plan(request, form.get("queue"))
+    apply(request, done, seen, why_of(form.get("why")))
+    return RedirectResponse(f"/jobs?queue={path_quote(done.queue)}&state=failed", 303)
+
+
+def why_of(value: Any) -> str | None:
+    try:
+        return deadletters.check_why(value)
+    except InvalidRequestError as exc:
+        raise BadRequestError(exc.message) from None
 
 
 def get_job(request: Request) -> rqjobs.JobRow:
