@@ -25,12 +25,6 @@ PAUSED = f"{PREFIX}:paused"
 # STRING JSON ``{"by", "at_ms", "reason"}``: who paused the jobs queues and why. The
 # pause itself is RQ's own suspension key (``rq:suspended``), which RQ's workers honour.
 PAUSED_JOBS = f"{PREFIX}:paused:jobs"
-# HASH partition number -> JSON ``{"by", "at_ms", "reason"}``: the partitions no
-# worker reads nor claims until they are resumed (``pause``). Producers still XADD.
-PAUSED = f"{PREFIX}:paused"
-# STRING JSON ``{"by", "at_ms", "reason"}``: who paused the jobs queues and why. The
-# pause itself is RQ's own suspension key (``rq:suspended``), which RQ's workers honour.
-PAUSED_JOBS = f"{PREFIX}:paused:jobs"
 
 
 def stream(partition: int) -> str:
