@@ -29,6 +29,7 @@ BAD_PATH = {
     "operation_id": ["%00", "%20", "o" * 201],
     "letter_id": ["abc", "1-", "1-2-3", "%00", "-1-0"],
     "job_id": ["a.b", "j" * 129, "%00", "a%20b"],
+    "partition": ["abc", "-1", "1.5", "9" * 25, "%00"],
 }
 FORGED_CURSORS = [
     "!!!",
@@ -66,6 +67,10 @@ FORM_ROUTES = {
     "/dead-letters/{letter_id}/discard",
     "/jobs/bulk",
     "/jobs/{job_id}/retry",
+    "/pause/partition",
+    "/resume/partition/{partition}",
+    "/pause/jobs",
+    "/resume/jobs",
     "/login",
     "/logout",
 }
@@ -123,6 +128,7 @@ class World:
             "db": counts,
             "streams": [redis.xlen(keys.stream(p)) for p in range(4)],
             "dead": redis.xlen(keys.DEAD_LETTERS),
+            "paused": (redis.hgetall(keys.PAUSED), redis.get("rq:suspended")),
             "jobs": (len(queue), queue.failed_job_registry.get_job_count(cleanup=False)),
             "starts": list(self.web.starts),
         }
@@ -147,6 +153,7 @@ def world(web: Web) -> Iterator[World]:
             "operation_id": receipt.receipt.operation_id,
             "letter_id": letter,
             "job_id": failed.id,
+            "partition": "1",
         },
     )
 

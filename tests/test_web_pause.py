@@ -80,14 +80,14 @@ def test_the_api_pauses_lists_and_resumes(web: Web) -> None:  # noqa: F811
         "local",
         "migration",
     )
-    assert api.post("/api/v1/jobs/pause").status_code == 200  # no body: no reason
+    assert api.post("/api/v1/queues/pause").status_code == 200  # no body: no reason
     listed = api.get("/api/v1/paused").json()
     assert [(p["partition"], p["reason"]) for p in listed["partitions"]] == [(3, "migration")]
     assert listed["jobs"]["paused"] is True and listed["jobs"]["by"] == "local"
     assert audit_rows(web, "partition.pause")[0].target == "3"
 
     assert api.post("/api/v1/partitions/4/pause", json={}).status_code == 404
-    assert api.post("/api/v1/partitions/x/pause", json={}).status_code == 404
+    assert api.post("/api/v1/partitions/x/pause", json={}).status_code == 400
     assert api.post("/api/v1/partitions/1/pause", json={"why": "?"}).status_code == 422
     assert api.post("/api/v1/partitions/1/pause", json={"reason": "r" * 201}).status_code == 422
     form = api.post("/api/v1/partitions/1/pause", data={"reason": "x"})
@@ -98,13 +98,13 @@ def test_the_api_pauses_lists_and_resumes(web: Web) -> None:  # noqa: F811
     assert resumed.json() == {"partition": 3, "paused": False, "was_paused": True}
     again = api.post("/api/v1/partitions/3/resume", json={})
     assert again.json()["was_paused"] is False
-    assert api.post("/api/v1/jobs/resume").json() == {"paused": False, "was_paused": True}
+    assert api.post("/api/v1/queues/resume").json() == {"paused": False, "was_paused": True}
     assert api.get("/api/v1/paused").json() == {
         "partitions": [],
         "jobs": {"paused": False, "by": None, "at": None, "reason": ""},
     }
-    # The job ids are still jobs.
-    assert api.get("/api/v1/jobs/pause").status_code == 404
+    # Pausing is a POST; its path is no job's.
+    assert api.get("/api/v1/queues/pause").status_code == 405
 
 
 @pytest.mark.usefixtures("web")

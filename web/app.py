@@ -151,8 +151,8 @@ def routes() -> list[BaseRoute]:
         route("/api/v1/reembed", post=json_endpoint(api_pipeline.reembed)),
         route("/api/v1/jobs", get=api_pipeline.job_list),
         # Before the job ids: these two are not jobs.
-        route("/api/v1/jobs/pause", post=api_pause.with_reason(api_pause.jobs_pause)),
-        route("/api/v1/jobs/resume", post=action_endpoint(api_pause.jobs_resume)),
+        route("/api/v1/queues/pause", post=api_pause.with_reason(api_pause.jobs_pause)),
+        route("/api/v1/queues/resume", post=action_endpoint(api_pause.jobs_resume)),
         route("/api/v1/jobs/{job_id}", get=api_pipeline.job),
         route("/api/v1/bulk/jobs", post=json_endpoint(api_pipeline.job_bulk)),
         route("/api/v1/jobs/{job_id}/retry", post=api_pipeline.reasoned(api_pipeline.job_retry)),

@@ -457,7 +457,7 @@ PATHS: dict[str, Schema] = {
             errors=_BODY_ERRORS,
         )
     },
-    "/api/v1/jobs/pause": {
+    "/api/v1/queues/pause": {
         "post": _op(
             "Pause the jobs queues (RQ's suspension): no jobs worker takes a job until "
             "resumed; the job in hand finishes",
@@ -467,7 +467,7 @@ PATHS: dict[str, Schema] = {
             errors=_PAUSE_ERRORS,
         )
     },
-    "/api/v1/jobs/resume": {
+    "/api/v1/queues/resume": {
         "post": _op(
             "Resume the jobs queues",
             {"200": _json(_RESUMED, "Resumed (was_paused: whether they were).")},

@@ -1,5 +1,5 @@
 """The API of pausing: ``POST /api/v1/partitions/{n}/pause|resume``, ``POST
-/api/v1/jobs/pause|resume`` (a JSON body: ``{}``, nothing, or ``{"reason": "..."}``
+/api/v1/queues/pause|resume`` (a JSON body: ``{}``, nothing, or ``{"reason": "..."}``
 for a pause) and ``GET /api/v1/paused``."""
 
 from __future__ import annotations

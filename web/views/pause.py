@@ -60,7 +60,7 @@ def resume_jobs(request: Request) -> bool:
 def number_in_path(request: Request) -> int:
     value = str(request.path_params["partition"])
     if not (value.isascii() and value.isdigit()) or len(value) > 6:
-        raise NotFoundError("a partition is a number, from 0")
+        raise BadRequestError("a partition is a number, from 0")
     return int(value)
 
 
@@ -76,7 +76,7 @@ def check(request: Request, number: int) -> None:
 
 def pause_partition_form(request: Request, form: dict[str, str]) -> Response:
     number = form.get("partition", "")
-    if not number.isdigit() or len(number) > 6:
+    if not (number.isascii() and number.isdigit()) or len(number) > 6:
         raise BadRequestError("partition must be a partition's number")
     pause_partition(request, int(number), form.get("reason", ""))
     return RedirectResponse("/", 303)
