@@ -311,9 +311,17 @@ def test_a_tally_writes_many_batches_as_their_sums_once_due() -> None:
         stats.failed["not_found"] += 1
         tally.add(stats)
     assert tally and tally.take(due_only=True) == []  # not due: nothing to write yet
+    twice = metrics.Tally(flush_s=3600)
+    for entries in (1, 3, 300, 1, 3, 300):
+        again = metrics.BatchStats(entries=entries, committed=entries, seconds=0.25)
+        again.failed["not_found"] += 1
+        twice.add(again)
+    doubled = client.pipeline(transaction=False)
+    metrics.record_batches(doubled, twice.take(due_only=False), "w1")
     pipe = client.pipeline(transaction=False)
     metrics.record_batches(pipe, tally.take(due_only=False), "w1")
-    assert len(pipe.command_stack) < 20  # one command per counter, not per batch
+    # One command per counter, not per batch: six batches cost what three do.
+    assert len(pipe.command_stack) == len(doubled.command_stack)
     pipe.execute()
     assert not tally
     counters = metrics.read_counters(client)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.web_fixtures import Browser, Web, browser, playwright_driver, serve_web, web  # noqa: F401
+from tests.web_fixtures import Browser, Web
 from worker import pause
 
 
@@ -16,7 +16,7 @@ def audit_rows(w: Web, action: str) -> list[Any]:
     return [e for e in w.store.audit.page(limit=200).items if e.action == action]
 
 
-def test_the_overview_pauses_and_resumes_a_partition(web: Web) -> None:  # noqa: F811
+def test_the_overview_pauses_and_resumes_a_partition(web: Web) -> None:
     page = web.client.get("/").text
     assert "Nothing is paused." in page and 'action="/pause/partition"' in page
     token = web.csrf("/")
@@ -56,7 +56,7 @@ def test_the_overview_pauses_and_resumes_a_partition(web: Web) -> None:  # noqa:
     assert garbled.status_code == 400
 
 
-def test_the_overview_pauses_and_resumes_the_jobs(web: Web) -> None:  # noqa: F811
+def test_the_overview_pauses_and_resumes_the_jobs(web: Web) -> None:
     token = web.csrf("/")
     assert web.client.post("/pause/jobs", data={"csrf": token}).status_code == 303
     assert pause.jobs_paused(web.redis) is not None
@@ -69,7 +69,7 @@ def test_the_overview_pauses_and_resumes_the_jobs(web: Web) -> None:  # noqa: F8
     assert audit_rows(web, "jobs.resume")[0].detail == {"was_paused": True}
 
 
-def test_the_api_pauses_lists_and_resumes(web: Web) -> None:  # noqa: F811
+def test_the_api_pauses_lists_and_resumes(web: Web) -> None:
     api = web.client
     paused = api.post("/api/v1/partitions/3/pause", json={"reason": "migration"})
     assert paused.status_code == 200
@@ -108,7 +108,7 @@ def test_the_api_pauses_lists_and_resumes(web: Web) -> None:  # noqa: F811
 
 
 @pytest.mark.usefixtures("web")
-def test_a_pause_by_rq_itself_shows_as_paused(web: Web) -> None:  # noqa: F811
+def test_a_pause_by_rq_itself_shows_as_paused(web: Web) -> None:
     from rq.suspension import suspend
 
     suspend(web.redis)
@@ -117,8 +117,8 @@ def test_a_pause_by_rq_itself_shows_as_paused(web: Web) -> None:  # noqa: F811
 
 
 def test_pause_and_resume_from_the_overview_in_chromium(
-    serve_web: Any,  # noqa: F811
-    browser: Browser,  # noqa: F811
+    serve_web: Any,
+    browser: Browser,
     store: Any,
     dsn: str,
     redis_url: str,
