@@ -8,7 +8,7 @@ import getpass
 import sys
 from typing import Any
 
-from jobs import keys as jobs_keys
+from store.errors import InvalidRequestError
 from worker import pause, runtime
 from worker.settings import Settings
 
@@ -22,19 +22,18 @@ def _who(args: argparse.Namespace) -> str:
 
 
 def _partition(settings: Settings, args: argparse.Namespace) -> int | None:
-    """The partition named, or ``None`` (said on stderr) when there is no such one."""
+    """The partition named, or ``None`` for the jobs."""
+    if args.what != "partition":
+        return None
     try:
         pause.check_partition(args.number, settings.worker.partitions)
     except ValueError as exc:
-        print(f"engram: invalid_request: {exc}", file=sys.stderr)
-        return None
+        raise InvalidRequestError(str(exc)) from None
     return int(args.number)
 
 
 def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
-    number = _partition(settings, args) if args.what == "partition" else None
-    if args.what == "partition" and number is None:
-        return exits.USAGE
+    number = _partition(settings, args)
     client = runtime.connect_redis(runtime.redis_url(settings))
     try:
         held = pause.Pause.now(_who(args), args.reason or "")
@@ -42,7 +41,7 @@ def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
             pause.pause_partition(client, number, held)
             print(f"partition {number} paused: its operations wait in its stream")
         else:
-            pause.pause_jobs(client, held, jobs_keys.QUEUES)
+            pause.pause_jobs(client, held)
             print("jobs paused: no jobs worker takes a job until they are resumed")
     finally:
         client.close()
@@ -50,9 +49,7 @@ def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_resume(settings: Settings, args: argparse.Namespace) -> int:
-    number = _partition(settings, args) if args.what == "partition" else None
-    if args.what == "partition" and number is None:
-        return exits.USAGE
+    number = _partition(settings, args)
     client = runtime.connect_redis(runtime.redis_url(settings))
     try:
         if number is not None:

@@ -44,12 +44,31 @@ _RESUME_EVERY_TICKS = 5
 _SWEEP_EVERY_TICKS = 30
 # An RQ worker beats this often (its registration lives a little longer).
 WORKER_TTL_S = 60
+# The longest an idle jobs worker waits for a job before it looks again at whether
+# the jobs are paused.
+DEQUEUE_WAIT_S = 5
 
 
 class JobsWorker(SimpleWorker):
     """RQ's in-process worker; a stop request also reaches a long job (``stopping``)."""
 
     stopping: threading.Event | None = None
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> Any:
+        """RQ looks at its suspension (a pause of the jobs) only before it waits for a
+        job, and an idle worker's wait lasts until a job comes: it would take the first
+        job enqueued after a pause. So the wait is taken in turns of
+        ``DEQUEUE_WAIT_S``, with RQ's own check of the suspension between them."""
+        if timeout is None or max_idle_time is not None:  # burst, or an idle limit
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        while not self._stop_requested:
+            self.check_for_suspension(burst=False)
+            found = super().dequeue_job_and_maintain_ttl(DEQUEUE_WAIT_S, DEQUEUE_WAIT_S)
+            if found is not None:
+                return found
+        return None
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         if self.stopping is not None:

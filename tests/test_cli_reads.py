@@ -134,6 +134,7 @@ def _dead_letter(client: redis.Redis, op: str | None, partition: int) -> str:
     return str(pipe.execute()[0].decode())
 
 
+@pytest.mark.usefixtures("store")  # retry and discard write audit rows: a migrated store
 def test_dead_letters_list_show_retry_discard(
     redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:

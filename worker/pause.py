@@ -10,24 +10,20 @@ what they saw in their hash (field ``paused``), so whoever paused can tell when 
 pause is in effect.
 
 The jobs queues pause with RQ's own suspension (``rq.suspension``), which an RQ
-worker checks before it takes a job. An idle RQ worker, though, is blocked taking
-the next job and checks only after it: pausing also enqueues one no-op ``barrier``
-job per live RQ worker, so each idle one takes one, then finds the suspension.
+worker checks before it waits for a job; engram's jobs worker waits in turns of a
+few seconds (``jobs.runner.JobsWorker``), so an idle one sees it soon.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from rq import Queue, Worker
-from rq.serializers import JSONSerializer
 from rq.suspension import is_suspended, resume, suspend
 
 from . import keys
@@ -37,7 +33,6 @@ from . import keys
 PAUSE_CHECK_S = 1.0
 # Longest reason kept, in characters.
 MAX_REASON_CHARS = 200
-BARRIER = "worker.pause.barrier"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,27 +148,10 @@ class PauseWatch:
 # -- the jobs queues -------------------------------------------------------------------
 
 
-def pause_jobs(client: redis.Redis, pause: Pause, queues: Sequence[str] = ()) -> int:
-    """Suspend the RQ workers; wake the idle ones with a barrier on the first of
-    ``queues`` (the one they take from first). Returns the barriers enqueued."""
-    pipe = client.pipeline(transaction=True)
-    pipe.set(keys.PAUSED_JOBS, pause.encode())
-    pipe.execute()
+def pause_jobs(client: redis.Redis, pause: Pause) -> None:
+    """Suspend the RQ workers, saying who and why."""
+    client.set(keys.PAUSED_JOBS, pause.encode())
     suspend(client)
-    if not queues:
-        return 0
-    live = len(Worker.all_keys(connection=client))
-    queue = Queue(queues[0], connection=client, serializer=JSONSerializer)
-    for _ in range(live):
-        queue.enqueue_call(
-            BARRIER,
-            job_id=f"pause-barrier-{uuid.uuid4().hex[:16]}",
-            at_front=True,
-            result_ttl=60,
-            failure_ttl=3_600,
-            description="pause barrier (a no-op: wakes an idle jobs worker)",
-        )
-    return live
 
 
 def resume_jobs(client: redis.Redis) -> bool:
@@ -195,10 +173,6 @@ def jobs_paused(client: redis.Redis) -> Pause | None:
 
 def paused(client: redis.Redis) -> PausedState:
     return PausedState(paused_partitions(client), jobs_paused(client))
-
-
-def barrier() -> None:
-    """The job that wakes an idle jobs worker so it sees the suspension: does nothing."""
 
 
 def _int(value: bytes | str) -> int | None:

@@ -43,7 +43,7 @@ def resume_partition(request: Request, number: int) -> bool:
 def pause_jobs(request: Request, reason: str) -> Pause:
     web = web_of(request)
     held = Pause.now(operator_of(request).name, reason)
-    pause.pause_jobs(web.services.redis, held, web.config.job_queues)
+    pause.pause_jobs(web.services.redis, held)
     web.services.store.audit.record(held.by, "jobs.pause", "jobs", {"reason": held.reason or None})
     return held
 
