@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import shutil
 import statistics
@@ -30,11 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from rq.results import Result
 
-from bench.bench_web import _get, rendered, timed
+from bench.bench_web import LOADED_QUEUE, _get, load_failed_jobs, load_letters, rendered, timed
 from bench.common import MachineCpu, discard, fresh_database, percentile, scratch_postgres
-from jobs import keys as jobs_keys
 from jobs import queues as rq_queues
 from store import Store
 from web import Services, WebConfig, create_app
@@ -42,48 +39,7 @@ from worker import Producer, keys
 from worker.valkey import EmbeddedValkey
 
 TARGET_P95_MS = 500.0
-QUEUE = jobs_keys.MAINTENANCE_QUEUE  # one the dashboard reads
-CHUNK = 5_000
-
-
-def load_letters(client: redis.Redis, letters: int) -> None:
-    for start in range(0, letters, CHUNK):
-        pipe = client.pipeline(transaction=False)
-        for i in range(start, min(start + CHUNK, letters)):
-            pipe.xadd(keys.DEAD_LETTERS, {
-                "partition": i % 16, "entry": f"{i}-0", "operation_id": f"dead:{i}",
-                "reason": "deliveries", "error": '{"code": "dead_lettered", "message": "x"}',
-                "deliveries": 6, "at_ms": 1_700_000_000_000 + i,
-                "op": json.dumps({"operation_id": f"dead:{i}", "kind": "remember",
-                                  "scope": {"user_id": "x"}, "request": {"text": "t"}}),
-            })  # fmt: skip
-        pipe.execute()
-
-
-def load_failed_jobs(client: redis.Redis, failed: int) -> None:
-    """One failed job made by RQ itself (enqueued, its failure result saved, put in the
-    failed registry), then copied ``failed`` times under other ids: as fast as a
-    pipeline writes, and what RQ would have left."""
-    queue = rq_queues.queue(client, QUEUE)
-    model = queue.enqueue("jobs.prune.prune", 7, job_id="bench-model", result_ttl=86_400)
-    client.lrem(queue.key, 0, model.id)
-    Result.create_failure(model, 86_400, "Traceback (most recent call last):\nValueError: x")
-    job_fields: Any = client.hgetall(model.key)
-    entries: Any = client.xrange(Result.get_key(model.id))
-    [(_, result_fields)] = entries
-    registry = queue.failed_job_registry.key
-    base = time.time() + 86_400
-    for start in range(0, failed, CHUNK):
-        pipe = client.pipeline(transaction=False)
-        members: dict[str, float] = {}
-        for i in range(start, min(start + CHUNK, failed)):
-            job_id = f"bench-failed-{i:06d}"
-            pipe.hset(f"rq:job:{job_id}", mapping={**job_fields, b"status": b"failed"})
-            pipe.xadd(Result.get_key(job_id), result_fields)
-            members[job_id] = base + i
-        pipe.zadd(registry, members)
-        pipe.execute()
-    client.delete(model.key, Result.get_key(model.id))
+QUEUE = LOADED_QUEUE
 
 
 @dataclass

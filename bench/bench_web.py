@@ -38,7 +38,7 @@ import psycopg
 import redis
 from pgvector.psycopg import register_vector
 from psycopg_pool import ConnectionPool
-from rq import Queue
+from rq.results import Result
 
 from bench.common import (
     MachineCpu,
@@ -49,6 +49,7 @@ from bench.common import (
     sentences,
 )
 from jobs import keys as jobs_keys
+from jobs import queues as rq_queues
 from store import HashingEmbedder, Operation, Store, wire
 from store.migrations import migrate
 from web import Services, WebConfig, create_app
@@ -172,23 +173,53 @@ def load(store: Store, records: int, receipts: int, batch: int = 1000) -> dict[s
     return {"seconds": time.perf_counter() - started, "receipts": float(count[0] if count else 0)}
 
 
+LOADED_QUEUE = jobs_keys.MAINTENANCE_QUEUE  # one the dashboard reads
+LOAD_CHUNK = 5_000
+
+
 def load_redis(client: redis.Redis, letters: int = 10_000, failed_jobs: int = 500) -> None:
-    pipe = client.pipeline(transaction=False)
-    for i in range(letters):
-        pipe.xadd(keys.DEAD_LETTERS, {
-            "partition": i % 16, "entry": f"{i}-0", "operation_id": f"dead:{i}",
-            "reason": "deliveries", "error": '{"code": "dead_lettered", "message": "x"}',
-            "deliveries": 6, "at_ms": 1_700_000_000_000 + i,
-            "op": json.dumps({"operation_id": f"dead:{i}", "kind": "remember",
-                              "scope": {"user_id": "x"}, "request": {"text": "t"}}),
-        })  # fmt: skip
-    pipe.execute()
-    queue = Queue(jobs_keys.MAINTENANCE_QUEUE, connection=client)  # one the dashboard reads
-    registry = queue.failed_job_registry
-    for i in range(failed_jobs):
-        job = queue.enqueue("bench.bench_web.load", i)
-        client.lrem(queue.key, 0, job.id)
-        registry.add(job, ttl=3600 + i)
+    load_letters(client, letters)
+    load_failed_jobs(client, failed_jobs)
+
+
+def load_letters(client: redis.Redis, letters: int) -> None:
+    for start in range(0, letters, LOAD_CHUNK):
+        pipe = client.pipeline(transaction=False)
+        for i in range(start, min(start + LOAD_CHUNK, letters)):
+            pipe.xadd(keys.DEAD_LETTERS, {
+                "partition": i % 16, "entry": f"{i}-0", "operation_id": f"dead:{i}",
+                "reason": "deliveries", "error": '{"code": "dead_lettered", "message": "x"}',
+                "deliveries": 6, "at_ms": 1_700_000_000_000 + i,
+                "op": json.dumps({"operation_id": f"dead:{i}", "kind": "remember",
+                                  "scope": {"user_id": "x"}, "request": {"text": "t"}}),
+            })  # fmt: skip
+        pipe.execute()
+
+
+def load_failed_jobs(client: redis.Redis, failed: int) -> None:
+    """One failed job made by RQ itself (enqueued, its failure result saved, put in the
+    failed registry), then copied ``failed`` times under other ids: as fast as a
+    pipeline writes, and what RQ would have left."""
+    queue = rq_queues.queue(client, LOADED_QUEUE)
+    model = queue.enqueue("jobs.prune.prune", 7, job_id="bench-model", result_ttl=86_400)
+    client.lrem(queue.key, 0, model.id)
+    Result.create_failure(model, 86_400, "Traceback (most recent call last):\nValueError: x")
+    job_fields: Any = client.hgetall(model.key)
+    entries: Any = client.xrange(Result.get_key(model.id))
+    [(_, result_fields)] = entries
+    registry = queue.failed_job_registry.key
+    base = time.time() + 86_400
+    for start in range(0, failed, LOAD_CHUNK):
+        pipe = client.pipeline(transaction=False)
+        members: dict[str, float] = {}
+        for i in range(start, min(start + LOAD_CHUNK, failed)):
+            job_id = f"bench-failed-{i:06d}"
+            pipe.hset(f"rq:job:{job_id}", mapping={**job_fields, b"status": b"failed"})
+            pipe.xadd(Result.get_key(job_id), result_fields)
+            members[job_id] = base + i
+        pipe.zadd(registry, members)
+        pipe.execute()
+    client.delete(model.key, Result.get_key(model.id))
 
 
 # -- measuring ---------------------------------------------------------------------------
@@ -408,7 +439,7 @@ def page_list(store: Store) -> list[tuple[str, str, RedisBaseline | None]]:
     def failed_jobs(client: redis.Redis) -> Callable[[], Any]:
         from rq.job import Job
 
-        key = Queue(jobs_keys.MAINTENANCE_QUEUE, connection=client).failed_job_registry.key
+        key = rq_queues.queue(client, LOADED_QUEUE).failed_job_registry.key
 
         def read() -> None:
             ids = client.zrevrangebyscore(key, "+inf", "-inf", start=0, num=51)
