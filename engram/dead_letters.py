@@ -50,22 +50,6 @@ def _who() -> str:
     return f"cli:{getpass.getuser()}"[:200]
 
 
-def _audit(
-    store: Store,
-    action: str,
-    letter: DeadLetter,
-    detail: dict[str, Any],
-    why: str | None,
-    bulk: int = 0,
-) -> None:
-    detail = {**detail, "operation_id": letter.operation_id}
-    if why is not None:
-        detail["reason"] = why
-    if bulk:
-        detail["bulk"] = bulk
-    store.audit.record(_who(), action, letter.id, detail)
-
-
 def _as_dict(letter: DeadLetter) -> dict[str, Any]:
     return {
         "id": letter.id,
@@ -136,12 +120,8 @@ def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
             raise _missing(args.id)
         # A valid operation goes to the partition its scope belongs to; anything else as sent.
         home = deadletters.home_partition(letter, settings.worker.partitions)
-        new_id = deadletters.retry(client, letter.id, partition=home)
-        if new_id is None:
-            raise _missing(args.id)
+        new_id = deadletters.retry_audited(client, store.audit, _who(), letter, home, why)
         where = letter.partition if home is None else home
-        detail = {"partition": where, "entry": new_id, **deadletters.attempt(letter)}
-        _audit(store, "dead_letter.retry", letter, detail, why)
     print_json({"retried": args.id, "partition": where, "entry": new_id})
     return exits.OK
 
@@ -152,9 +132,9 @@ def cmd_discard(settings: Settings, args: argparse.Namespace) -> int:
     why = deadletters.check_why(args.reason)
     with _redis(settings) as client, _store(settings) as store:
         letter = deadletters.get(client, deadletters.check_id(_one(args)))
-        if letter is None or not deadletters.discard(client, letter.id):
+        if letter is None:
             raise _missing(args.id)
-        _audit(store, "dead_letter.discard", letter, {"partition": letter.partition}, why)
+        deadletters.discard_audited(client, store.audit, _who(), letter, why)
     print_json({"discarded": args.id})
     return exits.OK
 
@@ -181,8 +161,7 @@ def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
         count, _, digest = args.confirm.partition(":")
         bulk.check(int(count) if count.isdigit() else None, digest)
         with _store(settings) as store:
-            for letter, home in bulk.taken:
-                _apply(client, store, bulk, letter, home, why)
+            deadletters.apply_bulk(client, store.audit, _who(), bulk, why)
     print_json({"action": action, "filter": match.as_dict(), "done": bulk.count})
     return exits.OK
 
@@ -196,28 +175,6 @@ def _dry_run(bulk: Bulk, seen: str) -> dict[str, Any]:
         "left": [x.id for x in bulk.left],
         "confirm": seen,
     }
-
-
-def _apply(
-    client: redis.Redis,
-    store: Store,
-    bulk: Bulk,
-    letter: DeadLetter,
-    home: int | None,
-    why: str | None,
-) -> None:
-    if bulk.action == "retry":
-        entry = deadletters.retry(client, letter.id, partition=home)
-        if entry is None:
-            raise _missing(letter.id)
-        detail: dict[str, Any] = {"partition": home, "entry": entry, **deadletters.attempt(letter)}
-        _audit(store, "dead_letter.retry", letter, detail, why, bulk.count)
-    else:
-        if not deadletters.discard(client, letter.id):
-            raise _missing(letter.id)
-        _audit(
-            store, "dead_letter.discard", letter, {"partition": letter.partition}, why, bulk.count
-        )
 
 
 def _actions(parser: Any, verb: str) -> None:

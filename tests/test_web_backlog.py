@@ -29,3 +29,13 @@ def test_past_the_bound_an_absent_id_cannot_be_ruled_out(redis_client: redis.Red
     assert find(redis_client, "typo", [0], limit=7, page_size=4) is Backlog.ABSENT
     assert find(redis_client, "many:5", [0], limit=6, page_size=4) is Backlog.FOUND
     assert find(redis_client, "many:6", [0], limit=6, page_size=2) is Backlog.UNKNOWN
+
+
+def test_an_operation_another_encoder_escaped_is_found(redis_client: redis.Redis) -> None:
+    # A producer in another language: non-ASCII as \u escapes, "/" as "\/".
+    raw = (
+        '{"operation_id":"caf\\u00e9\\/1","kind":"remember",'
+        '"scope":{"user_id":"backlog"},"request":{"text":"t"}}'
+    )
+    redis_client.xadd(keys.stream(0), {"op": raw})
+    assert find(redis_client, "café/1", [0]) is Backlog.FOUND

@@ -26,14 +26,14 @@ class Backlog(Enum):
     UNKNOWN = "unknown"  # a stream held more than SCAN_LIMIT entries, none of them it
 
 
-def holds(fields: Mapping[Any, Any], operation_id: str, needle: bytes) -> bool:
+def holds(fields: Mapping[Any, Any], operation_id: str, needles: tuple[bytes, ...]) -> bool:
     """Whether an entry's op field is the operation's: a bytes search first (most
     entries are some other operation's), then the parsed id, so that the id showing
     up inside another operation's text is not taken for it."""
     raw = fields.get(OP_FIELD.encode(), fields.get(OP_FIELD))
     if isinstance(raw, str):
         raw = raw.encode()
-    if not isinstance(raw, bytes) or needle not in raw:
+    if not isinstance(raw, bytes) or not any(n in raw for n in needles):
         return False
     try:
         data = json.loads(raw)
@@ -42,9 +42,13 @@ def holds(fields: Mapping[Any, Any], operation_id: str, needle: bytes) -> bool:
     return isinstance(data, dict) and data.get("operation_id") == operation_id
 
 
-def needle_of(operation_id: str) -> bytes:
-    """The id as the producer encodes it in an entry (``ensure_ascii=False``)."""
-    return json.dumps(operation_id, ensure_ascii=False).encode()
+def needle_of(operation_id: str) -> tuple[bytes, ...]:
+    """The ways a producer may write the id in an entry: as engram's Producer does
+    (``ensure_ascii=False``), with non-ASCII escaped (most JSON encoders' default), and
+    with ``/`` escaped too (JSON allows it, some encoders do it)."""
+    forms = {json.dumps(operation_id, ensure_ascii=False), json.dumps(operation_id)}
+    forms |= {f.replace("/", "\\/") for f in forms}
+    return tuple(f.encode() for f in sorted(forms))
 
 
 def find(
@@ -55,10 +59,10 @@ def find(
     limit: int = SCAN_LIMIT,
     page_size: int = PAGE_SIZE,
 ) -> Backlog:
-    needle = needle_of(operation_id)
+    needles = needle_of(operation_id)
     verdict = Backlog.ABSENT
     for partition in partitions:
-        found = _scan(client, keys.stream(partition), operation_id, needle, limit, page_size)
+        found = _scan(client, keys.stream(partition), operation_id, needles, limit, page_size)
         if found is Backlog.FOUND:
             return found
         if found is Backlog.UNKNOWN:
@@ -67,14 +71,19 @@ def find(
 
 
 def _scan(
-    client: redis.Redis, stream: str, operation_id: str, needle: bytes, limit: int, page_size: int
+    client: redis.Redis,
+    stream: str,
+    operation_id: str,
+    needles: tuple[bytes, ...],
+    limit: int,
+    page_size: int,
 ) -> Backlog:
     start, seen = "-", 0
     while seen < limit:
         page: list[tuple[Any, Mapping[Any, Any]]] = client.xrange(  # type: ignore[assignment]
             stream, start, "+", count=min(page_size, limit - seen)
         )
-        if any(holds(fields, operation_id, needle) for _, fields in page):
+        if any(holds(fields, operation_id, needles) for _, fields in page):
             return Backlog.FOUND
         if len(page) < min(page_size, limit - seen):
             return Backlog.ABSENT

@@ -12,17 +12,20 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from store.errors import EngramError, InvalidRequestError
+from store.errors import EngramError, InvalidRequestError, NotFoundError
 
 from . import keys
 from .defaults import STREAM_MAX_LEN
 from .errors import QueueFullError
 from .membership import now_ms
 from .protocol import OP_FIELD, Entry, decode_entry, partition_of
+
+if TYPE_CHECKING:
+    from store.audit import Audit
 
 # Why an entry was dead-lettered.
 MALFORMED = "malformed"  # not a valid operation for its partition
@@ -291,6 +294,66 @@ def retry(
 def discard(client: redis.Redis, dead_id: str) -> bool:
     """Delete a dead letter for good; False when there was none with that id."""
     return bool(client.xdel(keys.DEAD_LETTERS, check_id(dead_id)))
+
+
+def retry_audited(
+    client: redis.Redis,
+    audit: Audit,
+    who: str,
+    letter: DeadLetter,
+    home: int | None,
+    why: str | None = None,
+    bulk: int = 0,
+) -> str:
+    """``retry`` onto ``home`` (else where it came from), then the audit row: who, why,
+    where it went and what the letter went through (it is gone; its history stays
+    there). ``NotFoundError`` when the letter is gone already."""
+    entry = retry(client, letter.id, partition=home)
+    if entry is None:
+        raise NotFoundError(f"no dead letter {letter.id}")
+    detail: dict[str, Any] = {
+        "partition": letter.partition if home is None else home,
+        "entry": entry,
+        "operation_id": letter.operation_id,
+        **attempt(letter),
+    }
+    audit.record(who, "dead_letter.retry", letter.id, _why(detail, why, bulk))
+    return entry
+
+
+def discard_audited(
+    client: redis.Redis,
+    audit: Audit,
+    who: str,
+    letter: DeadLetter,
+    why: str | None = None,
+    bulk: int = 0,
+) -> None:
+    """``discard``, then the audit row; ``NotFoundError`` when the letter is gone."""
+    if not discard(client, letter.id):
+        raise NotFoundError(f"no dead letter {letter.id}")
+    detail = {"partition": letter.partition, "operation_id": letter.operation_id}
+    audit.record(who, "dead_letter.discard", letter.id, _why(detail, why, bulk))
+
+
+def apply_bulk(
+    client: redis.Redis, audit: Audit, who: str, bulk: Bulk, why: str | None = None
+) -> int:
+    """Do a checked ``Bulk``, one audit row a letter; how many."""
+    for letter, home in bulk.taken:
+        if bulk.action == "retry":
+            retry_audited(client, audit, who, letter, home, why, bulk.count)
+        else:
+            discard_audited(client, audit, who, letter, why, bulk.count)
+    return bulk.count
+
+
+def _why(detail: dict[str, Any], why: str | None, bulk: int) -> dict[str, Any]:
+    if why is not None:
+        detail["reason"] = why
+    if bulk:
+        detail["bulk"] = bulk  # one of this many, confirmed together
+    return detail
 
 
 def check_id(value: str) -> str:

@@ -55,12 +55,10 @@ def apply(request: Request, bulk: Bulk, seen: Any, why: str | None) -> int:
     """Do ``bulk`` if it takes the letters its dry run saw (``seen``: count and digest)."""
     seen = seen if isinstance(seen, Mapping) else {}
     bulk.check(seen.get("count"), seen.get("digest"))
-    for letter, home in bulk.taken:
-        if bulk.action == "retry":
-            _retry(request, letter, home, why, bulk.count)
-        else:
-            _discard(request, letter, why, bulk.count)
-    return bulk.count
+    web = web_of(request)
+    return deadletters.apply_bulk(
+        web.services.redis, web.services.store.audit, operator_of(request).name, bulk, why
+    )
 
 
 def filter_query(match: Match) -> str:
@@ -171,37 +169,18 @@ def discard_letter(request: Request, why: str | None = None) -> DeadLetter:
     return letter
 
 
-def _retry(
-    request: Request, letter: DeadLetter, home: int | None, why: str | None, bulk: int = 0
-) -> str:
+def _retry(request: Request, letter: DeadLetter, home: int | None, why: str | None) -> str:
     web = web_of(request)
-    entry = deadletters.retry(web.services.redis, letter.id, partition=home)
-    if entry is None:
-        raise NotFoundError(f"no dead letter {letter.id}")
-    detail = {"partition": home, "entry": entry, "operation_id": letter.operation_id}
-    detail |= deadletters.attempt(letter)  # the letter is gone: its history stays here
-    web.services.store.audit.record(
-        operator_of(request).name, "dead_letter.retry", letter.id, _why(detail, why, bulk)
-    )
-    return entry
-
-
-def _discard(request: Request, letter: DeadLetter, why: str | None, bulk: int = 0) -> None:
-    web = web_of(request)
-    if not deadletters.discard(web.services.redis, letter.id):
-        raise NotFoundError(f"no dead letter {letter.id}")
-    detail = {"partition": letter.partition, "operation_id": letter.operation_id}
-    web.services.store.audit.record(
-        operator_of(request).name, "dead_letter.discard", letter.id, _why(detail, why, bulk)
+    return deadletters.retry_audited(
+        web.services.redis, web.services.store.audit, operator_of(request).name, letter, home, why
     )
 
 
-def _why(detail: dict[str, Any], why: str | None, bulk: int) -> dict[str, Any]:
-    if why is not None:
-        detail["reason"] = why
-    if bulk:
-        detail["bulk"] = bulk  # one of this many, confirmed together
-    return detail
+def _discard(request: Request, letter: DeadLetter, why: str | None) -> None:
+    web = web_of(request)
+    deadletters.discard_audited(
+        web.services.redis, web.services.store.audit, operator_of(request).name, letter, why
+    )
 
 
 def deadletters_why(value: Any) -> str | None:
