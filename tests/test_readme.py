@@ -172,3 +172,20 @@ def test_every_link_between_the_docs_leads_somewhere(doc: str) -> None:
         assert file.exists(), f"{doc} links to {target}: no such file"
         if anchor and file.suffix == ".md":
             assert anchor in _anchors(file.read_text()), f"{doc} links to {target}: no such heading"
+
+
+PRODUCT_PACKAGES = ("store", "worker", "jobs", "web", "engram")
+SETTING = re.compile(r"""["'](ENGRAM_[A-Z0-9_]+|DATABASE_URL|REDIS_URL)["']""")
+
+
+def test_every_setting_the_product_reads_is_in_the_readme_configuration() -> None:
+    """A user learns what can be set from the README's table, not from the code."""
+    read: set[str] = set()
+    for package in PRODUCT_PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            read |= set(SETTING.findall(path.read_text()))
+    text = README.read_text()
+    section = text[text.index("## Configuration\n") : text.index("## From Python\n")]
+    listed = set(re.findall(r"`(ENGRAM_[A-Z0-9_]+|DATABASE_URL|REDIS_URL)`", section))
+    assert read, "no setting found: the scan is broken"
+    assert sorted(read - listed) == []
