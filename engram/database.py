@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from store import Store
 from store.server import EmbeddedPostgres
 from store.server import data_dir as postgres_dir
 from worker.runtime import ConfigError, read_run_file
@@ -61,3 +62,14 @@ def database_url(settings: Settings, command: str, *, create: bool = False) -> I
             server.stop()
     finally:
         session.close()
+
+
+@contextmanager
+def open_store(settings: Settings, command: str, *, connections: int = 2) -> Iterator[Store]:
+    """The store a one-off command reads or audits in (never migrated: ``up`` or
+    ``engram migrate`` does that)."""
+    with (
+        database_url(settings, command) as dsn,
+        Store.connect(dsn, migrate=False, max_connections=connections) as store,
+    ):
+        yield store

@@ -14,7 +14,6 @@ from typing import Any
 
 import redis
 
-from store import Store
 from store.errors import InvalidRequestError, NotFoundError
 from worker import deadletters, runtime
 from worker.deadletters import Bulk, DeadLetter, Match
@@ -22,7 +21,7 @@ from worker.settings import Settings
 
 from . import exits
 from .args import json_flag, positive_int
-from .database import database_url
+from .database import open_store
 from .output import fields, print_json, table
 
 PREVIEW = 20  # letters a dry run lists
@@ -35,15 +34,6 @@ def _redis(settings: Settings) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
-
-
-@contextmanager
-def _store(settings: Settings) -> Iterator[Store]:
-    with (
-        database_url(settings, "engram dead-letters") as dsn,
-        Store.connect(dsn, migrate=False, max_connections=2) as store,
-    ):
-        yield store
 
 
 def _who() -> str:
@@ -114,7 +104,7 @@ def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
     if args.all:
         return _bulk(settings, args, "retry")
     why = deadletters.check_why(args.reason)
-    with _redis(settings) as client, _store(settings) as store:
+    with _redis(settings) as client, open_store(settings, "engram dead-letters") as store:
         letter = deadletters.get(client, deadletters.check_id(_one(args)))
         if letter is None:
             raise _missing(args.id)
@@ -130,7 +120,7 @@ def cmd_discard(settings: Settings, args: argparse.Namespace) -> int:
     if args.all:
         return _bulk(settings, args, "discard")
     why = deadletters.check_why(args.reason)
-    with _redis(settings) as client, _store(settings) as store:
+    with _redis(settings) as client, open_store(settings, "engram dead-letters") as store:
         letter = deadletters.get(client, deadletters.check_id(_one(args)))
         if letter is None:
             raise _missing(args.id)
@@ -160,7 +150,7 @@ def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
             return exits.OK
         count, _, digest = args.confirm.partition(":")
         bulk.check(int(count) if count.isdigit() else None, digest)
-        with _store(settings) as store:
+        with open_store(settings, "engram dead-letters") as store:
             deadletters.apply_bulk(client, store.audit, _who(), bulk, why)
     print_json({"action": action, "filter": match.as_dict(), "done": bulk.count})
     return exits.OK

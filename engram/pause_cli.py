@@ -6,7 +6,11 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import redis
 
 from store.errors import InvalidRequestError
 from worker import pause, runtime
@@ -14,7 +18,17 @@ from worker.settings import Settings
 
 from . import exits
 from .args import json_flag
+from .database import open_store
 from .output import print_json, table
+
+
+@contextmanager
+def _redis(settings: Settings) -> Iterator[redis.Redis]:
+    client = runtime.connect_redis(runtime.redis_url(settings))
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 def _who(args: argparse.Namespace) -> str:
@@ -34,41 +48,28 @@ def _partition(settings: Settings, args: argparse.Namespace) -> int | None:
 
 def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
     number = _partition(settings, args)
-    client = runtime.connect_redis(runtime.redis_url(settings))
-    try:
-        held = pause.Pause.now(_who(args), args.reason or "")
-        if number is not None:
-            pause.pause_partition(client, number, held)
-            print(f"partition {number} paused: its operations wait in its stream")
-        else:
-            pause.pause_jobs(client, held)
-            print("jobs paused: no jobs worker takes a job until they are resumed")
-    finally:
-        client.close()
+    held = pause.Pause.now(_who(args), args.reason or "")
+    with _redis(settings) as client, open_store(settings, "engram pause") as store:
+        pause.hold(client, store.audit, number, held)
+    if number is not None:
+        print(f"partition {number} paused: its operations wait in its stream")
+    else:
+        print("jobs paused: no jobs worker takes a job until they are resumed")
     return exits.OK
 
 
 def cmd_resume(settings: Settings, args: argparse.Namespace) -> int:
     number = _partition(settings, args)
-    client = runtime.connect_redis(runtime.redis_url(settings))
-    try:
-        if number is not None:
-            was = pause.resume_partition(client, number)
-            print(f"partition {number} resumed" if was else f"partition {number} was not paused")
-        else:
-            was = pause.resume_jobs(client)
-            print("jobs resumed" if was else "jobs were not paused")
-    finally:
-        client.close()
+    with _redis(settings) as client, open_store(settings, "engram resume") as store:
+        was = pause.release(client, store.audit, _who(args), number)
+    what = "jobs" if number is None else f"partition {number}"
+    print(f"{what} resumed" if was else f"{what} {'were' if number is None else 'was'} not paused")
     return exits.OK
 
 
 def cmd_paused(settings: Settings, args: argparse.Namespace) -> int:
-    client = runtime.connect_redis(runtime.redis_url(settings))
-    try:
+    with _redis(settings) as client:
         state = pause.paused(client)
-    finally:
-        client.close()
     if args.json:
         print_json(state.as_dict())
         return exits.OK
@@ -94,11 +95,10 @@ def register(sub: Any) -> None:
         part = what.add_parser("partition", help=f"{name} one partition stream's consumption")
         part.add_argument("number", type=int, help="the partition, from 0")
         jobs = what.add_parser("jobs", help=f"{name} the jobs queues")
-        if name == "pause":
-            for p in (part, jobs):
-                p.add_argument("--reason", default="", help="why (shown on the dashboard)")
-                p.add_argument("--by", default=None, help="who (default: cli:<your login>)")
         for p in (part, jobs):
+            if name == "pause":
+                p.add_argument("--reason", default="", help="why (shown on the dashboard)")
+            p.add_argument("--by", default=None, help="who, in the audit trail (cli:<login>)")
             p.set_defaults(run=run)
     listing = sub.add_parser("paused", help="what is paused: partitions and the jobs")
     json_flag(listing)

@@ -5,11 +5,10 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-from store import Scope, Store
+from store import Scope
 from store.errors import NotFoundError
 from store.portable import record_as_dict
 from worker import runtime
@@ -17,17 +16,8 @@ from worker.settings import Settings
 
 from . import exits
 from .args import json_flag, json_value, positive_int, scope_arg
-from .database import database_url
+from .database import open_store
 from .output import RECEIPT_HEADERS, print_json, receipt_row, record_fields, table
-
-
-@contextmanager
-def _store(settings: Settings, command: str) -> Iterator[Store]:
-    with (
-        database_url(settings, command) as dsn,
-        Store.connect(dsn, migrate=False, max_connections=2) as store,
-    ):
-        yield store
 
 
 def _scope(args: argparse.Namespace) -> Scope:
@@ -36,7 +26,7 @@ def _scope(args: argparse.Namespace) -> Scope:
 
 def cmd_get(settings: Settings, args: argparse.Namespace) -> int:
     scope = _scope(args)
-    with _store(settings, "engram get") as store:
+    with open_store(settings, "engram get") as store:
         record = store.get(scope, args.record_id, include_expired=args.include_expired)
     if record is None:
         raise NotFoundError(f"no record {args.record_id} in scope {scope.key}")
@@ -49,7 +39,7 @@ def cmd_get(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
     scope = _scope(args)
-    with _store(settings, "engram history") as store:
+    with open_store(settings, "engram history") as store:
         revisions = store.history(scope, args.record_id)
     if not revisions:
         raise NotFoundError(f"no record {args.record_id} in scope {scope.key}")
@@ -74,7 +64,7 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_recall(settings: Settings, args: argparse.Namespace) -> int:
     scope = _scope(args)
     embedder = runtime.load_embedder(args.embedder or settings.embedder)
-    with _store(settings, "engram recall") as store:
+    with open_store(settings, "engram recall") as store:
         hits = store.recall(
             scope,
             args.text,
@@ -95,7 +85,7 @@ def cmd_recall(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_receipts(settings: Settings, args: argparse.Namespace) -> int:
     scope = _scope(args) if args.scope else None
-    with _store(settings, "engram receipts") as store:
+    with open_store(settings, "engram receipts") as store:
         receipts = store.receipts(
             scope=scope,
             record_id=args.record,
@@ -112,7 +102,7 @@ def cmd_receipts(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_scopes(settings: Settings, args: argparse.Namespace) -> int:
-    with _store(settings, "engram scopes") as store:
+    with open_store(settings, "engram scopes") as store:
         scopes = store.scopes(limit=args.limit, offset=args.offset)
     if args.json:
         print_json(

@@ -180,10 +180,13 @@ def test_the_cli_pauses_lists_and_resumes(
     monkeypatch: pytest.MonkeyPatch,
     redis_client: redis.Redis,
     redis_url: str,
+    fresh_store: Store,
+    fresh_dsn: str,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("DATABASE_URL", fresh_dsn)
     monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("ENGRAM_PARTITIONS", str(FAST.partitions))
     assert main(["pause", "partition", "2", "--reason", "reindex", "--by", "ada"]) == 0
@@ -209,3 +212,15 @@ def test_the_cli_pauses_lists_and_resumes(
     assert capsys.readouterr().out.splitlines() == ["partition 2 resumed", "jobs resumed"]
     assert main(["paused"]) == 0
     assert capsys.readouterr().out == "nothing is paused\n"
+    # Who did what, and why, is in the audit trail as from the dashboard; the refused
+    # pause wrote nothing.
+    trail = [(e.requested_by, e.action, e.target, e.detail) for e in fresh_store.audit.page().items]
+    me = listed["jobs"]["by"]
+    assert sorted(trail) == sorted(
+        [
+            ("ada", "partition.pause", "2", {"reason": "reindex"}),
+            (me, "jobs.pause", "jobs", {"reason": None}),
+            (me, "partition.resume", "2", {"was_paused": True}),
+            (me, "jobs.resume", "jobs", {"was_paused": True}),
+        ]
+    )

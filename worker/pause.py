@@ -21,12 +21,15 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from rq.suspension import is_suspended, resume, suspend
 
 from . import keys
+
+if TYPE_CHECKING:
+    from store.audit import Audit
 
 # How often a worker reads the paused partitions: a pause or a resume takes effect
 # within about this long plus one blocking read (``ENGRAM_BLOCK_MS``).
@@ -173,6 +176,32 @@ def jobs_paused(client: redis.Redis) -> Pause | None:
 
 def paused(client: redis.Redis) -> PausedState:
     return PausedState(paused_partitions(client), jobs_paused(client))
+
+
+# -- audited: what the dashboard and the CLI do -----------------------------------------
+
+
+def hold(client: redis.Redis, audit: Audit, partition: int | None, pause: Pause) -> None:
+    """Pause ``partition`` (``None``: the jobs), then write who and why to the audit
+    trail."""
+    detail = {"reason": pause.reason or None}
+    if partition is None:
+        pause_jobs(client, pause)
+        audit.record(pause.by, "jobs.pause", "jobs", detail)
+    else:
+        pause_partition(client, partition, pause)
+        audit.record(pause.by, "partition.pause", str(partition), detail)
+
+
+def release(client: redis.Redis, audit: Audit, who: str, partition: int | None) -> bool:
+    """Resume ``partition`` (``None``: the jobs) and audit it; whether it was paused."""
+    if partition is None:
+        was = resume_jobs(client)
+        audit.record(who, "jobs.resume", "jobs", {"was_paused": was})
+    else:
+        was = resume_partition(client, partition)
+        audit.record(who, "partition.resume", str(partition), {"was_paused": was})
+    return was
 
 
 def _int(value: bytes | str) -> int | None:

@@ -20,41 +20,34 @@ def state(request: Request) -> PausedState:
 
 
 def pause_partition(request: Request, number: int, reason: str) -> Pause:
-    web = web_of(request)
     check(request, number)
-    held = Pause.now(operator_of(request).name, reason)
-    pause.pause_partition(web.services.redis, number, held)
-    web.services.store.audit.record(
-        held.by, "partition.pause", str(number), {"reason": held.reason or None}
-    )
-    return held
+    return _hold(request, number, reason)
 
 
 def resume_partition(request: Request, number: int) -> bool:
-    web = web_of(request)
     check(request, number)
-    was = pause.resume_partition(web.services.redis, number)
-    web.services.store.audit.record(
-        operator_of(request).name, "partition.resume", str(number), {"was_paused": was}
-    )
-    return was
+    return _release(request, number)
 
 
 def pause_jobs(request: Request, reason: str) -> Pause:
-    web = web_of(request)
-    held = Pause.now(operator_of(request).name, reason)
-    pause.pause_jobs(web.services.redis, held)
-    web.services.store.audit.record(held.by, "jobs.pause", "jobs", {"reason": held.reason or None})
-    return held
+    return _hold(request, None, reason)
 
 
 def resume_jobs(request: Request) -> bool:
+    return _release(request, None)
+
+
+def _hold(request: Request, partition: int | None, reason: str) -> Pause:
     web = web_of(request)
-    was = pause.resume_jobs(web.services.redis)
-    web.services.store.audit.record(
-        operator_of(request).name, "jobs.resume", "jobs", {"was_paused": was}
-    )
-    return was
+    held = Pause.now(operator_of(request).name, reason)
+    pause.hold(web.services.redis, web.services.store.audit, partition, held)
+    return held
+
+
+def _release(request: Request, partition: int | None) -> bool:
+    web = web_of(request)
+    who = operator_of(request).name
+    return pause.release(web.services.redis, web.services.store.audit, who, partition)
 
 
 def number_in_path(request: Request) -> int:
