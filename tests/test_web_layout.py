@@ -26,12 +26,15 @@ LONG_USER = "user-" + "9f8e7d6c5b4a" * 4
 PAST_THEIR_CARD = """
 () => {
   const out = [];
-  for (const el of document.querySelectorAll('main td, main th, main dd, main h1, main .mono')) {
+  const cells = 'main td, main th, main dd, main h1, main .mono';
+  for (const el of document.querySelectorAll(cells)) {
     const r = el.getBoundingClientRect();
     if (r.width === 0 || r.height === 0) continue;
     const card = el.closest('.card') || document.querySelector('main');
-    const c = card.getBoundingClientRect();
-    if (r.right > c.right + 1) out.push(`${el.tagName.toLowerCase()} "${el.textContent.trim().slice(0, 40)}" ends at ${Math.round(r.right)}, its card at ${Math.round(c.right)}`);
+    const right = Math.round(card.getBoundingClientRect().right);
+    const what = `${el.tagName.toLowerCase()} "${el.textContent.trim().slice(0, 40)}"`;
+    const end = Math.round(r.right);
+    if (end > right + 1) out.push(`${what} ends at ${end}, its card at ${right}`);
   }
   return out;
 }
@@ -43,16 +46,18 @@ PAST_THEIR_CARD = """
 SIDEWAYS = """
 () => {
   const out = [];
+  const width = window.innerWidth;
+  const past = (e) => e.getBoundingClientRect().right > width + 1;
+  const text = (e) => e.textContent.trim().slice(0, 40);
   const doc = document.documentElement;
-  if (doc.scrollWidth > window.innerWidth + 1) {
-    const widest = [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > window.innerWidth + 1 && !e.closest('table'));
-    const names = widest.slice(-3).map(e => e.tagName.toLowerCase() + (e.className ? '.' + e.className : ''));
-    out.push(`the page is ${doc.scrollWidth} px wide at ${window.innerWidth} (${names.join(', ')})`);
+  if (doc.scrollWidth > width + 1) {
+    const all = [...document.querySelectorAll('body *')];
+    const wide = all.filter(e => past(e) && !e.closest('table'));
+    const names = wide.slice(-3).map(e => e.tagName.toLowerCase() + '.' + e.className);
+    out.push(`the page is ${doc.scrollWidth} px wide at ${width} (${names.join(', ')})`);
   }
   for (const m of document.querySelectorAll('main .mono')) {
-    if (m.closest('table')) continue;
-    const r = m.getBoundingClientRect();
-    if (r.width > 0 && r.right > window.innerWidth + 1) out.push(`"${m.textContent.trim().slice(0, 40)}" does not wrap: it ends at ${Math.round(r.right)}`);
+    if (!m.closest('table') && past(m)) out.push(`"${text(m)}" does not wrap`);
   }
   for (const t of document.querySelectorAll('main table')) {
     const card = t.closest('.card') || t.parentElement;
@@ -62,7 +67,7 @@ SIDEWAYS = """
       if (['auto', 'scroll'].includes(getComputedStyle(box).overflowX)) { scrolls = true; break; }
       box = box.parentElement;
     }
-    if (!scrolls) out.push(`a table "${t.textContent.trim().slice(0, 40)}" is wider than its card and nothing scrolls it`);
+    if (!scrolls) out.push(`a table "${text(t)}" is wider than its card and does not scroll`);
   }
   return out;
 }
@@ -95,19 +100,17 @@ def pages(
     scope = {"user_id": LONG_USER, "agent_id": "travel-planner-assistant", "run_id": "run-2026"}
     with start_worker(fresh_store, on_forget=redaction.hand_over):
         producer.remember(scope, "Prefers aisle seats on long flights.", id=LONG_ID).wait(10)
-        sent = producer.revise(
-            scope, LONG_ID, text="Prefers window seats.", expected_revision=1
-        )
+        sent = producer.revise(scope, LONG_ID, text="Prefers window seats.", expected_revision=1)
         sent.wait(10)
         producer.remember(scope, "Travels to Lisbon every spring.").wait(10)
         producer.forget(scope, LONG_ID).wait(10)
         producer.remember(scope, "Keeps a Lisbon travel journal.", id=LONG_ID + "-2").wait(10)
         for partition in range(4):
             op = Operation.build("remember", scope, {"text": "x"})
-            client.xadd(keys.DEAD_LETTERS, {  # type: ignore[arg-type]
+            client.xadd(keys.DEAD_LETTERS, {
                 "partition": partition, "entry": "1764800000000-0",
                 "operation_id": op.operation_id, "reason": "deliveries",
-                "error": '{"code": "dead_lettered", "message": "delivered 5 times, never committed"}',
+                "error": '{"code": "dead_lettered", "message": "delivered 5 times"}',
                 "deliveries": 5, "at_ms": 1764800000000, "op": encode_entry(op)["op"],
             })  # fmt: skip
         [scope_row] = fresh_store.browse.scopes().items
