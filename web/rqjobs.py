@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import islice
 from typing import Any, cast
 
 import redis
@@ -27,8 +28,10 @@ from rq.job import Job
 from rq.registry import BaseRegistry
 from rq.results import Result
 
+from jobs import indexes, prune, redaction, reembed, schedule
 from jobs import queues as rq_queues
 from jobs.queues import UnreadableJob
+from jobs.settings import Retention
 from store import cursors
 from store.errors import InvalidRequestError, NotFoundError
 from store.paging import Page, check_limit
@@ -38,6 +41,65 @@ JOB_STATES = ("queued", "started", "failed", "finished", "scheduled", "deferred"
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # RQ's own pattern, bounded
 _QUEUE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 MAX_BULK = 1000  # failed jobs a bulk retry takes at most
+# A filtered page reads at most this many of a registry's ids, or job hashes when it
+# filters by function: the rest is the next page's to search.
+MAX_SCAN_IDS = 5_000
+MAX_SCAN_JOBS = 1_000
+
+
+def _function_name(func: Any) -> str:
+    return f"{func.__module__}.{func.__qualname__}"  # as RQ names a job's function
+
+
+# Every schedule there can be (each retention on), for their job ids and functions.
+_SCHEDULES = (
+    schedule.retention_schedules(Retention(history_s=1, receipts_s=1, dead_letters_s=1))
+    + schedule.upkeep_schedules()
+)
+# The functions engram enqueues: the ones a list can be filtered by.
+JOB_FUNCTIONS = tuple(
+    dict.fromkeys(
+        _function_name(f)
+        for f in (
+            redaction.redact,
+            reembed.run_slice,
+            prune.prune_job,
+            indexes.index_large_scopes_job,
+            indexes.purge_retired_job,
+            *(s.func for s in _SCHEDULES),
+        )
+    )
+)
+# A scheduled run's job id is its schedule's name and slot number (``schedule.enqueue_due``);
+# a prune asked for by hand has 16 hex digits there (``keys.new_job_id``).
+_TICK = re.compile("(?:" + "|".join(re.escape(s.name) for s in _SCHEDULES) + r")-[0-9]{1,15}")
+
+
+def is_tick(job_id: str) -> bool:
+    """Whether a job is a scheduled maintenance tick (a prune, an index, a purge that a
+    jobs worker enqueued on its own, every so often)."""
+    return _TICK.fullmatch(job_id) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    function: str | None = None  # one of JOB_FUNCTIONS
+    ticks: bool = True  # False: scheduled maintenance ticks are hidden
+
+    def __post_init__(self) -> None:
+        if self.function is not None and self.function not in JOB_FUNCTIONS:
+            raise InvalidRequestError(f"function must be one of {', '.join(JOB_FUNCTIONS)}")
+
+    @property
+    def filters(self) -> bool:
+        return self.function is not None or not self.ticks
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    page: Page[JobRow]
+    hidden_ticks: int  # maintenance ticks passed over on the way to this page's jobs
+    cut_after: int | None  # ids read when the search stopped at its bound, else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,45 +158,136 @@ def page(
     limit: int,
     signer: cursors.Cursors,
 ) -> Page[JobRow]:
+    """A page of a queue's jobs in a state, newest first, every one of them."""
+    return find(
+        conn, queue_name, state, JobFilter(), cursor=cursor, limit=limit, signer=signer
+    ).page
+
+
+def find(
+    conn: redis.Redis,
+    queue_name: str,
+    state: str,
+    where: JobFilter,
+    *,
+    cursor: str | None,
+    limit: int,
+    signer: cursors.Cursors,
+) -> JobPage:
+    """A page of the jobs ``where`` keeps. Filtered, it reads at most ``MAX_SCAN_IDS``
+    ids (``MAX_SCAN_JOBS`` job hashes with a function): a page may then hold fewer jobs
+    than ``limit``, and its next cursor goes on from the last one read."""
     limit = check_limit(limit)
     if state not in JOB_STATES:
         raise InvalidRequestError(f"state must be one of {', '.join(JOB_STATES)}")
     queue = rq_queues.queue(conn, queue_name)
+    kind = f"jobs:{queue_name}:{state}"
     if state == "queued":
         if cursor is not None:
             raise cursors.InvalidCursorError("queued jobs are shown from the queue's head only")
-        ids = [_text(i) for i in conn.lrange(queue.key, 0, limit - 1)]
-        return Page(_rows(conn, ids, queue_name, state), None)
-    key = _registry(queue, state).key
-    high: float | str = "+inf"
-    after: tuple[float, str] | None = None
-    if cursor is not None:
-        held = signer.decode(cursor, f"jobs:{queue_name}:{state}", (str, str))
-        after = (_score(str(held[0])), str(held[1]))
-        high = after[0]
-    found: list[tuple[str, float]] = []
-    offset_in_ties = 0
-    while len(found) <= limit:
-        batch = conn.zrevrangebyscore(
-            key, high, "-inf", start=offset_in_ties, num=limit + 1, withscores=True
-        )
-        if not batch:
-            break
-        for raw, score in cast(list[tuple[Any, float]], batch):
-            member = _text(raw)
-            if after is not None and (score, member) >= after:
-                continue
-            found.append((member, float(score)))
-        if len(batch) < limit + 1:
-            break
-        offset_in_ties += len(batch)
+        members: Iterator[tuple[str, float]] = _queued(conn, queue.key)
+    else:
+        after = None
+        if cursor is not None:
+            held = signer.decode(cursor, kind, (str, str))
+            after = (_score(str(held[0])), str(held[1]))
+        members = _registered(conn, _registry(queue, state).key, after, limit + 1)
+    if not where.filters:
+        found, hidden, last_read = list(islice(members, limit + 1)), 0, None
+    else:
+        found, hidden, last_read = _search(conn, members, where, limit)
     shown = found[:limit]
     rows = _rows(conn, [BaseRegistry.parse_job_id(m) for m, _ in shown], queue_name, state)
+    resume = last_read if last_read is not None else (shown[-1] if len(found) > limit else None)
     next_cursor = None
-    if len(found) > limit and shown:
-        last_member, last_score = shown[-1]
-        next_cursor = signer.encode(f"jobs:{queue_name}:{state}", (repr(last_score), last_member))
-    return Page(rows, next_cursor)
+    if resume is not None and state != "queued":
+        next_cursor = signer.encode(kind, (repr(resume[1]), resume[0]))
+    read = _budget(where) if last_read is not None else None
+    return JobPage(Page(rows, next_cursor), hidden, read)
+
+
+def _budget(where: JobFilter) -> int:
+    return MAX_SCAN_JOBS if where.function is not None else MAX_SCAN_IDS
+
+
+def _search(
+    conn: redis.Redis, members: Iterator[tuple[str, float]], where: JobFilter, limit: int
+) -> tuple[list[tuple[str, float]], int, tuple[str, float] | None]:
+    """Up to ``limit + 1`` of ``members`` that ``where`` keeps, the ticks it hid before
+    the page was full, and the last member read if the search stopped at its bound."""
+    found: list[tuple[str, float]] = []
+    hidden = read = 0
+    budget = _budget(where)
+    while read < budget:
+        batch = list(islice(members, min(_SCAN_BATCH, budget - read)))
+        if not batch:
+            return found, hidden, None
+        read += len(batch)
+        for (member, score), verdict in zip(batch, _verdicts(conn, batch, where), strict=True):
+            if verdict == "kept":
+                found.append((member, score))
+                if len(found) > limit:
+                    return found, hidden, None
+            elif verdict == "tick" and len(found) < limit:
+                hidden += 1
+    return found, hidden, batch[-1]
+
+
+_SCAN_BATCH = 250
+
+
+def _verdicts(conn: redis.Redis, batch: list[tuple[str, float]], where: JobFilter) -> list[str]:
+    """For each member: kept, tick (a maintenance tick, hidden) or other (another
+    function's). The function is read from the job's hash (RQ keeps it nowhere else)."""
+    ids = [BaseRegistry.parse_job_id(m) for m, _ in batch]
+    functions: list[str | None] = [None] * len(ids)
+    if where.function is not None:
+        functions = [_function_of(j) for j in rq_queues.read_many(conn, ids)]
+    verdicts = []
+    for job_id, function in zip(ids, functions, strict=True):
+        if where.function is not None and function != where.function:
+            verdicts.append("other")
+        elif not where.ticks and is_tick(job_id):
+            verdicts.append("tick")
+        else:
+            verdicts.append("kept")
+    return verdicts
+
+
+def _function_of(job: Job | UnreadableJob | None) -> str | None:
+    return _safely(lambda: job.func_name) if isinstance(job, Job) else None
+
+
+def _queued(conn: redis.Redis, key: str) -> Iterator[tuple[str, float]]:
+    """A queue's jobs from its head, in turns (the list is read once per turn)."""
+    start = 0
+    while True:
+        ids = [_text(i) for i in cast(list[Any], conn.lrange(key, start, start + _SCAN_BATCH - 1))]
+        yield from ((i, 0.0) for i in ids)
+        if len(ids) < _SCAN_BATCH:
+            return
+        start += len(ids)
+
+
+def _registered(
+    conn: redis.Redis, key: str, after: tuple[float, str] | None, first: int
+) -> Iterator[tuple[str, float]]:
+    """A registry's members and scores newest first, past ``after`` (the keyset of the
+    last one shown): ``first`` on the first read, then in turns."""
+    high: float | str = "+inf" if after is None else after[0]
+    offset_in_ties, num = 0, first
+    while True:
+        batch = conn.zrevrangebyscore(
+            key, high, "-inf", start=offset_in_ties, num=num, withscores=True
+        )
+        for raw, score in cast(list[tuple[Any, float]], batch):
+            member = _text(raw)
+            if after is None or (score, member) < after:
+                yield member, float(score)
+        if len(batch) < num:
+            return
+        offset_in_ties += len(batch)
+        num = max(num, _SCAN_BATCH)
 
 
 def get(conn: redis.Redis, job_id: str) -> JobRow | None:

@@ -19,7 +19,7 @@ from worker.pause import MAX_REASON_CHARS
 
 from ..config import MAX_WAIT_S
 from ..params import MAX_CURSOR_PARAM_CHARS, Query
-from ..rqjobs import JOB_STATES
+from ..rqjobs import JOB_FUNCTIONS, JOB_STATES
 from ..state import web_of
 from .schemas import SCHEMAS, TIME, Schema, nullable, obj, ref, string
 
@@ -77,12 +77,18 @@ _SCOPE_FILTERS = [
 ]
 _RECEIPT_FILTERS = [
     _query("scope", {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}, "A scope's id."),
+    *[
+        _query(f, string(MAX_SCOPE_VALUE_CHARS), "Receipts of every scope with this field.")
+        for f in SCOPE_FIELDS
+    ],
     _query("record", _ID, "Receipts that wrote this record, and the forget that erased it."),
+    _query("record_prefix", _ID, "The same, for every record id that begins with this."),
     _query("kind", {"enum": list(OPERATION_KINDS)}),
     _query("replayed", _FLAG, "Answered a repeat of its operation at least once."),
     _query("redacted", _FLAG, "Its text was removed by a forget."),
     _query("refused", {"enum": ["only", "exclude"]}, "Refusals: committed nothing."),
     _query("requested_by", _ID, "Who asked."),
+    _query("requested_by_prefix", _ID, "Who asked begins with this."),
     _query("since", TIME, "Committed at or after (UTC when no zone is given)."),
     _query("until", TIME, "Committed before."),
 ]
@@ -157,11 +163,24 @@ _SEEN = {
     "properties": {"count": {"type": "integer"}, "digest": {"type": "string"}},
     "required": ["count", "digest"],
 }
+_LETTER_CODE = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
+_LETTER_FILTERS = [
+    _query("reason", {"enum": ["malformed", "deliveries", "failed"]}, "Why it was dead-lettered."),
+    _query("partition", {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
+    _query("code", _LETTER_CODE, "Its error's code."),
+    _query("kind", {"enum": list(OPERATION_KINDS)}, "The kind of the operation it holds."),
+    _query("since", TIME, "Dead-lettered at or after (UTC when no zone is given)."),
+    _query("until", TIME, "Dead-lettered before."),
+]
 _BULK_FILTER = {
     "type": "object",
     "properties": {
         "reason": nullable({"enum": ["malformed", "deliveries", "failed"]}),
         "partition": nullable({"type": "integer", "minimum": 0}),
+        "code": nullable(_LETTER_CODE),
+        "kind": nullable({"enum": list(OPERATION_KINDS)}),
+        "since": nullable(TIME),
+        "until": nullable(TIME),
     },
     "additionalProperties": False,
 }
@@ -385,6 +404,14 @@ PATHS: dict[str, Schema] = {
             parameters=[
                 _query("queue", {"type": "string"}, "One of the configured queues."),
                 _query("state", {"enum": list(JOB_STATES)}),
+                _query("function", {"enum": list(JOB_FUNCTIONS)}, "Jobs of this function only."),
+                _query(
+                    "ticks",
+                    {"enum": ["show", "hide"]},
+                    "The scheduled maintenance ticks: shown (the default) or hidden. Filtered "
+                    "by function or without ticks, a page reads at most 1,000 jobs (5,000 "
+                    "ids) and may hold fewer than limit, with a next to search on.",
+                ),
                 *_PAGING,
             ],
             errors=("400", "401", "503"),
@@ -415,9 +442,10 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/dead-letters": {
         "get": _op(
-            "Dead letters, newest first",
+            "Dead letters, newest first; with a filter, a page reads at most 5,000 letters "
+            "(it may hold fewer than limit, with a next to search on)",
             {"200": _json(ref("DeadLetterPage"), "A page.")},
-            parameters=_PAGING,
+            parameters=[*_LETTER_FILTERS, *_PAGING],
             errors=("400", "401", "503"),
         )
     },

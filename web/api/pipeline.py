@@ -107,9 +107,9 @@ def dead_letter_bulk(request: Request, body: Any) -> Response:
     f = Fields(body, "bulk", ("action", "filter", "reason", "confirm"))
     found = f.get("filter")
     if found is not None and not isinstance(found, dict):
-        raise InvalidRequestError("filter is an object: {reason?, partition?}")
-    if found and set(found) - {"reason", "partition"}:
-        raise InvalidRequestError("filter takes reason and partition")
+        raise InvalidRequestError("filter is an object: {reason?, partition?, code?, ...}")
+    if found and set(found) - set(deadletters.MATCH_FIELDS):
+        raise InvalidRequestError(f"filter takes {', '.join(deadletters.MATCH_FIELDS)}")
     why = deadletters.deadletters_why(f.get("reason"))  # checked even for a dry run
     bulk = deadletters.plan(request, f.get("action"), deadletters.match_of(request, found or {}))
     seen = {"count": bulk.count, "digest": bulk.digest}

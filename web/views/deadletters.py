@@ -4,6 +4,8 @@ a time or every one a filter matches (after a dry run that shows which)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -11,32 +13,62 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from store.errors import InvalidRequestError, NotFoundError
+from store.operations import OPERATION_KINDS
 from worker import deadletters
 from worker.deadletters import Bulk, DeadLetter, Match
 
 from ..errors import BadRequestError
-from ..params import Query, integer
+from ..params import Query, integer, parse_time
 from ..render import path_quote
 from ..state import operator_of, web_of
 
+MATCH_FIELDS = deadletters.MATCH_FIELDS
 PREVIEW = 20  # letters a dry run lists
+MAX_READ = 5_000  # letters a filtered page reads at most
 
 
 def match_of(request: Request, params: Mapping[str, Any]) -> Match:
-    """The filter in ``params`` (a query, a form or a JSON object): a reason, a partition."""
-    reason, partition = params.get("reason"), params.get("partition")
+    """The filter in ``params`` (a query, a form or a JSON object): a reason, a partition,
+    an error code, an operation kind, a span of time."""
+    reason, code, kind = params.get("reason"), params.get("code"), params.get("kind")
     if reason not in (None, "") and reason not in deadletters.REASONS:
         raise BadRequestError(f"reason must be one of {', '.join(deadletters.REASONS)}")
-    number: int | None = None
+    if kind not in (None, "") and kind not in OPERATION_KINDS:
+        raise BadRequestError(f"kind must be one of {', '.join(OPERATION_KINDS)}")
+    try:
+        return Match(
+            reason or None,
+            _partition(params.get("partition")),
+            code=_text(code, "code") or None,
+            kind=kind or None,
+            since_ms=_ms(params.get("since"), "since"),
+            until_ms=_ms(params.get("until"), "until"),
+        )
+    except InvalidRequestError as exc:
+        raise BadRequestError(exc.message) from None
+
+
+def _partition(partition: Any) -> int | None:
     if isinstance(partition, float) and partition.is_integer():
         partition = int(partition)  # JSON's 1.0 is an integer
     if isinstance(partition, int) and not isinstance(partition, bool) and partition >= 0:
-        number = partition
-    elif isinstance(partition, str) and partition != "":
-        number = integer(partition, "partition", minimum=0)
-    elif partition not in (None, ""):
+        return partition
+    if isinstance(partition, str) and partition != "":
+        return integer(partition, "partition", minimum=0)
+    if partition not in (None, ""):
         raise BadRequestError("partition is a number")
-    return Match(reason or None, number)
+    return None
+
+
+def _text(value: Any, name: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise BadRequestError(f"{name} is text")
+
+
+def _ms(value: Any, name: str) -> int | None:
+    text = _text(value, name)
+    return deadletters.ms_of(parse_time(text, name)) if text else None
 
 
 def plan(request: Request, action: str, match: Match) -> Bulk:
@@ -65,9 +97,38 @@ def filter_query(match: Match) -> str:
     return urlencode({k: v for k, v in match.as_dict().items() if v is not None})
 
 
+def form_values(match: Match) -> dict[str, str]:
+    """The filter as the list's form shows it (times in UTC, as a datetime-local field
+    takes them)."""
+    values = {k: "" if v is None else str(v) for k, v in match.as_dict().items()}
+    for name, at_ms in (("since", match.since_ms), ("until", match.until_ms)):
+        if at_ms is not None:
+            spec = "seconds" if at_ms % 1000 == 0 else "milliseconds"
+            values[name] = (
+                datetime.fromtimestamp(at_ms // 1000, UTC)
+                .replace(tzinfo=None, microsecond=at_ms % 1000 * 1000)
+                .isoformat(timespec=spec)
+            )
+    return values
+
+
+@dataclass(frozen=True, slots=True)
+class LetterPage:
+    letters: list[DeadLetter]
+    next: str | None  # the cursor of the next page
+    cut_after: int | None  # letters read when the search stopped at its bound, else None
+
+
 def letter_page_of(request: Request) -> tuple[list[DeadLetter], str | None]:
-    """A page of dead letters, newest first (the cursor holds the last one's id)."""
-    q = Query.of(request, "cursor", "limit", "reason", "partition")
+    found = letters_of(request)
+    return found.letters, found.next
+
+
+def letters_of(request: Request) -> LetterPage:
+    """A page of dead letters, newest first (the cursor holds the id to read on from).
+    With a filter, at most ``MAX_READ`` letters are read: a filter that matches few
+    shows what it found so far, and the next page searches on."""
+    q = Query.of(request, "cursor", "limit", *deadletters.MATCH_FIELDS)
     limit, cursor = q.limit(), q.cursor()
     match = match_of(request, q.params)
     signer = web_of(request).services.store.cursors
@@ -75,16 +136,18 @@ def letter_page_of(request: Request) -> tuple[list[DeadLetter], str | None]:
     if cursor is not None:
         (last,) = signer.decode(cursor, "dead_letters", (str,))
         before = dead_id(str(last))
-    letters = deadletters.matching(
-        web_of(request).services.redis, match, before=before, limit=limit + 1
+    found = deadletters.search(
+        web_of(request).services.redis, match, before=before, limit=limit + 1, max_read=MAX_READ
     )
-    shown = letters[:limit]
-    more = len(letters) > limit and shown
-    return shown, signer.encode("dead_letters", (shown[-1].id,)) if more else None
+    shown = found.letters[:limit]
+    if found.last_read is not None:
+        return LetterPage(shown, signer.encode("dead_letters", (found.last_read,)), found.read)
+    more = len(found.letters) > limit and shown
+    return LetterPage(shown, signer.encode("dead_letters", (shown[-1].id,)) if more else None, None)
 
 
 def letter_list(request: Request) -> Response:
-    letters, next_cursor = letter_page_of(request)
+    found = letters_of(request)
     match = match_of(request, request.query_params)
     total = deadletters.count(web_of(request).services.redis)
     partitions = web_of(request).services.producer.partitions
@@ -92,19 +155,23 @@ def letter_list(request: Request) -> Response:
         request,
         "dead_letters.html",
         "_dead_letters.html",
-        letters=letters,
-        next_cursor=next_cursor,
+        letters=found.letters,
+        next_cursor=found.next,
+        cut_after=found.cut_after,
         total=total,
-        homes={x.id: deadletters.home_partition(x, partitions) for x in letters},
+        homes={x.id: deadletters.home_partition(x, partitions) for x in found.letters},
+        kinds_of={x.id: deadletters.kind_of(x) for x in found.letters},
         match=match,
+        filters=form_values(match),
         filter_query=filter_query(match),
         reasons=deadletters.REASONS,
+        kinds=OPERATION_KINDS,
     )
 
 
 def bulk_page(request: Request) -> Response:
     """The dry run: how many letters, and which, an action on the filter would take."""
-    q = Query.of(request, "action", "reason", "partition")
+    q = Query.of(request, "action", *deadletters.MATCH_FIELDS)
     action = q.choice("action", deadletters.BULK_ACTIONS) or "discard"
     bulk = plan(request, action, match_of(request, q.params))
     return web_of(request).render.page(

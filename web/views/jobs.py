@@ -27,30 +27,45 @@ class Listing:
     summaries: list[rqjobs.QueueSummary]
     queue: str
     state: str
-    page: Page[rqjobs.JobRow]
+    where: rqjobs.JobFilter
+    found: rqjobs.JobPage
+
+    @property
+    def page(self) -> Page[rqjobs.JobRow]:
+        return self.found.page
 
 
-def listing(request: Request) -> Listing:
+JOB_FILTERS = ("queue", "state", "function", "ticks")
+
+
+def listing(request: Request, *, ticks_shown: bool = True) -> Listing:
     """Every queue's counts, and a page of one queue's jobs in one state (by default the
-    first queue's failed jobs: what an operator comes for)."""
+    first queue's failed jobs: what an operator comes for), of one function if asked;
+    the scheduled maintenance ticks shown unless ``ticks=hide`` (or, by default, unless
+    ``ticks_shown`` is False and not ``ticks=show``)."""
     web = web_of(request)
     queues = web.config.job_queues
-    q = Query.of(request, "queue", "state", "cursor", "limit")
+    q = Query.of(request, *JOB_FILTERS, "cursor", "limit")
     queue = q.choice("queue", queues, queues[0]) or queues[0]
     state = q.choice("state", rqjobs.JOB_STATES, "failed") or "failed"
-    page = rqjobs.page(
+    ticks = q.choice("ticks", ("show", "hide"), "show" if ticks_shown else "hide")
+    where = rqjobs.JobFilter(q.choice("function", rqjobs.JOB_FUNCTIONS), ticks == "show")
+    found = rqjobs.find(
         web.services.redis,
         queue,
         state,
+        where,
         cursor=q.cursor(),
         limit=q.limit(),
         signer=web.services.store.cursors,
     )
-    return Listing(rqjobs.summaries(web.services.redis, queues), queue, state, page)
+    return Listing(rqjobs.summaries(web.services.redis, queues), queue, state, where, found)
 
 
 def job_list(request: Request) -> Response:
-    found = listing(request)
+    """The dashboard's list hides the maintenance ticks unless asked (``ticks=show``):
+    a prune every hour would bury the jobs that matter."""
+    found = listing(request, ticks_shown=False)
     return web_of(request).render.page(
         request,
         "jobs.html",
@@ -58,8 +73,13 @@ def job_list(request: Request) -> Response:
         summaries=found.summaries,
         queue=found.queue,
         state=found.state,
+        where=found.where,
         page=found.page,
+        hidden_ticks=found.found.hidden_ticks,
+        cut_after=found.found.cut_after,
         states=rqjobs.JOB_STATES,
+        functions=rqjobs.JOB_FUNCTIONS,
+        queues=web_of(request).config.job_queues,
     )
 
 

@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from store import ReceiptFilter, ReceiptItem
 from store.errors import EngramError, NotFoundError
+from store.model import SCOPE_FIELDS
 from store.operations import OPERATION_KINDS
 
 from ..backlog import Backlog, find
@@ -18,12 +19,15 @@ from ..state import web_of
 
 RECEIPT_FILTERS = (
     "scope",
+    *SCOPE_FIELDS,
     "record",
+    "record_prefix",
     "kind",
     "replayed",
     "redacted",
     "refused",
     "requested_by",
+    "requested_by_prefix",
     "since",
     "until",
 )
@@ -33,12 +37,15 @@ def receipt_filter(q: Query) -> ReceiptFilter:
     refused = q.choice("refused", ("only", "exclude"))
     return ReceiptFilter(
         scope_id=q.integer("scope"),
+        scope=q.scope_match(),
         record_id=q.text("record"),
+        record_prefix=q.text("record_prefix"),
         kind=q.choice("kind", OPERATION_KINDS),
         replayed=q.flag("replayed"),
         redacted=q.flag("redacted"),
         refused=None if refused is None else refused == "only",
         requested_by=q.text("requested_by"),
+        requested_by_prefix=q.text("requested_by_prefix"),
         since=q.time("since"),
         until=q.time("until"),
     )
@@ -56,6 +63,7 @@ def receipt_list(request: Request) -> Response:
         page=page,
         filters=filters,
         kinds=OPERATION_KINDS,
+        scope_fields=SCOPE_FIELDS,
     )
 
 
