@@ -17,9 +17,12 @@ from jobs.progress import Progress, bar
 from jobs.settings import JobsSettings, parse_duration
 from store import Embedder, Store
 from store.embedders import EmbedderResolver
+from store.errors import InvalidRequestError
 from worker import runtime
 from worker.consumer import ForgetHook
 from worker.settings import Settings
+
+from .args import positive_int
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,10 @@ def cmd_jobs_health(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
     from .cli import _connect_store
 
+    if args.cancel is not None:
+        return _cancel(settings, args)
+    if args.reason is not None:
+        raise InvalidRequestError("--reason goes with --cancel")
     client = runtime.connect_redis(runtime.redis_url(settings))
     store = _connect_store(runtime.database_url(settings), 2)
     try:
@@ -93,6 +100,20 @@ def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         store.close()
         client.close()
+
+
+def _cancel(settings: Settings, args: argparse.Namespace) -> int:
+    """``engram reembed --cancel GENERATION``: exit 1 (generation_not_pending) for one
+    that is not pending, nothing changed."""
+    from .cli import _connect_store
+
+    store = _connect_store(runtime.database_url(settings), 2)
+    try:
+        ended = reembed.cancel(store, args.cancel, requested_by=args.requested_by, why=args.reason)
+    finally:
+        store.close()
+    print(json.dumps({"cancelled": ended.id, "model": ended.model_id, "status": ended.status}))
+    return 0
 
 
 _NAME_IT = " (name it to prune it anyway)"
@@ -140,9 +161,21 @@ def register(sub: Any) -> None:
     sub.add_parser(
         "jobs-health", help="exit 0 if a jobs worker on this host is alive"
     ).set_defaults(run=cmd_jobs_health)
-    re = sub.add_parser("reembed", help="move the whole store to another embedding model")
-    re.add_argument("--model", required=True, help="wordllama, minilm, hashing[:DIMS], ...")
-    re.add_argument("--requested-by", default="cli", help="recorded with the job (default: cli)")
+    re = sub.add_parser(
+        "reembed", help="move the whole store to another embedding model, or cancel a move"
+    )
+    which = re.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="wordllama, minilm, hashing[:DIMS], ...")
+    which.add_argument(
+        "--cancel",
+        type=positive_int,
+        metavar="GENERATION",
+        help="cancel this pending generation: its vectors are deleted, its job stops",
+    )
+    re.add_argument("--reason", default=None, help="with --cancel: why (kept in the audit trail)")
+    re.add_argument(
+        "--requested-by", default="cli", help="recorded with the job or cancel (default: cli)"
+    )
     re.add_argument("--detach", action="store_true", help="print the job id, do not follow it")
     re.set_defaults(run=cmd_reembed)
     pr = sub.add_parser("prune", help="remove history, receipts or dead letters past retention")
@@ -179,13 +212,19 @@ def _context(settings: Settings) -> JobContext:
 
 
 def follow(store: Store, generation_id: int, poll_s: float = 0.5) -> int:
-    """Print the progress bar until the re-embedding is over; 0 once it is active."""
+    """Print the progress bar until the re-embedding is over; 0 once it is active, else 1
+    with how it ended on stderr (``engram: reembed failed: <root cause>``, cancelled by
+    whom, superseded by which generation)."""
     tty = sys.stdout.isatty()
     shown = ""
     printed_at = 0.0
     while True:
         generation = store.embeddings.get(generation_id)
         progress = Progress.from_dict(generation.progress) if generation else None
+        if generation is None or (progress is None and generation.status != "pending"):
+            status = generation.status if generation else "gone"
+            print(f"engram: reembed {status}: generation {generation_id}", file=sys.stderr)
+            return 0 if status == "active" else 1
         if progress is not None:
             line = bar(progress)
             if tty:
@@ -198,7 +237,10 @@ def follow(store: Store, generation_id: int, poll_s: float = 0.5) -> int:
             if progress.finished:
                 if tty:
                     print()
-                if progress.message:
-                    print(f"{progress.state}: {progress.message}")
-                return 0 if progress.state == "activated" else 1
+                if progress.state == "activated":
+                    if progress.message:
+                        print(progress.outcome)
+                    return 0
+                print(f"engram: reembed {progress.outcome}", file=sys.stderr)
+                return 1
         time.sleep(poll_s)

@@ -3,7 +3,8 @@
 The dashboard, the HTTP API and ``engram reembed`` read it; these keys are a
 contract with them (more may be added, none renamed):
 
-``state``         running | waiting | activated | failed | retired
+``state``         running | waiting | activated | failed | cancelled | superseded
+                  (``retired``, written by earlier versions, is read as superseded)
 ``pass``          the pass over the store under way (1 to 3, then it waits and resumes)
 ``done``          current revisions with a vector in the new generation
 ``total``         current revisions in the store
@@ -16,8 +17,11 @@ contract with them (more may be added, none renamed):
 ``job_id``        the RQ job carrying it now (a re-embedding is a chain of slices)
 
 and engram's own: ``cursor`` (the last record id done in this pass),
-``message`` (why it waits or failed, or how long the switch held writes off:
-ids, counts and times, never memory text), and
+``message`` (why it waits, failed or was cancelled, or how long the switch held
+writes off: ids, counts, times, an error's type and content-free message
+(``jobs.causes``), an operator's why; never memory text),
+``superseded_by`` (the generation started for another model meanwhile: the
+store writes it when it retires this one, whatever the state said), and
 ``embed_s`` / ``store_s`` (time spent in the embedder / listing records and
 storing vectors, all slices together).
 Pure logic, no I/O.
@@ -29,8 +33,8 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-State = Literal["running", "waiting", "activated", "failed", "retired"]
-FINISHED: tuple[State, ...] = ("activated", "failed", "retired")
+State = Literal["running", "waiting", "activated", "failed", "cancelled", "superseded"]
+FINISHED: tuple[State, ...] = ("activated", "failed", "cancelled", "superseded")
 
 
 def now() -> datetime:
@@ -55,6 +59,7 @@ class Progress:
     message: str | None = None
     embed_s: float = 0.0  # time spent in the embedder, all slices together
     store_s: float = 0.0  # time spent listing records and storing vectors
+    superseded_by: int | None = None
 
     @classmethod
     def queued(
@@ -67,8 +72,12 @@ class Progress:
     def from_dict(cls, data: dict[str, Any]) -> Progress | None:
         """The progress a generation holds, or None if it holds none of ours."""
         try:
+            superseded_by = data.get("superseded_by")
+            state = data["state"]
+            if state == "retired" or (superseded_by is not None and state not in FINISHED):
+                state = "superseded"
             return cls(
-                state=data["state"],
+                state=state,
                 pass_=int(data["pass"]),
                 done=int(data["done"]),
                 total=int(data["total"]),
@@ -84,6 +93,7 @@ class Progress:
                 message=data.get("message"),
                 embed_s=float(data.get("embed_s", 0.0)),
                 store_s=float(data.get("store_s", 0.0)),
+                superseded_by=None if superseded_by is None else int(superseded_by),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -96,6 +106,15 @@ class Progress:
     @property
     def finished(self) -> bool:
         return self.state in FINISHED
+
+    @property
+    def outcome(self) -> str:
+        """One line for a re-embedding that is over: ``failed: RuntimeError: ...``."""
+        if self.state == "superseded" and self.superseded_by is not None:
+            return f"superseded by generation {self.superseded_by}"
+        if self.state == "cancelled" and self.message:
+            return f"cancelled {self.message}"  # by <who>[: <why>]
+        return f"{self.state}: {self.message}" if self.message else self.state
 
     def advanced(
         self,

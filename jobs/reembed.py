@@ -12,6 +12,13 @@ atomically, if the gaps are few enough to fill within ``switch_hold_s`` at the
 rate seen so far. After three passes without a switch (records kept changing
 faster than that) it waits ``resume_after_s`` and goes on.
 
+A slice checks before each batch that its generation is still pending: one
+cancelled (``cancel``: status ``cancelled``, vectors deleted, an audit row with
+who and why) or superseded by another model's stops there, and activation
+refuses either under the generation row's lock. A slice that fails records its
+root cause (``jobs.causes``: the error's type and a message that quotes no
+record) in the progress and in the error RQ keeps.
+
 A slice works for ``slice_s`` at most, then enqueues the next one, so the other
 queues are served in between. A slice that dies (its worker was killed) leaves
 its lease to run out; the watchdog of any jobs worker (``resume_stalled``) then
@@ -27,6 +34,7 @@ import logging
 import os
 import socket
 import time
+import traceback
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,10 +49,11 @@ from store.embeddings import VectorItem
 from store.errors import EngramError, FencedError, InvalidRequestError
 from store.limits import REEMBED_MAX_PASSES
 from store.registry import EmbedderRegistry
+from worker.deadletters import check_why
 
-from . import keys, queues
+from . import causes, keys, queues
 from .context import JobContext, current
-from .errors import content_free
+from .errors import JobFailedError, content_free
 from .lease import JobLease
 from .progress import Progress, now
 from .settings import Reembed
@@ -67,7 +76,7 @@ class ReembedStatus:
     generation_id: int
     model_id: str
     dims: int
-    status: str  # the generation's: pending | active | retired
+    status: str  # the generation's: pending | active | retired | cancelled
     progress: Progress
 
 
@@ -102,6 +111,7 @@ def start(
         Progress.queued(
             job_id=job_id, requested_by=requested_by, done=done, total=total, at=now()
         ).as_dict(),
+        if_pending=True,
     )
     _enqueue(client, generation.id, job_id, settings)
     log.info(
@@ -109,6 +119,40 @@ def start(
         extra={"generation": generation.id, "job_id": job_id, "requested_by": requested_by},
     )
     return Started(generation.id, job_id, already_running=False)
+
+
+def cancel(
+    store: Store, generation_id: int, *, requested_by: str, why: str | None = None
+) -> Generation:
+    """Cancel a pending re-embedding: its generation ends ``cancelled``, its vectors are
+    deleted, and the audit trail says who and why. Its slice stops before its next batch.
+
+    ``GenerationNotPendingError`` (409, nothing changed) for an active, retired or
+    cancelled generation; ``NotFoundError`` for none; ``InvalidRequestError`` for a why
+    past 200 characters."""
+    why = check_why(why)
+    found = store.embeddings.get(generation_id)
+    known = Progress.from_dict(found.progress) if found is not None else None
+    ended = store.embeddings.cancel(
+        generation_id,
+        {
+            "state": "cancelled",
+            "eta_s": None,
+            "updated_at": now().isoformat(),
+            "message": f"by {requested_by}" + (f": {why}" if why else ""),
+        },
+    )
+    detail: dict[str, str | None] = {"model": ended.model_id}
+    if known is not None:
+        detail["job_id"] = known.job_id
+    if why is not None:
+        detail["reason"] = why
+    store.audit.record(requested_by, "reembed.cancel", str(generation_id), detail)
+    log.info(
+        "re-embedding cancelled",
+        extra={"generation": generation_id, "requested_by": requested_by},
+    )
+    return ended
 
 
 def progress(store: Store) -> ReembedStatus | None:
@@ -174,13 +218,16 @@ class _Slice:
             return self._again(known, delay_s=min(self.settings.lease_ttl_ms / 2000, 5.0))
         try:
             embedder = self.ctx.registry.for_model(generation.model_id, generation.dims)
-            return self._work(known, embedder, lease)
+            return self._work(known, causes.Guarded(embedder), lease)
         except FencedError:
             log.warning("re-embedding slice fenced", extra={"job_id": self.job_id})
             return {"state": "fenced"}
         except Exception as exc:
-            self._failed(exc)
-            raise
+            cause = causes.of(exc)
+            self._failed(cause)
+            _log_failure(self.generation_id, self.job_id, exc, cause)
+            # RQ keeps this error: the cause only, never the original message.
+            raise JobFailedError(f"re-embedding slice failed: {cause}") from None
         finally:
             lease.release()
 
@@ -199,6 +246,9 @@ class _Slice:
             # database) would otherwise hand over to the next for ever.
             if (handled and time.monotonic() > deadline) or self.ctx.stopping.is_set():
                 return self._again(p, delay_s=0)
+            generation = self.embeddings.get(self.generation_id)
+            if generation is None or generation.status != "pending":
+                return self._over(generation, p)  # cancelled or superseded meanwhile
             listed = time.monotonic()
             batch = self.embeddings.pending(
                 self.generation_id, self.settings.batch_size, after=p.cursor
@@ -216,11 +266,17 @@ class _Slice:
             except EngramError:
                 raise
             except Exception as exc:  # this batch only: counted, and tried in the next pass
+                cause = causes.of(exc)
                 log.warning(
                     "re-embedding batch failed",
                     extra={"generation": self.generation_id, "error": type(exc).__name__},
                 )
-                p = replace(p, errors=p.errors + 1, cursor=batch[-1].record_id)
+                p = replace(
+                    p,
+                    errors=p.errors + 1,
+                    cursor=batch[-1].record_id,
+                    message=f"a batch failed ({cause}); it is tried again in the next pass",
+                )
                 continue
             storing = time.monotonic()
             stored = self.embeddings.put(
@@ -269,7 +325,7 @@ class _Slice:
                 cursor=None,
                 message=f"writes held off {switched.held_s * 1000:.0f} ms for the switch",
             )
-            self._save(final)
+            self._save(final, if_pending=False)
             log.info("re-embedding activated", extra={"generation": self.generation_id})
             return {"state": "activated", "done": done}
         generation = self.embeddings.get(self.generation_id)
@@ -286,20 +342,24 @@ class _Slice:
         return None
 
     def _again(self, p: Progress, *, delay_s: float, state: str = "running") -> dict[str, Any]:
-        """Hand the re-embedding to the next slice."""
+        """Hand the re-embedding to the next slice, unless it is over meanwhile."""
         job_id = keys.new_job_id("reembed")
-        self._save(p.at(state, now(), job_id=job_id))  # type: ignore[arg-type]
+        if not self._save(p.at(state, now(), job_id=job_id)):  # type: ignore[arg-type]
+            return self._over(self.embeddings.get(self.generation_id), p)
         _enqueue(self.ctx.client, self.generation_id, job_id, self.settings, delay_s=delay_s)
         return {"state": state, "next_job": job_id, "done": p.done, "total": p.total}
 
     def _over(self, generation: Generation | None, known: Progress | None) -> dict[str, Any]:
-        """The generation is no longer pending: activated already, or retired by another."""
-        status = generation.status if generation else "missing"
-        if generation is not None and status == "retired" and known and not known.finished:
-            self._save(known.at("retired", now(), eta_s=None, message="another model was started"))
-        return {"state": status}
+        """The generation is no longer pending: activated already, cancelled, or
+        superseded by another model's (the store marked its progress so)."""
+        if generation is None:
+            return {"state": "missing"}
+        if generation.status != "retired":
+            return {"state": generation.status}
+        ended = Progress.from_dict(generation.progress)
+        return {"state": "superseded", "by": ended.superseded_by if ended else None}
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, cause: str) -> None:
         known = self.latest
         if known is None:
             generation = self.embeddings.get(self.generation_id)
@@ -312,14 +372,30 @@ class _Slice:
                 "failed" if final else known.state,
                 now(),
                 errors=known.errors + 1,
-                # An EngramError's message is content-free by contract; others may quote data.
-                message=(exc.message if isinstance(exc, EngramError) else type(exc).__name__)
-                + ("" if final else "; retrying"),
+                message=cause + ("" if final else "; retrying"),
             )
         )
 
-    def _save(self, p: Progress) -> None:
-        self.embeddings.set_progress(self.generation_id, p.as_dict())
+    def _save(self, p: Progress, *, if_pending: bool = True) -> bool:
+        """Store the progress; never over the last word of a generation that is over."""
+        return self.embeddings.set_progress(self.generation_id, p.as_dict(), if_pending=if_pending)
+
+
+def _log_failure(generation_id: int, job_id: str, exc: BaseException, cause: str) -> None:
+    """The failure's type and frames (code, not data), and the cause shown."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    if exc.__cause__ is not None:  # the embedder's own frames, under causes.Guarded
+        frames += "".join(traceback.format_tb(exc.__cause__.__traceback__))
+    log.error(
+        "re-embedding slice failed",
+        extra={
+            "generation": generation_id,
+            "job_id": job_id,
+            "error": type(exc).__name__,
+            "cause": cause,
+            "where": frames[-2000:],
+        },
+    )
 
 
 def _enqueue(

@@ -1,5 +1,5 @@
 """The audit trail of actions that are not memory operations: who retried or
-discarded a dead letter, who started a reembed, who retried a job.
+discarded a dead letter, who started or cancelled a reembed, who retried a job.
 
 A memory operation records who asked on its own receipt (``requested_by``);
 these actions change Redis or start a job, so they get a row here instead.
@@ -26,6 +26,7 @@ ACTIONS = (
     "dead_letter.retry",
     "dead_letter.discard",
     "reembed.start",
+    "reembed.cancel",
     "job.retry",
     "partition.pause",
     "partition.resume",

@@ -5,7 +5,10 @@ any other pending generation and deleting its vectors in the same
 transaction); ``pending`` lists current revisions without a vector in it;
 ``put`` stores vectors bound to a revision and text digest, refusing any
 whose record moved on; ``activate`` switches atomically, and refuses while a
-current revision still lacks a vector. A retired generation never returns.
+current revision still lacks a vector; ``cancel`` ends a pending generation
+(``cancelled``) and deletes its vectors. A retired or cancelled generation never
+returns. A pending generation retired by ``begin`` for another model keeps the
+id of the one that superseded it in its progress (``superseded_by``).
 
 Writes go on during a re-embedding, and each new text leaves a gap in the
 pending generation (writers embed for the active one only). ``switch`` closes
@@ -16,18 +19,20 @@ waits for the commits in flight; then nothing commits until the gaps it
 listed are filled and the generation switched. It only does so for a few
 gaps (``max_missing``), so writes wait at most one small batch's embedding.
 
-Retiring a generation is a change of its status, made where the switch (or
-``begin``) holds writes off; its vectors and approximate indexes are deleted
-after, in batches of their own (``purge_retired``), while writes and recall go
-on. Whatever a crash left of them, the next switch, ``begin`` or the jobs
-worker's upkeep deletes.
+Retiring (or cancelling) a generation is a change of its status, made where the
+switch (or ``begin``) holds writes off, under the generation row's lock that
+activation takes too: a generation cancelled is never activated, one activated
+is never cancelled. Its vectors and approximate indexes are deleted after, in
+batches of their own (``purge_retired``), while writes and recall go on.
+Whatever a crash left of them, the next switch, ``begin`` or the jobs worker's
+upkeep deletes.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -38,7 +43,13 @@ from psycopg.types.json import Jsonb
 
 from . import vector_indexes
 from .embedders import Embedder, embed_checked
-from .errors import EmbeddingMismatchError, FencedError, InvalidRequestError
+from .errors import (
+    EmbeddingMismatchError,
+    EngramError,
+    FencedError,
+    InvalidRequestError,
+    NotFoundError,
+)
 from .limits import LARGE_SCOPE_VECTORS, REEMBED_BATCH_SIZE, REEMBED_MAX_PASSES
 from .model import Fence, Generation, ReembedResult
 
@@ -52,6 +63,9 @@ _COLUMNS = "id, model_id, dims, status, created_at, activated_at, progress"
 SWITCH_LOCK_KEY = 0x656E6772616D01
 HOLD_SWITCH_SHARED = f"SELECT pg_advisory_xact_lock_shared({SWITCH_LOCK_KEY})"
 
+# Statuses whose vectors are deleted: never read again.
+_ENDED = "('retired', 'cancelled')"
+
 # Current revisions (every scope) without a vector in the generation %(g)s.
 _MISSING = """
     FROM engram_records r
@@ -60,6 +74,14 @@ _MISSING = """
                       AND x.record_id = r.id AND x.revision = r.revision
                       AND x.digest = v.digest)
 """
+
+
+class GenerationNotPendingError(EngramError):
+    """Only a pending generation can be cancelled: this one is active, retired or
+    cancelled already. Nothing was changed."""
+
+    code = "generation_not_pending"
+    status = 409
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +157,10 @@ class Embeddings:
                 f" VALUES (%s, %s, 'pending') RETURNING {_COLUMNS}",
                 (model_id, dims),
             ).fetchone()
-        log.info(
-            "embedding generation begun", extra={"generation": created[0] if created else None}
-        )
-        assert created is not None
+            assert created is not None
+            if row is not None:
+                _merge_progress(conn, row[0], {"superseded_by": created[0]})
+        log.info("embedding generation begun", extra={"generation": created[0]})
         self.purge_retired()
         return Generation(*created)
 
@@ -181,6 +203,42 @@ class Embeddings:
             log.info("embedding generation activated", extra={"generation": generation_id})
             self.purge_retired()
         return activated
+
+    def cancel(self, generation_id: int, progress: Mapping[str, Any]) -> Generation:
+        """End a pending generation for good (``cancelled``), merging ``progress`` into
+        its progress, and delete its vectors. ``GenerationNotPendingError`` (nothing
+        changed) for any other; ``NotFoundError`` for no such generation.
+
+        The row lock is the one activation takes: an activation in flight commits
+        first (and this refuses) or finds the generation cancelled (and refuses)."""
+        with self.pool.connection() as conn, conn.transaction():
+            found = conn.execute(
+                "SELECT status FROM engram_generations WHERE id = %s FOR UPDATE",
+                (generation_id,),
+            ).fetchone()
+            if found is None:
+                raise NotFoundError(f"no generation {generation_id}")
+            if found[0] != "pending":
+                raise GenerationNotPendingError(
+                    f"generation {generation_id} is {found[0]}: only a pending generation "
+                    "can be cancelled"
+                )
+            row = conn.execute(
+                "UPDATE engram_generations SET status = 'cancelled', retired_at = now(),"
+                f" progress = progress || %s WHERE id = %s RETURNING {_COLUMNS}",
+                (Jsonb(dict(progress)), generation_id),
+            ).fetchone()
+        assert row is not None
+        log.info("embedding generation cancelled", extra={"generation": generation_id})
+        self.purge_retired()
+        return Generation(*row)
+
+    def vector_count(self, generation_id: int) -> int:
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM engram_vectors WHERE generation_id = %s", (generation_id,)
+            ).fetchone()
+        return int(row[0]) if row else 0
 
     def switch(
         self,
@@ -226,24 +284,24 @@ class Embeddings:
         return Switched(activated, stored, len(gaps) - stored, held_s)
 
     def purge_retired(self, batch: int = PURGE_BATCH) -> int:
-        """Delete what retired generations left behind, their approximate indexes
+        """Delete what retired and cancelled generations left behind, their approximate indexes
         (``DROP INDEX CONCURRENTLY``) and their vectors (``batch`` rows a transaction),
         so that neither writes nor recall wait on it; the vectors deleted."""
         with self.pool.connection() as conn:
             for (name,) in conn.execute(
                 "SELECT i.index_name FROM engram_vector_indexes i"
-                " JOIN engram_generations g ON g.id = i.generation_id WHERE g.status = 'retired'"
+                f" JOIN engram_generations g ON g.id = i.generation_id WHERE g.status IN {_ENDED}"
             ).fetchall():
                 conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
                 conn.execute("DELETE FROM engram_vector_indexes WHERE index_name = %s", (name,))
             deleted = 0
             while True:
                 cur = conn.execute(
-                    """
+                    f"""
                     DELETE FROM engram_vectors v USING (
                         SELECT x.generation_id, x.record_id FROM engram_vectors x
                         JOIN engram_generations g ON g.id = x.generation_id
-                        WHERE g.status = 'retired' LIMIT %s) d
+                        WHERE g.status IN {_ENDED} LIMIT %s) d
                     WHERE v.generation_id = d.generation_id AND v.record_id = d.record_id
                     """,
                     (batch,),
@@ -399,7 +457,7 @@ def _put(
             "SELECT dims, status FROM engram_generations WHERE id = %s FOR SHARE",
             (generation_id,),
         ).fetchone()
-        if gen is None or gen[1] == "retired":
+        if gen is None or gen[1] in ("retired", "cancelled"):
             return 0
         dims = gen[0]
         vectors = []
@@ -482,6 +540,15 @@ def _activate(conn: psycopg.Connection[Any], generation_id: int) -> bool:
             (generation_id,),
         )
     return True
+
+
+def _merge_progress(
+    conn: psycopg.Connection[Any], generation_id: int, progress: Mapping[str, Any]
+) -> None:
+    conn.execute(
+        "UPDATE engram_generations SET progress = progress || %s WHERE id = %s",
+        (Jsonb(dict(progress)), generation_id),
+    )
 
 
 def _raise_fence(conn: psycopg.Connection[Any], fence: Fence) -> None:

@@ -277,7 +277,7 @@ class Generation:
     id: int
     model_id: str
     dims: int
-    status: Literal["pending", "active", "retired"]
+    status: Literal["pending", "active", "retired", "cancelled"]
     created_at: datetime
     activated_at: datetime | None = None
     progress: dict[str, Any] = field(default_factory=dict)

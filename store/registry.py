@@ -26,6 +26,7 @@ and call any function in it.
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -35,6 +36,8 @@ from .embedders import Embedder, HashingEmbedder, WordLlamaEmbedder, embed_check
 from .errors import EmbedderUnavailableError, EngramError, InvalidRequestError
 from .minilm import MODEL_ID as MINILM_MODEL_ID
 from .minilm import MiniLMEmbedder
+
+log = logging.getLogger(__name__)
 
 BUILTIN_NAMES = ("wordllama", "minilm", "hashing")
 # A registered name, with the DIMS the sized built-ins take: never a dotted path.
@@ -174,12 +177,19 @@ class EmbedderRegistry:
                 embedder = self.create(spec(match))
                 if embedder.dims == dims:
                     return embedder
+        failed: list[str] = []
         for name, target in self.plugins.items():
             plugin = self._plugin_instances.get(name)
             if plugin is None:
-                plugin = self._plugin_instances[name] = _call_factory(target)
+                try:
+                    plugin = self._plugin_instances[name] = _call_factory(target)
+                except Exception:  # another plugin's fault must not hide the one asked for
+                    failed.append(name)
+                    continue
             if (plugin.model_id, plugin.dims) == (model_id, dims):
                 return plugin
+        if failed:
+            log.warning("embedder plugins that could not be made", extra={"plugins": failed})
         raise EmbedderUnavailableError(
             f"no embedder here produces {model_id} ({dims} dimensions): "
             "install its package, or register it with ENGRAM_EMBEDDERS"

@@ -127,8 +127,13 @@ def test_a_second_model_started_meanwhile_retires_the_pending_generation(
     assert fresh_store.embeddings.get(first.generation_id).status == "retired"  # type: ignore[union-attr]
     run_burst(ctx, redis_url)
     retired = Progress.from_dict(fresh_store.embeddings.get(first.generation_id).progress)  # type: ignore[union-attr,arg-type]
-    assert retired is not None and retired.state == "retired"
-    assert listing.get_job(ctx.client, first.job_id).result == {"state": "retired"}  # type: ignore[union-attr]
+    assert retired is not None and retired.state == "superseded"
+    assert retired.superseded_by == second.generation_id
+    assert retired.outcome == f"superseded by generation {second.generation_id}"
+    assert listing.get_job(ctx.client, first.job_id).result == {  # type: ignore[union-attr]
+        "state": "superseded",
+        "by": second.generation_id,
+    }
     assert fresh_store.embeddings.active().id == second.generation_id  # type: ignore[union-attr]
 
 
@@ -235,9 +240,10 @@ def test_a_slice_that_keeps_failing_marks_it_failed_and_rq_keeps_no_text(
     p = current(fresh_store)
     # Each batch that fails is counted; the switch at the end of the pass fails the slice.
     assert p.state == "failed" and p.errors >= 2
-    assert p.message == "ValueError"
+    # Its message quotes the text: the root cause keeps its type only.
+    assert p.message == "ValueError (its message quoted a record's text and is not kept)"
     job = listing.get_job(ctx.client, started.job_id)
     assert job is not None and job.status == JobStatus.FAILED
-    assert job.error == "jobs.errors.JobFailedError: re-embedding slice failed (ValueError)"
+    assert job.error == f"jobs.errors.JobFailedError: re-embedding slice failed: {p.message}"
     assert not bytes_hold(redis_values(ctx.client), marker)
     assert marker not in json.dumps(fresh_store.embeddings.get(started.generation_id).progress)  # type: ignore[union-attr]

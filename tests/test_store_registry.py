@@ -8,6 +8,7 @@ from store import HashingEmbedder, WordLlamaEmbedder
 from store.errors import EmbedderUnavailableError, InvalidRequestError
 from store.minilm import MiniLMEmbedder
 from store.registry import EmbedderRegistry, parse_plugins
+from tests.embedder_faults import FAULTY_PLUGINS
 from tests.jobs_fixtures import PLUGINS, SlowHashing
 
 
@@ -76,3 +77,8 @@ def test_the_resolver_uses_the_default_before_any_generation_then_the_active_mod
     assert resolver.for_generation(None, None) is default
     assert resolver.for_generation("hashing-64", 64) is default
     assert resolver.for_generation("hashing-16", 16).dims == 16
+
+
+def test_a_plugin_whose_factory_fails_does_not_hide_another_model() -> None:
+    registry = EmbedderRegistry(parse_plugins(FAULTY_PLUGINS))  # nofactory comes first
+    assert registry.for_model("breaks-24", 24).model_id == "breaks-24"

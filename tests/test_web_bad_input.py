@@ -30,6 +30,7 @@ BAD_PATH = {
     "letter_id": ["abc", "1-", "1-2-3", "%00", "-1-0"],
     "job_id": ["a.b", "j" * 129, "%00", "a%20b"],
     "partition": ["abc", "-1", "1.5", "9" * 25, "%00"],
+    "generation_id": ["abc", "0", "-1", "1.5", "9" * 25, "%00", str(2**31)],
 }
 FORGED_CURSORS = [
     "!!!",
@@ -62,6 +63,7 @@ FORM_ROUTES = {
     "/scopes/{scope_id}/recall",
     "/forget/{record_id:id}",
     "/generations/reembed",
+    "/generations/{generation_id}/cancel",
     "/dead-letters/bulk",
     "/dead-letters/{letter_id}/retry",
     "/dead-letters/{letter_id}/discard",
@@ -154,6 +156,7 @@ def world(web: Web) -> Iterator[World]:
             "letter_id": letter,
             "job_id": failed.id,
             "partition": "1",
+            "generation_id": str(web.store.embeddings.all()[0].id),
         },
     )
 

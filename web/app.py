@@ -109,6 +109,11 @@ def routes() -> list[BaseRoute]:
         route("/generations/reembed", post=form_endpoint(generations.start_reembed)),
         route("/dead-letters", get=deadletters.letter_list),
         route(
+        route(
+            "/generations/{generation_id}/cancel",
+            get=generations.cancel_confirm,
+            post=form_endpoint(generations.cancel),
+        ),
             "/dead-letters/bulk",
             get=deadletters.bulk_page,
             post=form_endpoint(deadletters.bulk),
@@ -151,6 +156,10 @@ def routes() -> list[BaseRoute]:
         route("/api/v1/reembed", post=json_endpoint(api_pipeline.reembed)),
         route("/api/v1/jobs", get=api_pipeline.job_list),
         # Before the job ids: these two are not jobs.
+        route(
+            "/api/v1/generations/{generation_id}/cancel",
+            post=api_pipeline.reasoned(api_pipeline.generation_cancel),
+        ),
         route("/api/v1/queues/pause", post=api_pause.with_reason(api_pause.jobs_pause)),
         route("/api/v1/queues/resume", post=action_endpoint(api_pause.jobs_resume)),
         route("/api/v1/jobs/{job_id}", get=api_pipeline.job),

@@ -1,9 +1,13 @@
 """A reembed's progress, read from its generation's ``progress`` (jsonb).
 
-The agreed shape (the jobs write it): ``{"state": "running" | "waiting" |
-"activated" | "failed" | "retired", "pass", "done", "total", "skipped",
-"errors", "rate_per_s", "eta_s", "started_at", "updated_at", "requested_by",
-"job_id"}``. Read leniently: a field missing or of the wrong type is shown as
+The agreed shape (the jobs write it, ``jobs.progress``): ``{"state": "running" |
+"waiting" | "activated" | "failed" | "cancelled" | "superseded", "pass", "done",
+"total", "skipped", "errors", "rate_per_s", "eta_s", "started_at",
+"updated_at", "requested_by", "job_id", "message", "superseded_by"}``;
+``message`` says why it failed (its root cause, content-free) or who cancelled
+it and why. A generation retired for another model's is superseded (its
+``superseded_by``, or ``retired``, as earlier versions wrote), whatever its
+state said. Read leniently: a field missing or of the wrong type is shown as
 unknown rather than breaking the page. Pure.
 """
 
@@ -15,8 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-STATES = ("running", "waiting", "activated", "failed", "retired")
+STATES = ("running", "waiting", "activated", "failed", "cancelled", "superseded")
 LIVE_STATES = ("running", "waiting")
+MAX_MESSAGE_CHARS = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +38,8 @@ class Progress:
     updated_at: datetime | None
     requested_by: str | None
     job_id: str | None
+    message: str | None = None
+    superseded_by: int | None = None
 
     @property
     def live(self) -> bool:
@@ -62,6 +69,8 @@ class Progress:
             "updated_at": self.updated_at.isoformat() if self.updated_at else None,
             "requested_by": self.requested_by,
             "job_id": self.job_id,
+            "message": self.message,
+            "superseded_by": self.superseded_by,
         }
 
 
@@ -70,6 +79,9 @@ def progress_of(raw: Mapping[str, Any] | None) -> Progress | None:
     if not raw or not isinstance(raw, Mapping):
         return None
     state = raw.get("state")
+    superseded_by = _count(raw.get("superseded_by"))
+    if state == "retired" or (superseded_by is not None and state in (*LIVE_STATES, None)):
+        state = "superseded"
     return Progress(
         state=state if state in STATES else "unknown",
         pass_number=_count(raw.get("pass")),
@@ -84,6 +96,8 @@ def progress_of(raw: Mapping[str, Any] | None) -> Progress | None:
         updated_at=_time(raw.get("updated_at")),
         requested_by=_text(raw.get("requested_by")),
         job_id=_text(raw.get("job_id")),
+        message=_text(raw.get("message"), MAX_MESSAGE_CHARS),
+        superseded_by=superseded_by,
     )
 
 
@@ -117,5 +131,5 @@ def _time(value: object) -> datetime | None:
         return None
 
 
-def _text(value: object) -> str | None:
-    return value[:200] if isinstance(value, str) and value else None
+def _text(value: object, max_chars: int = 200) -> str | None:
+    return value[:max_chars] if isinstance(value, str) and value else None

@@ -60,6 +60,9 @@ _LETTER_ID = _path(
     "letter_id", {"type": "string", "pattern": "^[0-9]{1,19}-[0-9]{1,19}$"}, "A dead letter's id."
 )
 _PAGING = [
+_GENERATION_ID = _path(
+    "generation_id", {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}, "A generation's id."
+)
     _query(
         "cursor",
         {"type": "string", "maxLength": MAX_CURSOR_PARAM_CHARS},
@@ -109,7 +112,8 @@ _ERRORS = {
     "409": (
         "A revision or operation conflict, or an asserted record a model may not change "
         "(revision_conflict, operation_conflict, asserted_record, embedding_mismatch), or "
-        "a bulk action's letters changed since its dry run (selection_changed)."
+        "a bulk action's letters changed since its dry run (selection_changed), or a "
+        "generation that is not pending cannot be cancelled (generation_not_pending)."
     ),
     "413": "The body is too large (code too_large).",
     "415": "The body is not application/json (code unsupported_media_type).",
@@ -410,6 +414,19 @@ PATHS: dict[str, Schema] = {
                     {"enum": ["show", "hide"]},
                     "The scheduled maintenance ticks: shown (the default) or hidden. Filtered "
                     "by function or without ticks, a page reads at most 1,000 jobs (5,000 "
+    "/api/v1/generations/{generation_id}/cancel": {
+        "post": _op(
+            "Cancel a pending reembed (why, optionally, for the audit trail): the generation "
+            "ends cancelled, its vectors are deleted, its job stops before its next batch; "
+            "409 generation_not_pending (nothing changed) for an active, retired or "
+            "cancelled one",
+            {"200": _json(ref("Generation"), "The generation, cancelled.")},
+            parameters=[_GENERATION_ID],
+            body=_WHY,
+            body_required=False,
+            errors=("400", "401", "403", "404", "409", "413", "415", "422", "503"),
+        )
+    },
                     "ids) and may hold fewer than limit, with a next to search on.",
                 ),
                 *_PAGING,

@@ -1,4 +1,4 @@
-"""The API of the pipeline: start a reembed, jobs, dead letters."""
+"""The API of the pipeline: start or cancel a reembed, jobs, dead letters."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from store.errors import InvalidRequestError
+from store.listed import GenerationItem
 from store.validation import Fields
 
 from ..bodies import read_json
@@ -17,13 +18,19 @@ from ..endpoints import Endpoint
 from ..params import Query
 from ..state import web_of
 from ..views import deadletters, jobs
-from ..views.generations import start
-from .serialize import dead_letter_json, job_json, page_json, queue_json
+from ..views.generations import cancel_generation, start
+from .serialize import dead_letter_json, generation_json, job_json, page_json, queue_json
 
 
 def reembed(request: Request, body: Any) -> Response:
     f = Fields(body, "reembed", ("model",))
     return JSONResponse({"job_id": start(request, f.get("model"))}, status_code=202)
+
+
+def generation_cancel(request: Request, why: str | None) -> Response:
+    ended = cancel_generation(request, why)
+    vectors = web_of(request).services.store.embeddings.vector_count(ended.id)
+    return JSONResponse(generation_json(GenerationItem(ended, vectors)))
 
 
 def job_list(request: Request) -> Response:

@@ -402,7 +402,12 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "Progress": obj(
         {
-            "state": {"enum": ["running", "waiting", "activated", "failed", "retired", "unknown"]},
+            "state": {
+                "enum": [
+                    *("running", "waiting", "activated", "failed", "cancelled", "superseded"),
+                    "unknown",
+                ]
+            },
             "pass": nullable({"type": "integer"}),
             "done": nullable({"type": "integer"}),
             "total": nullable({"type": "integer"}),
@@ -421,7 +426,7 @@ SCHEMAS: dict[str, Schema] = {
             "id": {"type": "integer"},
             "model_id": {"type": "string"},
             "dims": {"type": "integer"},
-            "status": {"enum": ["pending", "active", "retired"]},
+            "status": {"enum": ["pending", "active", "retired", "cancelled"]},
             "created_at": TIME,
             "activated_at": nullable(TIME),
             "vectors": {"type": "integer"},
@@ -461,6 +466,8 @@ SCHEMAS: dict[str, Schema] = {
         }
     ),
     "DeadLetter": obj(
+            "message": nullable({"type": "string"}),
+            "superseded_by": nullable({"type": "integer"}),
         {
             "id": {"type": "string"},
             "partition": {"type": "integer"},

@@ -1,17 +1,25 @@
-"""Embedding generations, the live progress of a reembed, and starting one."""
+"""Embedding generations, the live progress of a reembed (its root cause when it
+failed, superseded or cancelled), starting one and cancelling a pending one."""
 
 from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from jobs import reembed
+from store import Generation
+from store.embeddings import GenerationNotPendingError
+from store.errors import NotFoundError
 from store.limits import MAX_ID_CHARS
 from store.model import check_string
 
 from ..errors import UnavailableError
-from ..params import Query
+from ..params import Query, integer
 from ..progress import progress_of
 from ..state import operator_of, web_of
+from .deadletters import deadletters_why
+
+MAX_GENERATION_ID = 2**31 - 1  # a serial
 
 
 def generation_list(request: Request) -> Response:
@@ -52,3 +60,51 @@ def start(request: Request, model: object) -> str:
     job_id = starter(name, who)
     web.services.store.audit.record(who, "reembed.start", job_id, {"model": name})
     return job_id
+
+
+def cancel_confirm(request: Request) -> Response:
+    """The confirmation step: what cancelling this pending reembed will do."""
+    Query.of(request)  # takes none
+    web = web_of(request)
+    generation = pending_generation(request)
+    return web.render.page(
+        request,
+        "generations.html",
+        cancelling=generation,
+        progress=progress_of(generation.progress),
+        vectors=web.services.store.embeddings.vector_count(generation.id),
+        can_reembed=web.services.start_reembed is not None,
+    )
+
+
+def cancel(request: Request, form: dict[str, str]) -> Response:
+    cancel_generation(request, deadletters_why(form.get("why")))
+    return RedirectResponse("/generations", status_code=303)
+
+
+def cancel_generation(request: Request, why: str | None) -> Generation:
+    """Cancel the pending generation of the path for the operator asking; audited."""
+    return reembed.cancel(
+        web_of(request).services.store,
+        generation_id_of(request),
+        requested_by=operator_of(request).name,
+        why=why,
+    )
+
+
+def pending_generation(request: Request) -> Generation:
+    generation_id = generation_id_of(request)
+    generation = web_of(request).services.store.embeddings.get(generation_id)
+    if generation is None:
+        raise NotFoundError(f"no generation {generation_id}")
+    if generation.status != "pending":
+        raise GenerationNotPendingError(
+            f"generation {generation_id} is {generation.status}: only a pending generation "
+            "can be cancelled"
+        )
+    return generation
+
+
+def generation_id_of(request: Request) -> int:
+    value = str(request.path_params["generation_id"])
+    return integer(value, "generation id", maximum=MAX_GENERATION_ID)
