@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from .errors import InvalidRequestError
-from .limits import MAX_SCOPE_VALUE_CHARS
+from .limits import MAX_SCOPE_VALUE_CHARS, RRF_K
 
 SCOPE_FIELDS = ("user_id", "agent_id", "run_id", "actor_id", "chat_id")
 SOURCE_KINDS = ("user", "assistant", "tool", "external", "host")
@@ -260,8 +260,17 @@ class WriteResult:
 @dataclass(frozen=True, slots=True)
 class Hit:
     record: Record
-    score: float
+    score: float  # reciprocal rank fusion: the sum of 1 / (RRF_K + rank) over the lists
     match: Match
+    # Where the vector and the lexical list ranked the hit (1 = first); None: not found.
+    vector_rank: int | None = None
+    lexical_rank: int | None = None
+
+    @property
+    def relevance(self) -> float:
+        """The score over the best a hit can have, first in both lists: 1.0 for that,
+        0.5 for first in one list only, a little less for each place lower."""
+        return self.score * (RRF_K + 1) / 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,9 @@
 PostgreSQL full-text search, fused by reciprocal rank fusion (k = 60), in one
 statement (one round trip: both lists, the fusion, the hits' rows and their
 ``superseded_by``). Records without a vector in the active generation never
-enter the vector list: they are found by text, never scored as zero.
+enter the vector list: they are found by text, never scored as zero. Each hit
+says which lists found it and where each ranked it; its ``relevance`` is its
+score over the best possible one (first in both lists), which a cut-off reads.
 
 The lexical list reads the query with PostgreSQL's own parser, less English stop
 words (configuration ``engram_query``, migration 006), and scores a record by the
@@ -26,6 +28,7 @@ import numpy as np
 import psycopg
 from pgvector import Vector
 
+from .errors import InvalidRequestError
 from .limits import CANDIDATES_PER_LIST, RRF_K
 from .model import Generation, Hit
 from .rows import REVISION_COLUMNS, record_from_row
@@ -116,9 +119,32 @@ def recall(conn: psycopg.Connection[Any], q: RecallQuery) -> list[Hit]:
             found = conn.execute(sql, params)
         rows = found.fetchall()
     return [
-        Hit(record=record_from_row(row[3:], row[2] or ()), score=row[0], match=row[1])
+        Hit(
+            record=record_from_row(row[5:], row[4] or ()),
+            score=row[0],
+            match=row[1],
+            vector_rank=row[2],
+            lexical_rank=row[3],
+        )
         for row in rows
     ]
+
+
+def check_min_relevance(value: object, what: str) -> float | None:
+    """A cut-off on ``Hit.relevance``: None, or a number from 0 to 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise InvalidRequestError(f"{what} must be a number from 0 to 1")  # nan too
+    return float(value)
+
+
+def above(hits: list[Hit], min_relevance: float | None) -> list[Hit]:
+    """The hits whose relevance reaches the cut-off, in their order."""
+    if min_relevance is None:
+        return hits
+    # A hit exactly at the cut-off (0.5: first in one list) stays, however it rounds.
+    return [h for h in hits if h.relevance >= min_relevance - 1e-9]
 
 
 # A word held by more than this share of all revisions is too common to tell records
@@ -168,14 +194,16 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
         WITH {", ".join(ctes)},
         fused AS (
             SELECT record_id, revision, sum(1.0::float8 / (%(rrf)s + rank)) AS score,
-                   array_agg(list ORDER BY list) AS lists
+                   array_agg(list ORDER BY list) AS lists,
+                   min(rank) FILTER (WHERE list = 'vector') AS vector_rank,
+                   min(rank) FILTER (WHERE list = 'lexical') AS lexical_rank
             FROM ({ranked}) found
             GROUP BY record_id, revision
             ORDER BY score DESC, record_id COLLATE "C", revision LIMIT %(k)s
         )
         SELECT f.score,
                CASE WHEN cardinality(f.lists) = 2 THEN 'hybrid' ELSE f.lists[1] END,
-               sup.ids, {REVISION_COLUMNS}
+               f.vector_rank, f.lexical_rank, sup.ids, {REVISION_COLUMNS}
         FROM fused f
         JOIN engram_revisions v ON v.record_id = f.record_id AND v.revision = f.revision
         JOIN engram_scopes s ON s.id = v.scope_id,

@@ -186,3 +186,29 @@ def test_a_text_holding_little_of_the_query_is_no_lexical_match(fresh_store: Sto
     mem.remember("The tram timetable of Lisbon.")
     # Two of the query's three words: a match; one of three: too little to say.
     assert texts(mem.recall("Maria Lisbon relocation")) == ["Maria moved to Lisbon in spring."]
+
+
+def test_each_hit_says_where_each_list_ranked_it_and_its_relevance(
+    store: Store, scope: dict
+) -> None:
+    from store.limits import RRF_K
+    from store.recall import above
+
+    mem = store.session(scope, embedder=HashingEmbedder(64))
+    for i in range(6):
+        mem.remember(f"note {i} about tea" if i % 2 else f"note {i} about nothing")
+    mem.remember("green tea")  # the query itself: first in both lists
+    hits = mem.recall("green tea", top_k=7)
+    kinds = {(True, True): "hybrid", (True, False): "vector", (False, True): "lexical"}
+    for hit in hits:
+        ranks = [r for r in (hit.vector_rank, hit.lexical_rank) if r is not None]
+        assert hit.match == kinds[(hit.vector_rank is not None, hit.lexical_rank is not None)]
+        assert abs(hit.score - sum(1 / (RRF_K + r) for r in ranks)) < 1e-12
+        assert abs(hit.relevance - hit.score / (2 / (RRF_K + 1))) < 1e-12
+        assert 0 < hit.relevance <= 1
+    best = hits[0]
+    assert (best.match, best.vector_rank, best.lexical_rank) == ("hybrid", 1, 1)
+    assert abs(best.relevance - 1.0) < 1e-12
+    assert above(hits, None) == hits and above(hits, 1.0) == [best]
+    assert all(h.relevance >= 0.6 for h in above(hits, 0.6))
+    assert len(above(hits, 0.6)) < len(hits)

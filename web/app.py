@@ -42,6 +42,7 @@ from .state import WebState, web_of
 from .views import (
     audit,
     deadletters,
+    find,
     generations,
     jobs,
     login,
@@ -93,6 +94,7 @@ def routes() -> list[BaseRoute]:
     return [
         # -- pages --
         route("/", get=overview.overview),
+        route("/find", get=find.find_page),
         route("/scopes", get=scopes.scope_list),
         route("/scopes/{scope_id}", get=scopes.scope_page),
         route("/scopes/{scope_id}/recall", post=form_endpoint(scopes.recall)),
@@ -107,13 +109,13 @@ def routes() -> list[BaseRoute]:
         route("/operations/{operation_id:id}", get=receipts.operation_page),
         route("/generations", get=generations.generation_list),
         route("/generations/reembed", post=form_endpoint(generations.start_reembed)),
-        route("/dead-letters", get=deadletters.letter_list),
-        route(
         route(
             "/generations/{generation_id}/cancel",
             get=generations.cancel_confirm,
             post=form_endpoint(generations.cancel),
         ),
+        route("/dead-letters", get=deadletters.letter_list),
+        route(
             "/dead-letters/bulk",
             get=deadletters.bulk_page,
             post=form_endpoint(deadletters.bulk),
@@ -148,18 +150,19 @@ def routes() -> list[BaseRoute]:
         route("/api/v1/records/{record_id:id}", get=api_reads.record),
         route("/api/v1/history/{record_id:id}", get=api_reads.history),
         route("/api/v1/recall", post=json_endpoint(api_reads.recall)),
+        route("/api/v1/find", get=api_reads.find),
         route("/api/v1/scopes", get=api_reads.scopes),
         route("/api/v1/scopes/{scope_id}", get=api_reads.scope),
         route("/api/v1/scopes/{scope_id}/records", get=api_reads.scope_records),
         route("/api/v1/scopes/{scope_id}/tombstones", get=api_reads.scope_tombstones),
         route("/api/v1/generations", get=api_reads.generations),
-        route("/api/v1/reembed", post=json_endpoint(api_pipeline.reembed)),
-        route("/api/v1/jobs", get=api_pipeline.job_list),
-        # Before the job ids: these two are not jobs.
         route(
             "/api/v1/generations/{generation_id}/cancel",
             post=api_pipeline.reasoned(api_pipeline.generation_cancel),
         ),
+        route("/api/v1/reembed", post=json_endpoint(api_pipeline.reembed)),
+        route("/api/v1/jobs", get=api_pipeline.job_list),
+        # Before the job ids: these two are not jobs.
         route("/api/v1/queues/pause", post=api_pause.with_reason(api_pause.jobs_pause)),
         route("/api/v1/queues/resume", post=action_endpoint(api_pause.jobs_resume)),
         route("/api/v1/jobs/{job_id}", get=api_pipeline.job),

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from store.find import MAX_FIND_TEXT_CHARS
 from store.limits import MAX_SCOPE_VALUE_CHARS
 from store.model import SCOPE_FIELDS
 from store.operations import OPERATION_KINDS
@@ -59,10 +60,10 @@ _JOB_ID = _path("job_id", {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"
 _LETTER_ID = _path(
     "letter_id", {"type": "string", "pattern": "^[0-9]{1,19}-[0-9]{1,19}$"}, "A dead letter's id."
 )
-_PAGING = [
 _GENERATION_ID = _path(
     "generation_id", {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}, "A generation's id."
 )
+_PAGING = [
     _query(
         "cursor",
         {"type": "string", "maxLength": MAX_CURSOR_PARAM_CHARS},
@@ -181,10 +182,11 @@ _BULK_FILTER = {
     "properties": {
         "reason": nullable({"enum": ["malformed", "deliveries", "failed"]}),
         "partition": nullable({"type": "integer", "minimum": 0}),
-        "code": nullable(_LETTER_CODE),
-        "kind": nullable({"enum": list(OPERATION_KINDS)}),
-        "since": nullable(TIME),
-        "until": nullable(TIME),
+        # Empty, as a form sends an empty field: not given.
+        "code": nullable({"anyOf": [_LETTER_CODE, {"const": ""}]}),
+        "kind": nullable({"enum": [*OPERATION_KINDS, ""]}),
+        "since": nullable({"anyOf": [TIME, {"const": ""}]}),
+        "until": nullable({"anyOf": [TIME, {"const": ""}]}),
     },
     "additionalProperties": False,
 }
@@ -354,6 +356,27 @@ PATHS: dict[str, Schema] = {
             errors=("400", "401", "403", "413", "415", "422", "503"),
         )
     },
+    "/api/v1/find": {
+        "get": _op(
+            "Records in any scope by their id or its beginning (forgotten ones too), and "
+            "by the words of their current text, best first; at most 50 of each",
+            {"200": _json(ref("Found"), "The hits by id and by text.")},
+            parameters=[
+                {
+                    "name": "q",
+                    "in": "query",
+                    "required": True,
+                    "schema": string(MAX_FIND_TEXT_CHARS),
+                    "description": (
+                        "An id, its beginning (% and _ are literal), or words: all of them, "
+                        'a "quoted phrase", or, -word.'
+                    ),
+                },
+                _query("by", {"enum": ["any", "id", "text"]}, "Both searches (any), or one."),
+            ],
+            errors=("400", "401", "503"),
+        )
+    },
     "/api/v1/scopes": {
         "get": _op(
             "Scopes in key order, filtered by any field",
@@ -392,6 +415,19 @@ PATHS: dict[str, Schema] = {
             errors=("400", "401", "503"),
         )
     },
+    "/api/v1/generations/{generation_id}/cancel": {
+        "post": _op(
+            "Cancel a pending reembed (why, optionally, for the audit trail): the generation "
+            "ends cancelled, its vectors are deleted, its job stops before its next batch; "
+            "409 generation_not_pending (nothing changed) for an active, retired or "
+            "cancelled one",
+            {"200": _json(ref("Generation"), "The generation, cancelled.")},
+            parameters=[_GENERATION_ID],
+            body=_WHY,
+            body_required=False,
+            errors=("400", "401", "403", "404", "409", "413", "415", "422", "503"),
+        )
+    },
     "/api/v1/reembed": {
         "post": _op(
             "Start a reembed towards a model, loaded and tried here first: 422 "
@@ -414,19 +450,6 @@ PATHS: dict[str, Schema] = {
                     {"enum": ["show", "hide"]},
                     "The scheduled maintenance ticks: shown (the default) or hidden. Filtered "
                     "by function or without ticks, a page reads at most 1,000 jobs (5,000 "
-    "/api/v1/generations/{generation_id}/cancel": {
-        "post": _op(
-            "Cancel a pending reembed (why, optionally, for the audit trail): the generation "
-            "ends cancelled, its vectors are deleted, its job stops before its next batch; "
-            "409 generation_not_pending (nothing changed) for an active, retired or "
-            "cancelled one",
-            {"200": _json(ref("Generation"), "The generation, cancelled.")},
-            parameters=[_GENERATION_ID],
-            body=_WHY,
-            body_required=False,
-            errors=("400", "401", "403", "404", "409", "413", "415", "422", "503"),
-        )
-    },
                     "ids) and may hold fewer than limit, with a next to search on.",
                 ),
                 *_PAGING,

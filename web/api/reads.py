@@ -15,17 +15,21 @@ from store.errors import (
     InvalidRequestError,
     NotFoundError,
 )
+from store.find import MAX_FIND_TEXT_CHARS
 from store.limits import DEFAULT_TOP_K
 from store.model import SCOPE_FIELDS
 from store.paging import MAX_PAGE_SIZE
+from store.recall import above, check_min_relevance
 from store.validation import Fields
 
 from ..errors import BadRequestError
 from ..params import Query, ident, integer, parse_time
 from ..state import web_of
+from ..views.find import FIND_BY, find_records
 from ..views.scopes import SCOPE_TABS
 from .serialize import (
     audit_json,
+    findings_json,
     generation_json,
     hit_json,
     page_json,
@@ -35,7 +39,10 @@ from .serialize import (
     tombstone_json,
 )
 
-RECALL_FIELDS = ("scope", "text", "top_k", "kind", "include_retracted", "recorded_as_of")
+RECALL_FIELDS = (
+    *("scope", "text", "top_k", "kind", "include_retracted", "recorded_as_of"),
+    "min_relevance",
+)
 
 
 def record(request: Request) -> Response:
@@ -91,14 +98,19 @@ def recall(request: Request, body: Any) -> Response:
         "recorded_as_of": _time(as_of) if as_of is not None else None,
     }
     text = f.text("text", required=False)
+    cutoff = check_min_relevance(f.get("min_relevance"), "recall.min_relevance")
     embedder = services.embedder
     try:
         hits = services.store.recall(scope, text, embedder=embedder, **arguments)
     except (EmbeddingMismatchError, EmbedderUnavailableError):
         embedder = None  # the dashboard has no embedder for the active generation
         hits = services.store.recall(scope, text, **arguments)
+    kept = above(hits, cutoff)
     return JSONResponse(
-        {"hits": [hit_json(h) for h in hits], "vector_search": embedder is not None}
+        {
+            "hits": [hit_json(h, rank) for rank, h in enumerate(kept, 1)],
+            "vector_search": embedder is not None,
+        }
     )
 
 
@@ -165,3 +177,20 @@ def _time(value: str) -> datetime:
         return parse_time(value, "recall.recorded_as_of")
     except BadRequestError as exc:
         raise InvalidRequestError(exc.message) from None
+
+
+def find(request: Request) -> Response:
+    """Records in any scope by their id or its beginning, and by the words of their
+    current text (``by``: both, ``id`` or ``text``)."""
+    q = Query.of(request, "q", "by")
+    query = q.text("q", max_chars=MAX_FIND_TEXT_CHARS)
+    if query is None:
+        raise BadRequestError("q is required: an id, its beginning, or words of a text")
+    found = find_records(request, query, q.choice("by", FIND_BY, "any") or "any")
+    return JSONResponse(
+        {
+            "q": found.query,
+            "by_id": findings_json(found.by_id) if found.by_id is not None else None,
+            "by_text": findings_json(found.by_text) if found.by_text is not None else None,
+        }
+    )

@@ -362,6 +362,14 @@ SCHEMAS: dict[str, Schema] = {
             "kind": nullable(string(MAX_KIND_CHARS)),
             "include_retracted": nullable({"type": "boolean"}),
             "recorded_as_of": nullable({**TIME, "description": "UTC when no zone is given."}),
+            "min_relevance": nullable(
+                {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": 1,
+                    "description": "A cut-off: hits of a lower relevance are left out.",
+                }
+            ),
         },
         "additionalProperties": False,
     },
@@ -375,10 +383,49 @@ SCHEMAS: dict[str, Schema] = {
                         "score": {"type": "number"},
                         "match": {"enum": ["vector", "lexical", "hybrid"]},
                         "superseded_by": {"type": "array", "items": {"type": "string"}},
+                        "rank": {"type": "integer", "minimum": 1},
+                        "relevance": {
+                            "type": "number",
+                            "description": (
+                                "The score (the sum of 1 / (60 + rank) over the vector and "
+                                "lexical lists that found the hit) over the best possible, "
+                                "2 / 61: 1 is first in both lists, 0.5 first in one only."
+                            ),
+                        },
+                        "vector_rank": nullable({"type": "integer", "minimum": 1}),
+                        "lexical_rank": nullable({"type": "integer", "minimum": 1}),
                     }
                 ),
             },
             "vector_search": {"type": "boolean"},
+        }
+    ),
+    "Findings": obj(
+        {
+            "hits": {
+                "type": "array",
+                "items": obj(
+                    {
+                        "record_id": {"type": "string"},
+                        "scope_id": {"type": "integer"},
+                        "scope": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "status": {"enum": ["active", "retracted", "forgotten"]},
+                        "expired": {"type": "boolean"},
+                        "snippet": {
+                            "type": "string",
+                            "description": "Of the current text; empty when forgotten.",
+                        },
+                    }
+                ),
+            },
+            "more": {"type": "boolean", "description": "More matched than the hits given."},
+        }
+    ),
+    "Found": obj(
+        {
+            "q": {"type": "string"},
+            "by_id": nullable(ref("Findings")),
+            "by_text": nullable(ref("Findings")),
         }
     ),
     "Scope": obj(
@@ -419,6 +466,8 @@ SCHEMAS: dict[str, Schema] = {
             "updated_at": nullable({"type": "string"}),
             "requested_by": nullable({"type": "string"}),
             "job_id": nullable({"type": "string"}),
+            "message": nullable({"type": "string"}),
+            "superseded_by": nullable({"type": "integer"}),
         }
     ),
     "Generation": obj(
@@ -466,8 +515,6 @@ SCHEMAS: dict[str, Schema] = {
         }
     ),
     "DeadLetter": obj(
-            "message": nullable({"type": "string"}),
-            "superseded_by": nullable({"type": "integer"}),
         {
             "id": {"type": "string"},
             "partition": {"type": "integer"},

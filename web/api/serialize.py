@@ -17,6 +17,7 @@ from store import (
     ScopeRow,
     Tombstone,
 )
+from store.find import Findings, Found
 from worker.deadletters import DeadLetter
 
 from ..progress import progress_of
@@ -62,12 +63,31 @@ def record_json(item: RecordItem) -> dict[str, Any]:
     }
 
 
-def hit_json(hit: Hit) -> dict[str, Any]:
+def hit_json(hit: Hit, rank: int) -> dict[str, Any]:
     return {
         "record": revision_json(hit.record),
         "score": hit.score,
         "match": hit.match,
         "superseded_by": list(hit.record.superseded_by),
+        "rank": rank,
+        "relevance": hit.relevance,
+        "vector_rank": hit.vector_rank,
+        "lexical_rank": hit.lexical_rank,
+    }
+
+
+def findings_json(findings: Findings) -> dict[str, Any]:
+    return {"hits": [found_json(f) for f in findings.hits], "more": findings.more}
+
+
+def found_json(found: Found) -> dict[str, Any]:
+    return {
+        "record_id": found.record_id,
+        "scope_id": found.scope_id,
+        "scope": found.scope.as_dict(),
+        "status": found.status,
+        "expired": found.expired,
+        "snippet": found.snippet_text,
     }
 
 

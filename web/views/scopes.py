@@ -10,10 +10,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from store import ScopeRow
-from store.errors import EmbedderUnavailableError, EmbeddingMismatchError, NotFoundError
+from store.errors import (
+    EmbedderUnavailableError,
+    EmbeddingMismatchError,
+    InvalidRequestError,
+    NotFoundError,
+)
 from store.limits import MAX_TEXT_CHARS, MAX_TOP_K
 from store.model import SCOPE_FIELDS
+from store.recall import above, check_min_relevance
 
+from ..errors import BadRequestError
 from ..params import Query, checked, integer
 from ..state import web_of
 
@@ -60,6 +67,7 @@ def recall(request: Request, form: dict[str, str]) -> Response:
     scope = _scope(request)
     text = checked(form.get("text", ""), "the recall text", max_chars=MAX_TEXT_CHARS)
     top_k = integer(form.get("top_k") or str(RECALL_TOP_K), "top_k", maximum=MAX_TOP_K)
+    cutoff = min_relevance(form.get("min_relevance", ""))
     store, note = web.services.store, None
     try:
         hits = store.recall(scope.scope, text, embedder=web.services.embedder, top_k=top_k)
@@ -68,10 +76,30 @@ def recall(request: Request, form: dict[str, str]) -> Response:
     except (EmbeddingMismatchError, EmbedderUnavailableError):
         hits = store.recall(scope.scope, text, top_k=top_k)
         note = "by text only: the dashboard has no embedder for the active generation"
-    result = {"hits": hits, "note": note, "text": text, "top_k": top_k}
+    kept = above(hits, cutoff)
+    result = {
+        "hits": kept,
+        "cut": len(hits) - len(kept),
+        "note": note,
+        "text": text,
+        "top_k": top_k,
+        "min_relevance": cutoff,
+    }
     if request.headers.get("hx-request") == "true":
         return web.render.page(request, "_recall.html", recall=result, scope=scope)
     return _render_scope(request, scope, Query(request.query_params, ()), recall=result)
+
+
+def min_relevance(value: str) -> float | None:
+    """The recall form's cut-off: empty for none, else a number from 0 to 1."""
+    if value.strip() == "":
+        return None
+    try:
+        return check_min_relevance(float(value), "the cut-off")
+    except ValueError:
+        raise BadRequestError("the cut-off must be a number from 0 to 1") from None
+    except InvalidRequestError as exc:
+        raise BadRequestError(exc.message) from None
 
 
 def _scope(request: Request) -> ScopeRow:
