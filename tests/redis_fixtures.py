@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from store import LLM, Embedder, HashingEmbedder, Store
-from worker.consumer import ForgetHook
+from worker.partition import ForgetHook
 from worker.runtime import connect_redis
 from worker.settings import WorkerConfig
 from worker.valkey import EmbeddedValkey

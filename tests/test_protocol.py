@@ -19,7 +19,7 @@ from store.errors import (
     RevisionConflictError,
 )
 from worker import keys, metrics
-from worker.consumer import unique_segments
+from worker.committer import unique_segments
 from worker.errors import DeadLetteredError, QueueFullError, WaitTimeout, error_from_dict
 from worker.membership import first_choice, share
 from worker.protocol import (

@@ -14,8 +14,9 @@ from store import Fence, HashingEmbedder, Store
 from tests.helpers import CountingEmbedder
 from tests.redis_fixtures import wait_until
 from worker import Producer, keys, metrics
-from worker.consumer import Consumer, Partition, Shared
+from worker.consumer import Consumer, Shared
 from worker.leases import Lease
+from worker.partition import Partition
 from worker.protocol import partition_of
 from worker.settings import WorkerConfig
 

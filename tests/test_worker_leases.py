@@ -11,8 +11,9 @@ import redis
 from store import Fence, HashingEmbedder, Store
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
 from worker import Producer, keys, metrics
-from worker.consumer import Consumer, Partition, Shared
+from worker.consumer import Consumer, Shared
 from worker.leases import Lease, Leases
+from worker.partition import Partition
 from worker.protocol import partition_of
 from worker.settings import WorkerConfig
 

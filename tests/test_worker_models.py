@@ -317,8 +317,9 @@ def test_an_entry_claimed_again_while_it_waits_for_its_model_is_not_dead_lettere
     hand, and neither dead-lettered nor answered twice."""
     import time
 
-    from worker.consumer import Consumer, Partition, Shared
+    from worker.consumer import Consumer, Shared
     from worker.leases import Lease
+    from worker.partition import Partition
 
     config = replace(FAST, max_deliveries=2)
     gate = Gate(events({"event": "ADD", "text": "Ada likes green tea."}))

@@ -26,6 +26,11 @@ where it stands). One ``Consumer`` thread serves all of them, in cycles:
 A paused partition (``pause``: looked up at most once a second) is neither
 claimed nor read until it is resumed; what it holds waits in its stream.
 
+The loop is this module; the rest has a module each: ``triage`` sorts what was
+read (pure), ``committer`` commits under the fences, ``outcomes`` counts and
+answers (pure but for the pipeline it fills), ``replies`` writes a reply,
+``partition`` is what is known of each partition held.
+
 The batch grows with the load: whatever arrives while a cycle commits is read
 by the next one. Partitions never share a scope and each partition's entries
 keep their stream order within and across cycles, so every scope's operations
@@ -44,42 +49,32 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-import psycopg
-import psycopg_pool
 import redis
 
-from store import LLM, Embedder, Fence, ForgetEvent, Store, WriteResult
+from store import LLM, Embedder, Store
 from store.embedders import EmbedderResolver
-from store.errors import EngramError, FencedError
-from store.operations import Forget
-from store.reconcile import Decision
 
-from . import deadletters, keys, pause
+from . import keys, pause
+from .committer import TRANSIENT_DB, TRANSIENT_REDIS, Committer
 from .defaults import BACKOFF_MAX_S, BACKOFF_MIN_S, LINGER_BELOW, METRICS_FLUSH_S
-from .errors import DeadLetteredError
-from .leases import Lease
-from .metrics import BatchStats, Tally, record_batches
+from .metrics import Tally, record_batches
 from .models import ModelPhase, Released
-from .protocol import Entry, Malformed, Outcome, decode_entry, encode_reply, raw_op
+from .outcomes import Answers, Outcomes, acknowledged, batch_stats
+from .partition import ForgetHook, Partition
+from .protocol import Entry
 from .settings import WorkerConfig
+from .triage import Dead, Read, triage
+
+# ForgetHook and Partition are named here for the modules that built a consumer with them.
+__all__ = ["Consumer", "ForgetHook", "Partition", "Shared"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# Failures that pass: the batch in hand is kept and tried again after a pause.
-TRANSIENT_DB = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
-TRANSIENT_REDIS = (redis.ConnectionError, redis.TimeoutError)
-
-
-# Hands committed forgets to their redaction listeners: adds the commands that do so to
-# the pipeline that carries the cycle's replies, after them (so a listener that finishes
-# fast updates a reply that is already there). Built by the composition root.
-ForgetHook = Callable[[Sequence[ForgetEvent], Any], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,93 +91,8 @@ class Shared:
     on_forget: ForgetHook | None = None
 
 
-@dataclass(eq=False)
-class Partition:
-    """One partition a worker holds: its lease and how far its consumer got with it."""
-
-    lease: Lease
-    # Monotonic time after which nothing is committed for it; the worker moves it on
-    # at each renewal. The fence, not this, is what makes it safe.
-    valid_until: float
-    lost: str | None = None
-    release_requested: bool = False
-    # Set by the consumer once it has let go: nothing more is committed or acknowledged.
-    done: threading.Event = field(default_factory=threading.Event)
-    # Until the fence is raised, nothing is read; until the entries left pending are
-    # claimed (cursor back to 0-0), no new entry is.
-    fenced: bool = False
-    draining: bool = True
-    cursor: str = "0-0"
-
-    @property
-    def number(self) -> int:
-        return self.lease.partition
-
-    @property
-    def stream(self) -> str:
-        return keys.stream(self.lease.partition)
-
-    @property
-    def fence(self) -> Fence:
-        return Fence(keys.fence_name(self.lease.partition), self.lease.token)
-
-    @property
-    def stopping(self) -> bool:
-        return self.release_requested or self.lost is not None
-
-    def lose(self, reason: str) -> None:
-        """Commit nothing more for it: the lease ran out, or the store refused the fence."""
-        self.valid_until = 0.0
-        if self.lost is None:
-            self.lost = reason
-
-    def ids(self) -> dict[str, Any]:
-        return {"partition": self.number, "token": self.lease.token}
-
-
-@dataclass(frozen=True, slots=True)
-class _Dead:
-    partition: Partition
-    entry_id: str
-    operation_id: str | None
-    raw: str | None
-    reason: str
-    error: EngramError
-    deliveries: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Read:
-    """Entries read from one partition in a cycle, with their delivery counts when claimed."""
-
-    partition: Partition
-    entries: list[Any]
-    deliveries: dict[str, int]
-
-
-Item = tuple[Partition, Entry]
-
-
 class _Stopping(Exception):
     """Asked to stop while waiting out a failure: the batch stays pending for the next owner."""
-
-
-class _Unappliable(Exception):
-    """``store.execute`` raised something that is neither a passing failure nor a fence."""
-
-
-def unique_segments(items: Sequence[T], operation_id: Callable[[T], str]) -> list[list[T]]:
-    """Cut a batch where an operation id repeats: the store sees each id once per call."""
-    segments: list[list[T]] = [[]]
-    seen: set[str] = set()
-    for item in items:
-        op_id = operation_id(item)
-        if op_id in seen:
-            segments.append([])
-            seen.clear()
-        segments[-1].append(item)
-        seen.add(op_id)
-    return [s for s in segments if s]
 
 
 class Consumer(threading.Thread):
@@ -197,6 +107,14 @@ class Consumer(threading.Thread):
         # The counts of the batches done and not yet written (``Tally``).
         self._tally = Tally(METRICS_FLUSH_S)
         self._pauses = pause.PauseWatch()
+        self.committer = Committer(
+            shared.store,
+            shared.embedder,
+            shared.client,
+            shared.worker_id,
+            listeners=shared.on_forget is not None,
+            wait_out=self._pause,
+        )
         self.models = ModelPhase(
             shared.store,
             shared.embedder,
@@ -327,11 +245,11 @@ class Consumer(threading.Thread):
         """From this commit on, earlier holders of these partitions can commit nothing."""
         for p in new:
             self._redis(partial(_create_group, self.shared.client, p.stream))
-        self._execute(new, [])
+        self.committer.execute(new, [])
         for p in new:
             p.fenced = p.lost is None
 
-    def _claim(self, p: Partition) -> list[_Read]:
+    def _claim(self, p: Partition) -> list[Read]:
         """The next entries left pending on ``p`` (by anyone), in stream order."""
         client, cfg, me = self.shared.client, self.shared.config, self.shared.worker_id
         cursor, entries, deleted = self._redis(
@@ -363,9 +281,9 @@ class Consumer(threading.Thread):
             )
         )
         deliveries = {_s(x["message_id"]): int(x["times_delivered"]) for x in pending}
-        return [_Read(p, list(entries), deliveries)]
+        return [Read(p, list(entries), deliveries)]
 
-    def _read_new(self, partitions: list[Partition], *, block: bool) -> list[_Read]:
+    def _read_new(self, partitions: list[Partition], *, block: bool) -> list[Read]:
         """The new entries of ``partitions`` (the last cycle's replies and
         acknowledgements go in the same round trip). With ``linger_ms``, a read that
         found only a few is topped up by a second one after that long."""
@@ -383,7 +301,7 @@ class Consumer(threading.Thread):
         ):
             for p, entries in (self._xreadgroup(partitions, block=False) or {}).items():
                 found.setdefault(p, []).extend(entries)  # later in its stream: after
-        return [_Read(p, entries, {}) for p, entries in found.items()]
+        return [Read(p, entries, {}) for p, entries in found.items()]
 
     def _xreadgroup(
         self,
@@ -423,152 +341,39 @@ class Consumer(threading.Thread):
             if (entries := by_stream.get(p.stream.encode(), by_stream.get(p.stream)))
         }
 
-    def _handle(self, reads: list[_Read], started: float) -> None:
-        cfg = self.shared.config
-        dead: list[_Dead] = []
-        good: list[Item] = []
-        # By (partition, entry id): two streams may give out the same entry id.
-        raws: dict[tuple[int, str], str | None] = {}
-        error: EngramError
-        for read in reads:
-            p = read.partition
-            for raw_id, fields in read.entries:
-                item = decode_entry(
-                    raw_id, fields or {}, partition=p.number, partitions=cfg.partitions
-                )
-                if self.models.holds(p, item.entry_id):
-                    continue  # delivered again while it waits for its model: in hand already
-                count = read.deliveries.get(item.entry_id, 1)
-                if isinstance(item, Malformed):
-                    reason, op_id, raw, error = (
-                        deadletters.MALFORMED,
-                        item.operation_id,
-                        item.raw,
-                        item.error,
-                    )
-                elif count > cfg.max_deliveries:
-                    op_id = item.operation.operation_id
-                    reason, raw = deadletters.DELIVERIES, raw_op(fields or {})
-                    error = DeadLetteredError(
-                        f"operation {op_id} was delivered {count} times without being committed"
-                    )
-                else:
-                    good.append((p, item))
-                    raws[p.number, item.entry_id] = raw_op(fields or {})
-                    continue
-                dead.append(_Dead(p, item.entry_id, op_id, raw, reason, error, count))
-        good = self.models.admit(good)
+    def _handle(self, reads: list[Read], started: float) -> None:
+        sorted_ = triage(
+            reads,
+            partitions=self.shared.config.partitions,
+            max_deliveries=self.shared.config.max_deliveries,
+            in_hand=self.models.holds,  # delivered again while it waits for its model
+        )
+        good = self.models.admit(sorted_.good)
         released = self.models.ready()
         # Only entries claimed from earlier deliveries are likely replays: for a batch
         # of first deliveries the store skips its look-up before embedding.
-        outcomes, failed = self._commit(
+        outcomes, failed = self.committer.commit(
             released.items + good,
             check_replays=any(r.deliveries for r in reads),
             decisions=released.decisions,
         )
         self.models.start()  # after the commit: each phase sees its scope's earlier operations
         outcomes += self._model_failures(released, failed)
-        deliveries = {
-            (r.partition.number, eid): n for r in reads for eid, n in r.deliveries.items()
-        }
-        for p, entry, raised in failed:
-            key = (p.number, entry.entry_id)
-            op_id = entry.operation.operation_id
-            dead.append(
-                _Dead(
-                    p,
-                    entry.entry_id,
-                    op_id,
-                    raws.get(key),
-                    deadletters.FAILED,
-                    DeadLetteredError(f"operation {op_id} could not be applied ({raised})"),
-                    deliveries.get(key, 1),
-                )
-            )
-        self._finish(reads, outcomes, dead, started, released)
+        sorted_.failed(failed)
+        self._finish(outcomes, sorted_.dead, started, released)
 
     def _model_failures(
         self, released: Released, failed: list[tuple[Partition, Entry, str]]
-    ) -> list[tuple[Item, Outcome]]:
+    ) -> Outcomes:
         """Operations whose model phase failed are answered with its error (nothing was
         committed); one whose phase raised something unexpected is dead-lettered."""
         failed += [(p, entry, why) for (p, entry), why in released.broken if p.lost is None]
         return [(item, error) for item, error in released.failures if item[0].lost is None]
 
-    # -- committing ------------------------------------------------------------------
-
-    def _commit(
-        self, good: list[Item], *, check_replays: bool, decisions: dict[str, Decision]
-    ) -> tuple[list[tuple[Item, Outcome]], list[tuple[Partition, Entry, str]]]:
-        """The outcomes, and the entries no commit could take (with what was raised)."""
-        outcomes: list[tuple[Item, Outcome]] = []
-        failed: list[tuple[Partition, Entry, str]] = []
-        for segment in unique_segments(good, lambda item: item[1].operation.operation_id):
-            try:
-                outcomes += self._execute(
-                    _partitions_of(segment), segment, check_replays, decisions
-                )
-                continue
-            except _Unappliable:
-                pass
-            # Something in the batch breaks it: commit one by one to find it.
-            for item in segment:
-                try:
-                    outcomes += self._execute([item[0]], [item], True, decisions)
-                except _Unappliable as exc:
-                    failed.append((item[0], item[1], str(exc)))
-        return outcomes, failed
-
-    def _execute(
-        self,
-        partitions: list[Partition],
-        items: list[Item],
-        check_replays: bool = True,
-        decisions: dict[str, Decision] | None = None,
-    ) -> list[tuple[Item, Outcome]]:
-        """Commit ``items`` under the fences of ``partitions``; the items of a partition
-        lost on the way are left out (neither answered nor acknowledged)."""
-        delay = BACKOFF_MIN_S
-        while True:
-            now = time.monotonic()
-            for p in partitions:
-                if p.lost is None and now > p.valid_until:
-                    p.lose("lease_expired")
-            partitions = [p for p in partitions if p.lost is None]
-            items = [item for item in items if item[0].lost is None]
-            if not partitions:
-                return []
-            try:
-                results = self.shared.store.execute(
-                    [entry.operation for _, entry in items],
-                    self.shared.embedder,
-                    fence=[p.fence for p in partitions],
-                    listeners=self.shared.on_forget is not None,
-                    stream_entries={e.operation.operation_id: e.entry_id for _, e in items},
-                    check_replays=check_replays,
-                    # Decided by the model phase, on other threads: no model is called here.
-                    decisions=decisions,
-                )
-                return list(zip(items, results, strict=True))
-            except FencedError as exc:
-                stale = [p for p in partitions if p.fence.name in exc.fences] or partitions
-                for p in stale:
-                    p.lose("fenced")
-                self._count_fenced(len(stale))
-            except TRANSIENT_DB as exc:
-                delay = self._pause("database", exc, delay, entries=len(items))
-            except Exception as exc:
-                raise _Unappliable(type(exc).__name__) from exc
-
     # -- answering -------------------------------------------------------------------
 
     def _finish(
-        self,
-        reads: list[_Read],
-        outcomes: list[tuple[Item, Outcome]],
-        dead: list[_Dead],
-        started: float,
-        released: Released,
+        self, outcomes: Outcomes, dead: list[Dead], started: float, released: Released
     ) -> None:
         """Replies, dead letters, counters and the acknowledgements, for one pipeline
         (sent with the next read, or by ``_send``).
@@ -579,23 +384,10 @@ class Consumer(threading.Thread):
         (their receipts answer a replay)."""
         shared = self.shared
         dead = [d for d in dead if d.partition.lost is None]
-        done: dict[Partition, list[str]] = {}
-        for (p, entry), _ in outcomes:
-            done.setdefault(p, []).append(entry.entry_id)
+        done = acknowledged(outcomes, dead)
+        entries = sum(len(ids) for ids in done.values())
+        stats = batch_stats(outcomes, dead, entries=entries, model_calls=released.calls)
         for d in dead:
-            done.setdefault(d.partition, []).append(d.entry_id)
-        stats = BatchStats(
-            entries=sum(len(ids) for ids in done.values()), model_calls=released.calls
-        )
-        for _, outcome in outcomes:
-            if isinstance(outcome, EngramError):
-                stats.failed[outcome.code] += 1
-            elif outcome.replayed:
-                stats.replayed += 1
-            else:
-                stats.committed += 1
-        for d in dead:
-            stats.dead[d.reason] += 1
             log.warning(
                 "entry dead-lettered",
                 extra={
@@ -612,35 +404,10 @@ class Consumer(threading.Thread):
             self._send()  # not in the normal course: the read that began this cycle took it
         self._tally.add(stats)
         counts = self._tally.take(due_only=True)
-        ttl = shared.config.reply_ttl_s
-        forgets = _forget_events(outcomes) if shared.on_forget is not None else []
+        answers = Answers(outcomes, dead, done, shared.config.reply_ttl_s, shared.on_forget)
 
         def add_to(pipe: Any) -> None:
-            for (_, entry), outcome in outcomes:
-                send_reply(
-                    pipe, entry.operation.operation_id, encode_reply(outcome, entry.entry_id), ttl
-                )
-            for d in dead:
-                deadletters.add(
-                    pipe,
-                    partition=d.partition.number,
-                    entry_id=d.entry_id,
-                    operation_id=d.operation_id,
-                    raw=d.raw,
-                    reason=d.reason,
-                    error=d.error,
-                    deliveries=d.deliveries,
-                )
-                if d.operation_id is not None:
-                    send_reply(pipe, d.operation_id, encode_reply(d.error, d.entry_id), ttl)
-            if forgets and shared.on_forget is not None:
-                shared.on_forget(forgets, pipe)
-            for p, entry_ids in done.items():
-                if entry_ids:
-                    pipe.xack(p.stream, keys.GROUP, *entry_ids)
-                    # Acknowledged entries are deleted: the stream holds only work to
-                    # do, and no memory text lingers in Redis after its commit.
-                    pipe.xdel(p.stream, *entry_ids)
+            answers.add_to(pipe)
             record_batches(pipe, counts, shared.worker_id)
 
         self._unsent = add_to
@@ -678,16 +445,6 @@ class Consumer(threading.Thread):
 
     # -- failures --------------------------------------------------------------------
 
-    def _count_fenced(self, partitions: int) -> None:
-        """The store refused a commit of ours: worth a counter of its own, best effort."""
-        try:
-            pipe = self.shared.client.pipeline(transaction=False)
-            pipe.hincrby(keys.METRICS, "commits_fenced_total", partitions)
-            pipe.hincrby(keys.worker(self.shared.worker_id), "fenced", partitions)
-            pipe.execute()
-        except redis.RedisError:
-            pass
-
     def _redis(self, call: Callable[[], T]) -> T:
         delay = BACKOFF_MIN_S
         while True:
@@ -712,31 +469,6 @@ class Consumer(threading.Thread):
         return min(delay_s * 2, BACKOFF_MAX_S)
 
 
-def _forget_events(outcomes: list[tuple[Item, Outcome]]) -> list[ForgetEvent]:
-    """The forgets whose listeners run (again): committed or replayed, not ``none``."""
-    events = []
-    for (_, entry), outcome in outcomes:
-        request = entry.operation.request
-        if not isinstance(request, Forget) or not isinstance(outcome, WriteResult):
-            continue
-        if outcome.redaction in (None, "none"):
-            continue
-        events.append(
-            ForgetEvent(
-                scope=entry.operation.scope,
-                record_id=request.id,
-                revisions=outcome.revisions,
-                operation_id=entry.operation.operation_id,
-                already_forgotten=outcome.already_forgotten,
-            )
-        )
-    return events
-
-
-def _partitions_of(items: list[Item]) -> list[Partition]:
-    return list(dict.fromkeys(p for p, _ in items))
-
-
 def _create_group(client: redis.Redis, stream: str) -> None:
     try:
         client.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
@@ -752,15 +484,6 @@ def _by_stream(reply: Any) -> dict[Any, list[Any]]:
     if isinstance(reply, dict):  # RESP3: {stream: [[(id, fields), ...]]}
         return {k: v[0] if v and isinstance(v[0], list) else v for k, v in reply.items()}
     return {stream: list(entries) for stream, entries in reply}
-
-
-def send_reply(pipe: Any, operation_id: str, body: str, ttl_s: int) -> None:
-    """Answer an operation on its reply key (in the caller's pipeline). One element at
-    most: a redelivered operation's reply replaces the first."""
-    key = keys.reply(operation_id)
-    pipe.delete(key)
-    pipe.rpush(key, body)
-    pipe.expire(key, ttl_s)
 
 
 def _s(value: Any) -> str:

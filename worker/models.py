@@ -42,7 +42,7 @@ from .defaults import BACKOFF_MAX_S
 from .protocol import Entry
 
 if TYPE_CHECKING:
-    from .consumer import Partition
+    from .partition import Partition
 
 log = logging.getLogger(__name__)
 

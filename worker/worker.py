@@ -21,9 +21,10 @@ from store import LLM, Embedder, Store
 from store.embedders import EmbedderResolver
 
 from . import metrics
-from .consumer import Consumer, ForgetHook, Partition, Shared
+from .consumer import Consumer, Shared
 from .leases import Lease, Leases
 from .membership import Membership, first_choice, new_worker_id, share
+from .partition import ForgetHook, Partition
 from .settings import WorkerConfig
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ import redis
 
 from store import ForgetEvent, forgets
 from worker import keys as stream_keys
-from worker.consumer import send_reply
 from worker.protocol import Entry, decode_entry, encode_reply, partition_of
+from worker.replies import send_reply
 
 from .. import persistence, streams
 from ..context import JobContext

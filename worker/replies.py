@@ -1,0 +1,17 @@
+"""Answering an operation: its reply, on its own key, for whoever waits on it (the
+``Producer``'s ``wait``, the dashboard, a redaction listener updating it later)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import keys
+
+
+def send_reply(pipe: Any, operation_id: str, body: str, ttl_s: int) -> None:
+    """Answer an operation on its reply key (in the caller's pipeline). One element at
+    most: a redelivered operation's reply replaces the first."""
+    key = keys.reply(operation_id)
+    pipe.delete(key)
+    pipe.rpush(key, body)
+    pipe.expire(key, ttl_s)
