@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
 from rq import Queue
 from rq.results import Result
 
@@ -177,7 +178,9 @@ def test_prefixes_and_scope_fields_are_read_through_indexes(
 T0 = 1_700_000_000_000
 
 
-def _letter(web: Web, reason: str, code: str, kind: str | None, partition: int, at_ms: int) -> str:
+def add_letter(
+    client: redis.Redis, reason: str, code: str, kind: str | None, partition: int, at_ms: int
+) -> str:
     if kind is None:
         op = "{not json"
     else:
@@ -188,17 +191,17 @@ def _letter(web: Web, reason: str, code: str, kind: str | None, partition: int, 
         "error": json.dumps({"code": code, "message": "no"}), "deliveries": 1,
         "at_ms": at_ms, "op": op,
     }  # fmt: skip
-    return web.redis.xadd(keys.DEAD_LETTERS, fields).decode()  # type: ignore[arg-type,union-attr]
+    return client.xadd(keys.DEAD_LETTERS, fields).decode()  # type: ignore[arg-type,union-attr]
 
 
 @pytest.fixture
 def letters(web: Web) -> dict[str, str]:
     web.redis.delete(keys.DEAD_LETTERS)
     return {
-        "a": _letter(web, "failed", "dead_lettered", "forget", 0, T0),
-        "b": _letter(web, "failed", "store_unavailable", "remember", 1, T0 + 60_000),
-        "c": _letter(web, "deliveries", "dead_lettered", "remember", 1, T0 + 120_000),
-        "d": _letter(web, "malformed", "invalid_request", None, 0, T0 + 180_000),
+        "a": add_letter(web.redis, "failed", "dead_lettered", "forget", 0, T0),
+        "b": add_letter(web.redis, "failed", "store_unavailable", "remember", 1, T0 + 60_000),
+        "c": add_letter(web.redis, "deliveries", "dead_lettered", "remember", 1, T0 + 120_000),
+        "d": add_letter(web.redis, "malformed", "invalid_request", None, 0, T0 + 180_000),
         "e": web.redis.xadd(keys.DEAD_LETTERS, {"junk": "1"}).decode(),  # type: ignore[union-attr]
     }
 
@@ -311,7 +314,7 @@ def test_a_filtered_page_reads_a_bounded_number_of_letters(web: Web) -> None:
     """6,000 letters, the only forget the oldest: the first page stops at its bound and
     says so, and its next page searches on and finds it."""
     web.redis.delete(keys.DEAD_LETTERS)
-    wanted = _letter(web, "failed", "dead_lettered", "forget", 0, T0)
+    wanted = add_letter(web.redis, "failed", "dead_lettered", "forget", 0, T0)
     pipe = web.redis.pipeline(transaction=False)
     for i in range(6_000):
         pipe.xadd(keys.DEAD_LETTERS, {
@@ -347,28 +350,34 @@ INDEX = "jobs.indexes.index_large_scopes_job"
 PURGE = "jobs.indexes.purge_retired_job"
 
 
-def _failed(web: Web, queue_name: str, function: str, job_id: str, at: float) -> None:
+def failed(client: redis.Redis, queue_name: str, function: str, job_id: str, at: float) -> None:
     """A failed job as RQ leaves one (its hash, its failure, its entry in the registry),
     never run."""
-    queue = Queue(queue_name, connection=web.redis, serializer=SERIALIZER)
+    queue = Queue(queue_name, connection=client, serializer=SERIALIZER)
     job = queue.enqueue(function, "history", job_id=job_id, result_ttl=86_400)
-    web.redis.lrem(queue.key, 0, job.id)
-    web.redis.hset(job.key, "status", "failed")
+    client.lrem(queue.key, 0, job.id)
+    client.hset(job.key, "status", "failed")
     Result.create_failure(job, 86_400, "Traceback (most recent call last):\nValueError: x")
-    web.redis.zadd(queue.failed_job_registry.key, {job_id: at})
+    client.zadd(queue.failed_job_registry.key, {job_id: at})
+
+
+def seed_failed_jobs(client: redis.Redis) -> None:
+    """In the maintenance queue: a prune asked for by hand, and three ticks; in the
+    redaction queue, a redaction."""
+    for name in (MAINTENANCE_QUEUE, REDACTION_QUEUE):
+        queue = Queue(name, connection=client, serializer=SERIALIZER)
+        client.delete(queue.key, queue.failed_job_registry.key)
+    now = time.time() + 86_400
+    failed(client, MAINTENANCE_QUEUE, PRUNE, "prune-history-0123456789abcdef", now + 1)  # by hand
+    failed(client, MAINTENANCE_QUEUE, PRUNE, "prune-history-481234", now + 2)  # a tick
+    failed(client, MAINTENANCE_QUEUE, INDEX, "index-large-scopes-9", now + 3)
+    failed(client, MAINTENANCE_QUEUE, PURGE, "purge-retired-vectors-9", now + 4)
+    failed(client, REDACTION_QUEUE, REDACT, "redact-00aa", now + 5)
 
 
 @pytest.fixture
 def failed_jobs(web: Web) -> None:
-    for name in (MAINTENANCE_QUEUE, REDACTION_QUEUE):
-        queue = Queue(name, connection=web.redis, serializer=SERIALIZER)
-        web.redis.delete(queue.key, queue.failed_job_registry.key)
-    now = time.time() + 86_400
-    _failed(web, MAINTENANCE_QUEUE, PRUNE, "prune-history-0123456789abcdef", now + 1)  # by hand
-    _failed(web, MAINTENANCE_QUEUE, PRUNE, "prune-history-481234", now + 2)  # a tick
-    _failed(web, MAINTENANCE_QUEUE, INDEX, "index-large-scopes-9", now + 3)
-    _failed(web, MAINTENANCE_QUEUE, PURGE, "purge-retired-vectors-9", now + 4)
-    _failed(web, REDACTION_QUEUE, REDACT, "redact-00aa", now + 5)
+    seed_failed_jobs(web.redis)
 
 
 def _jobs(web: Web, query: str) -> list[str]:
@@ -445,8 +454,8 @@ def test_a_function_filter_reads_a_bounded_number_of_jobs(web: Web, failed_jobs:
     queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
     web.redis.delete(queue.failed_job_registry.key)
     start = time.time() + 86_400
-    _failed(web, MAINTENANCE_QUEUE, PRUNE, "prune-receipts-0123456789abcdef", start)
-    _failed(web, MAINTENANCE_QUEUE, REDACT, "redact-model", start + 1)
+    failed(web.redis, MAINTENANCE_QUEUE, PRUNE, "prune-receipts-0123456789abcdef", start)
+    failed(web.redis, MAINTENANCE_QUEUE, REDACT, "redact-model", start + 1)
     fields: Any = web.redis.hgetall("rq:job:redact-model")
     pipe = web.redis.pipeline(transaction=False)
     for i in range(1_100):

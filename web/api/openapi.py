@@ -180,9 +180,9 @@ _LETTER_FILTERS = [
 _BULK_FILTER = {
     "type": "object",
     "properties": {
-        "reason": nullable({"enum": ["malformed", "deliveries", "failed"]}),
-        "partition": nullable({"type": "integer", "minimum": 0}),
         # Empty, as a form sends an empty field: not given.
+        "reason": nullable({"enum": ["malformed", "deliveries", "failed", ""]}),
+        "partition": nullable({"anyOf": [{"type": "integer", "minimum": 0}, {"const": ""}]}),
         "code": nullable({"anyOf": [_LETTER_CODE, {"const": ""}]}),
         "kind": nullable({"enum": [*OPERATION_KINDS, ""]}),
         "since": nullable({"anyOf": [TIME, {"const": ""}]}),
