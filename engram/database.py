@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from store import Store
+from store.errors import ConfigError
 from store.server import EmbeddedPostgres
 from store.server import data_dir as postgres_dir
-from worker.runtime import ConfigError, read_run_file
+from worker.runtime import read_run_file
 from worker.settings import Settings
 
 from .home import HomeInUseError, HomeSession

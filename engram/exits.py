@@ -8,9 +8,8 @@ from __future__ import annotations
 import psycopg
 import redis
 
-from store.errors import EngramError, InvalidRequestError, SchemaVersionError
+from store.errors import ConfigError, EngramError, InvalidRequestError, SchemaVersionError
 from worker.errors import QueueFullError, QueueUnavailableError
-from worker.runtime import ConfigError
 
 from .home import HomeInUseError
 

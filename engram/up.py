@@ -24,9 +24,8 @@ from types import FrameType
 from store import Store
 from store.errors import EngramError, InvalidRequestError
 from store.server import EmbeddedPostgres
-from web.config import ConfigError as WebConfigError
 from web.config import WebConfig
-from worker.runtime import ConfigError, masked
+from worker.runtime import masked
 from worker.settings import Settings
 from worker.valkey import EmbeddedValkey
 
@@ -172,10 +171,7 @@ def run_up(
 
 
 def _dashboard_config() -> WebConfig:
-    try:
-        return WebConfig.from_env()
-    except WebConfigError as exc:
-        raise ConfigError(str(exc)) from None
+    return WebConfig.from_env()
 
 
 def _record(session: HomeSession, name: str, pid: int | None, signum: int, timeout: float) -> None:

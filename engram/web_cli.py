@@ -30,9 +30,9 @@ from starlette.applications import Starlette
 from jobs import reembed
 from jobs.settings import JobsSettings
 from store import Store
+from store.errors import ConfigError
 from web import Services, WebConfig, create_app
 from web.auth import Keys
-from web.config import ConfigError
 from worker import runtime
 from worker.producer import Producer
 from worker.settings import Settings
@@ -99,7 +99,7 @@ def listen(config: WebConfig, *, chosen: bool) -> tuple[socket.socket, WebConfig
         sock = socket.create_server((config.host.strip("[]"), config.port), family=family)
     except OSError as exc:
         if chosen:
-            raise runtime.ConfigError(
+            raise ConfigError(
                 f"the dashboard's port {config.port} on {config.host} is taken ({exc.strerror}):"
                 " another program listens there; stop it, or set ENGRAM_DASHBOARD_PORT"
                 " to a free port"
@@ -127,15 +127,12 @@ class _NoColour(logging.Filter):
 
 
 def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
-    try:
-        config = WebConfig.from_env(
-            host=args.host,
-            port=args.port,
-            partitions=settings.worker.partitions,
-            lease_ttl_ms=settings.worker.lease_ttl_ms,
-        )
-    except ConfigError as exc:
-        raise runtime.ConfigError(str(exc)) from None
+    config = WebConfig.from_env(
+        host=args.host,
+        port=args.port,
+        partitions=settings.worker.partitions,
+        lease_ttl_ms=settings.worker.lease_ttl_ms,
+    )
     logging.getLogger("uvicorn.error").addFilter(_NoColour())
     if args.fd is not None:
         sock, config = inherited(args.fd, config)

@@ -162,3 +162,11 @@ def error_from_dict(data: dict[str, Any]) -> EngramError:
     if cls is ModelUnavailableError:
         return ModelUnavailableError(message, reason=str(data.get("reason", "error")))
     return cls(message)
+
+
+class ConfigError(EngramError):
+    """Something engram needs is not configured, or configured wrong: no URL and no
+    ``engram up`` running, or a dashboard that cannot start as set up."""
+
+    code = "not_configured"
+    status = 503

@@ -13,11 +13,11 @@ import redis
 from starlette.testclient import TestClient
 
 from store import Store
+from store.errors import ConfigError
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import BASE_URL, TOKEN, make_app
 from web import WebConfig
 from web.auth import SESSION_COOKIE
-from web.config import ConfigError
 from worker import keys
 from worker.runtime import connect_redis
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from jobs import keys as jobs_keys
+from store.errors import ConfigError
 from worker import defaults as worker_defaults
 
 DEFAULT_PORT = 8700
@@ -23,10 +24,6 @@ MAX_FORM_BYTES = 64 * 1024
 MAX_WAIT_S = 30.0
 SESSION_TTL_S = 12 * 3600
 LOOPBACK_NAMES = ("localhost",)
-
-
-class ConfigError(Exception):
-    """The dashboard cannot start as configured."""
 
 
 def is_loopback(host: str) -> bool:

@@ -9,6 +9,7 @@
 """
 
 from store import Operation, Scope
+from store.errors import ConfigError
 
 from .errors import (
     DeadLetteredError,
@@ -25,7 +26,6 @@ from .errors import (
 )
 from .producer import Pending, Producer
 from .protocol import StreamReceipt, partition_of
-from .runtime import ConfigError
 from .settings import Settings, WorkerConfig
 from .worker import Worker
 

@@ -25,19 +25,13 @@ import psutil  # type: ignore[import-untyped]
 import redis
 
 from store import Embedder, OpenAICompatibleLLM
-from store.errors import EngramError
+from store.errors import ConfigError, EngramError
+from store.processes import process_of
 from store.registry import EmbedderRegistry, parse_plugins
 
 from .settings import Settings
 
 RUN_FILE = "run.json"
-
-
-class ConfigError(EngramError):
-    """Something engram needs is not configured (no URL, and no ``engram up`` running)."""
-
-    code = "not_configured"
-    status = 503
 
 
 def read_run_file(home: Path) -> dict[str, Any] | None:
@@ -55,12 +49,12 @@ def read_run_file(home: Path) -> dict[str, Any] | None:
 def _running(pid: object, create_time: object) -> bool:
     if not isinstance(pid, int):
         return False
-    try:
-        proc = psutil.Process(pid)
+
+    def ours(proc: psutil.Process) -> bool:
         started = proc.create_time()
-    except psutil.Error:
-        return False
-    return not isinstance(create_time, int | float) or abs(started - create_time) < 0.05
+        return not isinstance(create_time, int | float) or abs(started - create_time) < 0.05
+
+    return process_of(pid, ours) is not None
 
 
 def redis_url(settings: Settings) -> str:
