@@ -9,6 +9,7 @@ from collections.abc import Callable
 from playwright.sync_api import expect
 
 from store import Store
+from tests.test_web_layout import LONG_ID, PAST_THEIR_CARD, SIDEWAYS
 from tests.web_fixtures import EMBEDDER, Browser, Served
 
 
@@ -26,6 +27,7 @@ def test_find_a_record_then_read_a_recall(
     for i in range(5):
         ada.remember(f"note {i} about tea" if i % 2 else f"note {i} about nothing")
     ada.remember("green tea")
+    ada.remember("A xylophone with a long id.", id=LONG_ID)
     served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
     page = browser.page
 
@@ -35,12 +37,16 @@ def test_find_a_record_then_read_a_recall(
     expect(page.get_by_text("Searches every scope")).to_be_visible()
     page.get_by_label("id or words").fill("xylophone")
     found = page.locator("#found-by-text")
-    expect(found.locator("tr")).to_have_count(3, timeout=5_000)  # as you type
+    expect(found.locator("tr")).to_have_count(4, timeout=5_000)  # as you type
     expect(found.locator("mark").first).to_have_text("xylophone")
     expect(found).to_contain_text("user_id=ada")
     expect(found).to_contain_text("user_id=bob")
     assert page.url.endswith("/find?q=xylophone"), "the query is kept in the URL"
     browser.shot("find-by-text")
+    for width, script in ((1280, PAST_THEIR_CARD), (390, SIDEWAYS)):
+        page.set_viewport_size({"width": width, "height": 900})
+        assert page.evaluate(script) == [], f"the Find page's layout at {width} px"
+    page.set_viewport_size({"width": 1360, "height": 900})
     found.get_by_role("link", name="fb-bob-1").click()
     expect(page.locator("h1")).to_have_text("fb-bob-1")
     expect(page.locator("body")).to_contain_text("Bob tunes a xylophone for Ada.")
