@@ -28,6 +28,7 @@ ACTIONS = (
     "reembed.start",
     "reembed.cancel",
     "job.retry",
+    "job.discard",
     "partition.pause",
     "partition.resume",
     "jobs.pause",

@@ -69,6 +69,7 @@ FORM_ROUTES = {
     "/dead-letters/{letter_id}/discard",
     "/jobs/bulk",
     "/jobs/{job_id}/retry",
+    "/jobs/{job_id}/discard",
     "/pause/partition",
     "/resume/partition/{partition}",
     "/pause/jobs",

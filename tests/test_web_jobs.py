@@ -142,3 +142,56 @@ def test_a_single_job_retry_takes_a_reason_from_the_api_and_the_form(web: Web) -
     assert (one.target, one.detail["reason"]) == (first, "flaky network")
     assert (two.target, two.detail["reason"]) == (second, "by hand")
     assert "flaky network" in web.client.get("/audit").text
+
+
+def _job_keys(web: Web, job_id: str) -> int:
+    return int(web.redis.exists(f"rq:job:{job_id}", f"rq:results:{job_id}"))
+
+
+def test_discard_all_failed_jobs_after_a_dry_run_unreadable_ones_too(web: Web) -> None:
+    ids = _failed_jobs(web, 2)
+    queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
+    # A failed job whose data is not engram's JSON: never retried, but discarded.
+    web.redis.hset("rq:job:planted", mapping={"data": b"\x80\x04garbage", "origin": queue.name})
+    web.redis.zadd(queue.failed_job_registry.key, {"planted": 9e12})
+    since = max([e.id for e in web.store.audit.page(limit=1).items] or [0])
+    ask = {"action": "discard", "filter": {"queue": MAINTENANCE_QUEUE}}
+    body = web.client.post("/api/v1/bulk/jobs", json=ask).json()
+    assert body["dry_run"] is True and body["count"] == 3 and body["left"] == []
+    assert _state(web) == (0, 3) and all(_job_keys(web, i) for i in ids)  # nothing changed
+    page = web.client.get(f"/jobs/bulk?queue={MAINTENANCE_QUEUE}&action=discard")
+    assert "3</strong> failed jobs would be deleted for good" in page.text
+    retry_dry = web.client.post("/api/v1/bulk/jobs", json={**ask, "action": "retry"}).json()
+    assert retry_dry["count"] == 2 and retry_dry["left"] == ["planted"]
+
+    token = web.csrf(f"/jobs/bulk?queue={MAINTENANCE_QUEUE}&action=discard")
+    form = {"csrf": token, "queue": MAINTENANCE_QUEUE, "action": "discard", "why": "obsolete"}
+    posted = web.client.post("/jobs/bulk", data={**form, "count": "3", "digest": body["digest"]})
+    assert posted.status_code == 303, posted.text
+    assert _state(web) == (0, 0)
+    assert [_job_keys(web, i) for i in [*ids, "planted"]] == [0, 0, 0]  # data and results gone
+    rows = [e for e in web.store.audit.page(limit=50).items if e.id > since]
+    assert sorted(e.target for e in rows) == sorted([*ids, "planted"])
+    assert {(e.action, e.detail["reason"], e.detail["bulk"]) for e in rows} == {
+        ("job.discard", "obsolete", 3)
+    }
+
+
+def test_a_single_discard_asks_first_and_refuses_a_job_that_did_not_fail(web: Web) -> None:
+    first, second = _failed_jobs(web, 2)
+    asked = web.client.get(f"/jobs/{first}/discard")
+    assert asked.status_code == 200 and "This cannot be undone" in asked.text
+    assert _state(web) == (0, 2)  # asking changed nothing
+    done = web.client.post(f"/api/v1/jobs/{first}/discard", json={"reason": "a test job"})
+    assert done.status_code == 200 and done.json()["id"] == first
+    assert _state(web) == (0, 1) and _job_keys(web, first) == 0
+    queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
+    waiting = queue.enqueue("tests.rq_jobs.fails", "mem_waiting")
+    refused = web.client.post(f"/api/v1/jobs/{waiting.id}/discard", json={})
+    assert refused.status_code == 422 and "only a failed job" in refused.json()["error"]["message"]
+    assert len(queue) == 1 and _job_keys(web, waiting.id) == 1  # still queued, untouched
+    missing = web.client.post("/api/v1/jobs/no-such-job/discard", json={})
+    assert missing.status_code == 404
+    [entry] = [e for e in web.store.audit.page(limit=10).items if e.action == "job.discard"]
+    assert (entry.target, entry.detail["reason"]) == (first, "a test job")
+    assert second

@@ -131,6 +131,7 @@ def routes() -> list[BaseRoute]:
         route("/jobs/bulk", get=jobs.bulk_page, post=form_endpoint(jobs.bulk)),
         route("/jobs/{job_id}", get=jobs.job_page),
         route("/jobs/{job_id}/retry", post=form_endpoint(jobs.retry)),
+        route("/jobs/{job_id}/discard", get=jobs.confirm_discard, post=form_endpoint(jobs.discard)),
         route("/audit", get=audit.audit_page),
         route("/pause/partition", post=form_endpoint(pause.pause_partition_form)),
         route("/resume/partition/{partition}", post=form_endpoint(pause.resume_partition_form)),
@@ -168,6 +169,9 @@ def routes() -> list[BaseRoute]:
         route("/api/v1/jobs/{job_id}", get=api_pipeline.job),
         route("/api/v1/bulk/jobs", post=json_endpoint(api_pipeline.job_bulk)),
         route("/api/v1/jobs/{job_id}/retry", post=api_pipeline.reasoned(api_pipeline.job_retry)),
+        route(
+            "/api/v1/jobs/{job_id}/discard", post=api_pipeline.reasoned(api_pipeline.job_discard)
+        ),
         route("/api/v1/dead-letters", get=api_pipeline.dead_letter_list),
         route("/api/v1/bulk/dead-letters", post=json_endpoint(api_pipeline.dead_letter_bulk)),
         route(

@@ -318,6 +318,22 @@ def retry(conn: redis.Redis, job_id: str) -> JobRow:
     return found
 
 
+def discard(conn: redis.Redis, job_id: str) -> JobRow:
+    """Delete a failed job for good: out of its queue's failed jobs, with its data and
+    its results. An unreadable one too (it can never be retried: this is its way out)."""
+    job = get(conn, job_id)
+    if job is None:
+        raise NotFoundError(f"no job {job_id}")
+    failed_jobs = rq_queues.queue(conn, job.queue).failed_job_registry.key
+    if conn.zscore(failed_jobs, job_id) is None:  # what the failed jobs' list shows
+        raise InvalidRequestError(f"job {job_id} is {job.state}: only a failed job is discarded")
+    pipe = conn.pipeline(transaction=True)
+    pipe.zrem(failed_jobs, job_id)
+    pipe.delete(Job.key_for(job_id), Result.get_key(job_id))
+    pipe.execute()
+    return job
+
+
 def failed(conn: redis.Redis, queue_name: str, *, limit: int = MAX_BULK + 1) -> list[JobRow]:
     """Up to ``limit`` of a queue's failed jobs, newest first (what a bulk retry takes)."""
     key = rq_queues.queue(conn, queue_name).failed_job_registry.key

@@ -210,7 +210,7 @@ _JOBS_FILTER = {
 _JOBS_BULK = {
     "type": "object",
     "properties": {
-        "action": {"enum": ["retry"]},
+        "action": {"enum": ["retry", "discard"]},
         "filter": nullable(_JOBS_FILTER),
         "reason": nullable(_REASON),
         "confirm": nullable(_SEEN),
@@ -221,7 +221,7 @@ _JOBS_BULK = {
 _JOBS_BULK_DONE = {
     "type": "object",
     "properties": {
-        "action": {"enum": ["retry"]},
+        "action": {"enum": ["retry", "discard"]},
         "filter": _JOBS_FILTER,
         "count": {"type": "integer"},
         "digest": {"type": "string"},
@@ -470,10 +470,22 @@ PATHS: dict[str, Schema] = {
             errors=_BODY_ERRORS,
         )
     },
+    "/api/v1/jobs/{job_id}/discard": {
+        "post": _op(
+            "Delete a failed job for good, with its data and results, unreadable ones too "
+            "(why, optionally, for the audit trail)",
+            {"200": _json(ref("Job"), "The job as it was.")},
+            parameters=[_JOB_ID],
+            body=_WHY,
+            body_required=False,
+            errors=_BODY_ERRORS,
+        )
+    },
     "/api/v1/bulk/jobs": {
         "post": _op(
-            "Retry every failed job of a queue: without confirm a dry run (count, the first "
-            "20, and the confirm to send back); with it, the retry, refused (409 "
+            "Retry (the readable ones) or discard every failed job of a queue: without "
+            "confirm a dry run (count, the first "
+            "20, and the confirm to send back); with it, the action, refused (409 "
             "selection_changed) if the failed jobs changed",
             {"200": _json(_JOBS_BULK_DONE, "The dry run, or what was done.")},
             body=_JOBS_BULK,
@@ -615,7 +627,9 @@ def document(job_queues: tuple[str, ...]) -> dict[str, Any]:
     found = copy.deepcopy(DOCUMENT)
     found["paths"]["/api/v1/bulk/jobs"]["post"]["requestBody"]["content"]["application/json"][
         "schema"
-    ]["properties"]["filter"]["anyOf"][0]["properties"]["queue"] = {"enum": list(job_queues)}
+    ]["properties"]["filter"]["anyOf"][0]["properties"]["queue"] = nullable(
+        {"enum": list(job_queues)}  # none: the first queue
+    )
     for param in found["paths"]["/api/v1/jobs"]["get"]["parameters"]:
         if param["name"] == "queue":
             param["schema"] = {"enum": list(job_queues)}

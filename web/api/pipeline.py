@@ -49,19 +49,24 @@ def job_retry(request: Request, why: str | None) -> Response:
     return JSONResponse(job_json(jobs.retry_job(request, why)))
 
 
+def job_discard(request: Request, why: str | None) -> Response:
+    return JSONResponse(job_json(jobs.discard_job(request, why)))
+
+
 def job_bulk(request: Request, body: Any) -> Response:
-    """Retry every failed job of a queue: without ``confirm`` a dry run, as for dead
-    letters; with it, the retry, if the failed jobs are those the dry run saw."""
+    """Retry or discard every failed job of a queue: without ``confirm`` a dry run, as
+    for dead letters; with it, the action, if the failed jobs are those the dry run saw."""
     f = Fields(body, "bulk", ("action", "filter", "reason", "confirm"))
-    if f.get("action") != "retry":
-        raise InvalidRequestError("failed jobs are retried in bulk: action is retry")
+    action = f.get("action")
+    if action not in jobs.BULK_ACTIONS:
+        raise InvalidRequestError("action must be retry or discard")
     found = f.get("filter") or {}
     if not isinstance(found, dict) or set(found) - {"queue"}:
         raise InvalidRequestError("filter is an object: {queue?}")
     why = deadletters.deadletters_why(f.get("reason"))  # checked even for a dry run
-    bulk = jobs.plan(request, found.get("queue"))
+    bulk = jobs.plan(request, found.get("queue"), action)
     seen = {"count": bulk.count, "digest": bulk.digest}
-    answer = {"action": "retry", "filter": {"queue": bulk.queue}, **seen}
+    answer = {"action": bulk.action, "filter": {"queue": bulk.queue}, **seen}
     if f.get("confirm") is None:
         items = [job_json(j) for j in bulk.taken[:20]]
         left = [j.id for j in bulk.left]

@@ -1,5 +1,5 @@
-"""Background jobs (RQ): every queue by state, a job with its error, retry one, or every
-failed job of a queue (after a dry run that shows which)."""
+"""Background jobs (RQ): every queue by state, a job with its error; retry or discard
+one failed job, or every failed job of a queue (after a dry run that shows which)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def job_list(request: Request) -> Response:
 def job_page(request: Request) -> Response:
     Query.of(request)  # takes none
     job = get_job(request)
-    return web_of(request).render.page(request, "job.html", job=job)
+    return web_of(request).render.page(request, "job.html", job=job, confirm_discard=False)
 
 
 def retry(request: Request, form: dict[str, str]) -> Response:
@@ -94,27 +94,51 @@ def retry(request: Request, form: dict[str, str]) -> Response:
     return RedirectResponse(f"/jobs/{path_quote(job.id)}", status_code=303)
 
 
+def confirm_discard(request: Request) -> Response:
+    """A discard asks first: the job, its error, and a why."""
+    Query.of(request)  # takes none
+    job = get_job(request)
+    return web_of(request).render.page(request, "job.html", job=job, confirm_discard=True)
+
+
+def discard(request: Request, form: dict[str, str]) -> Response:
+    job = discard_job(request, why_of(form.get("why")))
+    return RedirectResponse(f"/jobs?queue={path_quote(job.queue)}&state=failed", 303)
+
+
 def retry_job(request: Request, why: str | None = None) -> rqjobs.JobRow:
-    return _retry(request, job_id_of(request), why)
+    return _act(request, "retry", job_id_of(request), why)
 
 
-def _retry(request: Request, job_id: str, why: str | None, bulk: int = 0) -> rqjobs.JobRow:
+def discard_job(request: Request, why: str | None = None) -> rqjobs.JobRow:
+    return _act(request, "discard", job_id_of(request), why)
+
+
+def _act(
+    request: Request, action: str, job_id: str, why: str | None, bulk: int = 0
+) -> rqjobs.JobRow:
+    """Retry or discard one failed job, then its audit row: who, why, the queue."""
     web = web_of(request)
-    job = rqjobs.retry(web.services.redis, job_id)
+    act = rqjobs.retry if action == "retry" else rqjobs.discard
+    job = act(web.services.redis, job_id)
     detail: dict[str, Any] = {"queue": job.queue}
     if why is not None:
         detail["reason"] = why
     if bulk:
         detail["bulk"] = bulk  # one of this many, confirmed together
-    web.services.store.audit.record(operator_of(request).name, "job.retry", job_id, detail)
+    web.services.store.audit.record(operator_of(request).name, f"job.{action}", job_id, detail)
     return job
+
+
+BULK_ACTIONS = ("retry", "discard")
 
 
 @dataclass(frozen=True, slots=True)
 class JobBulk:
-    """What retrying a queue's failed jobs would do: the jobs it takes, and the failed
-    jobs it leaves (unreadable: never retried from here)."""
+    """What retrying or discarding a queue's failed jobs would do: the jobs it takes,
+    and the failed jobs it leaves (a retry leaves the unreadable ones: they never run)."""
 
+    action: str
     queue: str
     taken: list[rqjobs.JobRow]
     left: list[rqjobs.JobRow]
@@ -128,34 +152,42 @@ class JobBulk:
         return rqjobs.digest([j.id for j in self.taken])
 
 
-def plan(request: Request, queue: object) -> JobBulk:
+def plan(request: Request, queue: object, action: object = "retry") -> JobBulk:
     queues = web_of(request).config.job_queues
     if queue in (None, ""):
         queue = queues[0]
     if not isinstance(queue, str) or queue not in queues:
         raise BadRequestError(f"queue must be one of {', '.join(queues)}")
+    if action not in BULK_ACTIONS:
+        raise BadRequestError("action must be retry or discard")
     found = rqjobs.failed(web_of(request).services.redis, queue)
     if len(found) > rqjobs.MAX_BULK:
-        raise InvalidRequestError(f"more than {rqjobs.MAX_BULK} failed jobs: retry fewer")
-    return JobBulk(queue, [j for j in found if j.readable], [j for j in found if not j.readable])
+        raise InvalidRequestError(
+            f"more than {rqjobs.MAX_BULK} failed jobs: {action} fewer at a time"
+        )
+    if action == "discard":
+        return JobBulk("discard", queue, found, [])
+    readable = [j for j in found if j.readable]
+    return JobBulk("retry", queue, readable, [j for j in found if not j.readable])
 
 
 def apply(request: Request, bulk: JobBulk, seen: Any, why: str | None) -> int:
-    """Retry the jobs of ``bulk`` if they are those its dry run saw (count and digest)."""
+    """Retry or discard the jobs of ``bulk`` if they are those its dry run saw (count
+    and digest)."""
     seen = seen if isinstance(seen, Mapping) else {}
     if seen.get("count") != bulk.count or seen.get("digest") != bulk.digest:
         raise SelectionChangedError(
             f"{bulk.count} failed jobs match now, not the ones the dry run showed: look again"
         )
     for job in bulk.taken:
-        _retry(request, job.id, why, bulk.count)
+        _act(request, bulk.action, job.id, why, bulk.count)
     return bulk.count
 
 
 def bulk_page(request: Request) -> Response:
-    """The dry run: which failed jobs of a queue a bulk retry would take."""
-    q = Query.of(request, "queue")
-    bulk = plan(request, q.params.get("queue"))
+    """The dry run: which failed jobs of a queue a bulk retry or discard would take."""
+    q = Query.of(request, "queue", "action")
+    bulk = plan(request, q.params.get("queue"), q.params.get("action") or "retry")
     return web_of(request).render.page(
         request, "jobs.html", "_bulk.html", kind="jobs", bulk=bulk, preview=bulk.taken[:20]
     )
@@ -164,7 +196,7 @@ def bulk_page(request: Request) -> Response:
 def bulk(request: Request, form: dict[str, str]) -> Response:
     count = form.get("count", "")
     seen = {"count": int(count) if count.isdigit() else None, "digest": form.get("digest")}
-    done = plan(request, form.get("queue"))
+    done = plan(request, form.get("queue"), form.get("action") or "retry")
     apply(request, done, seen, why_of(form.get("why")))
     return RedirectResponse(f"/jobs?queue={path_quote(done.queue)}&state=failed", 303)
 
