@@ -82,7 +82,12 @@ def test_progress_reads_the_agreed_shape() -> None:
     p = progress_of(raw)
     assert p is not None and p.live and p.percent == 25.0 and p.eta == "6 s"
     assert p.updated_at == datetime(2026, 12, 1, 10, 0, 2, tzinfo=UTC)
-    assert p.as_dict() == {**raw, "updated_at": "2026-12-01T10:00:02+00:00"}
+    assert p.as_dict() == {
+        **raw,
+        "updated_at": "2026-12-01T10:00:02+00:00",
+        "message": None,  # a failed reembed's root cause
+        "superseded_by": None,
+    }
 
 
 def test_progress_of_the_wrong_shape_is_shown_as_unknown_not_a_crash() -> None:
