@@ -14,9 +14,10 @@ from typing import Any
 
 import redis
 
+from store.audit import AuditEntry
 from store.errors import InvalidRequestError, NotFoundError
 from worker import deadletters, runtime
-from worker.deadletters import Bulk, DeadLetter, Match
+from worker.deadletters import Bulk, Match
 from worker.settings import Settings
 
 from . import exits
@@ -40,20 +41,6 @@ def _who() -> str:
     return f"cli:{getpass.getuser()}"[:200]
 
 
-def _as_dict(letter: DeadLetter) -> dict[str, Any]:
-    return {
-        "id": letter.id,
-        "partition": letter.partition,
-        "entry": letter.entry_id,
-        "operation_id": letter.operation_id,
-        "reason": letter.reason,
-        "error": letter.error,
-        "deliveries": letter.deliveries,
-        "at": _when(letter.at_ms).isoformat(),
-        "op": letter.op,
-    }
-
-
 def _when(at_ms: int) -> datetime:
     return datetime.fromtimestamp(at_ms / 1000, tz=UTC)
 
@@ -67,7 +54,7 @@ def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
         letters = deadletters.page(client, before=args.before, count=args.limit)
         total = deadletters.count(client)
     if args.json:
-        print_json({"total": total, "dead_letters": [_as_dict(x) for x in letters]})
+        print_json({"total": total, "dead_letters": [x.as_dict() for x in letters]})
         return exits.OK
     rows = [
         [
@@ -91,13 +78,23 @@ def cmd_show(settings: Settings, args: argparse.Namespace) -> int:
         letter = deadletters.get(client, deadletters.check_id(args.id))
     if letter is None:
         raise _missing(args.id)
-    data = _as_dict(letter)
+    earlier: list[AuditEntry] = []
+    if letter.operation_id is not None:
+        with open_store(settings, "engram dead-letters") as store:
+            earlier = store.audit.retries_of(letter.operation_id)
+    data = letter.as_dict()
     if args.json:
-        print_json(data)
-    else:
-        data["error"] = json.dumps(letter.error, ensure_ascii=False)
-        print(fields(list(data.items())), end="")
+        print_json({**data, "earlier_attempts": [_attempt(e) for e in earlier]})
+        return exits.OK
+    data["error"] = json.dumps(letter.error, ensure_ascii=False)
+    print(fields(list(data.items())), end="")
+    for e in earlier:
+        print(f"earlier attempt: {json.dumps(_attempt(e), ensure_ascii=False)}")
     return exits.OK
+
+
+def _attempt(entry: AuditEntry) -> dict[str, Any]:
+    return {"retried_at": entry.at.isoformat(), "by": entry.requested_by, **entry.detail}
 
 
 def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
@@ -161,7 +158,7 @@ def _dry_run(bulk: Bulk, seen: str) -> dict[str, Any]:
         "action": bulk.action,
         "filter": bulk.match.as_dict(),
         "count": bulk.count,
-        "dead_letters": [_as_dict(x) for x, _ in bulk.taken[:PREVIEW]],
+        "dead_letters": [x.as_dict() for x, _ in bulk.taken[:PREVIEW]],
         "left": [x.id for x in bulk.left],
         "confirm": seen,
     }

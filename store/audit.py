@@ -47,6 +47,8 @@ class AuditEntry:
 
 
 _COLUMNS = "id, at, requested_by, action, target, detail"
+# The earlier attempts a dead letter shows at most.
+MAX_ATTEMPTS = 50
 
 
 class Audit:
@@ -79,6 +81,17 @@ class Audit:
             ).fetchone()
         assert row is not None
         return AuditEntry(*row)
+
+    def retries_of(self, operation_id: str, *, limit: int = MAX_ATTEMPTS) -> list[AuditEntry]:
+        """The retries of an operation's dead letters, oldest first: what each letter
+        went through before it was sent again (migration 012's index)."""
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM engram_audit WHERE action = 'dead_letter.retry'"
+                " AND detail ->> 'operation_id' = %s ORDER BY at, id LIMIT %s",
+                (operation_id, limit),
+            ).fetchall()
+        return [AuditEntry(*r) for r in rows]
 
     def page(
         self, *, cursor: str | None = None, limit: int = DEFAULT_PAGE_SIZE

@@ -224,7 +224,10 @@ def test_dead_letters_through_the_api(web: Web) -> None:
     })  # fmt: skip
     [letter] = web.client.get("/api/v1/dead-letters").json()["items"]
     assert (letter["operation_id"], letter["partition"], letter["op"]) == ("dl:1", 3, body)
-    assert web.client.get(f"/api/v1/dead-letters/{letter['id']}").json() == letter
+    assert web.client.get(f"/api/v1/dead-letters/{letter['id']}").json() == {
+        **letter,
+        "earlier_attempts": [],
+    }
     retried = web.client.post(f"/api/v1/dead-letters/{letter['id']}/retry", json={})
     assert retried.status_code == 200 and retried.json()["partition"] == 3
     assert web.redis.xlen(keys.stream(3)) == 1

@@ -227,3 +227,50 @@ def test_the_cli_dry_runs_then_confirms_and_audits_who_and_why(
     assert rows[0][1:3] == ("dead_letter.retry", kept)
     assert rows[0][0].startswith("cli:") and rows[0][3]["reason"] == "the model is back"
     assert {(a, d["reason"]) for _, a, _, d in rows[1:]} == {("dead_letter.discard", "duplicates")}
+
+
+def test_a_letter_dead_again_shows_what_its_earlier_letters_went_through(
+    web: Web,
+    dsn: str,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A retry removes the letter; when the operation is dead-lettered again, its new
+    letter lists the attempts before it (the dashboard, the API and the CLI alike)."""
+    web.redis.delete(keys.DEAD_LETTERS)
+    first = letter(web, "failed", user="history")
+    [(_, fields)] = stream(web)
+    op_id = fields[b"operation_id"].decode()
+    retried = web.client.post(
+        f"/api/v1/dead-letters/{first}/retry", json={"reason": "the database is back"}
+    )
+    assert retried.status_code == 200, retried.text
+    # The worker fails it again: a new letter of the same operation.
+    again = web.redis.xadd(  # type: ignore[union-attr]
+        keys.DEAD_LETTERS,
+        {**{k.decode(): v for k, v in fields.items()}, "reason": "deliveries", "deliveries": 5},
+    ).decode()
+
+    [attempt] = web.client.get(f"/api/v1/dead-letters/{again}").json()["earlier_attempts"]
+    assert attempt["requested_by"] == "local" and attempt["target"] == first
+    assert {k: attempt["detail"][k] for k in ("reason", "dead_reason", "deliveries")} == {
+        "reason": "the database is back",
+        "dead_reason": "failed",
+        "deliveries": 3,
+    }
+    page = web.client.get(f"/dead-letters/{again}").text
+    table = page[page.index('id="earlier-attempts"') :]
+    assert "the database is back" in table and ">failed<" in table
+    listed = web.client.get("/api/v1/dead-letters").json()["items"]
+    assert [x["id"] for x in listed] == [again] and "earlier_attempts" not in listed[0]
+
+    for name, value in (("DATABASE_URL", dsn), ("REDIS_URL", redis_url),
+                        ("ENGRAM_PARTITIONS", str(FAST.partitions))):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    assert main(["dead-letters", "show", again, "--json"]) == exits.OK
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["operation_id"] == op_id and shown["at"].startswith("1970-01-01T00:00:00")
+    assert [(a["by"], a["reason"], a["dead_reason"]) for a in shown["earlier_attempts"]] == [
+        ("local", "the database is back", "failed")
+    ]

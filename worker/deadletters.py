@@ -55,6 +55,23 @@ class DeadLetter:
     # Its own fields missing or garbage (planted, damaged): shown as such, never retried.
     malformed: bool = False
 
+    def as_dict(self) -> dict[str, Any]:
+        """The letter as JSON, one shape for the API and the CLI."""
+        at = datetime.fromtimestamp(self.at_ms / 1000, tz=UTC)
+        return {
+            "id": self.id,
+            "partition": self.partition,
+            "entry": self.entry_id,
+            "operation_id": self.operation_id,
+            "reason": self.reason,
+            "error": self.error,
+            "deliveries": self.deliveries,
+            "at_ms": self.at_ms,
+            "at": at.isoformat(),
+            "op": self.op,
+            "malformed": self.malformed,
+        }
+
 
 def add(
     pipe: Any,

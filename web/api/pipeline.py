@@ -19,7 +19,7 @@ from ..params import Query
 from ..state import web_of
 from ..views import deadletters, jobs
 from ..views.generations import cancel_generation, start
-from .serialize import dead_letter_json, generation_json, job_json, page_json, queue_json
+from .serialize import audit_json, generation_json, job_json, page_json, queue_json
 
 
 def reembed(request: Request, body: Any) -> Response:
@@ -79,12 +79,14 @@ def job_bulk(request: Request, body: Any) -> Response:
 
 def dead_letter_list(request: Request) -> Response:
     letters, next_cursor = deadletters.letter_page_of(request)
-    return JSONResponse({"items": [dead_letter_json(d) for d in letters], "next": next_cursor})
+    return JSONResponse({"items": [d.as_dict() for d in letters], "next": next_cursor})
 
 
 def dead_letter(request: Request) -> Response:
     Query.of(request)  # takes none
-    return JSONResponse(dead_letter_json(deadletters.get_letter(request)))
+    letter = deadletters.get_letter(request)
+    earlier = deadletters.earlier_attempts(request, letter)
+    return JSONResponse({**letter.as_dict(), "earlier_attempts": [audit_json(e) for e in earlier]})
 
 
 def reasoned(view: Callable[[Request, str | None], Response]) -> Endpoint:
@@ -127,7 +129,7 @@ def dead_letter_bulk(request: Request, body: Any) -> Response:
     seen = {"count": bulk.count, "digest": bulk.digest}
     answer = {"action": bulk.action, "filter": bulk.match.as_dict(), **seen}
     if f.get("confirm") is None:
-        items = [dead_letter_json(x) for x, _ in bulk.taken[: deadletters.PREVIEW]]
+        items = [x.as_dict() for x, _ in bulk.taken[: deadletters.PREVIEW]]
         left = [x.id for x in bulk.left]
         return JSONResponse(
             {**answer, "dry_run": True, "items": items, "left": left, "confirm": seen}

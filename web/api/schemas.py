@@ -524,12 +524,20 @@ SCHEMAS: dict[str, Schema] = {
             "error": {"type": "object"},
             "deliveries": {"type": "integer"},
             "at_ms": {"type": "integer"},
+            "at": TIME,
             "op": nullable({"type": "string", "description": "The entry as sent."}),
             "malformed": {
                 "type": "boolean",
                 "description": "Its fields are missing or garbage: shown, never retried.",
             },
-        }
+            "earlier_attempts": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/AuditEntry"},
+                "description": "A single letter only: the retries of its operation before "
+                "it was dead-lettered again (audit rows, oldest first).",
+            },
+        },
+        optional=("earlier_attempts",),
     ),
     "Retried": obj(
         {

@@ -18,7 +18,6 @@ from store import (
     Tombstone,
 )
 from store.find import Findings, Found
-from worker.deadletters import DeadLetter
 
 from ..progress import progress_of
 from ..rqjobs import JobRow, QueueSummary
@@ -148,21 +147,6 @@ def generation_json(item: GenerationItem) -> dict[str, Any]:
         "activated_at": time_json(g.activated_at),
         "vectors": item.vectors,
         "progress": progress.as_dict() if progress is not None else None,
-    }
-
-
-def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
-    return {
-        "id": letter.id,
-        "partition": letter.partition,
-        "entry": letter.entry_id,
-        "operation_id": letter.operation_id,
-        "reason": letter.reason,
-        "error": letter.error,
-        "deliveries": letter.deliveries,
-        "at_ms": letter.at_ms,
-        "op": letter.op,
-        "malformed": letter.malformed,
     }
 
 

@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from store.audit import AuditEntry
 from store.errors import InvalidRequestError, NotFoundError
 from store.operations import OPERATION_KINDS
 from worker import deadletters
@@ -196,14 +197,31 @@ def bulk(request: Request, form: dict[str, str]) -> Response:
 def confirm_discard(request: Request) -> Response:
     Query.of(request)  # takes none
     letter = get_letter(request)
-    return web_of(request).render.page(request, "dead_letter.html", letter=letter, confirm=True)
+    earlier = earlier_attempts(request, letter)
+    return web_of(request).render.page(
+        request, "dead_letter.html", letter=letter, confirm=True, earlier=earlier
+    )
 
 
 def letter_page(request: Request) -> Response:
     Query.of(request)  # takes none
     letter = get_letter(request)
-    home = deadletters.home_partition(letter, web_of(request).services.producer.partitions)
-    return web_of(request).render.page(request, "dead_letter.html", letter=letter, home=home)
+    web = web_of(request)
+    home = deadletters.home_partition(letter, web.services.producer.partitions)
+    return web.render.page(
+        request,
+        "dead_letter.html",
+        letter=letter,
+        home=home,
+        earlier=earlier_attempts(request, letter),
+    )
+
+
+def earlier_attempts(request: Request, letter: DeadLetter) -> list[AuditEntry]:
+    """The retries of this letter's operation before it was dead-lettered again."""
+    if letter.operation_id is None:
+        return []
+    return web_of(request).services.store.audit.retries_of(letter.operation_id)
 
 
 def retry(request: Request, form: dict[str, str]) -> Response:
