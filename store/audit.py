@@ -25,6 +25,7 @@ from .paging import DEFAULT_PAGE_SIZE, Page, check_limit, paged
 ACTIONS = (
     "dead_letter.retry",
     "dead_letter.discard",
+    "record.forget",
     "reembed.start",
     "reembed.cancel",
     "job.retry",
@@ -90,6 +91,15 @@ class Audit:
                 f"SELECT {_COLUMNS} FROM engram_audit WHERE action = 'dead_letter.retry'"
                 " AND detail ->> 'operation_id' = %s ORDER BY at, id LIMIT %s",
                 (operation_id, limit),
+            ).fetchall()
+        return [AuditEntry(*r) for r in rows]
+
+    def about(self, target: str, *, limit: int = MAX_ATTEMPTS) -> list[AuditEntry]:
+        """The rows about ``target`` (a record id, a job id...), oldest first."""
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM engram_audit WHERE target = %s ORDER BY at, id LIMIT %s",
+                (target, limit),
             ).fetchall()
         return [AuditEntry(*r) for r in rows]
 

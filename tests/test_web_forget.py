@@ -90,3 +90,44 @@ def test_forgetting_an_unknown_record_enqueues_nothing(web: Web) -> None:
     assert missing.status_code == 404
     assert web.client.get("/forget/mem_never_was").status_code == 404
     assert streams_length(web) == 0
+
+
+def test_a_forget_s_why_is_kept_in_the_audit_trail_and_shown_on_its_tombstone(
+    web: Web, start_worker: Any, scope: dict[str, str]
+) -> None:
+    with start_worker(web.store):
+        one = web.producer.remember(scope, "Ada's locker code is 4411.").wait(10).records[0].id
+        two = web.producer.remember(scope, "Ada's gym is on Elm St.").wait(10).records[0].id
+        token = web.csrf(f"/forget/{one}")
+        assert 'name="why"' in web.client.get(f"/forget/{one}").text
+        posted = web.client.post(
+            f"/forget/{one}", data={"csrf": token, "why": "she asked us to, ticket 88"}
+        )
+        assert posted.status_code == 303
+        op_id = posted.headers["location"].rsplit("/", 1)[1]
+        wait_until(lambda: web.store.browse.record(one) is None, what="the first forget")
+
+        # Through the API: the reason goes with a forget only, and is checked first.
+        forget = {"kind": "forget", "scope": scope, "request": {"id": two}}
+        before = streams_length(web) + len(web.store.audit.about(two))
+        for body in (
+            {**forget, "reason": "x" * 201},
+            {"kind": "retract", "scope": scope, "request": {"id": two}, "reason": "no"},
+        ):
+            refused = web.client.post("/api/v1/operations", json=body)
+            assert refused.status_code in (400, 422), refused.text
+        assert streams_length(web) + len(web.store.audit.about(two)) == before
+        sent = web.client.post("/api/v1/operations?wait=10", json={**forget, "reason": "GDPR"})
+        assert sent.status_code == 200, sent.text
+
+    [row] = web.store.audit.about(one)
+    assert (row.requested_by, row.action, row.detail) == (
+        "local",
+        "record.forget",
+        {"operation_id": op_id, "reason": "she asked us to, ticket 88"},
+    )
+    [api_row] = web.store.audit.about(two)
+    assert (api_row.action, api_row.detail["reason"]) == ("record.forget", "GDPR")
+    tombstone = web.client.get(f"/records/{one}").text
+    assert 'class="forget-reason">she asked us to, ticket 88<' in tombstone
+    assert "Asked for by local" in tombstone

@@ -39,7 +39,12 @@ def test_a_reembed_started_through_the_api_runs_on_the_jobs_and_recall_follows_i
     with build(settings, WebConfig(partitions=4)) as app, TestClient(app, base_url=BASE_URL) as web:
         refused = web.post("/api/v1/reembed", json={"model": "no-such-model"})
         assert refused.status_code == 422, refused.text
-        started = web.post("/api/v1/reembed", json={"model": "hashing:32"})
+        too_long = web.post("/api/v1/reembed", json={"model": "hashing:32", "reason": "x" * 201})
+        assert too_long.status_code == 400
+        assert [g["status"] for g in web.get("/api/v1/generations").json()["items"]] == ["active"]
+        started = web.post(
+            "/api/v1/reembed", json={"model": "hashing:32", "reason": "MiniLM trial, ticket 12"}
+        )
         assert started.status_code == 202, started.text
         job_id = started.json()["job_id"]
         pending = web.get("/api/v1/generations").json()["items"][0]
@@ -60,6 +65,7 @@ def test_a_reembed_started_through_the_api_runs_on_the_jobs_and_recall_follows_i
         assert job["state"] == "finished", job
         [entry] = [e for e in fresh_store.audit.page().items if e.action == "reembed.start"]
         assert (entry.target, entry.requested_by) == (job_id, "local")
+        assert entry.detail == {"model": "hashing:32", "reason": "MiniLM trial, ticket 12"}
 
         hits = web.post(
             "/api/v1/recall", json={"scope": scope, "text": "note number 7", "top_k": 3}

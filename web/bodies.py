@@ -13,6 +13,9 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 
+from store.errors import InvalidRequestError
+from worker.deadletters import check_why
+
 from .errors import BadRequestError, TooLargeError, UnsupportedMediaTypeError
 
 FORM_TYPE = "application/x-www-form-urlencoded"
@@ -77,3 +80,12 @@ async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> A
         return json.loads(body)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise BadRequestError("the body is not valid JSON") from None
+
+
+def why_of(value: Any) -> str | None:
+    """An operator's why for an action (a form's or a JSON body's), or None; a 400
+    past ``worker.deadletters.MAX_WHY_CHARS``."""
+    try:
+        return check_why(value)
+    except InvalidRequestError as exc:
+        raise BadRequestError(exc.message) from None

@@ -13,14 +13,15 @@ from starlette.responses import JSONResponse, Response
 
 from store import Operation
 from store.errors import EngramError, InvalidRequestError, NotFoundError
-from store.operations import new_operation_id
+from store.operations import Forget, new_operation_id
 from worker import Pending, StreamReceipt, WaitTimeout
 
-from ..bodies import read_json
+from ..bodies import read_json, why_of
 from ..params import Query, ident
 from ..render import path_quote
 from ..state import operator_of, web_of
 from ..views.receipts import RECEIPT_FILTERS, operation_state, receipt_filter
+from ..views.records import audit_forget
 from .serialize import page_json, receipt_json
 
 OPERATION_FIELDS = ("operation_id", "kind", "scope", "request")
@@ -61,10 +62,16 @@ def _enqueue(request: Request, body: Any) -> tuple[float | None, Pending, dict[s
         raise InvalidRequestError(
             "requested_by is set by the server: it is the operator the request is made as"
         )
+    body = dict(body)
+    why = why_of(body.pop("reason", None))
+    if why is not None and body.get("kind") != "forget":
+        raise InvalidRequestError("reason goes with a forget only (kept in the audit trail)")
     op = Operation.from_dict(
         {"operation_id": new_operation_id(), **body, "requested_by": operator_of(request).name}
     )
     pending = web.services.producer.enqueue(op)
+    if isinstance(op.request, Forget):
+        audit_forget(request, op.request.id, op.operation_id, why)
     accepted = {
         "operation_id": op.operation_id,
         "partition": pending.partition,

@@ -13,7 +13,7 @@ from store.errors import InvalidRequestError
 from store.listed import GenerationItem
 from store.validation import Fields
 
-from ..bodies import read_json
+from ..bodies import read_json, why_of
 from ..endpoints import Endpoint
 from ..params import Query
 from ..state import web_of
@@ -23,8 +23,9 @@ from .serialize import audit_json, generation_json, job_json, page_json, queue_j
 
 
 def reembed(request: Request, body: Any) -> Response:
-    f = Fields(body, "reembed", ("model",))
-    return JSONResponse({"job_id": start(request, f.get("model"))}, status_code=202)
+    f = Fields(body, "reembed", ("model", "reason"))
+    why = why_of(f.get("reason"))
+    return JSONResponse({"job_id": start(request, f.get("model"), why)}, status_code=202)
 
 
 def generation_cancel(request: Request, why: str | None) -> Response:
@@ -63,7 +64,7 @@ def job_bulk(request: Request, body: Any) -> Response:
     found = f.get("filter") or {}
     if not isinstance(found, dict) or set(found) - {"queue"}:
         raise InvalidRequestError("filter is an object: {queue?}")
-    why = deadletters.deadletters_why(f.get("reason"))  # checked even for a dry run
+    why = why_of(f.get("reason"))  # checked even for a dry run
     bulk = jobs.plan(request, found.get("queue"), action)
     seen = {"count": bulk.count, "digest": bulk.digest}
     answer = {"action": bulk.action, "filter": {"queue": bulk.queue}, **seen}
@@ -97,7 +98,7 @@ def reasoned(view: Callable[[Request, str | None], Response]) -> Endpoint:
         body = await read_json(request, web_of(request).config.max_json_bytes, empty={})
         if not isinstance(body, dict) or set(body) - {"reason"}:
             raise InvalidRequestError('this action takes {} or {"reason": "..."}')
-        why = deadletters.deadletters_why(body.get("reason"))
+        why = why_of(body.get("reason"))
         return await run_in_threadpool(view, request, why)
 
     endpoint.__name__ = view.__name__
@@ -124,7 +125,7 @@ def dead_letter_bulk(request: Request, body: Any) -> Response:
         raise InvalidRequestError("filter is an object: {reason?, partition?, code?, ...}")
     if found and set(found) - set(deadletters.MATCH_FIELDS):
         raise InvalidRequestError(f"filter takes {', '.join(deadletters.MATCH_FIELDS)}")
-    why = deadletters.deadletters_why(f.get("reason"))  # checked even for a dry run
+    why = why_of(f.get("reason"))  # checked even for a dry run
     bulk = deadletters.plan(request, f.get("action"), deadletters.match_of(request, found or {}))
     seen = {"count": bulk.count, "digest": bulk.digest}
     answer = {"action": bulk.action, "filter": bulk.match.as_dict(), **seen}

@@ -45,6 +45,12 @@ def nullable(schema: Schema) -> Schema:
 
 
 TIME = {"type": "string", "format": "date-time"}
+# An operator's why, kept in the audit trail.
+_WHY = {
+    "type": "string",
+    "maxLength": 200,
+    "description": "Why, for the audit trail (a forget's: shown on its tombstone).",
+}
 _SCOPE = {
     "type": "object",
     "description": "An exact scope: at least one field set (a null field is not set).",
@@ -482,7 +488,7 @@ SCHEMAS: dict[str, Schema] = {
             "progress": nullable(ref("Progress")),
         }
     ),
-    "Reembed": obj({"model": string(MAX_ID_CHARS)}),
+    "Reembed": obj({"model": string(MAX_ID_CHARS), "reason": nullable(_WHY)}, optional=("reason",)),
     "JobStarted": obj({"job_id": {"type": "string"}}),
     "Job": obj(
         {
@@ -571,6 +577,7 @@ for _kind, _body in _REQUESTS.items():
             "kind": {"const": _kind},
             "scope": _SCOPE,
             "request": _body,
+            **({"reason": nullable(_WHY)} if _kind == "forget" else {}),
         },
         "additionalProperties": False,
     }

@@ -18,6 +18,7 @@ from store.operations import OPERATION_KINDS
 from worker import deadletters
 from worker.deadletters import Bulk, DeadLetter, Match
 
+from ..bodies import why_of
 from ..errors import BadRequestError
 from ..params import Query, integer, parse_time
 from ..render import path_quote
@@ -189,7 +190,7 @@ def bulk(request: Request, form: dict[str, str]) -> Response:
     count = form.get("count", "")
     seen = {"count": int(count) if count.isdigit() else None, "digest": form.get("digest")}
     done = plan(request, form.get("action", ""), match_of(request, form))
-    apply(request, done, seen, deadletters_why(form.get("why")))
+    apply(request, done, seen, why_of(form.get("why")))
     query = filter_query(done.match)
     return RedirectResponse("/dead-letters" + (f"?{query}" if query else ""), 303)
 
@@ -225,14 +226,14 @@ def earlier_attempts(request: Request, letter: DeadLetter) -> list[AuditEntry]:
 
 
 def retry(request: Request, form: dict[str, str]) -> Response:
-    letter, _, _ = retry_letter(request, deadletters_why(form.get("why")))
+    letter, _, _ = retry_letter(request, why_of(form.get("why")))
     if letter.operation_id:
         return RedirectResponse(f"/operations/{path_quote(letter.operation_id)}", 303)
     return RedirectResponse("/dead-letters", 303)
 
 
 def discard(request: Request, form: dict[str, str]) -> Response:
-    discard_letter(request, deadletters_why(form.get("why")))
+    discard_letter(request, why_of(form.get("why")))
     return RedirectResponse("/dead-letters", 303)
 
 
@@ -266,13 +267,6 @@ def _discard(request: Request, letter: DeadLetter, why: str | None) -> None:
     deadletters.discard_audited(
         web.services.redis, web.services.store.audit, operator_of(request).name, letter, why
     )
-
-
-def deadletters_why(value: Any) -> str | None:
-    try:
-        return deadletters.check_why(value)
-    except InvalidRequestError as exc:
-        raise BadRequestError(exc.message) from None
 
 
 def get_letter(request: Request) -> DeadLetter:

@@ -13,11 +13,11 @@ from store.errors import NotFoundError
 from store.limits import MAX_ID_CHARS
 from store.model import check_string
 
+from ..bodies import why_of
 from ..errors import UnavailableError
 from ..params import Query, integer
 from ..progress import progress_of
 from ..state import operator_of, web_of
-from .deadletters import deadletters_why
 
 MAX_GENERATION_ID = 2**31 - 1  # a serial
 
@@ -39,12 +39,12 @@ def generation_list(request: Request) -> Response:
 
 
 def start_reembed(request: Request, form: dict[str, str]) -> Response:
-    job_id = start(request, form.get("model", ""))
+    job_id = start(request, form.get("model", ""), why_of(form.get("why")))
     del job_id  # the generations page shows it, with the progress
     return RedirectResponse("/generations", status_code=303)
 
 
-def start(request: Request, model: object) -> str:
+def start(request: Request, model: object, why: str | None = None) -> str:
     """Start a reembed towards ``model`` for the operator asking; the job's id.
     The audit trail says who started it."""
     web = web_of(request)
@@ -58,7 +58,8 @@ def start(request: Request, model: object) -> str:
         )
     who = operator_of(request).name
     job_id = starter(name, who)
-    web.services.store.audit.record(who, "reembed.start", job_id, {"model": name})
+    detail = {"model": name} if why is None else {"model": name, "reason": why}
+    web.services.store.audit.record(who, "reembed.start", job_id, detail)
     return job_id
 
 
@@ -78,7 +79,7 @@ def cancel_confirm(request: Request) -> Response:
 
 
 def cancel(request: Request, form: dict[str, str]) -> Response:
-    cancel_generation(request, deadletters_why(form.get("why")))
+    cancel_generation(request, why_of(form.get("why")))
     return RedirectResponse("/generations", status_code=303)
 
 

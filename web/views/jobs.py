@@ -12,10 +12,10 @@ from starlette.responses import RedirectResponse, Response
 
 from store import Page
 from store.errors import InvalidRequestError, NotFoundError
-from worker import deadletters
 from worker.deadletters import SelectionChangedError
 
 from .. import rqjobs
+from ..bodies import why_of
 from ..errors import BadRequestError
 from ..params import Query
 from ..render import path_quote
@@ -199,13 +199,6 @@ def bulk(request: Request, form: dict[str, str]) -> Response:
     done = plan(request, form.get("queue"), form.get("action") or "retry")
     apply(request, done, seen, why_of(form.get("why")))
     return RedirectResponse(f"/jobs?queue={path_quote(done.queue)}&state=failed", 303)
-
-
-def why_of(value: Any) -> str | None:
-    try:
-        return deadletters.check_why(value)
-    except InvalidRequestError as exc:
-        raise BadRequestError(exc.message) from None
 
 
 def get_job(request: Request) -> rqjobs.JobRow:

@@ -11,6 +11,7 @@ from starlette.responses import RedirectResponse, Response
 from store import ReceiptFilter
 from store.errors import NotFoundError
 
+from ..bodies import why_of
 from ..diff import history_diffs
 from ..params import Query, ident
 from ..render import path_quote
@@ -37,6 +38,7 @@ def record_page(request: Request) -> Response:
             tombstone=tombstone,
             scope=browse.scope(tombstone.scope_id),
             receipts=receipts,
+            asked=web.services.store.audit.about(record_id),
         )
     # A page of the history, newest first; the revision past it is what its last one
     # changed from. Each diff is bounded (web.diff), so the page is too.
@@ -99,4 +101,16 @@ def forget(request: Request, form: dict[str, str]) -> Response:
         operation_id=f"dashboard:forget:{uuid.uuid4().hex}",
         requested_by=operator_of(request).name,
     )
+    audit_forget(request, record_id, pending.operation_id, why_of(form.get("why")))
     return RedirectResponse(f"/operations/{path_quote(pending.operation_id)}", status_code=303)
+
+
+def audit_forget(request: Request, record_id: str, operation_id: str, why: str | None) -> None:
+    """A forget sent from the dashboard or the API: who asked, and why, in the audit
+    trail (the receipt says who too; the why has no other home)."""
+    detail = {"operation_id": operation_id}
+    if why is not None:
+        detail["reason"] = why
+    web_of(request).services.store.audit.record(
+        operator_of(request).name, "record.forget", record_id, detail
+    )
