@@ -10,7 +10,7 @@ shown, in an opaque cursor; never OFFSET), each in the order of an index
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -318,6 +318,16 @@ class Browse:
             lambda r: (r[4], r[0]),
             lambda r: ReceiptItem(receipt_from_row(r), r[RECEIPT_WIDTH], r[RECEIPT_WIDTH + 1]),
         )
+
+    def asked_by(self, operation_ids: Sequence[str]) -> dict[str, str | None]:
+        """Who each operation says asked for it (its receipt's ``requested_by``)."""
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT operation_id, requested_by FROM engram_receipts"
+                " WHERE operation_id = ANY(%s)",
+                (list(operation_ids),),
+            ).fetchall()
+        return {op_id: by for op_id, by in rows}
 
     def receipt(self, operation_id: str) -> ReceiptItem | None:
         with self.pool.connection() as conn:

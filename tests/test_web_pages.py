@@ -13,9 +13,9 @@ from urllib.parse import quote
 
 import pytest
 
-from store import Operation
+from store import Operation, WriteResult
 from tests.redis_fixtures import wait_until
-from tests.web_fixtures import Web
+from tests.web_fixtures import EMBEDDER, Web
 from web.middleware import CONTENT_SECURITY_POLICY
 from worker import keys
 
@@ -228,6 +228,29 @@ def test_a_record_shows_what_changed_why_and_its_links_both_ways(web: Web) -> No
     assert f'href="/forget/{data["london"]}"' in html
     newer = web.client.get(f"/records/{data['newer']}").text
     assert f'supersedes → <a class="mono" href="/records/{data["london"]}"' in newer
+
+
+def test_each_revision_says_who_asked_for_it(web: Web) -> None:
+    scope = {"user_id": "asked-by"}
+    first = Operation.build(
+        "remember", scope, {"text": "Ada likes tea."}, requested_by="support-bot"
+    )
+    [made] = web.store.execute([first], EMBEDDER)
+    assert isinstance(made, WriteResult)
+    rid = made.records[0].id
+    second = Operation.build(
+        "revise", scope, {"id": rid, "text": "Ada likes green tea.", "expected_revision": 1},
+        requested_by="grace",
+    )  # fmt: skip
+    web.store.execute([second], EMBEDDER)
+    html = web.client.get(f"/records/{rid}").text
+    revisions = {n: html[html.index(f'id="revision-{n}"') :] for n in (1, 2)}
+    assert re.search(
+        r'class="asked-by"><span class="claimed"[^>]*>\(claimed\) grace<', revisions[2]
+    )
+    assert re.search(
+        r'class="asked-by"><span class="claimed"[^>]*>\(claimed\) support-bot<', revisions[1]
+    )
 
 
 def test_recall_shows_hits_with_score_and_match_kind(

@@ -55,6 +55,7 @@ def record_page(request: Request) -> Response:
         history_paged=q.cursor() is not None,
         revisions=browse.revision_count(record_id),
         diffs=diffs,
+        asked_by=browse.asked_by([r.operation_id for r in history.items]),
         backlinks=browse.linked_from(record_id, item.scope_id),
         receipts=receipts,
     )
