@@ -28,7 +28,7 @@ from worker.settings import Settings
 
 from . import dead_letters, enqueue, exits, jobs_cli, pause_cli, reads, transfer, web_cli
 from .args import positive_int
-from .database import database_url
+from .database import database_url, wait_for_store
 
 log = logging.getLogger("engram")
 
@@ -87,7 +87,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     from .jobs_cli import forget_hook, worker_embedders
 
     client = runtime.connect_redis(runtime.redis_url(settings))
-    store = _connect_store(runtime.database_url(settings), settings.db_pool_size)
+    store = wait_for_store(runtime.database_url(settings), settings.db_pool_size)
     embedders, embedder = worker_embedders(settings, args.embedder or settings.embedder, store)
     llm = runtime.load_llm(settings)
     worker = Worker(
@@ -109,25 +109,6 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         if llm is not None:
             llm.close()
     return 0
-
-
-def _connect_store(dsn: str, pool_size: int) -> Store:
-    """Wait for PostgreSQL if it is not up yet (workers may start before it)."""
-    import time
-
-    import psycopg
-
-    delay = 1.0
-    while True:
-        try:
-            return Store.connect(dsn, migrate=False, max_connections=pool_size)
-        except psycopg.OperationalError as exc:
-            log.warning(
-                "database unavailable, will retry",
-                extra={"error": type(exc).__name__, "retry_in_s": delay},
-            )
-            time.sleep(delay)
-            delay = min(delay * 2, 10.0)
 
 
 def cmd_metrics(settings: Settings, args: argparse.Namespace) -> int:

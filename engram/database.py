@@ -8,11 +8,15 @@ whatever happens (a watchdog stops it if the command is killed).
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import psycopg
+import psycopg_pool
 
 from store import Store
 from store.errors import ConfigError
@@ -23,6 +27,8 @@ from worker.settings import Settings
 
 from .home import HomeInUseError, HomeSession
 from .procs import ProcessRecord
+
+log = logging.getLogger(__name__)
 
 # How long a command waits for an ``up`` that is starting to publish its database.
 _WAIT_S = 60.0
@@ -74,3 +80,19 @@ def open_store(settings: Settings, command: str, *, connections: int = 2) -> Ite
         Store.connect(dsn, migrate=False, max_connections=connections) as store,
     ):
         yield store
+
+
+def wait_for_store(dsn: str, pool_size: int) -> Store:
+    """The store of a long-running process (a worker, the jobs), once PostgreSQL answers:
+    it may start before the database, or during an outage (retried with back-off)."""
+    delay = 1.0
+    while True:
+        try:
+            return Store.connect(dsn, migrate=False, max_connections=pool_size)
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            log.warning(
+                "database unavailable, will retry",
+                extra={"error": type(exc).__name__, "retry_in_s": delay},
+            )
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)

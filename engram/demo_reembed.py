@@ -33,7 +33,8 @@ from worker.producer import Pending, Producer
 from worker.settings import Settings
 
 from . import procs
-from .jobs_cli import follow
+from .database import wait_for_store
+from .following import follow
 
 SCOPE = {"user_id": "engram-demo-reembed"}
 FACTS = (
@@ -95,11 +96,9 @@ class SteadyWriter:
 
 
 def run_demo(settings: Settings, *, model: str, rate_per_s: float, seed_records: int) -> int:
-    from .cli import _connect_store
-
     redis_url = runtime.redis_url(settings)
     client = runtime.connect_redis(redis_url)
-    store = _connect_store(runtime.database_url(settings), 2)
+    store = wait_for_store(runtime.database_url(settings), 2)
     registry = runtime.registry(settings)
     stamp = int(time.time())
     try:

@@ -8,21 +8,21 @@ import argparse
 import json
 import logging
 import sys
-import time
 from typing import Any
 
 from jobs import prune, redaction, reembed, runner
 from jobs.context import JobContext
-from jobs.progress import Progress, bar
 from jobs.settings import JobsSettings, parse_duration
 from store import Embedder, Store
 from store.embedders import EmbedderResolver
 from store.errors import InvalidRequestError
 from worker import runtime
-from worker.consumer import ForgetHook
+from worker.partition import ForgetHook
 from worker.settings import Settings
 
 from .args import positive_int
+from .database import wait_for_store
+from .following import follow
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +73,12 @@ def cmd_jobs_health(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
-    from .cli import _connect_store
-
     if args.cancel is not None:
         return _cancel(settings, args)
     if args.reason is not None:
         raise InvalidRequestError("--reason goes with --cancel")
     client = runtime.connect_redis(runtime.redis_url(settings))
-    store = _connect_store(runtime.database_url(settings), 2)
+    store = wait_for_store(runtime.database_url(settings), 2)
     try:
         started = reembed.start(
             store,
@@ -105,9 +103,7 @@ def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
 def _cancel(settings: Settings, args: argparse.Namespace) -> int:
     """``engram reembed --cancel GENERATION``: exit 1 (generation_not_pending) for one
     that is not pending, nothing changed."""
-    from .cli import _connect_store
-
-    store = _connect_store(runtime.database_url(settings), 2)
+    store = wait_for_store(runtime.database_url(settings), 2)
     try:
         ended = reembed.cancel(store, args.cancel, requested_by=args.requested_by, why=args.reason)
     finally:
@@ -120,8 +116,6 @@ _NAME_IT = " (name it to prune it anyway)"
 
 
 def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
-    from .cli import _connect_store
-
     named = [prune.check(name) for name in args.what]
     older_than_s = parse_duration(args.older_than, "--older-than") if args.older_than else None
     client = runtime.connect_redis(runtime.redis_url(settings))
@@ -131,7 +125,7 @@ def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
             for name in targets:
                 print(f"prune {name}: job {prune.enqueue(client, name, older_than_s=older_than_s)}")
             return 0
-        store = _connect_store(runtime.database_url(settings), 2)
+        store = wait_for_store(runtime.database_url(settings), 2)
         try:
             report = prune.run(
                 store, client, JobsSettings.from_env().retention, named, older_than_s=older_than_s
@@ -200,47 +194,10 @@ def register(sub: Any) -> None:
 
 
 def _context(settings: Settings) -> JobContext:
-    from .cli import _connect_store
-
     return JobContext(
-        store=_connect_store(runtime.database_url(settings), settings.db_pool_size),
+        store=wait_for_store(runtime.database_url(settings), settings.db_pool_size),
         client=runtime.connect_redis(runtime.redis_url(settings)),
         registry=runtime.registry(settings),
         settings=JobsSettings.from_env(),
         streams=settings.worker,
     )
-
-
-def follow(store: Store, generation_id: int, poll_s: float = 0.5) -> int:
-    """Print the progress bar until the re-embedding is over; 0 once it is active, else 1
-    with how it ended on stderr (``engram: reembed failed: <root cause>``, cancelled by
-    whom, superseded by which generation)."""
-    tty = sys.stdout.isatty()
-    shown = ""
-    printed_at = 0.0
-    while True:
-        generation = store.embeddings.get(generation_id)
-        progress = Progress.from_dict(generation.progress) if generation else None
-        if generation is None or (progress is None and generation.status != "pending"):
-            status = generation.status if generation else "gone"
-            print(f"engram: reembed {status}: generation {generation_id}", file=sys.stderr)
-            return 0 if status == "active" else 1
-        if progress is not None:
-            line = bar(progress)
-            if tty:
-                sys.stdout.write(f"\r{line}\033[K")
-                sys.stdout.flush()
-            elif line != shown and (progress.finished or time.monotonic() - printed_at >= 5):
-                print(line, flush=True)
-                printed_at = time.monotonic()
-            shown = line
-            if progress.finished:
-                if tty:
-                    print()
-                if progress.state == "activated":
-                    if progress.message:
-                        print(progress.outcome)
-                    return 0
-                print(f"engram: reembed {progress.outcome}", file=sys.stderr)
-                return 1
-        time.sleep(poll_s)

@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         return 0
     from worker import logs
 
-    from .home import clean_home
+    from .cleanup import clean_home
 
     logs.configure("INFO")
     clean_home(home)

@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engram.home import HomeInUseError, HomeLock, HomeSession, clean_home, in_use_message
+from engram.cleanup import clean_home
+from engram.home import HomeInUseError, HomeLock, HomeSession, in_use_message
 from engram.procs import ProcessRecord, live_process, wait_gone
 from engram.supervisor import ChildSpec, Supervisor
 from tests.redis_fixtures import REPO, wait_until

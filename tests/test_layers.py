@@ -43,3 +43,79 @@ def test_imports_go_one_way(package: str) -> None:
         for name in imported_packages(path) & FORBIDDEN[package]
     }
     assert not wrong, sorted(wrong)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports, at any depth (an import inside
+    a function counts: it is a cycle deferred, not avoided; one for the type checker
+    only does not)."""
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for inner in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue  # for the type checker only: no import at run time
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            root = ".".join([*base, *([node.module] if node.module else [])])
+            names = [root, *(f"{root}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found |= {name for name in names if name in modules}
+    return found
+
+
+def cycle_in(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph``, or ``[]``."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return []
+
+
+@pytest.mark.parametrize("package", [p for p in PACKAGES if (REPO / p).is_dir()])
+def test_no_import_circle_inside_a_package(package: str) -> None:
+    """A package's modules import one another one way too; its ``__init__`` (which
+    re-exports them) is left out, since every module may use the package's names."""
+    paths = {
+        module_name(p): p for p in sorted((REPO / package).rglob("*.py")) if p.name != "__init__.py"
+    }
+    graph = {name: imported_modules(path, set(paths)) - {name} for name, path in paths.items()}
+    assert cycle_in(graph) == []
+
+
+def test_a_circle_is_found() -> None:
+    assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert cycle_in({"a": {"b"}, "b": set()}) == []

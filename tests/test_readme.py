@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from engram.home import clean_home
+from engram.cleanup import clean_home
 from tests.redis_fixtures import REPO, wait_until
 from worker.runtime import read_run_file
 

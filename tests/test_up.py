@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 
-from engram.home import clean_home
+from engram.cleanup import clean_home
 from engram.procs import live_process, wait_gone
 from tests.redis_fixtures import REPO, unauthenticated_reply, wait_until
 from web.config import DEFAULT_PORT

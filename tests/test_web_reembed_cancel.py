@@ -13,7 +13,7 @@ import redis
 from starlette.testclient import TestClient
 
 from engram.cli import main
-from engram.jobs_cli import follow
+from engram.following import follow
 from jobs import reembed
 from store import HashingEmbedder, Store
 from store.registry import EmbedderRegistry

@@ -70,9 +70,6 @@ from .protocol import Entry
 from .settings import WorkerConfig
 from .triage import Dead, Read, triage
 
-# ForgetHook and Partition are named here for the modules that built a consumer with them.
-__all__ = ["Consumer", "ForgetHook", "Partition", "Shared"]
-
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 

@@ -1,0 +1,46 @@
+"""Following a re-embedding from the command line: its progress bar, printed in place
+on a terminal (else a line every 5 s), until it is active, failed, cancelled or
+superseded; the exit code says which (``engram reembed``, ``engram demo-reembed``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from jobs.progress import Progress, bar
+from store import Store
+
+
+def follow(store: Store, generation_id: int, poll_s: float = 0.5) -> int:
+    """Print the progress bar until the re-embedding is over; 0 once it is active, else 1
+    with how it ended on stderr (``engram: reembed failed: <root cause>``, cancelled by
+    whom, superseded by which generation)."""
+    tty = sys.stdout.isatty()
+    shown = ""
+    printed_at = 0.0
+    while True:
+        generation = store.embeddings.get(generation_id)
+        progress = Progress.from_dict(generation.progress) if generation else None
+        if generation is None or (progress is None and generation.status != "pending"):
+            status = generation.status if generation else "gone"
+            print(f"engram: reembed {status}: generation {generation_id}", file=sys.stderr)
+            return 0 if status == "active" else 1
+        if progress is not None:
+            line = bar(progress)
+            if tty:
+                sys.stdout.write(f"\r{line}\033[K")
+                sys.stdout.flush()
+            elif line != shown and (progress.finished or time.monotonic() - printed_at >= 5):
+                print(line, flush=True)
+                printed_at = time.monotonic()
+            shown = line
+            if progress.finished:
+                if tty:
+                    print()
+                if progress.state == "activated":
+                    if progress.message:
+                        print(progress.outcome)
+                    return 0
+                print(f"engram: reembed {progress.outcome}", file=sys.stderr)
+                return 1
+        time.sleep(poll_s)
