@@ -44,7 +44,7 @@ from jobs import reembed
 from jobs.progress import Progress
 from jobs.settings import Reembed
 from store import Operation, Store, WordLlamaEmbedder
-from store.registry import EmbedderRegistry
+from store.vectors.registry import EmbedderRegistry
 from worker.producer import Producer
 from worker.runtime import connect_redis
 from worker.valkey import EmbeddedValkey

@@ -38,8 +38,8 @@ from pgvector.psycopg import register_vector
 from bench import recall_set
 from bench.common import discard, fresh_database, percentile, scratch_postgres, sentences
 from store import Operation, Scope, Store, WordLlamaEmbedder, WriteResult
-from store.embedders import embed_checked
 from store.server import EmbeddedPostgres
+from store.vectors.embedders import embed_checked
 
 # The bounds on hybrid recall's p95 by the scope's size.
 RECALL_P95_TARGETS_MS = {1_000: 3.0, 10_000: 5.0, 100_000: 10.0}

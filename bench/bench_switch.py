@@ -33,7 +33,7 @@ import psycopg
 
 from bench.common import discard, fresh_database, scratch_postgres, sentences
 from store import HashingEmbedder, Operation, Store
-from store.embeddings import _MISSING
+from store.vectors.embeddings import _MISSING
 
 OLD = HashingEmbedder(64)
 MODELS = [HashingEmbedder(d) for d in (32, 48, 16, 24, 40)]

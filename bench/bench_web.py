@@ -50,8 +50,9 @@ from bench.common import (
 )
 from jobs import keys as jobs_keys
 from jobs import queues as rq_queues
-from store import HashingEmbedder, Operation, Store, wire
+from store import HashingEmbedder, Operation, Store
 from store.migrations import migrate
+from store.write import wire
 from web import Services, WebConfig, create_app
 from worker import Producer, keys
 from worker.valkey import EmbeddedValkey

@@ -27,7 +27,7 @@ from jobs import reembed, runner
 from jobs.settings import JobsSettings
 from store import Operation, Store
 from store.errors import EngramError
-from store.registry import EmbedderRegistry
+from store.vectors.registry import EmbedderRegistry
 from worker import runtime
 from worker.producer import Pending, Producer
 from worker.settings import Settings

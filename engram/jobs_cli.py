@@ -14,8 +14,8 @@ from jobs import prune, redaction, reembed, runner
 from jobs.context import JobContext
 from jobs.settings import JobsSettings, parse_duration
 from store import Embedder, Store
-from store.embedders import EmbedderResolver
 from store.errors import InvalidRequestError
+from store.vectors.embedders import EmbedderResolver
 from worker import runtime
 from worker.partition import ForgetHook
 from worker.settings import Settings

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from store import Scope, Store
-from store.dump import History, Item, ReceiptEntry, Tombstone, dump_scope
 from store.errors import EngramError, InvalidRequestError
 from store.portable import convert, export_lines
+from store.read.dump import History, Item, ReceiptEntry, Tombstone, dump_scope
 from worker import runtime
 from worker.errors import WaitTimeout
 from worker.producer import Pending, Producer

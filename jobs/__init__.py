@@ -10,7 +10,7 @@ command line call:
 >>> jobs = listing.list_jobs(client)        # JobInfo, newest first; get_job, requeue
 
 ``client`` is a Redis client with bytes replies (``worker.runtime.connect_redis``);
-``registry`` a ``store.registry.EmbedderRegistry``; ``settings`` a ``JobsSettings``.
+``registry`` a ``store.vectors.registry.EmbedderRegistry``; ``settings`` a ``JobsSettings``.
 Nothing here connects at import time.
 """
 

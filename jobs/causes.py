@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from store.embedders import Embedder, Vectors
 from store.errors import EngramError
+from store.vectors.embedders import Embedder, Vectors
 
 MAX_CAUSE_CHARS = 200
 # A message that holds this many characters of a text in a row quotes it.

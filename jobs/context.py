@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import redis
 
 from store import Store
-from store.registry import EmbedderRegistry
+from store.vectors.registry import EmbedderRegistry
 from worker.settings import WorkerConfig
 
 from .settings import JobsSettings

@@ -2,7 +2,7 @@
 
 A scope past ``store.limits.LARGE_SCOPE_VECTORS`` vectors in the active
 generation is searched through an HNSW index of its own
-(``store.vector_indexes``). Scopes grow by the stream workers' writes, so a jobs
+(``store.vectors.vector_indexes``). Scopes grow by the stream workers' writes, so a jobs
 worker looks for such scopes every ``INDEX_EVERY_S`` seconds and builds their
 indexes (concurrently: writes go on meanwhile). A reembed builds them too, when
 it switches generations.

@@ -41,8 +41,9 @@ from rq.job import Job, JobStatus
 from rq.job_lifecycle import record_job_failure
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
-from store import ForgetEvent, forgets
-from store.model import Redaction
+from store import ForgetEvent
+from store.values import Redaction
+from store.write import forgets
 from worker import keys as stream_keys
 
 from . import events as event_json

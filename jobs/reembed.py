@@ -44,11 +44,11 @@ from rq import get_current_job
 from rq.job import JobStatus
 
 from store import Generation, Store
-from store.embedders import Embedder, embed_checked
-from store.embeddings import VectorItem
 from store.errors import EngramError, FencedError, InvalidRequestError
 from store.limits import REEMBED_MAX_PASSES
-from store.registry import EmbedderRegistry
+from store.vectors.embedders import Embedder, embed_checked
+from store.vectors.embeddings import VectorItem
+from store.vectors.registry import EmbedderRegistry
 from worker.deadletters import check_why
 
 from . import causes, keys, queues

@@ -1,14 +1,6 @@
 """engram's versioned-memory core on PostgreSQL + pgvector."""
 
 from .audit import AuditEntry
-from .cursors import InvalidCursorError
-from .embedders import (
-    Embedder,
-    HashingEmbedder,
-    KeywordEmbedder,
-    WordLlamaEmbedder,
-    default_embedder,
-)
 from .errors import (
     AssertedRecordError,
     EmbeddingMismatchError,
@@ -22,16 +14,16 @@ from .errors import (
     RevisionConflictError,
     SchemaVersionError,
 )
-from .listed import (
-    GenerationItem,
-    ReceiptItem,
-    RecordItem,
-    ScopeRow,
-    Tombstone,
-)
-from .llm import LLM, Completion, Prompt, Usage
-from .llm_client import LLMConfig, OpenAICompatibleLLM
-from .model import (
+from .models.llm import LLM, Completion, Prompt, Usage
+from .models.llm_client import LLMConfig, OpenAICompatibleLLM
+from .models.tools import MemoryTools, memory_tools, tool_definitions
+from .read.cursors import InvalidCursorError
+from .read.listed import GenerationItem, ReceiptItem, RecordItem, ScopeRow, Tombstone
+from .read.paging import Page
+from .read.receipt_filter import ReceiptFilter
+from .session import ForgetEvent, ForgetListener, Session
+from .store import ScopeSummary, Store
+from .values import (
     Generation,
     Hit,
     Link,
@@ -43,13 +35,15 @@ from .model import (
     Source,
     WriteResult,
 )
-from .operations import Operation
-from .paging import Page
-from .receipt_filter import ReceiptFilter
-from .session import ForgetEvent, ForgetListener, Session
-from .store import ScopeSummary, Store
-from .tools import MemoryTools, memory_tools, tool_definitions
-from .writer import Fence
+from .vectors.embedders import (
+    Embedder,
+    HashingEmbedder,
+    KeywordEmbedder,
+    WordLlamaEmbedder,
+    default_embedder,
+)
+from .write.operations import Operation
+from .write.writer import Fence
 
 __all__ = [
     "LLM",

@@ -16,11 +16,11 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from .cursors import Cursors
 from .errors import InvalidRequestError
 from .limits import MAX_ID_CHARS
-from .model import check_string
-from .paging import DEFAULT_PAGE_SIZE, Page, check_limit, paged
+from .read.cursors import Cursors
+from .read.paging import DEFAULT_PAGE_SIZE, Page, check_limit, paged
+from .values import check_string
 
 ACTIONS = (
     "dead_letter.retry",

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import InvalidRequestError
-from .model import SCOPE_FIELDS, Scope
-from .operations import Operation, text_digest
+from .values import SCOPE_FIELDS, Scope
+from .write.operations import Operation, text_digest
 
 # mem0's fields kept, under metadata["mem0"], besides those mapped to engram's own.
 KEPT = ("hash", "created_at", "updated_at", "categories", "app_id", "immutable", "expiration_date")

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .dump import History, Item, ReceiptEntry, Tombstone
 from .errors import EngramError, InvalidRequestError
 from .limits import MAX_ID_CHARS
 from .mem0 import from_mem0
-from .model import Record, Scope
-from .operations import Operation
+from .read.dump import History, Item, ReceiptEntry, Tombstone
+from .values import Record, Scope
+from .write.operations import Operation
 
 FORMAT = "engram"
 VERSION = 1

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from .model import Link, Receipt, Record, RecordRef, Scope, Source
+from .values import Link, Receipt, Record, RecordRef, Scope, Source
 
 # Columns of a revision joined with its scope: alias v = engram_revisions, s = engram_scopes.
 REVISION_COLUMNS = """

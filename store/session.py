@@ -8,13 +8,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .embedders import Embedder
 from .errors import EngramError
 from .limits import DEFAULT_TOP_K
-from .llm import LLM
-from .model import Hit, Link, Record, ReembedResult, Scope, Source, WriteResult
-from .operations import Operation, plain_items
-from .writer import Result
+from .models.llm import LLM
+from .values import Hit, Link, Record, ReembedResult, Scope, Source, WriteResult
+from .vectors.embedders import Embedder
+from .write.operations import Operation, plain_items
+from .write.writer import Result
 
 if TYPE_CHECKING:
     from .store import Store

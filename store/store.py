@@ -13,33 +13,14 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg_pool import ConnectionPool
 
-from . import migrations, retention, wire
+from . import migrations
 from .audit import Audit
-from .browse import Browse
-from .cursors import Cursors
-from .embedders import (
-    Embedder,
-    EmbedderResolver,
-    check_matches,
-    embed_checked,
-    embedder_for,
-)
-from .embeddings import Embeddings
 from .errors import InvalidRequestError, SchemaVersionError
 from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
-from .llm import LLM
-from .model import (
-    Hit,
-    Receipt,
-    Record,
-    Scope,
-    check_string,
-)
-from .needs import needs_model
-from .operations import Operation
-from .prepare import Prepared, prepare
-from .recall import HNSW_SETTINGS, recall, recall_context
-from .reconcile import Decision
+from .models.llm import LLM
+from .read.browse import Browse
+from .read.cursors import Cursors
+from .read.recall import HNSW_SETTINGS, recall, recall_context
 from .rows import (
     RECEIPT_COLUMNS,
     REVISION_COLUMNS,
@@ -49,8 +30,22 @@ from .rows import (
     superseded_by,
 )
 from .session import ForgetListener, Session
-from .waves import execute_in_waves
-from .writer import Fence, Result, Writer
+from .values import Hit, Receipt, Record, Scope, check_string
+from .vectors.embedders import (
+    Embedder,
+    EmbedderResolver,
+    check_matches,
+    embed_checked,
+    embedder_for,
+)
+from .vectors.embeddings import Embeddings
+from .write import retention, wire
+from .write.needs import needs_model
+from .write.operations import Operation
+from .write.prepare import Prepared, prepare
+from .write.reconcile import Decision
+from .write.waves import execute_in_waves
+from .write.writer import Fence, Result, Writer
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from store.embedders import Embedder
+from store.vectors.embedders import Embedder
 
 
 class CountingEmbedder:

@@ -15,7 +15,7 @@ from jobs import redaction, runner
 from jobs.context import JobContext
 from jobs.settings import JobsSettings
 from store import HashingEmbedder, Store
-from store.registry import EmbedderRegistry, parse_plugins
+from store.vectors.registry import EmbedderRegistry, parse_plugins
 from tests.redis_fixtures import FAST, InProcessWorker, WorkerProcess, spawn, stop_all
 from worker.runtime import connect_redis
 from worker.worker import Worker

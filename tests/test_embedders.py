@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from store import EmbeddingMismatchError, HashingEmbedder, KeywordEmbedder, WordLlamaEmbedder
-from store.embedders import Embedder, embed_checked
+from store.vectors.embedders import Embedder, embed_checked
 
 
 def test_wordllama_loads_offline_from_its_wheel_and_is_semantic() -> None:

@@ -13,7 +13,7 @@ import redis
 from jobs import listing, schedule
 from store import HashingEmbedder, Operation, Scope, Store
 from store.limits import LARGE_SCOPE_VECTORS
-from store.recall import _statement, recall_context
+from store.read.recall import _statement, recall_context
 from tests.jobs_fixtures import context, run_burst
 
 

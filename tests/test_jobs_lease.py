@@ -10,8 +10,8 @@ import redis
 
 from jobs.lease import JobLease
 from store import HashingEmbedder, Store
-from store.embeddings import VectorItem
 from store.errors import FencedError
+from store.vectors.embeddings import VectorItem
 
 
 def lease(client: redis.Redis, ttl_ms: int = 600) -> JobLease:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from jobs.listeners.matching import Forgotten
-from store.operations import derived_record_id
+from store.write.operations import derived_record_id
 
 SCOPE = {"user_id": "ada"}
 GONE = Forgotten.of(["rec-1", derived_record_id("op-remember", 0)], ["op-wrote-it"])

@@ -20,7 +20,7 @@ from jobs.context import JobContext
 from jobs.progress import Progress
 from store import HashingEmbedder, Operation, Store
 from store.errors import InvalidRequestError
-from store.registry import EmbedderLoadError, EmbedderRegistry, parse_plugins
+from store.vectors.registry import EmbedderLoadError, EmbedderRegistry, parse_plugins
 from tests.embedder_faults import FAULTY_PLUGINS
 from tests.helpers import bytes_hold, marker_text, redis_values
 from tests.jobs_fixtures import context, marks, run_burst

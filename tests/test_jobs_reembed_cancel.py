@@ -16,8 +16,8 @@ import pytest
 from jobs import keys, listing, reembed
 from jobs.progress import Progress
 from store import HashingEmbedder, Operation, Store
-from store.embeddings import GenerationNotPendingError
 from store.errors import InvalidRequestError, NotFoundError
+from store.vectors.embeddings import GenerationNotPendingError
 from tests.jobs_fixtures import PLUGINS, JobsProcess, context, marks, registry
 from tests.redis_fixtures import wait_until
 from worker.runtime import connect_redis

@@ -14,7 +14,7 @@ import psycopg
 
 from jobs.listeners.in_postgres import PostgresListener
 from store import ForgetEvent, HashingEmbedder, Operation, Store
-from store.embeddings import VectorItem
+from store.vectors.embeddings import VectorItem
 from tests.jobs_fixtures import context
 from tests.redis_fixtures import wait_until
 

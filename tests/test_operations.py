@@ -6,7 +6,7 @@ import pytest
 
 from store import InvalidRequestError, Operation, Scope
 from store.limits import MAX_TEXT_CHARS
-from store.operations import derived_record_id
+from store.write.operations import derived_record_id
 
 
 def _nested(depth: int) -> dict:

@@ -8,10 +8,8 @@ from typing import Any
 
 import pytest
 
-from store.dump import History, ReceiptEntry, Tombstone
 from store.errors import InvalidRequestError
 from store.mem0 import from_mem0
-from store.model import Link, Receipt, Record, RecordRef, Scope, Source
 from store.portable import (
     TOMBSTONE_TEXT,
     convert,
@@ -19,6 +17,8 @@ from store.portable import (
     import_operation_id,
     record_operations,
 )
+from store.read.dump import History, ReceiptEntry, Tombstone
+from store.values import Link, Receipt, Record, RecordRef, Scope, Source
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 SCOPE = Scope(user_id="ada")

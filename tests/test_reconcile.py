@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from store.answers import Event
 from store.errors import ModelOutputError
-from store.model import Link, Source
-from store.reconcile import (
+from store.values import Link, Source
+from store.write.answers import Event
+from store.write.reconcile import (
     Candidate,
     Create,
     Fact,

@@ -18,7 +18,7 @@ from store import (
     Store,
     WriteResult,
 )
-from store.paging import MAX_PAGE_SIZE
+from store.read.paging import MAX_PAGE_SIZE
 
 EMBEDDER = HashingEmbedder(32)
 
@@ -280,7 +280,7 @@ def _other_last(text: str) -> str:
 
 
 def test_a_cursor_this_store_did_not_sign_is_refused(store: Store) -> None:
-    from store.cursors import Cursors
+    from store.read.cursors import Cursors
 
     scope = {"user_id": "signed"}
     for i in range(3):

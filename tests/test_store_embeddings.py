@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from store import EmbeddingMismatchError, HashingEmbedder, KeywordEmbedder, Store
-from store.embeddings import VectorItem
+from store.vectors.embeddings import VectorItem
 from tests.helpers import CountingEmbedder
 
 V1 = KeywordEmbedder("keywords-1", ["tea", "coffee"])

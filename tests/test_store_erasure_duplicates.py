@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from store import HashingEmbedder, Operation, Store
-from store.dump import ReceiptEntry, dump_scope
+from store.read.dump import ReceiptEntry, dump_scope
 from tests.fake_llm import ScriptedLLM, events, facts
 from tests.helpers import marker_text, rows_containing
 

@@ -1,4 +1,4 @@
-"""Finding a record in any scope (store/find.py): by id or its beginning, tombstones
+"""Finding a record in any scope (store/read/find.py): by id or its beginning, tombstones
 included, LIKE's metacharacters literal, through the byte-ordered index; by the words of
 the current text only, ranked, never by a forgotten record's or an old revision's."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from store import HashingEmbedder, InvalidRequestError, Store
-from store.find import _BY_ID, MAX_FIND_TEXT_CHARS, find_by_id, find_by_text, snippet
+from store.read.find import _BY_ID, MAX_FIND_TEXT_CHARS, find_by_id, find_by_text, snippet
 
 EMBEDDER = HashingEmbedder(64)
 

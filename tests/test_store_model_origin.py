@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from store import HashingEmbedder, Store
-from store.operations import text_digest
+from store.write.operations import text_digest
 from tests.fake_llm import ScriptedLLM, events
 
 EMBEDDER = HashingEmbedder(64)

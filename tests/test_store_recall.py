@@ -9,7 +9,7 @@ import numpy as np
 import psycopg
 
 from store import HashingEmbedder, Store, WordLlamaEmbedder
-from store.recall import RecallQuery, recall
+from store.read.recall import RecallQuery, recall
 
 
 def test_the_default_embedder_finds_meaning_not_just_words(fresh_store: Store) -> None:
@@ -192,7 +192,7 @@ def test_each_hit_says_where_each_list_ranked_it_and_its_relevance(
     store: Store, scope: dict
 ) -> None:
     from store.limits import RRF_K
-    from store.recall import above
+    from store.read.recall import above
 
     mem = store.session(scope, embedder=HashingEmbedder(64))
     for i in range(6):

@@ -6,8 +6,8 @@ import pytest
 
 from store import HashingEmbedder, WordLlamaEmbedder
 from store.errors import EmbedderUnavailableError, InvalidRequestError
-from store.minilm import MiniLMEmbedder
-from store.registry import EmbedderRegistry, parse_plugins
+from store.vectors.minilm import MiniLMEmbedder
+from store.vectors.registry import EmbedderRegistry, parse_plugins
 from tests.embedder_faults import FAULTY_PLUGINS
 from tests.jobs_fixtures import PLUGINS, SlowHashing
 

@@ -14,7 +14,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from store import HashingEmbedder, Operation, OperationConflictError, Store, migrations
-from store.validation import canonical_json
+from store.write.validation import canonical_json
 from tests.fake_llm import ScriptedLLM, events
 
 EMBEDDER = HashingEmbedder(64)

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from store import EmbeddingMismatchError, HashingEmbedder, Operation, Store, WriteResult
-from store.embeddings import _MISSING, VectorItem, _compare_all
 from store.errors import EmbedderUnavailableError
-from store.registry import EmbedderRegistry
+from store.vectors.embeddings import _MISSING, VectorItem, _compare_all
+from store.vectors.registry import EmbedderRegistry
 
 ADA = {"user_id": "ada"}
 OLD, NEW = HashingEmbedder(64), HashingEmbedder(16)

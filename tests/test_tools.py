@@ -18,10 +18,10 @@ from store import (
     memory_tools,
     tool_definitions,
 )
-from store.tools import tool_operation_id
+from store.models.tools import tool_operation_id
 from tests.redis_fixtures import FAST, InProcessWorker
 from worker import Producer
-from worker.tools import stream_tools
+from worker.model_tools import stream_tools
 
 
 def test_definitions_in_both_shapes() -> None:

@@ -19,7 +19,7 @@ from rq.results import Result
 from jobs.keys import MAINTENANCE_QUEUE, REDACTION_QUEUE
 from jobs.queues import SERIALIZER
 from store import Operation, ReceiptFilter, Store
-from store.receipt_filter import prefix_end, receipt_clauses
+from store.read.receipt_filter import prefix_end, receipt_clauses
 from tests.web_fixtures import EMBEDDER, Web
 from web import rqjobs
 from worker import keys

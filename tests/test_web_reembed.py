@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from jobs import keys, queues, reembed
 from store import Store
-from store.registry import EmbedderRegistry, parse_plugins
+from store.vectors.registry import EmbedderRegistry, parse_plugins
 from tests.embedder_faults import FAULTY_PLUGINS
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import BASE_URL, EMBEDDER

@@ -9,7 +9,7 @@ from playwright.sync_api import expect
 
 from jobs import reembed
 from store import HashingEmbedder, Store
-from store.registry import EmbedderRegistry
+from store.vectors.registry import EmbedderRegistry
 from tests.web_fixtures import Browser, Served
 from worker.runtime import connect_redis
 

@@ -16,7 +16,7 @@ from engram.cli import main
 from engram.following import follow
 from jobs import reembed
 from store import HashingEmbedder, Store
-from store.registry import EmbedderRegistry
+from store.vectors.registry import EmbedderRegistry
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import BASE_URL, EMBEDDER, TOKEN
 from web import Services, WebConfig, create_app

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from engram.web_cli import build
 from store import HashingEmbedder, Store
-from store.registry import EmbedderRegistry, UnregisteredModelError
+from store.vectors.registry import EmbedderRegistry, UnregisteredModelError
 from tests.web_fixtures import BASE_URL
 from web import WebConfig
 from worker.settings import Settings

@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from store.cursors import Cursors
+from store.read.cursors import Cursors
 from worker import deadletters, metrics
 from worker.deadletters import DeadLetter
 from worker.membership import live_workers

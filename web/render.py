@@ -17,7 +17,7 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from store.model import Scope
+from store.values import Scope
 
 from .csrf import Csrf
 

@@ -32,9 +32,9 @@ from jobs import indexes, prune, redaction, reembed, schedule
 from jobs import queues as rq_queues
 from jobs.queues import UnreadableJob
 from jobs.settings import Retention
-from store import cursors
 from store.errors import InvalidRequestError, NotFoundError
-from store.paging import Page, check_limit
+from store.read import cursors
+from store.read.paging import Page, check_limit
 
 UNREADABLE = "unreadable"
 JOB_STATES = ("queued", "started", "failed", "finished", "scheduled", "deferred", "canceled")

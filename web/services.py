@@ -10,8 +10,8 @@ from typing import Protocol
 import redis
 
 from store import Embedder, Store
-from store.embedders import EmbedderResolver
-from store.registry import EmbedderRegistry
+from store.vectors.embedders import EmbedderResolver
+from store.vectors.registry import EmbedderRegistry
 from worker import Producer
 
 

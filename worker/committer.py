@@ -17,9 +17,9 @@ import psycopg_pool
 import redis
 
 from store import Embedder, Store
-from store.embedders import EmbedderResolver
 from store.errors import FencedError
-from store.reconcile import Decision
+from store.vectors.embedders import EmbedderResolver
+from store.write.reconcile import Decision
 
 from . import keys
 from .defaults import BACKOFF_MIN_S

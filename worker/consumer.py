@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 import redis
 
 from store import LLM, Embedder, Store
-from store.embedders import EmbedderResolver
+from store.vectors.embedders import EmbedderResolver
 
 from . import keys, pause
 from .committer import TRANSIENT_DB, TRANSIENT_REDIS, Committer

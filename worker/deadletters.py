@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from store.errors import EngramError, InvalidRequestError, NotFoundError
-from store.operations import OPERATION_KINDS
+from store.write.operations import OPERATION_KINDS
 
 from . import keys
 from .defaults import STREAM_MAX_LEN

@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from store.llm import ModelCall
+from store.models.llm import ModelCall
 
 from . import keys
 from .defaults import RATE_INTERVAL_S, RATE_TTL_S

@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from store import LLM, Embedder, Store
-from store.embedders import EmbedderResolver
 from store.errors import EngramError, ModelUnavailableError
-from store.llm import CallKind, ModelCall
-from store.needs import infers, needs_model
-from store.operations import Extract, Operation
-from store.prepare import Prepared
-from store.reconcile import Decision
+from store.models.llm import CallKind, ModelCall
+from store.vectors.embedders import EmbedderResolver
+from store.write.needs import infers, needs_model
+from store.write.operations import Extract, Operation
+from store.write.prepare import Prepared
+from store.write.reconcile import Decision
 
 from .defaults import BACKOFF_MAX_S
 from .protocol import Entry

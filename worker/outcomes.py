@@ -13,8 +13,8 @@ from typing import Any
 
 from store import ForgetEvent, WriteResult
 from store.errors import EngramError
-from store.llm import ModelCall
-from store.operations import Forget
+from store.models.llm import ModelCall
+from store.write.operations import Forget
 
 from . import deadletters, keys
 from .metrics import BatchStats

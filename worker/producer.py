@@ -20,7 +20,7 @@ import redis
 
 from store import Operation, Scope
 from store.errors import EngramError
-from store.operations import plain_items
+from store.write.operations import plain_items
 
 from . import keys, runtime
 from .defaults import PARTITIONS, STREAM_MAX_LEN

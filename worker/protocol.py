@@ -19,7 +19,7 @@ from typing import Any
 from store import Operation, Scope, WriteResult
 from store.errors import EngramError, InvalidRequestError
 from store.limits import MAX_ID_CHARS
-from store.model import Receipt, check_string
+from store.values import Receipt, check_string
 
 from .defaults import MAX_ENTRY_BYTES
 from .errors import error_from_dict

@@ -27,7 +27,7 @@ import redis
 from store import Embedder, OpenAICompatibleLLM
 from store.errors import ConfigError, EngramError
 from store.processes import process_of
-from store.registry import EmbedderRegistry, parse_plugins
+from store.vectors.registry import EmbedderRegistry, parse_plugins
 
 from .settings import Settings
 
@@ -122,7 +122,7 @@ def registry(settings: Settings) -> EmbedderRegistry:
 
 def load_embedder(spec: str, known: EmbedderRegistry | None = None) -> Embedder:
     """``wordllama`` (the default), ``minilm``, ``hashing[:DIMS]``, a name registered in
-    ``ENGRAM_EMBEDDERS``, or ``package.module:factory`` (see ``store.registry``)."""
+    ``ENGRAM_EMBEDDERS``, or ``package.module:factory`` (see ``store.vectors.registry``)."""
     try:
         return (known or EmbedderRegistry()).create(spec)
     except EngramError as exc:

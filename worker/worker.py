@@ -18,7 +18,7 @@ import time
 import redis
 
 from store import LLM, Embedder, Store
-from store.embedders import EmbedderResolver
+from store.vectors.embedders import EmbedderResolver
 
 from . import metrics
 from .consumer import Consumer, Shared
@@ -45,7 +45,7 @@ class Worker:
         worker_id: str | None = None,
         on_forget: ForgetHook | None = None,
     ) -> None:
-        """``embedder``: one embedder, or a resolver (``store.registry``) with which the
+        """``embedder``: one embedder, or a resolver (``store.vectors.registry``) with which the
         worker follows a switch of the active generation without a restart.
         ``on_forget``: hands committed forgets to their redaction listeners; without it,
         a forget's redaction is ``none``."""

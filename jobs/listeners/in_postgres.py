@@ -4,11 +4,11 @@ A forget deletes its record's rows and rewrites the receipts that held its
 text, in one transaction; the old row versions stay in the tables' pages (and
 their index entries in the indexes) until VACUUM removes them. This listener
 runs one VACUUM of the tables forgets touch for a whole batch of forgets
-(``store.forgets.vacuum``), once no transaction older than the batch is open,
+(``store.write.forgets.vacuum``), once no transaction older than the batch is open,
 after deleting any vector still stored for a forgotten record of the batch (one
 a re-embedding racing the forget could have stored, were its scopes not locked);
 then it rebuilds the full-text index, which keeps every word it ever indexed as
-a key (``store.forgets.reindex_text``; ``ENGRAM_REDACTION_REINDEX=off`` skips it).
+a key (``store.write.forgets.reindex_text``; ``ENGRAM_REDACTION_REINDEX=off`` skips it).
 What neither erases (the freed space of a page until it is reused, the
 write-ahead log until its segments are overwritten) is measured in
 ``docs/jobs.md``.
@@ -20,7 +20,8 @@ import logging
 import time
 from collections.abc import Sequence
 
-from store import ForgetEvent, forgets
+from store import ForgetEvent
+from store.write import forgets
 
 from ..context import JobContext
 

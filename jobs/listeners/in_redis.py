@@ -31,7 +31,8 @@ from typing import Any
 
 import redis
 
-from store import ForgetEvent, forgets
+from store import ForgetEvent
+from store.write import forgets
 from worker import keys as stream_keys
 from worker.protocol import Entry, decode_entry, encode_reply, partition_of
 from worker.replies import send_reply

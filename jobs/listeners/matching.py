@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from store import Operation
-from store.apply import referenced_ids
 from store.errors import EngramError
+from store.write.apply import referenced_ids
 
 # Kinds whose request holds nothing but ids and numbers.
 _CONTENT_FREE_KINDS = ("forget", "retract")

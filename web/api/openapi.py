@@ -11,11 +11,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from store.find import MAX_FIND_TEXT_CHARS
 from store.limits import MAX_SCOPE_VALUE_CHARS
-from store.model import SCOPE_FIELDS
-from store.operations import OPERATION_KINDS
-from store.paging import MAX_PAGE_SIZE
+from store.read.find import MAX_FIND_TEXT_CHARS
+from store.read.paging import MAX_PAGE_SIZE
+from store.values import SCOPE_FIELDS
+from store.write.operations import OPERATION_KINDS
 from worker.pause import MAX_REASON_CHARS
 
 from ..config import MAX_WAIT_S

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from store import Operation
 from store.errors import EngramError, InvalidRequestError, NotFoundError
-from store.operations import Forget, new_operation_id
+from store.write.operations import Forget, new_operation_id
 from worker import Pending, StreamReceipt, WaitTimeout
 
 from ..bodies import read_json, why_of

@@ -10,8 +10,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from store.errors import InvalidRequestError
-from store.listed import GenerationItem
-from store.validation import Fields
+from store.read.listed import GenerationItem
+from store.write.validation import Fields
 
 from ..bodies import read_json, why_of
 from ..endpoints import Endpoint

@@ -15,12 +15,12 @@ from store.errors import (
     InvalidRequestError,
     NotFoundError,
 )
-from store.find import MAX_FIND_TEXT_CHARS
 from store.limits import DEFAULT_TOP_K
-from store.model import SCOPE_FIELDS
-from store.paging import MAX_PAGE_SIZE
-from store.recall import above, check_min_relevance
-from store.validation import Fields
+from store.read.find import MAX_FIND_TEXT_CHARS
+from store.read.paging import MAX_PAGE_SIZE
+from store.read.recall import above, check_min_relevance
+from store.values import SCOPE_FIELDS
+from store.write.validation import Fields
 
 from ..errors import BadRequestError
 from ..params import Query, ident, integer, parse_time

@@ -1,5 +1,5 @@
 """The schemas of the HTTP API's bodies (components of the OpenAPI document): the
-operations as the store reads them (``store/operations.py``), and the JSON shapes
+operations as the store reads them (``store/write/operations.py``), and the JSON shapes
 ``serialize.py`` writes."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from store.limits import (
     MAX_TEXT_CHARS,
     MAX_TOP_K,
 )
-from store.model import LINK_RELATIONS, ORIGINS, SCOPE_FIELDS, SOURCE_KINDS
-from store.operations import MAX_TTL_MS, MESSAGE_ROLES, OPERATION_KINDS, SUPERSEDE_MODES
+from store.values import LINK_RELATIONS, ORIGINS, SCOPE_FIELDS, SOURCE_KINDS
+from store.write.operations import MAX_TTL_MS, MESSAGE_ROLES, OPERATION_KINDS, SUPERSEDE_MODES
 
 Schema = dict[str, Any]
 
@@ -97,7 +97,7 @@ def obj(properties: dict[str, Schema], *, optional: tuple[str, ...] = ()) -> Sch
     }
 
 
-# -- the requests of each kind (store/operations.py reads them) ----------------------
+# -- the requests of each kind (store/write/operations.py reads them) ----------------------
 
 _ID_OR_NULL = nullable(string())
 _METADATA = nullable(

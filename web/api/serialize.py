@@ -17,7 +17,7 @@ from store import (
     ScopeRow,
     Tombstone,
 )
-from store.find import Findings, Found
+from store.read.find import Findings, Found
 
 from ..progress import progress_of
 from ..rqjobs import JobRow, QueueSummary

@@ -14,7 +14,7 @@ from starlette.responses import RedirectResponse, Response
 
 from store.audit import AuditEntry
 from store.errors import InvalidRequestError, NotFoundError
-from store.operations import OPERATION_KINDS
+from store.write.operations import OPERATION_KINDS
 from worker import deadletters
 from worker.deadletters import Bulk, DeadLetter, Match
 

@@ -8,10 +8,10 @@ from starlette.responses import RedirectResponse, Response
 
 from jobs import reembed
 from store import Generation
-from store.embeddings import GenerationNotPendingError
 from store.errors import NotFoundError
 from store.limits import MAX_ID_CHARS
-from store.model import check_string
+from store.values import check_string
+from store.vectors.embeddings import GenerationNotPendingError
 
 from ..bodies import why_of
 from ..errors import UnavailableError

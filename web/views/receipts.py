@@ -10,8 +10,8 @@ from starlette.responses import Response
 
 from store import ReceiptFilter, ReceiptItem
 from store.errors import EngramError, NotFoundError
-from store.model import SCOPE_FIELDS
-from store.operations import OPERATION_KINDS
+from store.values import SCOPE_FIELDS
+from store.write.operations import OPERATION_KINDS
 
 from ..backlog import Backlog, find
 from ..params import Query, ident

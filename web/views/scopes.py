@@ -17,8 +17,8 @@ from store.errors import (
     NotFoundError,
 )
 from store.limits import MAX_TEXT_CHARS, MAX_TOP_K
-from store.model import SCOPE_FIELDS
-from store.recall import above, check_min_relevance
+from store.read.recall import above, check_min_relevance
+from store.values import SCOPE_FIELDS
 
 from ..errors import BadRequestError
 from ..params import Query, checked, integer

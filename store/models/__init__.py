@@ -1,0 +1,1 @@
+"""The model half: the LLM protocol and client, prompts, candidates, model tools."""

@@ -1,0 +1,1 @@
+"""The read path: the operator's lists and pages, recall, find, export."""

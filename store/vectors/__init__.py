@@ -1,0 +1,1 @@
+"""Vectors: embedders, embedding generations, approximate indexes."""

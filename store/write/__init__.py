@@ -1,0 +1,1 @@
+"""The write path: operations, their model phase, planning and committing them."""

@@ -1,0 +1,562 @@
+"""Applying plans: load the state a batch names, then write every scope's plan.
+
+Runs inside the writer's transaction. The writes of a batch are one statement
+(a data-modifying CTE per table, each fed by arrays sent as binary
+parameters), preceded only by the deletes a forget, a new text or new links
+need. So neither the number of statements nor of round trips grows with the
+number of scopes or operations in the batch."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import psycopg
+
+from ..rows import REVISION_COLUMNS, record_from_row
+from ..values import SCOPE_FIELDS
+from . import wire
+from .extraction import readable_sources
+from .operations import Extract, Operation, Remember, derived_record_id
+from .planner import Current, Plan, ScopeState, StoredReceipt
+from .reconcile import Decision
+
+Pairs = Sequence[tuple[ScopeState, Plan]]
+
+
+# A stored receipt as the planner needs it, with the records it wrote or named (read
+# for repeats only: a batch of first deliveries finds no receipt).
+STORED_RECEIPTS = """
+SELECT c.operation_id, c.request_digest, c.error, c.redacted,
+       ARRAY(SELECT rr.record_id FROM engram_receipt_records rr
+             WHERE rr.operation_id = c.operation_id
+             UNION SELECT n.record_id FROM engram_receipt_named n
+             WHERE n.operation_id = c.operation_id)
+FROM engram_receipts c WHERE c.operation_id = ANY(%b::text[])
+"""
+
+
+def stored_receipts(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, StoredReceipt]:
+    return _stored(conn.execute(STORED_RECEIPTS, (op_ids,)).fetchall())
+
+
+def _stored(rows: Sequence[Sequence[Any]]) -> dict[str, StoredReceipt]:
+    return {r[0]: StoredReceipt(r[0], r[1], r[2], r[3], frozenset(r[4])) for r in rows}
+
+
+def referenced_ids(op: Operation, decision: Decision | None = None) -> list[str]:
+    """The record ids an operation may read or write."""
+    if decision is not None:
+        created = [derived_record_id(op.operation_id, i) for i in range(decision.creates)]
+        return created + decision.targets
+    r = op.request
+    if isinstance(r, Remember):
+        return [r.id or derived_record_id(op.operation_id, 0)]
+    if isinstance(r, Extract):
+        count = len(readable_sources(r.messages, r.trusted_tools, op.scope.chat_id))
+        return [derived_record_id(op.operation_id, i) for i in range(count)]
+    return [r.id]
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """Rows read for a batch, before they are split by scope."""
+
+    records: dict[str, tuple[int, Current]]  # id -> (scope id, current revision)
+    forgotten: dict[str, int]  # id -> scope id
+    receipts: dict[str, StoredReceipt]
+
+
+class Loading:
+    """The reads of a batch, sent at once (one round trip in pipeline mode): lock
+    every scope of the batch in key order, then read what its operations name."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        groups: dict[str, list[Operation]],
+        decisions: Mapping[str, Decision],
+    ) -> None:
+        self.groups = groups
+        self.keys = sorted(groups)
+        scopes = [groups[k][0].scope for k in self.keys]
+        self.ids = {
+            k: sorted(
+                {
+                    rid
+                    for op in groups[k]
+                    for rid in referenced_ids(op, decisions.get(op.operation_id))
+                }
+            )
+            for k in self.keys
+        }
+        every_id = sorted({i for v in self.ids.values() for i in v})
+        self._locked = conn.execute(
+            f"INSERT INTO engram_scopes (key, {', '.join(SCOPE_FIELDS)})"
+            " SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[],"
+            " %b::text[]) ORDER BY 1"
+            " ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING key, id, revision",
+            [[sc.key for sc in scopes]] + [[getattr(sc, f) for sc in scopes] for f in SCOPE_FIELDS],
+        )
+        self._records = conn.execute(
+            f"""
+            SELECT r.scope_id, r.created_at, {REVISION_COLUMNS},
+                   (SELECT array_agg(x.revision ORDER BY x.revision)
+                    FROM engram_revisions x WHERE x.record_id = r.id)
+            FROM engram_records r
+            JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+            JOIN engram_scopes s ON s.id = r.scope_id
+            WHERE r.id = ANY(%b::text[])
+            """,
+            (every_id,),
+        )
+        self._forgotten = conn.execute(
+            "SELECT record_id, scope_id FROM engram_forgotten WHERE record_id = ANY(%b::text[])",
+            (every_id,),
+        )
+        self._receipts = conn.execute(
+            STORED_RECEIPTS, ([op.operation_id for k in self.keys for op in groups[k]],)
+        )
+
+    def states(self) -> list[ScopeState]:
+        locked = {r[0]: (r[1], r[2]) for r in self._locked.fetchall()}
+        records = {r[2]: (r[0], _current(r)) for r in self._records.fetchall()}
+        forgotten = {r[0]: r[1] for r in self._forgotten.fetchall()}
+        # One dict for the whole batch: an id committed by one scope's plan is seen
+        # by the next (a repeat in another scope is a conflict).
+        receipts = _stored(self._receipts.fetchall())
+        states = []
+        for key in self.keys:
+            scope_id, revision = locked[key]
+            ids = self.ids[key]
+            mine = {
+                i: row[1] for i in ids if (row := records.get(i)) is not None and row[0] == scope_id
+            }
+            taken = {i for i in ids if i in records and i not in mine}
+            taken |= {i for i in ids if forgotten.get(i, scope_id) != scope_id}
+            states.append(
+                ScopeState(
+                    scope_id=scope_id,
+                    scope=self.groups[key][0].scope,
+                    revision=revision,
+                    records=mine,
+                    taken=taken,
+                    forgotten={i for i in ids if forgotten.get(i) == scope_id},
+                    receipts=receipts,
+                )
+            )
+        return states
+
+
+def _current(row: Sequence[Any]) -> Current:
+    rec = record_from_row(row[2:17])
+    return Current(
+        id=rec.id,
+        revision=rec.revision,
+        status=rec.status,
+        text=rec.text,
+        kind=rec.kind,
+        importance=rec.importance,
+        metadata=rec.metadata,
+        origin=rec.origin,
+        sources=rec.sources,
+        links=rec.links,
+        digest=rec.digest,
+        expires_at=rec.expires_at,
+        created_at=row[1],
+        revisions=tuple(row[17]),
+    )
+
+
+# -- writing ---------------------------------------------------------------------------
+
+Columns = tuple[tuple[str, str], ...]
+
+# Each table's rows: (column, PostgreSQL type) in the order rows are built.
+REVISION_INSERT: Columns = (
+    ("record_id", "text"),
+    ("revision", "int4"),
+    ("scope_id", "int8"),
+    ("text", "text"),
+    ("kind", "text"),
+    ("importance", "float4"),
+    ("metadata", "jsonb"),
+    ("origin", "text"),
+    ("sources", "jsonb"),
+    ("links", "jsonb"),
+    ("status", "text"),
+    ("digest", "text"),
+    ("operation_id", "text"),
+    ("recorded_at", "timestamptz"),
+    ("expires_at", "timestamptz"),
+    ("current", "bool"),
+)
+RECORD_INSERT: Columns = (
+    ("id", "text"),
+    ("scope_id", "int8"),
+    ("revision", "int4"),
+    ("status", "text"),
+    ("kind", "text"),
+    ("expires_at", "timestamptz"),
+    ("created_at", "timestamptz"),
+    ("updated_at", "timestamptz"),
+)
+VECTOR_INSERT: Columns = (
+    ("generation_id", "int4"),
+    ("record_id", "text"),
+    ("scope_id", "int8"),
+    ("revision", "int4"),
+    ("digest", "text"),
+    ("status", "text"),
+    ("kind", "text"),
+    ("expires_at", "timestamptz"),
+    ("embedding", "vector"),
+)
+RECEIPT_INSERT: Columns = (
+    ("operation_id", "text"),
+    ("scope_id", "int8"),
+    ("kind", "text"),
+    ("request_digest", "text"),
+    ("scope_revision", "int8"),
+    ("committed_at", "timestamptz"),
+    ("request", "jsonb"),
+    ("redacted", "bool"),
+    ("forgotten_revisions", "int4[]"),
+    ("already_forgotten", "bool"),
+    ("redaction", "text"),
+    ("stream_entry", "text"),
+    ("error", "jsonb"),
+    ("model_calls", "int4"),
+    ("requested_by", "text"),
+)
+RECEIPT_RECORD_INSERT: Columns = (
+    ("operation_id", "text"),
+    ("record_id", "text"),
+    ("revision", "int4"),
+    ("status", "text"),
+)
+RECEIPT_NAMED_INSERT: Columns = (("operation_id", "text"), ("record_id", "text"))
+TOMBSTONE_INSERT: Columns = (
+    ("record_id", "text"),
+    ("scope_id", "int8"),
+    ("forgotten_at", "timestamptz"),
+    ("operation_id", "text"),
+)
+LINK_INSERT: Columns = (
+    ("scope_id", "int8"),
+    ("record_id", "text"),
+    ("relation", "text"),
+    ("target_id", "text"),
+)
+# The updates: the new values first, then the columns that find the row.
+RECORD_UPDATE: Columns = (
+    ("revision", "int4"),
+    ("status", "text"),
+    ("kind", "text"),
+    ("expires_at", "timestamptz"),
+    ("id", "text"),
+    ("scope_id", "int8"),
+)
+SUPERSEDED: Columns = (("record_id", "text"), ("revision", "int4"))
+VECTOR_UPDATE: Columns = (
+    ("revision", "int4"),
+    ("status", "text"),
+    ("kind", "text"),
+    ("expires_at", "timestamptz"),
+    ("record_id", "text"),
+    ("digest", "text"),
+)
+SCOPE_UPDATE: Columns = (("revision", "int8"), ("id", "int8"))
+
+
+def _rows_of(columns: Columns) -> str:
+    """``unnest`` over one array parameter per column, as rows with those names.
+
+    Parameters are binary (``wire``): vectors travel as packed floats and texts
+    as they are, with no formatting or escaping of each element. JSON travels
+    as text and an int4[] column as text literals (unnest would flatten a 2-D
+    array); both are cast back here."""
+    arrays = ", ".join(f"%b::{_sent_as(kind)}[]" for _, kind in columns)
+    aliases = ", ".join(f"c{i}" for i in range(len(columns)))
+    values = ", ".join(
+        f"c{i}::{kind} AS {name}" if _sent_as(kind) != kind else f"c{i} AS {name}"
+        for i, (name, kind) in enumerate(columns)
+    )
+    return f"(SELECT {values} FROM unnest({arrays}) AS t({aliases}))"
+
+
+def _sent_as(kind: str) -> str:
+    """The element type a column of ``kind`` travels as (``wire`` encodes it)."""
+    return "text" if kind == "jsonb" or kind.endswith("[]") else kind
+
+
+def _insert(table: str, columns: Columns) -> str:
+    names = ", ".join(name for name, _ in columns)
+    return f"INSERT INTO {table} ({names}) SELECT {names} FROM {_rows_of(columns)} AS v"
+
+
+# One statement: every CTE runs on the same snapshot, so each touches rows no
+# other one does (the deletes that would clash run before it).
+WRITE = f"""
+WITH revisions AS ({_insert("engram_revisions", REVISION_INSERT)}),
+superseded AS (
+    UPDATE engram_revisions r SET current = false FROM {_rows_of(SUPERSEDED)} AS v
+    WHERE r.record_id = v.record_id AND r.revision < v.revision AND r.current
+),
+new_records AS ({_insert("engram_records", RECORD_INSERT)}),
+records AS (
+    UPDATE engram_records r SET revision = v.revision, status = v.status, kind = v.kind,
+        expires_at = v.expires_at, updated_at = clock_timestamp()
+    FROM {_rows_of(RECORD_UPDATE)} AS v WHERE r.id = v.id AND r.scope_id = v.scope_id
+),
+links AS ({_insert("engram_links", LINK_INSERT)}),
+vectors AS ({_insert("engram_vectors", VECTOR_INSERT)}),
+kept_vectors AS (
+    UPDATE engram_vectors x SET revision = v.revision, status = v.status, kind = v.kind,
+        expires_at = v.expires_at
+    FROM {_rows_of(VECTOR_UPDATE)} AS v WHERE x.record_id = v.record_id AND x.digest = v.digest
+),
+receipts AS ({_insert("engram_receipts", RECEIPT_INSERT)}),
+receipt_records AS ({_insert("engram_receipt_records", RECEIPT_RECORD_INSERT)}),
+receipt_named AS ({_insert("engram_receipt_named", RECEIPT_NAMED_INSERT)}),
+tombstones AS ({_insert("engram_forgotten", TOMBSTONE_INSERT)}),
+scopes AS (
+    UPDATE engram_scopes s SET revision = v.revision FROM {_rows_of(SCOPE_UPDATE)} AS v
+    WHERE s.id = v.id
+)
+SELECT 1
+"""
+
+
+def _numbered(query: str) -> str:
+    """``%b`` placeholders as ``$1``, ``$2``...: a raw cursor parses no placeholders
+    (psycopg would parse a statement this long, with this many, at every execution)."""
+    parts = query.split("%b")
+    return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], 1)) + parts[-1]
+
+
+WRITE_NUMBERED = _numbered(WRITE)
+
+
+def write_plans(
+    conn: psycopg.Connection[Any],
+    pairs: Pairs,
+    now: datetime,
+    gen_id: int | None,
+    vectors: dict[str, np.ndarray],
+) -> None:
+    """Write every scope's plan (in pipeline mode, with no round trip of its own)."""
+    with conn.cursor() as cur:
+        _delete_replaced(cur, pairs)
+    tables: list[tuple[Columns, list[tuple[Any, ...]]]] = [
+        (REVISION_INSERT, _revisions(pairs)),
+        (
+            SUPERSEDED,
+            [(rid, c.revision) for s, p in pairs for rid, c in p.final.items() if rid in s.records],
+        ),
+        *_records(pairs),
+        (LINK_INSERT, _links(pairs)),
+        *_vectors(pairs, gen_id, vectors),
+        (RECEIPT_INSERT, _receipts(pairs)),
+        (
+            RECEIPT_RECORD_INSERT,
+            [
+                (r.operation_id, ref.id, ref.revision, ref.status)
+                for _, p in pairs
+                for r in p.receipts
+                for ref in r.refs
+            ],
+        ),
+        (
+            RECEIPT_NAMED_INSERT,
+            [(r.operation_id, rid) for _, p in pairs for r in p.receipts for rid in r.named],
+        ),
+        (
+            TOMBSTONE_INSERT,
+            [(rid, s.scope_id, now, op_id) for s, p in pairs for rid, op_id in p.tombstones],
+        ),
+        (
+            SCOPE_UPDATE,
+            [(p.scope_revision, s.scope_id) for s, p in pairs if p.scope_revision != s.revision],
+        ),
+    ]
+    params: list[wire.Column] = []
+    for columns, rows in tables:
+        values = list(zip(*rows, strict=True)) if rows else [() for _ in columns]
+        params += [
+            wire.column(_sent_as(kind), column)
+            for (_, kind), column in zip(columns, values, strict=True)
+        ]
+    with psycopg.RawCursor(conn) as raw:
+        raw.execute(WRITE_NUMBERED, params)
+
+
+def _delete_replaced(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
+    """What the batch replaces: a forgotten record everywhere (the receipts that wrote or
+    named it redacted: request and digest erased), the vectors of a changed text, the
+    links of changed links."""
+    gone = [rid for _, p in pairs for rid in p.forgotten_stored]
+    if gone:
+        cur.execute(
+            "UPDATE engram_receipts SET request = NULL, request_digest = '', redacted = true"
+            " WHERE kind <> 'forget' AND operation_id IN"
+            " (SELECT operation_id FROM engram_receipt_records WHERE record_id = ANY(%b::text[])"
+            " UNION ALL"
+            " SELECT operation_id FROM engram_receipt_named WHERE record_id = ANY(%b::text[]))",
+            (gone, gone),
+        )
+        for table, column in (
+            ("engram_vectors", "record_id"),
+            ("engram_links", "record_id"),
+            ("engram_revisions", "record_id"),
+            ("engram_records", "id"),
+        ):
+            cur.execute(f"DELETE FROM {table} WHERE {column} = ANY(%b::text[])", (gone,))
+    stale = [rid for s, p in pairs for rid in p.text_changed if rid in s.records]
+    if stale:
+        # A vector computed for an old text is never kept for a new one, in any generation.
+        cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%b::text[])", (stale,))
+    relinked = [rid for _, p in pairs for rid in p.links_changed]
+    if relinked:
+        cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%b::text[])", (relinked,))
+
+
+def _revisions(pairs: Pairs) -> list[tuple[Any, ...]]:
+    return [
+        (
+            c.id,
+            c.revision,
+            s.scope_id,
+            c.text,
+            c.kind,
+            c.importance,
+            _json(c.metadata),
+            c.origin,
+            _json([x.as_dict() for x in c.sources]),
+            _json([link.as_dict() for link in c.links]),
+            c.status,
+            c.digest,
+            w.operation_id,
+            w.recorded_at,
+            c.expires_at,
+            p.final[c.id].revision == c.revision,
+        )
+        for s, p in pairs
+        for w in p.revisions
+        for c in (w.record,)
+    ]
+
+
+def _records(pairs: Pairs) -> list[tuple[Columns, list[tuple[Any, ...]]]]:
+    new, changed = [], []
+    for s, p in pairs:
+        for rid, c in p.final.items():
+            if rid in s.records:
+                changed.append((c.revision, c.status, c.kind, c.expires_at, c.id, s.scope_id))
+            else:
+                new.append(
+                    (
+                        c.id,
+                        s.scope_id,
+                        c.revision,
+                        c.status,
+                        c.kind,
+                        c.expires_at,
+                        c.created_at,
+                        c.created_at,
+                    )
+                )
+    return [(RECORD_INSERT, new), (RECORD_UPDATE, changed)]
+
+
+def _links(pairs: Pairs) -> list[tuple[Any, ...]]:
+    return [
+        (s.scope_id, rid, link.relation, link.id)
+        for s, p in pairs
+        for rid in p.links_changed
+        if (c := p.final.get(rid)) is not None
+        for link in set(c.links)
+    ]
+
+
+def _vectors(
+    pairs: Pairs, gen_id: int | None, vectors: dict[str, np.ndarray]
+) -> list[tuple[Columns, list[tuple[Any, ...]]]]:
+    new = [
+        (
+            gen_id,
+            c.id,
+            s.scope_id,
+            c.revision,
+            c.digest,
+            c.status,
+            c.kind,
+            c.expires_at,
+            vectors[c.digest],
+        )
+        for s, p in pairs
+        for rid in p.text_changed
+        if (c := p.final.get(rid)) is not None and c.digest in vectors
+    ]
+    # Same text, new revision (retract, metadata-only revise): the vector stays.
+    kept = [
+        (c.revision, c.status, c.kind, c.expires_at, c.id, c.digest)
+        for s, p in pairs
+        for rid, c in p.final.items()
+        if rid not in p.text_changed and rid in s.records
+    ]
+    return [(VECTOR_INSERT, new if gen_id is not None else []), (VECTOR_UPDATE, kept)]
+
+
+def _receipts(pairs: Pairs) -> list[tuple[Any, ...]]:
+    return [
+        (
+            r.operation_id,
+            s.scope_id,
+            r.kind,
+            r.request_digest,
+            r.scope_revision,
+            r.committed_at,
+            _json(r.request) if r.request is not None else None,
+            r.redacted,
+            _int_array(r.forgotten_revisions),
+            r.already_forgotten,
+            r.redaction,
+            r.stream_entry,
+            _json(r.error) if r.error is not None else None,
+            r.model_calls,
+            r.requested_by,
+        )
+        for s, p in pairs
+        for r in p.receipts
+    ]
+
+
+def note_replays(conn: psycopg.Connection[Any], pairs: Pairs, now: datetime) -> None:
+    """Count the operations this batch answered from their stored receipts, on those
+    receipts (so replays can be found later). A batch of first deliveries sends nothing."""
+    replayed = [op_id for _, p in pairs for op_id in p.replayed]
+    if replayed:
+        conn.execute(
+            "UPDATE engram_receipts SET replays = replays + 1, last_replayed_at = %b"
+            " WHERE operation_id = ANY(%b::text[])",
+            (now, replayed),
+        )
+
+
+# One encoder for every call: json.dumps with options builds a new one each time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def _json(value: Any) -> str:
+    if type(value) in (dict, list) and not value:  # most metadata, sources and links
+        return "{}" if type(value) is dict else "[]"
+    return _ENCODER.encode(value)
+
+
+def _int_array(values: Sequence[int] | None) -> str | None:
+    return None if values is None else "{" + ",".join(str(int(v)) for v in values) + "}"

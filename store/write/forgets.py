@@ -1,0 +1,183 @@
+"""What the redaction listeners read and write in the store, by ids only.
+
+A forget commits first; its listeners run afterwards (seed 000) and need, per
+forgotten record, the operations that ever wrote it (their stream entries and
+dead letters may still hold its text), the forgets still waiting for their
+listeners, and a way to record how the listeners did (and how many times a
+forget was handed to them again, when its job was lost). ``vacuum`` removes the
+dead row versions a forget leaves behind in the tables it deleted from.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from ..rows import scope_from_key
+from ..session import ForgetEvent
+from ..values import Redaction
+
+log = logging.getLogger(__name__)
+
+# The tables a forget deletes from or rewrites (apply._delete_replaced): their
+# old row versions hold the text until VACUUM removes them.
+FORGET_TABLES = (
+    "engram_revisions",
+    "engram_vectors",
+    "engram_links",
+    "engram_records",
+    "engram_receipts",
+)
+
+
+def writers(pool: Any, record_ids: Sequence[str]) -> dict[str, list[str]]:
+    """The operation ids whose receipts wrote each record (the forgets' own excluded)."""
+    found: dict[str, list[str]] = defaultdict(list)
+    if not record_ids:
+        return found
+    with pool.connection() as conn:
+        for record_id, op_id in conn.execute(
+            "SELECT rr.record_id, rr.operation_id FROM engram_receipt_records rr"
+            " WHERE rr.record_id = ANY(%s) ORDER BY rr.record_id, rr.revision",
+            (list(record_ids),),
+        ).fetchall():
+            found[record_id].append(op_id)
+    return found
+
+
+def pending(pool: Any, committed_before: datetime, limit: int = 1000) -> list[ForgetEvent]:
+    """Forgets committed before ``committed_before`` whose redaction is still pending."""
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT s.key, c.request->>'id', c.forgotten_revisions, c.operation_id,"
+            " c.already_forgotten FROM engram_receipts c JOIN engram_scopes s ON s.id = c.scope_id"
+            " WHERE c.redaction = 'pending' AND c.committed_at < %s"
+            " ORDER BY c.committed_at LIMIT %s",
+            (committed_before, limit),
+        ).fetchall()
+    return [
+        ForgetEvent(
+            scope=scope_from_key(key),
+            record_id=record_id,
+            revisions=tuple(revisions or ()),
+            operation_id=op_id,
+            already_forgotten=bool(already),
+        )
+        for key, record_id, revisions, op_id, already in rows
+    ]
+
+
+def set_redaction(
+    pool: Any, operation_ids: Sequence[str], status: Redaction, reason: str | None = None
+) -> int:
+    """Record how the listeners of these forgets did, and why when they failed
+    (content-free); returns how many receipts changed."""
+    with pool.connection() as conn:
+        cur = conn.execute(
+            "UPDATE engram_receipts SET redaction = %s, redaction_reason = %s"
+            " WHERE operation_id = ANY(%s) AND kind = 'forget'",
+            (status, reason, list(operation_ids)),
+        )
+        count: int = cur.rowcount
+    return count
+
+
+def hand_over_again(
+    pool: Any, operation_ids: Sequence[str], *, max_handovers: int, reason: str
+) -> tuple[list[str], list[str]]:
+    """Count one more hand-over of these pending forgets, in one transaction:
+    (those to hand over again, those that had reached ``max_handovers`` and are now
+    ``failed`` with ``reason``). Forgets no longer pending are in neither."""
+    ids = list(operation_ids)
+    with pool.connection() as conn, conn.transaction():
+        failed = conn.execute(
+            "UPDATE engram_receipts SET redaction = 'failed', redaction_reason = %s"
+            " WHERE operation_id = ANY(%s) AND kind = 'forget' AND redaction = 'pending'"
+            " AND redaction_handovers >= %s RETURNING operation_id",
+            (reason, ids, max_handovers),
+        ).fetchall()
+        again = conn.execute(
+            "UPDATE engram_receipts SET redaction_handovers = redaction_handovers + 1"
+            " WHERE operation_id = ANY(%s) AND kind = 'forget' AND redaction = 'pending'"
+            " RETURNING operation_id",
+            (ids,),
+        ).fetchall()
+    return [r[0] for r in again], [r[0] for r in failed]
+
+
+def vacuum(pool: Any, *, wait_s: float = 60.0, record_ids: Sequence[str] = ()) -> datetime:
+    """VACUUM the tables a forget touches, indexes included, to remove the row versions
+    of every forget committed before the call; returns when the VACUUM began.
+
+    VACUUM keeps the row versions an open snapshot may still read, so it first waits
+    until no transaction that began before the call is still open (``TimeoutError``
+    after ``wait_s``). Then the vectors still stored for any of ``record_ids`` that is
+    forgotten (tombstoned) are deleted: a writer whose snapshot predated the forget
+    could have stored one (``embeddings._put`` holds the scopes against that; this is
+    the second line), and once those transactions are over no new one can read the
+    record to store one. Then the forgets' deleted row versions are gone from the heap
+    and the indexes (``INDEX_CLEANUP ON``: never skipped for having few dead rows), and
+    the full-text index's pending list is merged, and the tables' statistics are taken
+    again from what is left (ANALYZE's samples may have held the text). What may
+    remain in the data files is described in ``docs/jobs.md``."""
+    deadline = time.monotonic() + wait_s
+    with pool.connection() as conn:
+        row = conn.execute("SELECT clock_timestamp()").fetchone()
+        assert row is not None
+        called: datetime = row[0]
+        while True:
+            older = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL AND xact_start < %s",
+                (called,),
+            ).fetchone()
+            if not older or older[0] == 0:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{older[0]} transactions older than the forgets are still open")
+            time.sleep(0.2)
+        strays = delete_stray_vectors(conn, record_ids)
+        if strays:
+            log.warning("vectors of forgotten records deleted", extra={"vectors": strays})
+        # ANALYZE too: the planner's statistics keep sample values and words of the
+        # tables (pg_statistic), which may be the forgotten text's.
+        conn.execute(f"VACUUM (INDEX_CLEANUP ON, ANALYZE) {', '.join(FORGET_TABLES)}")
+    return called
+
+
+def delete_stray_vectors(conn: Any, record_ids: Sequence[str]) -> int:
+    """Delete the vectors, in every generation, of those of ``record_ids`` that are
+    forgotten; how many. A forget deletes them itself: any found here were stored by a
+    transaction that raced it."""
+    if not record_ids:
+        return 0
+    cur = conn.execute(
+        "DELETE FROM engram_vectors x USING engram_forgotten f"
+        " WHERE f.record_id = ANY(%s) AND x.record_id = f.record_id",
+        (list(record_ids),),
+    )
+    count: int = cur.rowcount
+    return count
+
+
+# The full-text index: GIN keeps a word as a key of its entry tree once it was indexed,
+# even when no row has it any more (VACUUM empties its posting list, not the key).
+TEXT_INDEX = "engram_revisions_tsv_idx"
+
+
+def reindex_text(pool: Any) -> None:
+    """Rebuild the full-text index without blocking writes (``REINDEX CONCURRENTLY``), so
+    that the words of forgotten texts leave it. A rebuild that failed earlier leaves an
+    invalid copy (``…_ccnew``): it is dropped first."""
+    with pool.connection() as conn:
+        for (name,) in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
+            " WHERE NOT i.indisvalid AND c.relname LIKE %s",
+            (f"{TEXT_INDEX}_ccnew%",),
+        ).fetchall():
+            conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
+        conn.execute(f"REINDEX INDEX CONCURRENTLY {TEXT_INDEX}")

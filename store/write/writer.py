@@ -1,0 +1,386 @@
+"""The write path: replay check, embeddings, then one transaction per batch.
+
+``execute`` takes operations (any scopes, each scope's in the order given),
+returns one outcome per operation in the same order: a ``WriteResult`` or the
+typed error the operation failed with. Embeddings are computed before the
+transaction; inside it the writer locks the fence, then each scope's row (in
+key order), loads the state the batch names, plans it (``planner``) and
+writes the plan with one set-based statement (``apply``). Two round trips in
+all, pipelined; a third before them looks up stored receipts unless the
+caller says replays are unlikely (``check_replays=False``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import psycopg
+
+from ..errors import EmbeddingMismatchError, EngramError, FencedError
+from ..limits import MAX_WRITE_ATTEMPTS
+from ..rows import RECEIPT_COLUMNS, REVISION_COLUMNS, receipt_from_row, record_from_row
+from ..values import Fence as Fence  # re-exported: store.writer.Fence
+from ..values import Receipt, RecordRef, WriteResult
+from ..vectors.embedders import Embedder, EmbedderResolver, Vectors, embed_checked
+from ..vectors.embeddings import HOLD_SWITCH_SHARED
+from .apply import Loading, note_replays, stored_receipts, write_plans
+from .extraction import readable_sources
+from .operations import Extract, Operation, Remember, Revise, text_digest
+from .planner import Applied, Plan, PlanContext, Replayed, ScopeState, plan_batch, to_record
+from .reconcile import Decision
+
+log = logging.getLogger(__name__)
+
+Result = WriteResult | EngramError
+
+_RETRYABLE = (
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.UniqueViolation,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveGeneration:
+    id: int
+    model_id: str
+    dims: int
+
+
+# The active generation before any commit has told it.
+_UNKNOWN: Any = object()
+
+
+class Writer:
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        # As of the last commit; a commit checks it under lock and retries if it moved.
+        self._generation: ActiveGeneration | None = _UNKNOWN
+        self._digest_key = b""  # the store's, read once (it never changes)
+
+    def execute(
+        self,
+        ops: Sequence[Operation],
+        embedder: Embedder | EmbedderResolver | None,
+        *,
+        fence: Fence | Sequence[Fence] | None = None,
+        listeners: bool = False,
+        stream_entries: dict[str, str] | None = None,
+        check_replays: bool = True,
+        decisions: Mapping[str, Decision] | None = None,
+    ) -> list[Result]:
+        """``decisions``: what the model phase of operations that have one decided
+        (``prepare``); it ran before, never inside the retried transaction."""
+        results: list[Result | None] = [None] * len(ops)
+        ctx = PlanContext(
+            now=datetime.min,
+            listeners=listeners,
+            stream_entries=stream_entries or {},
+            decisions=decisions or {},
+        )
+        resolver = embedder if isinstance(embedder, EmbedderResolver) else _Fixed(embedder)
+        with self.pool.connection() as conn:
+            if not self._digest_key:
+                self._digest_key = digest_key(conn)
+            ctx = replace(ctx, digest_key=self._digest_key)
+            generation = self._generation
+            stored: dict[str, Any] = {}
+            if check_replays or generation is _UNKNOWN:
+                # A replay is answered from its receipt: no embedding call for it.
+                with conn.pipeline():
+                    stored = stored_receipts(conn, [op.operation_id for op in ops])
+                    generation = _active_generation(conn)
+            fresh = [op for op in ops if op.operation_id not in stored]
+            retries = 0
+            embedded_for: Any = False  # the generation the vectors were computed for
+            while True:
+                if retries:
+                    generation = _active_generation(conn)
+                if generation != embedded_for:
+                    # A batch embedded for a generation that has since been switched is
+                    # embedded again, with the new generation's model when the resolver
+                    # knows it (a fixed embedder of the old model is refused instead).
+                    vectors, refused, used = self._embed(fresh, resolver, generation, ctx.decisions)
+                    embedded_for = generation
+                batch = [i for i, op in enumerate(ops) if op.operation_id not in refused]
+                try:
+                    outcomes = self._commit(
+                        conn, [ops[i] for i in batch], used, generation, vectors, fence, ctx
+                    )
+                except (_GenerationMoved, *_RETRYABLE) as exc:
+                    retries += 1
+                    if retries >= MAX_WRITE_ATTEMPTS:
+                        raise
+                    log.info(
+                        "write retried", extra={"reason": type(exc).__name__, "attempt": retries}
+                    )
+                    continue
+                break
+            for i, op in enumerate(ops):
+                if op.operation_id in refused:
+                    results[i] = refused[op.operation_id]
+            replays = load_results(
+                conn, [o.operation_id for o in outcomes if isinstance(o, Replayed)]
+            )
+            for i, outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, Replayed):
+                    results[i] = replays[outcome.operation_id]
+                elif isinstance(outcome, Applied):
+                    results[i] = WriteResult(
+                        receipt=_receipt(outcome, ops[i]),
+                        replayed=False,
+                        records=tuple(to_record(w, ops[i].scope) for w in outcome.written),
+                        conflict_retries=retries,
+                    )
+                else:
+                    results[i] = outcome
+        return [r for r in results if r is not None]
+
+    # -- embedding, outside any transaction -------------------------------------
+
+    def _embed(
+        self,
+        ops: Sequence[Operation],
+        resolver: EmbedderResolver,
+        generation: ActiveGeneration | None,
+        decisions: Mapping[str, Decision],
+    ) -> tuple[dict[str, np.ndarray], dict[str, EngramError], Embedder | None]:
+        """The vectors by text digest, the operations refused, and the embedder used."""
+        texts: dict[str, str] = {}
+        needs: dict[str, list[str]] = {}
+        for op in ops:
+            op_texts = _texts_to_embed(op, decisions.get(op.operation_id))
+            needs[op.operation_id] = op_texts
+            for text in op_texts:
+                texts.setdefault(text_digest(text), text)
+        if not texts:
+            return {}, {}, None
+        try:
+            embedder = resolver.for_generation(
+                generation.model_id if generation else None, generation.dims if generation else None
+            )
+        except EngramError as unavailable:  # no embedder here for the active model
+            return {}, {op_id: unavailable for op_id, t in needs.items() if t}, None
+        if embedder is None:
+            return {}, {}, None
+        if generation is not None and (
+            generation.model_id != embedder.model_id or generation.dims != embedder.dims
+        ):
+            error = EmbeddingMismatchError(
+                f"the active embedding generation is {generation.model_id} "
+                f"({generation.dims} dimensions), not {embedder.model_id} ({embedder.dims})"
+            )
+            return {}, {op_id: error for op_id, t in needs.items() if t}, embedder
+        digests = list(texts)
+        matrix: Vectors = embed_checked(embedder, [texts[d] for d in digests])
+        return dict(zip(digests, matrix, strict=True)), {}, embedder
+
+    # -- the transaction ----------------------------------------------------------
+
+    def _commit(
+        self,
+        conn: psycopg.Connection[Any],
+        ops: list[Operation],
+        embedder: Embedder | None,
+        generation: ActiveGeneration | None,
+        vectors: dict[str, np.ndarray],
+        fence: Fence | Sequence[Fence] | None,
+        ctx: PlanContext,
+    ) -> list[Any]:
+        groups: dict[str, list[Operation]] = defaultdict(list)
+        for op in ops:
+            groups[op.scope.key].append(op)
+        # Two round trips: the fence, the locks and the reads; then the writes and
+        # the COMMIT, all pipelined.
+        with conn.pipeline(), conn.transaction():
+            with conn.pipeline():
+                conn.execute(GENERIC_PLANS)
+                # First: a generation switch holds this exclusively while it fills the
+                # last gaps of the new generation, and no commit may slip in meanwhile.
+                conn.execute(HOLD_SWITCH_SHARED)
+                begun = _begin(conn, fence)
+                loading = Loading(conn, groups, ctx.decisions)
+                now, locked = _begun(begun, fence)
+                states = loading.states()
+            self._generation = locked
+            if locked != generation:
+                raise _GenerationMoved
+            gen_id = locked.id if locked else None
+            ctx = replace(ctx, now=now)
+            pairs: list[tuple[ScopeState, Plan]] = []
+            claimed: set[str] = set()  # ids created or forgotten by the scopes planned so far
+            for state in states:
+                state.taken |= claimed - state.records.keys()
+                plan = plan_batch(state, groups[state.scope.key], ctx)
+                claimed |= {rid for rid in plan.final if rid not in state.records}
+                claimed |= {rid for rid, _ in plan.tombstones}
+                pairs.append((state, plan))
+            if any(plan.changes_anything for _, plan in pairs):
+                if gen_id is None and embedder is not None and vectors:
+                    gen_id = _start_first_generation(conn, embedder)
+                    self._generation = ActiveGeneration(gen_id, embedder.model_id, embedder.dims)
+                write_plans(conn, pairs, now, gen_id, vectors)
+            note_replays(conn, pairs, now)
+        by_key = {state.scope.key: iter(plan.outcomes) for state, plan in pairs}
+        return [next(by_key[op.scope.key]) for op in ops]
+
+
+# The write path's statements have the same shape whatever their arrays hold: plan
+# each once per connection (psycopg prepares them) instead of at every execution.
+GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
+
+
+class _GenerationMoved(Exception):
+    """The active generation changed between embedding and commit: embed again."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """The one embedder a caller passed, whatever the active generation (a mismatch is
+    refused by ``_embed``)."""
+
+    embedder: Embedder | None
+
+    def for_generation(self, model_id: str | None, dims: int | None) -> Embedder | None:
+        return self.embedder
+
+
+def _texts_to_embed(op: Operation, decision: Decision | None) -> list[str]:
+    if decision is not None:
+        return decision.texts
+    r = op.request
+    if isinstance(r, Remember):
+        return [r.text]
+    if isinstance(r, Revise):
+        return [r.text] if r.text is not None else []
+    if isinstance(r, Extract) and not r.infer:
+        return [
+            item.text for item in readable_sources(r.messages, r.trusted_tools, op.scope.chat_id)
+        ]
+    return []
+
+
+def digest_key(conn: psycopg.Connection[Any]) -> bytes:
+    """The store's secret for the digests receipts keep (migration 007)."""
+    row = conn.execute("SELECT secret FROM engram_secrets WHERE name = 'request_digest'").fetchone()
+    if row is None:
+        raise RuntimeError("the store has no request digest secret: run `engram migrate`")
+    return bytes(row[0])
+
+
+def _active_generation(conn: psycopg.Connection[Any]) -> ActiveGeneration | None:
+    row = conn.execute(
+        "SELECT id, model_id, dims FROM engram_generations WHERE status = 'active'"
+    ).fetchone()
+    return ActiveGeneration(*row) if row else None
+
+
+def _fences(fence: Fence | Sequence[Fence] | None) -> list[Fence]:
+    return [fence] if isinstance(fence, Fence) else list(fence or ())
+
+
+def _begin(conn: psycopg.Connection[Any], fence: Fence | Sequence[Fence] | None) -> Any:
+    """Raise the fences, read the store clock, and hold the active generation
+    (FOR SHARE: an activation waits for this transaction). Read by ``_begun``."""
+    fences = _fences(fence)
+    return conn.execute(
+        """
+        WITH raised AS (
+            INSERT INTO engram_fences (name, token)
+            SELECT * FROM unnest(%(names)b::text[], %(tokens)b::bigint[]) ORDER BY 1
+            ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token
+            WHERE engram_fences.token <= EXCLUDED.token RETURNING name
+        )
+        SELECT clock_timestamp(), ARRAY(SELECT name FROM raised), g.id, g.model_id, g.dims
+        FROM (SELECT 1) AS one LEFT JOIN (
+            SELECT id, model_id, dims FROM engram_generations WHERE status = 'active' FOR SHARE
+        ) AS g ON true
+        """,
+        {"names": [f.name for f in fences], "tokens": [f.token for f in fences]},
+    )
+
+
+def _begun(
+    cursor: Any, fence: Fence | Sequence[Fence] | None
+) -> tuple[datetime, ActiveGeneration | None]:
+    row = cursor.fetchone()
+    assert row is not None
+    stale = tuple(sorted({f.name for f in _fences(fence)} - set(row[1])))
+    if stale:
+        raise FencedError(f"stale fencing token for {', '.join(stale)}", fences=stale)
+    return row[0], ActiveGeneration(*row[2:]) if row[2] is not None else None
+
+
+def _start_first_generation(conn: psycopg.Connection[Any], embedder: Embedder) -> int:
+    """The first stored vector starts generation 1 as active (seed 000)."""
+    row = conn.execute(
+        "INSERT INTO engram_generations (model_id, dims, status, activated_at)"
+        " VALUES (%s, %s, 'active', now()) RETURNING id",
+        (embedder.model_id, embedder.dims),
+    ).fetchone()
+    assert row is not None
+    log.info("embedding generation started", extra={"generation": row[0]})
+    return int(row[0])
+
+
+def _receipt(outcome: Applied, op: Operation) -> Receipt:
+    r = outcome.receipt
+    return Receipt(
+        operation_id=r.operation_id,
+        kind=r.kind,
+        scope=op.scope,
+        scope_revision=r.scope_revision,
+        committed_at=r.committed_at,
+        redacted=r.redacted,
+        records=tuple(RecordRef(x.id, x.revision, x.status) for x in r.refs),
+        forgotten_revisions=tuple(r.forgotten_revisions)
+        if r.forgotten_revisions is not None
+        else None,
+        already_forgotten=r.already_forgotten,
+        redaction=r.redaction,  # type: ignore[arg-type]
+        stream_entry=r.stream_entry,
+        model_calls=r.model_calls,
+        requested_by=r.requested_by,
+    )
+
+
+def load_results(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, WriteResult]:
+    """The stored receipts of ``op_ids`` as replayed results, with the revisions still present."""
+    if not op_ids:
+        return {}
+    receipts = {
+        row[0]: receipt_from_row(row)
+        for row in conn.execute(
+            f"SELECT {RECEIPT_COLUMNS} FROM engram_receipts c"
+            " JOIN engram_scopes s ON s.id = c.scope_id WHERE c.operation_id = ANY(%b::text[])",
+            (op_ids,),
+        ).fetchall()
+    }
+    records: dict[str, list[Any]] = defaultdict(list)
+    for row in conn.execute(
+        f"SELECT rr.operation_id, {REVISION_COLUMNS} FROM engram_receipt_records rr"
+        " JOIN engram_revisions v ON v.record_id = rr.record_id AND v.revision = rr.revision"
+        " JOIN engram_scopes s ON s.id = v.scope_id"
+        " WHERE rr.operation_id = ANY(%b::text[]) ORDER BY rr.record_id, rr.revision",
+        (op_ids,),
+    ).fetchall():
+        records[row[0]].append(record_from_row(row[1:]))
+    return {
+        op_id: WriteResult(
+            receipt=_as_repeat(receipt), replayed=True, records=tuple(records[op_id])
+        )
+        for op_id, receipt in receipts.items()
+    }
+
+
+def _as_repeat(receipt: Receipt) -> Receipt:
+    """A repeated forget deletes nothing more: revisions [] and already_forgotten (seed 000)."""
+    if receipt.kind != "forget" or receipt.forgotten_revisions is None:
+        return receipt
+    return replace(receipt, forgotten_revisions=(), already_forgotten=True)
