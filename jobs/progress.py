@@ -1,7 +1,8 @@
 """A re-embedding's progress, as kept in its generation's ``progress`` (jsonb).
 
-The dashboard, the HTTP API and ``engram reembed`` read it; these keys are a
-contract with them (more may be added, none renamed):
+The job writes it (``Progress``); the dashboard, the HTTP API and ``engram
+reembed`` read it. These keys are a contract with them (more may be added, none
+renamed):
 
 ``state``         running | waiting | activated | failed | cancelled | superseded
                   (``retired``, written by earlier versions, is read as superseded)
@@ -24,17 +25,25 @@ writes off: ids, counts, times, an error's type and content-free message
 store writes it when it retires this one, whatever the state said), and
 ``embed_s`` / ``store_s`` (time spent in the embedder / listing records and
 storing vectors, all slices together).
-Pure logic, no I/O.
+
+Two readings of it: ``Progress.from_dict`` is the job's own, all or nothing;
+``progress_of`` is a page's, total (``ProgressView``): a field missing or of the
+wrong type is unknown rather than breaking the page. Pure logic, no I/O.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 State = Literal["running", "waiting", "activated", "failed", "cancelled", "superseded"]
+STATES: tuple[State, ...] = get_args(State)
+LIVE_STATES: tuple[State, ...] = ("running", "waiting")
 FINISHED: tuple[State, ...] = ("activated", "failed", "cancelled", "superseded")
+MAX_MESSAGE_CHARS = 300  # of a message a page shows
 
 
 def now() -> datetime:
@@ -73,11 +82,8 @@ class Progress:
         """The progress a generation holds, or None if it holds none of ours."""
         try:
             superseded_by = data.get("superseded_by")
-            state = data["state"]
-            if state == "retired" or (superseded_by is not None and state not in FINISHED):
-                state = "superseded"
             return cls(
-                state=state,
+                state=_state(data["state"], superseded_by),
                 pass_=int(data["pass"]),
                 done=int(data["done"]),
                 total=int(data["total"]),
@@ -144,6 +150,13 @@ class Progress:
         return replace(self, state=state, updated_at=at.isoformat(), **changes)
 
 
+def _state(state: Any, superseded_by: object) -> Any:
+    """A generation retired for another model's is superseded, whatever its state said."""
+    if state == "retired" or (superseded_by is not None and state not in FINISHED):
+        return "superseded"
+    return state
+
+
 def eta(left: int, rate_per_s: float) -> float | None:
     if left <= 0:
         return 0.0
@@ -172,3 +185,116 @@ def _clock(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressView:
+    """A progress as a page shows it: ``None`` is a field unknown, ``state`` may be
+    ``unknown``. ``as_dict`` is the HTTP API's ``Progress``."""
+
+    state: str
+    pass_number: int | None
+    done: int | None
+    total: int | None
+    skipped: int | None
+    errors: int | None
+    rate_per_s: float | None
+    eta_s: float | None
+    started_at: datetime | None
+    updated_at: datetime | None
+    requested_by: str | None
+    job_id: str | None
+    message: str | None = None
+    superseded_by: int | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+    @property
+    def percent(self) -> float | None:
+        if self.done is None or not self.total:
+            return None
+        return min(100.0, 100.0 * self.done / self.total)
+
+    @property
+    def eta(self) -> str:
+        return duration(self.eta_s) if self.eta_s is not None else "unknown"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "pass": self.pass_number,
+            "done": self.done,
+            "total": self.total,
+            "skipped": self.skipped,
+            "errors": self.errors,
+            "rate_per_s": self.rate_per_s,
+            "eta_s": self.eta_s,
+            "started_at": self.started_at.isoformat() if self.started_at else None,
+            "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+            "requested_by": self.requested_by,
+            "job_id": self.job_id,
+            "message": self.message,
+            "superseded_by": self.superseded_by,
+        }
+
+
+def progress_of(raw: Mapping[str, Any] | None) -> ProgressView | None:
+    """The progress a generation holds as a page shows it, or None when it holds none."""
+    if not raw or not isinstance(raw, Mapping):
+        return None
+    superseded_by = _count(raw.get("superseded_by"))
+    state = _state(raw.get("state"), superseded_by)
+    return ProgressView(
+        state=state if state in STATES else "unknown",
+        pass_number=_count(raw.get("pass")),
+        # ``embedded``: what store.embeddings.reembed writes when run without the jobs.
+        done=_count(raw.get("done", raw.get("embedded"))),
+        total=_count(raw.get("total")),
+        skipped=_count(raw.get("skipped")),
+        errors=_count(raw.get("errors")),
+        rate_per_s=_number(raw.get("rate_per_s")),
+        eta_s=_number(raw.get("eta_s")),
+        started_at=_time(raw.get("started_at")),
+        updated_at=_time(raw.get("updated_at")),
+        requested_by=_text(raw.get("requested_by")),
+        job_id=_text(raw.get("job_id")),
+        message=_text(raw.get("message"), MAX_MESSAGE_CHARS),
+        superseded_by=superseded_by,
+    )
+
+
+def duration(seconds: float) -> str:
+    """A duration as a page says it: ``1 min 15 s``."""
+    whole = max(0, round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def _time(value: object) -> datetime | None:
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _text(value: object, max_chars: int = 200) -> str | None:
+    return value[:max_chars] if isinstance(value, str) and value else None

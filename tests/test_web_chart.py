@@ -1,11 +1,12 @@
-"""The overview's chart (web/chart.py) and a reembed's progress (web/progress.py): pure."""
+"""The overview's chart (web/chart.py) and a reembed's progress as a page reads it
+(jobs/progress.py): pure."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from jobs.progress import duration, progress_of
 from web.chart import bucketed, lag_rows, ops_chart
-from web.progress import duration, progress_of
 from worker.metrics import Interval, LagSample
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
 
+from jobs.progress import progress_of
 from store import (
     AuditEntry,
     GenerationItem,
@@ -19,7 +20,6 @@ from store import (
 )
 from store.read.find import Findings, Found
 
-from ..progress import progress_of
 from ..rqjobs import JobRow, QueueSummary
 
 T = TypeVar("T")

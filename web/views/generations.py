@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from jobs import reembed
+from jobs.progress import progress_of
 from store import Generation
 from store.errors import NotFoundError
 from store.limits import MAX_ID_CHARS
@@ -16,7 +17,6 @@ from store.vectors.embeddings import GenerationNotPendingError
 from ..bodies import why_of
 from ..errors import UnavailableError
 from ..params import Query, integer
-from ..progress import progress_of
 from ..state import operator_of, web_of
 
 MAX_GENERATION_ID = 2**31 - 1  # a serial

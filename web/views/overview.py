@@ -6,13 +6,13 @@ import redis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from jobs.progress import progress_of
 from store import Store
 from worker import metrics
 
 from ..chart import DAY_COLUMN_S, bucketed, lag_rows, ops_chart
 from ..params import Query
 from ..pipeline import snapshot
-from ..progress import progress_of
 from ..state import web_of
 from . import pause
 
