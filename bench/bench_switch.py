@@ -32,12 +32,15 @@ from typing import Any
 import psycopg
 
 from bench.common import discard, fresh_database, scratch_postgres, sentences
-from store import HashingEmbedder, Operation, Store
+from store import HashingEmbedder, Operation, Store, WriteOptions
 from store.vectors.embeddings import _MISSING
 
 OLD = HashingEmbedder(64)
 MODELS = [HashingEmbedder(d) for d in (32, 48, 16, 24, 40)]
 SCOPES = 100
+
+# Loading: every operation is new, so no replay look-up before embedding.
+FIRST_TIME = WriteOptions(check_replays=False)
 
 
 def load(store: Store, n: int) -> list[str]:
@@ -48,7 +51,7 @@ def load(store: Store, n: int) -> list[str]:
             Operation.build("remember", {"user_id": f"u{j % SCOPES}"}, {"text": texts[j]})
             for j in range(i, min(i + 1000, n))
         ]
-        ids += [r.records[0].id for r in store.execute(ops, OLD, check_replays=False)]  # type: ignore[union-attr]
+        ids += [r.records[0].id for r in store.execute(ops, OLD, options=FIRST_TIME)]  # type: ignore[union-attr]
     with store.pool.connection() as conn:
         conn.execute("VACUUM ANALYZE")
     return ids

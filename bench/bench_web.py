@@ -50,7 +50,7 @@ from bench.common import (
 )
 from jobs import keys as jobs_keys
 from jobs import queues as rq_queues
-from store import HashingEmbedder, Operation, Store
+from store import HashingEmbedder, Operation, Store, WriteOptions
 from store.migrations import migrate
 from store.write import wire
 from web import Services, WebConfig, create_app
@@ -60,6 +60,9 @@ from worker.valkey import EmbeddedValkey
 TARGET_P95_MS = 100.0
 BIG = {"user_id": "big-scope", "agent_id": "assistant"}
 EMBEDDER = HashingEmbedder(32)
+
+# Loading: every operation is new, so no replay look-up before embedding.
+FIRST_TIME = WriteOptions(check_replays=False)
 
 
 # -- recording what a page sends to PostgreSQL ------------------------------------------
@@ -110,7 +113,7 @@ def load(store: Store, records: int, receipts: int, batch: int = 1000) -> dict[s
             Operation.build("remember", BIG, {"text": texts[i % len(texts)] + f" #{i}"})
             for i in range(start, min(start + batch, records))
         ]
-        big_ids += [r.records[0].id for r in store.execute(ops, EMBEDDER, check_replays=False)]  # type: ignore[union-attr]
+        big_ids += [r.records[0].id for r in store.execute(ops, EMBEDDER, options=FIRST_TIME)]  # type: ignore[union-attr]
     # Some of the big scope's records change: revised, retracted, forgotten, short-lived.
     churn = [
         *(
@@ -142,7 +145,7 @@ def load(store: Store, records: int, receipts: int, batch: int = 1000) -> dict[s
             )
             n += 1
         # No vectors here: the receipts are what these scopes are for.
-        results = store.execute(ops, None, check_replays=False)
+        results = store.execute(ops, None, options=FIRST_TIME)
         done += len(ops)
         follow: list[Operation] = []
         for op, result in zip(ops[:60], results[:60], strict=True):

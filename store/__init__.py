@@ -24,6 +24,7 @@ from .read.receipt_filter import ReceiptFilter
 from .session import ForgetEvent, ForgetListener, Session
 from .store import ScopeSummary, Store
 from .values import (
+    Fence,
     Generation,
     Hit,
     Link,
@@ -43,7 +44,7 @@ from .vectors.embedders import (
     default_embedder,
 )
 from .write.operations import Operation
-from .write.writer import Fence
+from .write.options import WriteOptions
 
 __all__ = [
     "LLM",
@@ -93,6 +94,7 @@ __all__ = [
     "Tombstone",
     "Usage",
     "WordLlamaEmbedder",
+    "WriteOptions",
     "WriteResult",
     "default_embedder",
     "memory_tools",

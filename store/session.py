@@ -14,6 +14,7 @@ from .models.llm import LLM
 from .values import Hit, Link, Record, ReembedResult, Scope, Source, WriteResult
 from .vectors.embedders import Embedder
 from .write.operations import Operation, plain_items
+from .write.options import WriteOptions
 from .write.writer import Result
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class Session:
     def write(self, op: Operation) -> Result:
         """Commit one operation of this scope with the session's embedder and model."""
         [result] = self.store.execute(
-            [op], self.embedder, listeners=bool(self.on_forget), llm=self.llm
+            [op], self.embedder, llm=self.llm, options=WriteOptions(listeners=bool(self.on_forget))
         )
         return result
 

@@ -42,10 +42,10 @@ from .vectors.embeddings import Embeddings
 from .write import retention, wire
 from .write.needs import needs_model
 from .write.operations import Operation
+from .write.options import DEFAULTS, WriteOptions
 from .write.prepare import Prepared, prepare
-from .write.reconcile import Decision
 from .write.waves import execute_in_waves
-from .write.writer import Fence, Result, Writer
+from .write.writer import Result, Writer
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +125,8 @@ class Store:
         ops: Sequence[Operation],
         embedder: Embedder | EmbedderResolver | None = None,
         *,
-        fence: Fence | Sequence[Fence] | None = None,
-        listeners: bool = False,
-        stream_entries: dict[str, str] | None = None,
-        check_replays: bool = True,
         llm: LLM | None = None,
-        decisions: Mapping[str, Decision] | None = None,
+        options: WriteOptions = DEFAULTS,
     ) -> list[Result]:
         """Commit ``ops`` (each scope's in order) in one transaction.
 
@@ -139,6 +135,8 @@ class Store:
         for the whole batch: ``FencedError`` (naming the stale fences; nothing is
         committed), or a database error.
 
+        ``options`` (``WriteOptions``) say how: the fences, whether forget
+        listeners run, the stream entries, the replay look-up, the decisions.
         A replay is always answered from its receipt. With ``check_replays``
         (the default) the stored receipts are looked up before embedding, so a
         replay costs no embedding call; without, that round trip is saved and
@@ -153,28 +151,15 @@ class Store:
         operations. A phase that fails returns its typed error and commits
         nothing: the operation may be sent again with the same id.
         """
-        decided = decisions or {}
+        decided = options.decisions
 
         def has_phase(op: Operation) -> bool:
             return op.operation_id not in decided and needs_model(op.request, llm is not None)
 
-        options: dict[str, Any] = {
-            "fence": fence,
-            "listeners": listeners,
-            "stream_entries": stream_entries,
-            "check_replays": check_replays,
-        }
         if not any(has_phase(op) for op in ops):
-            return self.writer.execute(ops, embedder, decisions=decided, **options)
+            return self.writer.execute(ops, embedder, options)
         return execute_in_waves(
-            self.writer,
-            self.pool,
-            ops,
-            embedder,
-            llm=llm,
-            has_phase=has_phase,
-            decisions=decided,
-            **options,
+            self.writer, self.pool, ops, embedder, llm=llm, has_phase=has_phase, options=options
         )
 
     def prepare(

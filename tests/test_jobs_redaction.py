@@ -17,7 +17,7 @@ import redis
 
 from jobs import keys, listing, redaction
 from jobs.listeners.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
-from store import HashingEmbedder, Operation, Store
+from store import HashingEmbedder, Operation, Store, WriteOptions
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST, wait_until
 from worker import Producer, StreamReceipt
@@ -265,7 +265,7 @@ def test_a_forget_left_pending_without_its_job_is_swept_up(
     )
     [forgot] = fresh_store.execute(
         [Operation.build("forget", SCOPE, {"id": made.records[0].id})],  # type: ignore[union-attr]
-        listeners=True,
+        options=WriteOptions(listeners=True),
     )
     op_id = forgot.receipt.operation_id  # type: ignore[union-attr]
     assert stored_redaction(fresh_dsn, op_id) == "pending"

@@ -13,9 +13,12 @@ from store import (
     OperationConflictError,
     RevisionConflictError,
     Store,
+    WriteOptions,
     WriteResult,
 )
 from tests.helpers import CountingEmbedder, rows_containing
+
+FIRST_TIME = WriteOptions(check_replays=False)  # no replay look-up before embedding
 
 
 def test_a_refusal_is_kept_and_a_redelivery_answers_the_same(
@@ -79,10 +82,12 @@ def test_one_operation_id_in_two_scopes_of_one_batch_is_a_conflict(fresh_store: 
 def test_an_empty_batch_raises_only_the_fence(fresh_store: Store) -> None:
     from store import Fence, FencedError
 
-    assert fresh_store.execute([], fence=Fence("partition:0", 5)) == []
-    assert fresh_store.execute([], fence=Fence("partition:0", 5)) == [], "the same token passes"
+    assert fresh_store.execute([], options=WriteOptions(fences=(Fence("partition:0", 5),))) == []
+    assert fresh_store.execute([], options=WriteOptions(fences=(Fence("partition:0", 5),))) == [], (
+        "the same token passes"
+    )
     with pytest.raises(FencedError):
-        fresh_store.execute([], fence=Fence("partition:0", 4))
+        fresh_store.execute([], options=WriteOptions(fences=(Fence("partition:0", 4),)))
 
 
 def test_without_the_replay_look_up_a_replay_is_still_answered_from_its_receipt(
@@ -90,8 +95,8 @@ def test_without_the_replay_look_up_a_replay_is_still_answered_from_its_receipt(
 ) -> None:
     counting = CountingEmbedder(HashingEmbedder(32))
     op = Operation.build("remember", {"user_id": "ada"}, {"text": "Ada prefers tea."}, "op-1")
-    [first] = fresh_store.execute([op], counting, check_replays=False)
-    [again] = fresh_store.execute([op], counting, check_replays=False)
+    [first] = fresh_store.execute([op], counting, options=FIRST_TIME)
+    [again] = fresh_store.execute([op], counting, options=FIRST_TIME)
     assert isinstance(first, WriteResult) and isinstance(again, WriteResult)
     assert (first.replayed, again.replayed) == (False, True)
     assert again.receipt == first.receipt
@@ -108,14 +113,14 @@ def test_without_the_look_up_a_generation_activated_meanwhile_is_used(fresh_stor
     v2 = KeywordEmbedder("keywords-2", ["tea", "coffee", "green"])
     ada = {"user_id": "ada"}
     fresh_store.execute(
-        [Operation.build("remember", ada, {"text": "Ada prefers tea."})], v1, check_replays=False
+        [Operation.build("remember", ada, {"text": "Ada prefers tea."})], v1, options=FIRST_TIME
     )
     fresh_store.session(ada, embedder=v1).reembed(v2)
     counting = CountingEmbedder(v2)
     [result] = fresh_store.execute(
         [Operation.build("remember", ada, {"text": "Ada likes green tea."})],
         counting,
-        check_replays=False,
+        options=FIRST_TIME,
     )
     assert isinstance(result, WriteResult) and result.conflict_retries == 1
     assert counting.calls == 1  # not called for the stale generation's model

@@ -3,7 +3,7 @@ operations: pure."""
 
 from __future__ import annotations
 
-from store.write.waves import next_wave
+from store.write.waves import held_back, next_wave
 
 
 def test_a_scope_stops_at_its_next_model_phase_other_scopes_go_on() -> None:
@@ -20,3 +20,9 @@ def test_a_scope_stops_at_its_next_model_phase_other_scopes_go_on() -> None:
 def test_a_batch_without_model_phases_is_one_wave() -> None:
     items = [("a", False)] * 3
     assert next_wave(items, lambda i: i[0], lambda i: i[1]) == ([0, 1, 2], [])
+
+
+def test_held_back_holds_from_a_scope_s_first_phase_on_and_all_of_a_holding_scope() -> None:
+    items = [("a", False), ("a", True), ("a", False), ("b", False), ("c", False), ("b", True)]
+    now, held = held_back(items, lambda i: i[0], lambda i: i[1], lambda scope: scope == "c")
+    assert (now, held) == ([0, 3], [1, 2, 4, 5])

@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from store import Fence, HashingEmbedder, Store
+from store import Fence, HashingEmbedder, Store, WriteOptions
 from tests.helpers import CountingEmbedder
 from tests.redis_fixtures import wait_until
 from worker import Producer, keys, metrics
@@ -106,7 +106,8 @@ def test_a_lingering_consumer_commits_what_arrives_meanwhile_in_the_same_cycle(
 def test_a_stale_fence_at_the_start_fails_only_its_partition(
     fresh_store: Store, redis_client: redis.Redis
 ) -> None:
-    fresh_store.execute([], fence=Fence(keys.fence_name(2), 10))  # a newer holder of 2
+    newer = WriteOptions(fences=(Fence(keys.fence_name(2), 10),))  # a newer holder of 2
+    fresh_store.execute([], options=newer)
     producer = Producer(redis_client, partitions=CONFIG.partitions)
     pending = _enqueue(producer, {0: 1, 1: 2, 2: 2})
     consumer, held = _consumer(fresh_store, redis_client, HashingEmbedder(32), {0: 1, 1: 1, 2: 5})
@@ -137,7 +138,9 @@ def test_a_fence_raised_during_a_commit_fails_only_its_partition(
         def embed(self, texts: Sequence[str]) -> Any:
             self.calls += 1
             if self.calls == 1:
-                fresh_store.execute([], fence=Fence(keys.fence_name(1), 20))
+                fresh_store.execute(
+                    [], options=WriteOptions(fences=(Fence(keys.fence_name(1), 20),))
+                )
             return super().embed(texts)
 
     producer = Producer(redis_client, partitions=CONFIG.partitions)

@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from store import Fence, HashingEmbedder, Store
+from store import Fence, HashingEmbedder, Store, WriteOptions
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
 from worker import Producer, keys, metrics
 from worker.consumer import Consumer, Shared
@@ -97,7 +97,9 @@ def test_a_worker_with_an_older_token_commits_nothing(
     class TakenOverWhileEmbedding(HashingEmbedder):
         def embed(self, texts: Any) -> Any:
             # Another worker takes the partition (token 20) while this one embeds.
-            fresh_store.execute([], None, fence=Fence(keys.fence_name(0), 20))
+            fresh_store.execute(
+                [], None, options=WriteOptions(fences=(Fence(keys.fence_name(0), 20),))
+            )
             return super().embed(texts)
 
     consumer, partition = _consume(

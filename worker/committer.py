@@ -16,7 +16,7 @@ import psycopg
 import psycopg_pool
 import redis
 
-from store import Embedder, Store
+from store import Embedder, Store, WriteOptions
 from store.errors import FencedError
 from store.vectors.embedders import EmbedderResolver
 from store.write.reconcile import Decision
@@ -114,15 +114,16 @@ class Committer:
             if not partitions:
                 return []
             try:
-                results = self.store.execute(
-                    [entry.operation for _, entry in items],
-                    self.embedder,
-                    fence=[p.fence for p in partitions],
+                options = WriteOptions(
+                    fences=tuple(p.fence for p in partitions),
                     listeners=self.listeners,
                     stream_entries={e.operation.operation_id: e.entry_id for _, e in items},
                     check_replays=check_replays,
                     # Decided by the model phase, on other threads: no model is called here.
-                    decisions=decisions,
+                    decisions=decisions or {},
+                )
+                results = self.store.execute(
+                    [entry.operation for _, entry in items], self.embedder, options=options
                 )
                 return list(zip(items, results, strict=True))
             except FencedError as exc:

@@ -37,6 +37,7 @@ from store.write.needs import infers, needs_model
 from store.write.operations import Extract, Operation
 from store.write.prepare import Prepared
 from store.write.reconcile import Decision
+from store.write.waves import held_back, next_wave
 
 from .defaults import BACKOFF_MAX_S
 from .protocol import Entry
@@ -141,21 +142,19 @@ class ModelPhase:
 
     def admit(self, items: list[Item]) -> list[Item]:
         """The items to commit in this cycle; the others are held, in their scope's order."""
-        now: list[Item] = []
-        for item in items:
-            partition, entry = item
-            scope = entry.operation.scope.key
-            phase = self.has_phase(entry.operation)
-            queue = self._queues.get(scope)
-            if queue is None and not phase:
-                now.append(item)
-                continue
-            if queue is None:
-                queue = self._queues[scope] = deque()
-            queue.append(_Held(item, phase))
+        now, held = held_back(
+            items,
+            lambda item: item[1].operation.scope.key,
+            lambda item: self.has_phase(item[1].operation),
+            lambda scope: scope in self._queues,
+        )
+        for i in held:
+            partition, entry = item = items[i]
+            queue = self._queues.setdefault(entry.operation.scope.key, deque())
+            queue.append(_Held(item, self.has_phase(entry.operation)))
             self._held.add((partition.number, entry.entry_id))
             self._per_partition[partition.number] += 1
-        return now
+        return [items[i] for i in now]
 
     def start(self) -> None:
         """Start the phase of each scope's first held operation. Called after a commit,
@@ -185,9 +184,10 @@ class ModelPhase:
                 continue
             if not self._end_phase(head, out, now):
                 continue
-            self._release(queue.popleft())
-            while queue and not queue[0].phase:
-                out.items.append(self._release(queue.popleft()))
+            # The head (its item went out with its phase's end) and the operations after
+            # it, up to the scope's next one with a model phase: one wave.
+            wave, _ = next_wave(queue, _scope_of, lambda held: held.phase)
+            out.items += [self._release(queue.popleft()) for _ in wave][1:]
             if not queue:
                 del self._queues[scope]
         return out
@@ -268,3 +268,7 @@ def _call_kind(op: Operation) -> CallKind:
     """What kind of call a phase that ran out of time was most likely making."""
     r: Any = op.request
     return "extract" if isinstance(r, Extract) and infers(r, True) else "reconcile"
+
+
+def _scope_of(held: _Held) -> str:
+    return held.item[1].operation.scope.key

@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 
-from store import ForgetEvent
+from store import ForgetEvent, WriteOptions
 from store.write import forgets
 from worker import keys as stream_keys
 from worker.protocol import Entry, decode_entry, encode_reply, partition_of
@@ -103,9 +103,8 @@ class RedisListener:
         pipe = self.client.pipeline(transaction=False)
         if isinstance(item, Entry):
             op = item.operation
-            [outcome] = self.ctx.store.execute(
-                [op], None, stream_entries={op.operation_id: entry_id}
-            )
+            entries = WriteOptions(stream_entries={op.operation_id: entry_id})
+            [outcome] = self.ctx.store.execute([op], None, options=entries)
             send_reply(pipe, op.operation_id, encode_reply(outcome, entry_id), self.ctx.reply_ttl_s)
         elif item.operation_id is not None:  # never appliable: what the worker would answer
             send_reply(

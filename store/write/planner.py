@@ -44,6 +44,7 @@ from .operations import (
     keyed_digest,
     text_digest,
 )
+from .options import WriteOptions
 from .reconcile import Create, Decision, Named, Retire, Update
 
 
@@ -154,13 +155,21 @@ class Plan:
 @dataclass(frozen=True, slots=True)
 class PlanContext:
     now: datetime
-    listeners: bool = False  # forget listeners will run after commit
-    stream_entries: dict[str, str] = field(default_factory=dict)  # op id -> entry id
-    # What the model phase decided, by operation id (``prepare``).
-    decisions: Mapping[str, Decision] = field(default_factory=dict)
-
+    options: WriteOptions = field(default_factory=WriteOptions)
     # The store's secret for request digests (``keyed_digest``).
     digest_key: bytes = b""
+
+    @property
+    def listeners(self) -> bool:
+        return self.options.listeners
+
+    @property
+    def stream_entries(self) -> Mapping[str, str]:
+        return self.options.stream_entries
+
+    @property
+    def decisions(self) -> Mapping[str, Decision]:
+        return self.options.decisions
 
     def model_calls(self, operation_id: str) -> int:
         decision = self.decisions.get(operation_id)

@@ -9,19 +9,20 @@ with no model phase is one wave: one transaction, as always.
 
 ``Store.execute`` runs the phases one after another; the stream worker runs
 them concurrently, holding each scope's later operations back meanwhile
-(``worker.models``), by the same rule.
+(``worker.models``), by the same rule: it holds what ``held_back`` says, and
+releases a scope's held operations a wave at a time (``next_wave``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..models.llm import LLM
 from ..vectors.embedders import Embedder, EmbedderResolver
 from .operations import Operation
+from .options import WriteOptions
 from .prepare import prepare
-from .reconcile import Decision
 from .writer import Result, Writer
 
 T = TypeVar("T")
@@ -50,6 +51,28 @@ def next_wave(
     return taken, later
 
 
+def held_back(
+    items: Sequence[T],
+    scope_of: Callable[[T], str],
+    has_phase: Callable[[T], bool],
+    holding: Callable[[str], bool],
+) -> tuple[list[int], list[int]]:
+    """The indexes of the items that may commit now, and of those held back until a
+    model phase before them in their scope has ended: per scope, every item from its
+    first one with a model phase on, and all of a scope already ``holding`` some."""
+    now: list[int] = []
+    held: list[int] = []
+    blocked: set[str] = set()
+    for i, item in enumerate(items):
+        scope = scope_of(item)
+        if scope in blocked or holding(scope) or has_phase(item):
+            blocked.add(scope)
+            held.append(i)
+        else:
+            now.append(i)
+    return now, held
+
+
 def execute_in_waves(
     writer: Writer,
     pool: Any,
@@ -58,11 +81,10 @@ def execute_in_waves(
     *,
     llm: LLM | None,
     has_phase: Callable[[Operation], bool],
-    decisions: Mapping[str, Decision],
-    **options: Any,
+    options: WriteOptions,
 ) -> list[Result]:
     results: list[Result | None] = [None] * len(ops)
-    decided = dict(decisions)
+    decided = dict(options.decisions)
     waiting = list(range(len(ops)))
     while waiting:
         taken, later = next_wave([ops[i] for i in waiting], lambda op: op.scope.key, has_phase)
@@ -79,7 +101,7 @@ def execute_in_waves(
         committing = [i for i in wave if results[i] is None]
         if committing:
             outcomes = writer.execute(
-                [ops[i] for i in committing], embedder, decisions=decided, **options
+                [ops[i] for i in committing], embedder, options.deciding(decided)
             )
             for i, outcome in zip(committing, outcomes, strict=True):
                 results[i] = outcome

@@ -25,13 +25,13 @@ import psycopg
 from ..errors import EmbeddingMismatchError, EngramError, FencedError
 from ..limits import MAX_WRITE_ATTEMPTS
 from ..rows import RECEIPT_COLUMNS, REVISION_COLUMNS, receipt_from_row, record_from_row
-from ..values import Fence as Fence  # re-exported: store.writer.Fence
-from ..values import Receipt, RecordRef, WriteResult
+from ..values import Fence, Receipt, RecordRef, WriteResult
 from ..vectors.embedders import Embedder, EmbedderResolver, Vectors, embed_checked
 from ..vectors.embeddings import HOLD_SWITCH_SHARED
 from .apply import Loading, note_replays, stored_receipts, write_plans
 from .extraction import readable_sources
 from .operations import Extract, Operation, Remember, Revise, text_digest
+from .options import DEFAULTS, WriteOptions
 from .planner import Applied, Plan, PlanContext, Replayed, ScopeState, plan_batch, to_record
 from .reconcile import Decision
 
@@ -68,22 +68,12 @@ class Writer:
         self,
         ops: Sequence[Operation],
         embedder: Embedder | EmbedderResolver | None,
-        *,
-        fence: Fence | Sequence[Fence] | None = None,
-        listeners: bool = False,
-        stream_entries: dict[str, str] | None = None,
-        check_replays: bool = True,
-        decisions: Mapping[str, Decision] | None = None,
+        options: WriteOptions = DEFAULTS,
     ) -> list[Result]:
-        """``decisions``: what the model phase of operations that have one decided
-        (``prepare``); it ran before, never inside the retried transaction."""
+        """The model phases of ``options.decisions`` ran before, never inside the
+        retried transaction."""
         results: list[Result | None] = [None] * len(ops)
-        ctx = PlanContext(
-            now=datetime.min,
-            listeners=listeners,
-            stream_entries=stream_entries or {},
-            decisions=decisions or {},
-        )
+        ctx = PlanContext(now=datetime.min, options=options)
         resolver = embedder if isinstance(embedder, EmbedderResolver) else _Fixed(embedder)
         with self.pool.connection() as conn:
             if not self._digest_key:
@@ -91,7 +81,7 @@ class Writer:
             ctx = replace(ctx, digest_key=self._digest_key)
             generation = self._generation
             stored: dict[str, Any] = {}
-            if check_replays or generation is _UNKNOWN:
+            if options.check_replays or generation is _UNKNOWN:
                 # A replay is answered from its receipt: no embedding call for it.
                 with conn.pipeline():
                     stored = stored_receipts(conn, [op.operation_id for op in ops])
@@ -111,7 +101,7 @@ class Writer:
                 batch = [i for i, op in enumerate(ops) if op.operation_id not in refused]
                 try:
                     outcomes = self._commit(
-                        conn, [ops[i] for i in batch], used, generation, vectors, fence, ctx
+                        conn, [ops[i] for i in batch], used, generation, vectors, ctx
                     )
                 except (_GenerationMoved, *_RETRYABLE) as exc:
                     retries += 1
@@ -190,7 +180,6 @@ class Writer:
         embedder: Embedder | None,
         generation: ActiveGeneration | None,
         vectors: dict[str, np.ndarray],
-        fence: Fence | Sequence[Fence] | None,
         ctx: PlanContext,
     ) -> list[Any]:
         groups: dict[str, list[Operation]] = defaultdict(list)
@@ -204,9 +193,9 @@ class Writer:
                 # First: a generation switch holds this exclusively while it fills the
                 # last gaps of the new generation, and no commit may slip in meanwhile.
                 conn.execute(HOLD_SWITCH_SHARED)
-                begun = _begin(conn, fence)
+                begun = _begin(conn, ctx.options.fences)
                 loading = Loading(conn, groups, ctx.decisions)
-                now, locked = _begun(begun, fence)
+                now, locked = _begun(begun, ctx.options.fences)
                 states = loading.states()
             self._generation = locked
             if locked != generation:
@@ -281,14 +270,9 @@ def _active_generation(conn: psycopg.Connection[Any]) -> ActiveGeneration | None
     return ActiveGeneration(*row) if row else None
 
 
-def _fences(fence: Fence | Sequence[Fence] | None) -> list[Fence]:
-    return [fence] if isinstance(fence, Fence) else list(fence or ())
-
-
-def _begin(conn: psycopg.Connection[Any], fence: Fence | Sequence[Fence] | None) -> Any:
+def _begin(conn: psycopg.Connection[Any], fences: Sequence[Fence]) -> Any:
     """Raise the fences, read the store clock, and hold the active generation
     (FOR SHARE: an activation waits for this transaction). Read by ``_begun``."""
-    fences = _fences(fence)
     return conn.execute(
         """
         WITH raised AS (
@@ -306,12 +290,10 @@ def _begin(conn: psycopg.Connection[Any], fence: Fence | Sequence[Fence] | None)
     )
 
 
-def _begun(
-    cursor: Any, fence: Fence | Sequence[Fence] | None
-) -> tuple[datetime, ActiveGeneration | None]:
+def _begun(cursor: Any, fences: Sequence[Fence]) -> tuple[datetime, ActiveGeneration | None]:
     row = cursor.fetchone()
     assert row is not None
-    stale = tuple(sorted({f.name for f in _fences(fence)} - set(row[1])))
+    stale = tuple(sorted({f.name for f in fences} - set(row[1])))
     if stale:
         raise FencedError(f"stale fencing token for {', '.join(stale)}", fences=stale)
     return row[0], ActiveGeneration(*row[2:]) if row[2] is not None else None
