@@ -12,7 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from engram.cli import main
-from jobs import causes, keys, listing
+from jobs import causes, keys
 from jobs.progress import Progress
 from store import HashingEmbedder, Store
 from store.errors import EmbeddingMismatchError
@@ -20,6 +20,7 @@ from tests.embedder_faults import BREAKS_WITH, FAULTY_PLUGINS
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import BASE_URL, make_app
+from web import rqjobs
 from worker.runtime import connect_redis
 
 TEXTS = ["Ada's PIN is 4417, keep it safe", "ok"]
@@ -109,8 +110,8 @@ def test_an_embedder_that_breaks_mid_way_shows_its_cause_everywhere(
     assert "secret note" not in json.dumps(failed.progress)
 
     client = connect_redis(redis_url)
-    job = listing.get_job(client, p.job_id)
-    assert job is not None and job.status == "failed"
+    job = rqjobs.get(client, p.job_id)
+    assert job is not None and job.state == "failed"
     with TestClient(make_app(fresh_store, client), base_url=BASE_URL) as http:
         row = http.get("/generations").text
         assert f'<b>root cause:</b> <span class="mono">{cause}</span>' in row

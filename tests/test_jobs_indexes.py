@@ -10,11 +10,12 @@ import psycopg
 import pytest
 import redis
 
-from jobs import listing, schedule
+from jobs import schedule
 from store import HashingEmbedder, Operation, Scope, Store
 from store.limits import LARGE_SCOPE_VECTORS
 from store.read.recall import _statement, recall_context
 from tests.jobs_fixtures import context, run_burst
+from web import rqjobs
 
 
 def indexes(dsn: str) -> list[tuple[str, str]]:
@@ -49,8 +50,8 @@ def test_a_scope_that_grew_large_gets_its_index_on_schedule(
     job_id = enqueue_upkeep(redis_client)["index-large-scopes"]
     run_burst(context(fresh_store, redis_url), redis_url)
 
-    job = listing.get_job(redis_client, job_id)
-    assert job is not None and job.status == "finished"
+    job = rqjobs.get(redis_client, job_id)
+    assert job is not None and job.state == "finished"
     [(key, name)] = indexes(fresh_dsn)
     assert '"grown"' in key and job.result == [name]
     # Recall in that scope is planned through the new index now (approximate: the exact
@@ -93,8 +94,8 @@ def test_what_a_retired_generation_left_is_deleted_on_schedule(
         assert fresh_store.embeddings.reembed(HashingEmbedder(16)).activated
     job_id = enqueue_upkeep(redis_client)["purge-retired-vectors"]
     run_burst(context(fresh_store, redis_url), redis_url)
-    job = listing.get_job(redis_client, job_id)
-    assert job is not None and job.status == "finished" and job.result == 1
+    job = rqjobs.get(redis_client, job_id)
+    assert job is not None and job.state == "finished" and job.result == 1
     with psycopg.connect(fresh_dsn) as conn:
         left = conn.execute("SELECT generation_id, count(*) FROM engram_vectors GROUP BY 1")
         assert left.fetchall() == [(2, 1)]

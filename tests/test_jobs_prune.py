@@ -9,11 +9,12 @@ import psycopg
 import pytest
 import redis
 
-from jobs import keys, listing, prune, schedule
+from jobs import keys, prune, schedule
 from jobs.settings import JobsSettings, Retention, parse_duration
 from store import HashingEmbedder, RevisionConflictError, Store
 from store.errors import InvalidRequestError
 from tests.jobs_fixtures import context, run_burst
+from web import rqjobs
 
 DAY = 86400.0
 
@@ -120,6 +121,7 @@ def test_a_prune_job_runs_on_a_jobs_worker_and_returns_its_counts(
     ctx = context(fresh_store, redis_url, ENGRAM_RETAIN_HISTORY="30d")
     job_id = prune.enqueue(redis_client, "history")
     run_burst(ctx, redis_url)
-    job = listing.get_job(redis_client, job_id)
-    assert job is not None and job.status == "finished" and job.kind == "prune-history"
+    job = rqjobs.get(redis_client, job_id)
+    assert job is not None and job.state == "finished" and job.id.startswith("prune-history-")
+    assert job.function == "jobs.prune.prune_job"
     assert job.result[0]["removed"] == 2 and job.result[0]["what"] == "history"

@@ -122,6 +122,7 @@ class JobRow:
     traceback: str | None
     arguments: str  # what the job was called with (engram's jobs pass ids only)
     readable: bool = True  # False: its data is not JSON; function and arguments "unreadable"
+    result: Any = None  # what a finished job returned (engram's jobs return counts and ids)
 
 
 def check_job_id(value: str) -> str:
@@ -376,28 +377,29 @@ def _rows_of(conn: redis.Redis, jobs: list[Job], queue: str, state: str) -> list
     for job in jobs:
         pipe.xrevrange(Result.get_key(job.id), "+", "-", count=1)
     return [
-        _row(job, queue, state, _traceback(conn, job, latest))
+        _row(job, queue, state, _latest(conn, job, latest))
         for job, latest in zip(jobs, pipe.execute() if jobs else [], strict=True)
     ]
 
 
-def _traceback(conn: redis.Redis, job: Job, latest: list[Any]) -> str | None:
-    """The traceback of a job whose latest result (an entry of its results stream, as
-    ``Result.fetch_latest`` reads it) is a failure."""
+def _latest(conn: redis.Redis, job: Job, latest: list[Any]) -> Result | None:
+    """A job's latest result, from the latest entry of its results stream (as
+    ``Result.fetch_latest`` reads it); None if it has none this side can read."""
     if not latest:
         return None
     result_id, payload = latest[0]
-    result = _safely(
-        lambda: Result.restore(
-            job.id, _text(result_id), payload, connection=conn, serializer=job.serializer
-        )
+    return cast(
+        Result | None,
+        _safely(
+            lambda: Result.restore(
+                job.id, _text(result_id), payload, connection=conn, serializer=job.serializer
+            )
+        ),
     )
-    if result is None or result.type != Result.Type.FAILED:
-        return None
-    return cast(str | None, result.exc_string)
 
 
-def _row(job: Job, queue: str, state: str, traceback: str | None) -> JobRow:
+def _row(job: Job, queue: str, state: str, latest: Result | None) -> JobRow:
+    traceback = _traceback(latest)
     return JobRow(
         id=job.id,
         queue=queue,
@@ -410,7 +412,20 @@ def _row(job: Job, queue: str, state: str, traceback: str | None) -> JobRow:
         error=traceback.strip().splitlines()[-1][:300] if traceback else None,
         traceback=traceback,
         arguments=_safely(lambda: _call_text(job.args, job.kwargs)) or "?",
+        result=_returned(latest),
     )
+
+
+def _traceback(latest: Result | None) -> str | None:
+    if latest is None or latest.type != Result.Type.FAILED:
+        return None
+    return latest.exc_string
+
+
+def _returned(latest: Result | None) -> Any:
+    if latest is None or latest.type != Result.Type.SUCCESSFUL:
+        return None
+    return latest.return_value
 
 
 def _unreadable(job: UnreadableJob, queue: str, state: str) -> JobRow:
