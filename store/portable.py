@@ -44,34 +44,17 @@ TOMBSTONE_TEXT = "(forgotten)"
 # An expiry that a later revision changes again must not end the record before the
 # later revisions are imported: it lasts at least this long, the last one is exact.
 _INTERIM_TTL = timedelta(hours=1)
+_RECORD_KEYS = ("id", "scope")  # a record line's, not each of its revisions'
 
 
 def revision_as_dict(r: Record) -> dict[str, Any]:
-    return {
-        "revision": r.revision,
-        "status": r.status,
-        "text": r.text,
-        "kind": r.kind,
-        "importance": r.importance,
-        "metadata": r.metadata,
-        "origin": r.origin,
-        "sources": [s.as_dict() for s in r.sources],
-        "links": [link.as_dict() for link in r.links],
-        "digest": r.digest,
-        "operation_id": r.operation_id,
-        "recorded_at": r.recorded_at.isoformat(),
-        "expires_at": r.expires_at.isoformat() if r.expires_at else None,
-    }
+    """A revision as an export's record line lists it: without its record's id and scope."""
+    return {k: v for k, v in r.as_dict().items() if k not in _RECORD_KEYS}
 
 
 def record_as_dict(r: Record) -> dict[str, Any]:
     """A revision with its record id and scope (and who supersedes it), as JSON."""
-    return {
-        "id": r.id,
-        "scope": r.scope.as_dict(),
-        **revision_as_dict(r),
-        "superseded_by": list(r.superseded_by),
-    }
+    return {**r.as_dict(), "superseded_by": list(r.superseded_by)}
 
 
 def export_lines(

@@ -130,6 +130,27 @@ class Record:
     expires_at: datetime | None
     superseded_by: tuple[str, ...] = ()
 
+    def as_dict(self) -> dict[str, Any]:
+        """This revision as JSON: the export's revision (``store.portable``) after its
+        record's id and scope, and the HTTP API's. ``superseded_by`` is the caller's."""
+        return {
+            "id": self.id,
+            "scope": self.scope.as_dict(),
+            "revision": self.revision,
+            "status": self.status,
+            "text": self.text,
+            "kind": self.kind,
+            "importance": self.importance,
+            "metadata": self.metadata,
+            "origin": self.origin,
+            "sources": [s.as_dict() for s in self.sources],
+            "links": [link.as_dict() for link in self.links],
+            "digest": self.digest,
+            "operation_id": self.operation_id,
+            "recorded_at": self.recorded_at.isoformat(),
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class RecordRef:

@@ -34,23 +34,7 @@ def time_json(value: datetime | None) -> str | None:
 
 
 def revision_json(r: Record) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "revision": r.revision,
-        "scope": r.scope.as_dict(),
-        "text": r.text,
-        "kind": r.kind,
-        "importance": r.importance,
-        "metadata": r.metadata,
-        "origin": r.origin,
-        "sources": [s.as_dict() for s in r.sources],
-        "links": [link.as_dict() for link in r.links],
-        "status": r.status,
-        "digest": r.digest,
-        "operation_id": r.operation_id,
-        "recorded_at": time_json(r.recorded_at),
-        "expires_at": time_json(r.expires_at),
-    }
+    return r.as_dict()
 
 
 def record_json(item: RecordItem) -> dict[str, Any]:
