@@ -13,7 +13,14 @@ from .limits import DEFAULT_TOP_K
 from .models.llm import LLM
 from .values import Hit, Link, Record, ReembedResult, Scope, Source, WriteResult
 from .vectors.embedders import Embedder
-from .write.operations import Operation, plain_items
+from .write.operations import (
+    Operation,
+    extract_request,
+    forget_request,
+    remember_request,
+    retract_request,
+    revise_request,
+)
 from .write.options import WriteOptions
 from .write.writer import Result
 
@@ -89,19 +96,19 @@ class Session:
     ) -> WriteResult:
         return self._run(
             "remember",
-            {
-                "text": text,
-                "kind": kind,
-                "importance": importance,
-                "metadata": metadata,
-                "origin": origin,
-                "sources": plain_items(sources),
-                "links": plain_items(links) or None,
-                "ttl_ms": ttl_ms,
-                "id": id,
-                "supersede": supersede,
-                "top_k": top_k,
-            },
+            remember_request(
+                text,
+                kind=kind,
+                importance=importance,
+                metadata=metadata,
+                origin=origin,
+                sources=sources,
+                links=links,
+                ttl_ms=ttl_ms,
+                id=id,
+                supersede=supersede,
+                top_k=top_k,
+            ),
             operation_id,
         )
 
@@ -121,17 +128,17 @@ class Session:
     ) -> WriteResult:
         return self._run(
             "extract",
-            {
-                "messages": list(messages),
-                "kind": kind,
-                "ttl_ms": ttl_ms,
-                "links": plain_items(links) or None,
-                "trusted_tools": list(trusted_tools) or None,
-                "infer": infer,
-                "supersede": supersede,
-                "top_k": top_k,
-                "instructions": instructions,
-            },
+            extract_request(
+                messages,
+                kind=kind,
+                ttl_ms=ttl_ms,
+                links=links,
+                trusted_tools=trusted_tools,
+                infer=infer,
+                supersede=supersede,
+                top_k=top_k,
+                instructions=instructions,
+            ),
             operation_id,
         )
 
@@ -152,18 +159,18 @@ class Session:
     ) -> WriteResult:
         return self._run(
             "revise",
-            {
-                "id": record_id,
-                "text": text,
-                "kind": kind,
-                "importance": importance,
-                "metadata": metadata,
-                "links": plain_items(links),
-                "ttl_ms": ttl_ms,
-                "expected_revision": expected_revision,
-                "sources": plain_items(sources),
-                "only_inferred": only_inferred or None,
-            },
+            revise_request(
+                record_id,
+                text=text,
+                kind=kind,
+                importance=importance,
+                metadata=metadata,
+                links=links,
+                ttl_ms=ttl_ms,
+                expected_revision=expected_revision,
+                sources=sources,
+                only_inferred=only_inferred,
+            ),
             operation_id,
         )
 
@@ -177,16 +184,14 @@ class Session:
     ) -> WriteResult:
         return self._run(
             "retract",
-            {
-                "id": record_id,
-                "expected_revision": expected_revision,
-                "only_inferred": only_inferred or None,
-            },
+            retract_request(
+                record_id, expected_revision=expected_revision, only_inferred=only_inferred
+            ),
             operation_id,
         )
 
     def forget(self, record_id: str, *, operation_id: str | None = None) -> WriteResult:
-        result = self._run("forget", {"id": record_id}, operation_id)
+        result = self._run("forget", forget_request(record_id), operation_id)
         if result.receipt.redaction in (None, "none") or not self.on_forget:
             return result
         status = run_forget_listeners(

@@ -20,7 +20,13 @@ import redis
 
 from store import Operation, Scope
 from store.errors import EngramError
-from store.write.operations import plain_items
+from store.write.operations import (
+    extract_request,
+    forget_request,
+    remember_request,
+    retract_request,
+    revise_request,
+)
 
 from . import keys, runtime
 from .defaults import PARTITIONS, STREAM_MAX_LEN
@@ -206,19 +212,19 @@ class Producer:
         return self.submit(
             "remember",
             scope,
-            {
-                "text": text,
-                "kind": kind,
-                "importance": importance,
-                "metadata": metadata,
-                "origin": origin,
-                "sources": plain_items(sources),
-                "links": plain_items(links),
-                "ttl_ms": ttl_ms,
-                "id": id,
-                "supersede": supersede,
-                "top_k": top_k,
-            },
+            remember_request(
+                text,
+                kind=kind,
+                importance=importance,
+                metadata=metadata,
+                origin=origin,
+                sources=sources,
+                links=links,
+                ttl_ms=ttl_ms,
+                id=id,
+                supersede=supersede,
+                top_k=top_k,
+            ),
             operation_id=operation_id,
             requested_by=requested_by,
         )
@@ -242,17 +248,17 @@ class Producer:
         return self.submit(
             "extract",
             scope,
-            {
-                "messages": [dict(m) for m in messages],
-                "kind": kind,
-                "ttl_ms": ttl_ms,
-                "links": plain_items(links),
-                "trusted_tools": list(trusted_tools or []) or None,
-                "infer": infer,
-                "supersede": supersede,
-                "top_k": top_k,
-                "instructions": instructions,
-            },
+            extract_request(
+                messages,
+                kind=kind,
+                ttl_ms=ttl_ms,
+                links=links,
+                trusted_tools=trusted_tools,
+                infer=infer,
+                supersede=supersede,
+                top_k=top_k,
+                instructions=instructions,
+            ),
             operation_id=operation_id,
             requested_by=requested_by,
         )
@@ -277,18 +283,18 @@ class Producer:
         return self.submit(
             "revise",
             scope,
-            {
-                "id": record_id,
-                "text": text,
-                "kind": kind,
-                "importance": importance,
-                "metadata": metadata,
-                "links": plain_items(links),
-                "ttl_ms": ttl_ms,
-                "expected_revision": expected_revision,
-                "sources": plain_items(sources),
-                "only_inferred": only_inferred or None,
-            },
+            revise_request(
+                record_id,
+                text=text,
+                kind=kind,
+                importance=importance,
+                metadata=metadata,
+                links=links,
+                ttl_ms=ttl_ms,
+                expected_revision=expected_revision,
+                sources=sources,
+                only_inferred=only_inferred,
+            ),
             operation_id=operation_id,
             requested_by=requested_by,
         )
@@ -306,11 +312,9 @@ class Producer:
         return self.submit(
             "retract",
             scope,
-            {
-                "id": record_id,
-                "expected_revision": expected_revision,
-                "only_inferred": only_inferred or None,
-            },
+            retract_request(
+                record_id, expected_revision=expected_revision, only_inferred=only_inferred
+            ),
             operation_id=operation_id,
             requested_by=requested_by,
         )
@@ -324,7 +328,11 @@ class Producer:
         requested_by: str | None = None,
     ) -> Pending:
         return self.submit(
-            "forget", scope, {"id": record_id}, operation_id=operation_id, requested_by=requested_by
+            "forget",
+            scope,
+            forget_request(record_id),
+            operation_id=operation_id,
+            requested_by=requested_by,
         )
 
     # -- replies ----------------------------------------------------------------------

@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import EngramError, InvalidRequestError, NotFoundError, RevisionConflictError
 from ..limits import DEFAULT_TOP_K, MAX_KIND_CHARS, MAX_TEXT_CHARS
 from ..values import Hit, Receipt, Scope, Source
-from ..write.operations import Operation, text_digest
+from ..write.operations import (
+    Operation,
+    remember_request,
+    retract_request,
+    revise_request,
+    text_digest,
+)
 from ..write.validation import Fields
 
 if TYPE_CHECKING:
@@ -217,27 +223,30 @@ class MemoryTools:
     def _request(self, tool: str, name: str, args: object, call_id: str) -> dict[str, Any]:
         if tool == "remember":
             f = Fields(args, name, ("text", "kind", "importance"))
-            return {
-                "text": f.text("text"),
-                "kind": f.kind(),
-                "importance": f.importance(),
-                "origin": "inferred",
-                "sources": [self._source(name, call_id, f.text("text"))],
-            }
+            text = str(f.text("text"))
+            return remember_request(
+                text,
+                kind=f.kind(),
+                importance=f.importance(),
+                origin="inferred",
+                sources=[self._source(name, call_id, text)],
+            )
         if tool == "revise":
             f = Fields(args, name, ("id", "expected_revision", "text", "kind", "importance"))
-            text = f.text("text", required=False)
-            return {
-                "id": f.ident("id"),
-                "expected_revision": _expected(f),
-                "text": text,
-                "kind": f.kind(),
-                "importance": f.importance(),
-                "sources": [self._source(name, call_id, text)],
-                "only_inferred": True,
-            }
+            revised = f.text("text", required=False)
+            return revise_request(
+                str(f.ident("id")),
+                expected_revision=_expected(f),
+                text=revised,
+                kind=f.kind(),
+                importance=f.importance(),
+                sources=[self._source(name, call_id, revised)],
+                only_inferred=True,
+            )
         f = Fields(args, name, ("id", "expected_revision"))
-        return {"id": f.ident("id"), "expected_revision": _expected(f), "only_inferred": True}
+        return retract_request(
+            str(f.ident("id")), expected_revision=_expected(f), only_inferred=True
+        )
 
     def _source(self, name: str, call_id: str, text: str | None) -> dict[str, str]:
         return Source(
