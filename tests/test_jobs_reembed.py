@@ -20,6 +20,7 @@ from jobs.context import JobContext
 from jobs.progress import Progress
 from store import HashingEmbedder, Operation, Store
 from store.errors import InvalidRequestError
+from store.vectors.embeddings import Switched
 from store.vectors.registry import EmbedderLoadError, EmbedderRegistry, parse_plugins
 from tests.embedder_faults import FAULTY_PLUGINS
 from tests.helpers import bytes_hold, marker_text, redis_values
@@ -220,6 +221,113 @@ def test_records_that_keep_moving_leave_it_waiting_then_it_resumes(
     p = current(fresh_store)
     assert p.state == "activated"
     assert fresh_store.embeddings.active().id == started.generation_id  # type: ignore[union-attr]
+
+
+class Interleaved:
+    """The target model, with writes landing between the batches of its passes: before
+    each batch one of the first records (behind the pass's cursor) is revised and a
+    new one remembered, and once a pass is over, one more of each right before the
+    switch takes its hold (``writing_before``). Every switch so finds gaps that only
+    its last fill, made with writes held off, can close. Nothing is written while the
+    switch holds writes off: it would wait for itself."""
+
+    model_id = "slow-hashing-32"
+    dims = 32
+
+    def __init__(self, store: Store, record_ids: Sequence[str]) -> None:
+        self.session = store.session({"user_id": "u0"}, embedder=OLD)
+        self.first = sorted(record_ids)[:3]
+        self.inner = HashingEmbedder(32)
+        self.holding = False
+        self.revised: dict[str, str] = {}
+        self.remembered: list[str] = []
+        self.switched: list[Switched] = []
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        if not self.holding:
+            self.write()
+        return self.inner.embed(texts)
+
+    def write(self) -> None:
+        n = len(self.remembered)
+        rid = self.first[n % len(self.first)]
+        self.revised[rid] = f"revised {n} to mention coffee"
+        self.session.revise(rid, text=self.revised[rid])
+        self.remembered.append(
+            self.session.remember(f"written {n} during the passes").records[0].id
+        )
+
+    def writing_before(self, switch: Any) -> Any:
+        def switched(*args: Any, **kwargs: Any) -> Any:
+            self.write()
+            self.holding = True
+            try:
+                self.switched.append(switch(*args, **kwargs))
+            finally:
+                self.holding = False
+            return self.switched[-1]
+
+        return switched
+
+
+def current_vectors(store: Store, generation_id: int) -> dict[str, tuple[str, bool, Any]]:
+    """Every current record's (text, whether its vector in the generation is of its
+    current revision and text, the vector or None)."""
+    with store.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT r.id, v.text, x.revision = r.revision AND x.digest = v.digest,"
+            " x.embedding::text FROM engram_records r"
+            " JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision"
+            " LEFT JOIN engram_vectors x ON x.record_id = r.id AND x.generation_id = %s",
+            (generation_id,),
+        ).fetchall()
+        [(strays,)] = conn.execute(
+            "SELECT count(*) FROM engram_vectors x WHERE x.generation_id = %s"
+            " AND NOT EXISTS (SELECT 1 FROM engram_records r WHERE r.id = x.record_id)",
+            (generation_id,),
+        ).fetchall()
+    assert strays == 0, "a vector of no current record"
+    return {
+        rid: (text, bool(fresh), None if vector is None else json.loads(vector))
+        for rid, text, fresh, vector in rows
+    }
+
+
+def test_writes_landing_during_the_passes_are_embedded_by_the_switch_under_its_hold(
+    fresh_store: Store, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = fill(fresh_store, 100, scopes=1)
+    ctx = context(
+        fresh_store,
+        redis_url,
+        ENGRAM_REEMBED_BATCH_SIZE="20",
+        ENGRAM_REEMBED_RESUME_AFTER="1h",
+    )
+    target = Interleaved(fresh_store, ids)
+    ctx.registry.add(target)
+    embeddings = fresh_store.embeddings
+    monkeypatch.setattr(embeddings, "switch", target.writing_before(embeddings.switch))
+    started = reembed.start(fresh_store, ctx.client, ctx.registry, "slow", requested_by="t")
+    run_burst(ctx, redis_url)
+
+    p = current(fresh_store)
+    # Writes landed during the pass, and before the switch: its last fill embedded the
+    # record revised and the one remembered then, at least.
+    assert len(target.remembered) > len(target.switched) >= 1
+    assert target.switched[-1].activated and target.switched[-1].embedded >= 2
+    assert p.state == "activated", p.message
+    active = fresh_store.embeddings.active()
+    assert active is not None and active.id == started.generation_id
+    assert (active.model_id, active.dims) == (target.model_id, target.dims)
+    found = current_vectors(fresh_store, active.id)
+    assert len(found) == 100 + len(target.remembered)
+    assert set(target.remembered) <= set(found)
+    for rid, (text, fresh, vector) in found.items():
+        assert vector is not None and fresh, f"{rid} has no vector of its current revision"
+        assert vector == pytest.approx(target.inner.embed([text])[0].tolist(), abs=1e-6)
+    for rid, text in target.revised.items():
+        assert found[rid][0] == text
+    assert (p.done, p.total) == (len(found), len(found))
 
 
 def test_a_slice_that_keeps_failing_marks_it_failed_and_rq_keeps_no_text(
