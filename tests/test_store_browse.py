@@ -290,7 +290,9 @@ def test_a_cursor_this_store_did_not_sign_is_refused(store: Store) -> None:
     token = store.browse.records(scope_id, limit=1).next
     assert token is not None and store.browse.records(scope_id, cursor=token).items
     payload, signature = token.split(".")
-    other = Cursors(b"another key, another server").encode("records", ("x",))
+    # The same position, signed by another process's key: well-formed, not ours.
+    position = store.cursors.decode(token, "records", (datetime, str))
+    other = Cursors(b"another key, another server").encode("records", position)
     for forged in (
         payload,  # no signature
         f"{payload}.{_other_last(signature)}",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rq import Queue, SimpleWorker
@@ -11,6 +12,7 @@ from starlette.testclient import TestClient
 
 from jobs.keys import MAINTENANCE_QUEUE
 from jobs.queues import SERIALIZER
+from store.read.cursors import Cursors
 from tests.redis_fixtures import wait_until
 from tests.web_fixtures import BASE_URL, Web, make_app
 from worker import keys
@@ -141,6 +143,45 @@ def test_receipts_records_history_and_tombstones(web: Web) -> None:
     tombstones = web.client.get(f"/api/v1/scopes/{sid}/tombstones").json()["items"]
     assert [t["record_id"] for t in tombstones] == [gone]
     assert web.client.get("/api/v1/scopes/999999/records").status_code == 404
+
+
+def test_a_well_formed_cursor_not_signed_with_this_servers_key_is_refused(web: Web) -> None:
+    scope = {"user_id": "cursor-forger"}
+    for i in range(3):
+        web.remember(scope, f"Note {i} on the forged cursor.")
+    url = f"/api/v1/receipts?scope={web.scope_id(scope)}&limit=1"
+    first = web.client.get(url).json()
+    cursor = first["next"]
+    payload, signature = cursor.rsplit(".", 1)
+    kind, (at, operation_id) = json.loads(
+        base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    )
+    assert kind == "receipts" and web.client.get(f"{url}&cursor={cursor}").status_code == 200
+    # Another position: a day later, so the page would show the first receipt again.
+    later = (datetime.fromisoformat(at["t"]) + timedelta(days=1), operation_id)
+    ours = web.store.cursors.encode("receipts", later)
+    again = web.client.get(f"{url}&cursor={ours}")
+    assert again.status_code == 200 and again.json()["items"] == first["items"]
+
+    body = json.dumps(
+        ["receipts", [{"t": later[0].isoformat()}, operation_id]], separators=(",", ":")
+    )
+    moved = base64.urlsafe_b64encode(body.encode()).decode().rstrip("=")
+    assert ours.startswith(f"{moved}."), "the forgery is encoded as the server encodes"
+    another_process = Cursors(b"another process's cursor key")
+    for forged in (
+        f"{moved}.{signature}",  # the position changed, the signature kept
+        another_process.encode("receipts", later),
+        another_process.encode("receipts", (datetime.fromisoformat(at["t"]), operation_id)),
+    ):
+        refused = web.client.get(f"{url}&cursor={forged}")
+        assert refused.status_code == 400, forged
+        assert refused.json()["error"] == {
+            "code": "invalid_request",
+            "message": "the cursor was not handed out by this server",
+        }
+        page = web.client.get(f"/receipts?scope={web.scope_id(scope)}&cursor={forged}")
+        assert page.status_code == 400 and "not handed out by this server" in page.text
 
 
 def test_recall_by_post_with_match_kinds(web: Web) -> None:
