@@ -14,7 +14,7 @@ import pytest
 from store import HashingEmbedder, InvalidRequestError, ModelUnavailableError, Prompt, Store
 from tests.fake_llm import ScriptedLLM, events, facts, with_usage
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
-from tests.test_store_extract_infer import ORDER_MESSAGES
+from tests.store.test_extract_infer import ORDER_MESSAGES
 from worker import Producer, metrics
 from worker.protocol import partition_of
 

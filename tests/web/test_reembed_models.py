@@ -21,7 +21,7 @@ from worker.settings import Settings
 CALLED: list[str] = []
 # What a request may not name; the first would start a real reembed if it were called.
 MODULE_PATHS = [
-    "tests.test_web_reembed_models:side_effect",
+    "tests.web.test_reembed_models:side_effect",
     "os:getpid",
     "builtins:print",
     "os:abort",  # last: called, it ends this process (and the test run)
@@ -86,7 +86,7 @@ def test_registered_names_still_start_a_reembed(client: TestClient, fresh_dsn: s
 
 
 def test_the_registry_tells_names_from_module_paths() -> None:
-    registry = EmbedderRegistry({"mine": "tests.test_web_reembed_models:side_effect"})
+    registry = EmbedderRegistry({"mine": "tests.web.test_reembed_models:side_effect"})
     for name in ("wordllama", "wordllama:64", "minilm", "hashing", "hashing:32", "mine", " minilm"):
         assert registry.check_registered(name) == name.strip()
     for bad in [*MODULE_PATHS, "minilm:8", "mine:8", "os", "", "a.b:1", "hashing:x", "Hashing"]:

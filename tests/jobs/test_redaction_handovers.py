@@ -76,7 +76,7 @@ def test_a_forget_that_kills_its_jobs_worker_every_time_ends_failed_and_others_g
     assert forget.wait(30).redaction == beside.wait(30).redaction == "pending"
 
     env = {
-        "ENGRAM_FORGET_LISTENERS": "tests.test_jobs_redaction_handovers:killing_listener",
+        "ENGRAM_FORGET_LISTENERS": "tests.jobs.test_redaction_handovers:killing_listener",
         "ENGRAM_TEST_KILL_RECORDS": str(doomed_file),
         "ENGRAM_TEST_KILL_LOG": str(kills),
         "ENGRAM_REDACTION_MAX_HANDOVERS": str(MAX_HANDOVERS),

@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 
 from jobs.keys import MAINTENANCE_QUEUE
 from store import Operation, Store
-from tests.test_web_filters import T0, add_letter, seed_failed_jobs
+from tests.web.test_filters import T0, add_letter, seed_failed_jobs
 from tests.web_fixtures import EMBEDDER, Browser, Served
 from worker import keys
 from worker.runtime import connect_redis

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
+from tests.redis_fixtures import REPO
+
+COMPOSE = REPO / "docker-compose.yml"
 
 
 @pytest.fixture(scope="module")

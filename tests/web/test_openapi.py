@@ -117,7 +117,7 @@ def api_schema(served_api: Served) -> Any:
 def test_the_api_does_what_its_document_says(case: Any) -> None:
     if isinstance(case.query, dict):
         # A cursor is only ever the next of a page this server signed: a generated one is
-        # refused (400) whatever it holds, as tests/test_web_bad_input.py checks.
+        # refused (400) whatever it holds, as tests/web/test_bad_input.py checks.
         case.query.pop("cursor", None)
     if inexpressible(case.body):
         return
@@ -125,7 +125,7 @@ def test_the_api_does_what_its_document_says(case: Any) -> None:
         return  # a query string cannot hold a null: it would arrive as the text "null"
     if case.operation.label == "POST /api/v1/reembed":
         # A generated model name is no embedder this deployment knows: 422, documented;
-        # the real start is tested in tests/test_web_jobs.py.
+        # the real start is tested in tests/web/test_jobs.py.
         case.call_and_validate(timeout=60, excluded_checks=[positive_data_acceptance])
     else:
         case.call_and_validate(timeout=60)

@@ -1,6 +1,6 @@
 """How ``engram up`` restarts an embedded server that died: the budget of tries, and
 giving up loudly once it is spent. (The restart of a real server killed under a real
-``engram up``: tests/test_up.py.)"""
+``engram up``: tests/engram/test_up.py.)"""
 
 from __future__ import annotations
 

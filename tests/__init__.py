@@ -1,0 +1,1 @@
+"""engram's tests, by the package they test; the shared fixtures at the top."""
