@@ -420,7 +420,12 @@ class Collector:
         self._conn, child = context.Pipe()
         self._process = context.Process(
             target=_collect,
-            args=({"host": kwargs["host"], "port": kwargs["port"]}, expected, child),
+            # The embedded valkey wants its password (a URL of the form redis://default:PW@...).
+            args=(
+                {k: kwargs.get(k) for k in ("host", "port", "username", "password")},
+                expected,
+                child,
+            ),
             daemon=True,
         )
         self._process.start()
