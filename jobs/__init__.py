@@ -1,20 +1,19 @@
 """engram's background jobs on RQ: re-embedding, retention, redaction of forgotten records.
 
-``engram jobs`` runs them (``runner``). What the dashboard, the HTTP API and the
-command line call:
+``engram jobs`` runs them (``runner``); the dashboard lists them (``web.rqjobs``). What
+the dashboard, the HTTP API and the command line call:
 
 >>> started = reembed.start(store, client, registry, "minilm", requested_by="ada")
 >>> status = reembed.progress(store)        # ReembedStatus: .progress.done, .total, ...
 >>> report = prune.run(store, client, settings.retention, ["history"])
 >>> job_id = prune.enqueue(client, "receipts")
->>> jobs = listing.list_jobs(client)        # JobInfo, newest first; get_job, requeue
 
 ``client`` is a Redis client with bytes replies (``worker.runtime.connect_redis``);
 ``registry`` a ``store.vectors.registry.EmbedderRegistry``; ``settings`` a ``JobsSettings``.
 Nothing here connects at import time.
 """
 
-from . import keys, listing, prune, reembed
+from . import keys, prune, reembed
 from .settings import JobsSettings
 
-__all__ = ["JobsSettings", "keys", "listing", "prune", "reembed"]
+__all__ = ["JobsSettings", "keys", "prune", "reembed"]

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rq.job import Job
 
-from jobs import redaction, runner
+from jobs import keys, queues, redaction, runner
 from jobs.context import JobContext
 from jobs.settings import JobsSettings
 from store import HashingEmbedder, Store
@@ -167,3 +168,21 @@ def failing_listener(event: Any) -> None:
     """Fails while the file ``ENGRAM_TEST_FAIL_FLAG`` exists."""
     if os.path.exists(os.environ["ENGRAM_TEST_FAIL_FLAG"]):
         raise RuntimeError("the listener's service is down")
+
+
+def jobs_of(client: Any, function: Callable[..., Any]) -> list[Job]:
+    """Every job of ``function`` in engram's queues and their registries, as RQ holds it
+    (arguments, retries left, status, result), read as JSON like the jobs worker."""
+    name = f"{function.__module__}.{function.__qualname__}"
+    ids: list[str] = []
+    for queue_name in keys.QUEUES:
+        queue = queues.queue(client, queue_name)
+        ids += queue.get_job_ids()
+        for registry in (
+            queue.started_job_registry, queue.finished_job_registry,
+            queue.failed_job_registry, queue.scheduled_job_registry,
+            queue.deferred_job_registry, queue.canceled_job_registry,
+        ):  # fmt: skip
+            ids += registry.get_job_ids()
+    found = queues.read_many(client, list(dict.fromkeys(ids)))
+    return [j for j in found if isinstance(j, Job) and j.func_name == name]

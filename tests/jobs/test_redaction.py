@@ -15,11 +15,12 @@ import psycopg
 import pytest
 import redis
 
-from jobs import keys, listing, redaction
+from jobs import keys, redaction
 from jobs.listeners.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 from store import HashingEmbedder, Operation, Store, WriteOptions
-from tests.jobs_fixtures import JobsProcess
+from tests.jobs_fixtures import JobsProcess, jobs_of
 from tests.redis_fixtures import FAST, wait_until
+from web import rqjobs
 from worker import Producer, StreamReceipt
 from worker.runtime import connect_redis
 from worker.worker import Worker
@@ -96,9 +97,9 @@ def test_a_forget_through_the_streams_is_pending_then_complete_with_ids_only_in_
         "already_forgotten": False,
     }
     client = connect_redis(redis_url)
-    [job] = [j for j in listing.list_jobs(client) if j.kind == "redact"]
-    assert job.status == "finished" and job.args == [[event]]
-    assert job.result == {"events": 1, "redaction": "complete"}
+    [job] = jobs_of(client, redaction.redact)
+    assert job.get_status() == "finished" and list(job.args) == [[event]]
+    assert job.return_value() == {"events": 1, "redaction": "complete"}
 
     # A forget of a record the scope never had: nothing to redact, no job.
     never = producer.forget(SCOPE, "mem_never_there").wait(30)
@@ -141,9 +142,10 @@ def test_a_failing_listener_is_retried_later_ones_still_run_and_a_repeat_finishe
     assert stored_redaction(fresh_dsn, pending.operation_id) == "failed"
     # The later listener ran once (the retries run only the one that failed).
     assert len(log.read_text().splitlines()) == 1
-    [job] = [j for j in listing.list_jobs(connect_redis(redis_url)) if j.kind == "redact"]
-    assert job.status == "failed" and job.retries_left == 0
-    assert job.error is not None and "failing_listener" in job.error
+    [job] = jobs_of(connect_redis(redis_url), redaction.redact)
+    assert job.get_status() == "failed" and job.retries_left == 0
+    [row] = [r for r in rqjobs.failed(connect_redis(redis_url), keys.REDACTION_QUEUE)]
+    assert row.id == job.id and row.error is not None and "failing_listener" in row.error
 
     flag.unlink()  # the service is back: forgetting again finishes the redaction
     again = producer.forget(SCOPE, record_id)
@@ -167,7 +169,7 @@ def test_forgets_that_arrive_together_are_redacted_together(
     )
     for pending in forgets:
         assert redaction_of(producer, pending.operation_id).redaction == "complete"
-    jobs = [j for j in listing.list_jobs(client) if j.kind == "redact"]
+    jobs = jobs_of(client, redaction.redact)
     handled = sum(len(j.args[0]) for j in jobs)
     assert handled == 30 and len(jobs) < 10, [len(j.args[0]) for j in jobs]
     assert int(client.info("persistence")["aof_rewrites"]) - rewrites <= len(jobs)

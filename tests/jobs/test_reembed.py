@@ -15,7 +15,7 @@ from rq.job import JobStatus
 from rq.registry import ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 
-from jobs import keys, listing, queues, reembed
+from jobs import keys, queues, reembed
 from jobs.context import JobContext
 from jobs.progress import Progress
 from store import HashingEmbedder, Operation, Store
@@ -24,7 +24,8 @@ from store.vectors.embeddings import Switched
 from store.vectors.registry import EmbedderLoadError, EmbedderRegistry, parse_plugins
 from tests.embedder_faults import FAULTY_PLUGINS
 from tests.helpers import bytes_hold, marker_text, redis_values
-from tests.jobs_fixtures import context, marks, run_burst
+from tests.jobs_fixtures import context, jobs_of, marks, run_burst
+from web import rqjobs
 
 OLD = HashingEmbedder(64)
 
@@ -82,8 +83,10 @@ def test_a_reembed_runs_to_activation_with_its_progress_on_the_generation(
     assert p.rate_per_s > 0 and p.eta_s == 0.0
     assert fresh_store.embeddings.active().id == started.generation_id  # type: ignore[union-attr]
     assert every_current_revision_has_a_vector(fresh_store, started.generation_id)
-    job = listing.get_job(ctx.client, started.job_id)
-    assert job is not None and job.status == "finished" and job.args == [started.generation_id]
+    job = rqjobs.get(ctx.client, started.job_id)
+    assert (
+        job is not None and job.state == "finished" and job.arguments == repr(started.generation_id)
+    )
     assert job.result["state"] == "activated"
 
 
@@ -131,7 +134,7 @@ def test_a_second_model_started_meanwhile_retires_the_pending_generation(
     assert retired is not None and retired.state == "superseded"
     assert retired.superseded_by == second.generation_id
     assert retired.outcome == f"superseded by generation {second.generation_id}"
-    assert listing.get_job(ctx.client, first.job_id).result == {  # type: ignore[union-attr]
+    assert rqjobs.get(ctx.client, first.job_id).result == {  # type: ignore[union-attr]
         "state": "superseded",
         "by": second.generation_id,
     }
@@ -155,8 +158,8 @@ def test_a_reembed_goes_on_in_slices_without_embedding_a_record_twice(
     p = current(fresh_store)
     assert (p.state, p.done, p.total) == ("activated", 400, 400)
     assert p.job_id != started.job_id, "later slices carried it"
-    finished = [j for j in listing.list_jobs(ctx.client) if j.kind == "reembed"]
-    assert len(finished) >= 3 and all(j.status == "finished" for j in finished)
+    finished = jobs_of(ctx.client, reembed.run_slice)
+    assert len(finished) >= 3 and all(j.get_status() == "finished" for j in finished)
     assert sum(n for _, _, _, n in marks(mark)) == 400
 
 
@@ -350,8 +353,8 @@ def test_a_slice_that_keeps_failing_marks_it_failed_and_rq_keeps_no_text(
     assert p.state == "failed" and p.errors >= 2
     # Its message quotes the text: the root cause keeps its type only.
     assert p.message == "ValueError (its message quoted a record's text and is not kept)"
-    job = listing.get_job(ctx.client, started.job_id)
-    assert job is not None and job.status == JobStatus.FAILED
+    job = rqjobs.get(ctx.client, started.job_id)
+    assert job is not None and job.state == JobStatus.FAILED
     assert job.error == f"jobs.errors.JobFailedError: re-embedding slice failed: {p.message}"
     assert not bytes_hold(redis_values(ctx.client), marker)
     assert marker not in json.dumps(fresh_store.embeddings.get(started.generation_id).progress)  # type: ignore[union-attr]

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from jobs import keys, listing, reembed
+from jobs import keys, reembed
 from jobs.progress import Progress
 from store import HashingEmbedder, Operation, Store
 from store.errors import InvalidRequestError, NotFoundError
 from store.vectors.embeddings import GenerationNotPendingError
 from tests.jobs_fixtures import PLUGINS, JobsProcess, context, marks, registry
 from tests.redis_fixtures import wait_until
+from web import rqjobs
 from worker.runtime import connect_redis
 
 OLD = HashingEmbedder(64)
@@ -71,8 +72,8 @@ def test_a_running_reembed_cancelled_stops_and_leaves_nothing_behind(
     assert fresh_store.embeddings.vector_count(gen) == 0
 
     def stopped() -> Any:
-        job = listing.get_job(client, running.job_id)
-        return job if job is not None and job.status == "finished" else None
+        job = rqjobs.get(client, running.job_id)
+        return job if job is not None and job.state == "finished" else None
 
     job = wait_until(stopped, timeout=30, what="the slice to stop")
     assert job.result == {"state": "cancelled"}
