@@ -16,8 +16,9 @@ import redis
 
 from store.audit import AuditEntry
 from store.errors import InvalidRequestError, NotFoundError
+from worker import deadletter_selection as selection
 from worker import deadletters, runtime
-from worker.deadletters import Bulk, Match
+from worker.deadletter_selection import Bulk, Match
 from worker.settings import Settings
 
 from . import exits
@@ -140,7 +141,7 @@ def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
     why = deadletters.check_why(args.reason)
     match = Match(args.filter_reason, args.partition)
     with _redis(settings) as client:
-        bulk = deadletters.plan(client, action, match, partitions=settings.worker.partitions)
+        bulk = selection.plan(client, action, match, partitions=settings.worker.partitions)
         seen = f"{bulk.count}:{bulk.digest}"
         if args.confirm is None:
             print_json(_dry_run(bulk, seen))
@@ -148,7 +149,7 @@ def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
         count, _, digest = args.confirm.partition(":")
         bulk.check(int(count) if count.isdigit() else None, digest)
         with open_store(settings, "engram dead-letters") as store:
-            deadletters.apply_bulk(client, store.audit, _who(), bulk, why)
+            selection.apply_bulk(client, store.audit, _who(), bulk, why)
     print_json({"action": action, "filter": match.as_dict(), "done": bulk.count})
     return exits.OK
 

@@ -7,18 +7,15 @@ never trimmed here; logs name only its ids.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import redis
 
 from store.errors import EngramError, InvalidRequestError, NotFoundError
-from store.write.operations import OPERATION_KINDS
 
 from . import keys
 from .defaults import STREAM_MAX_LEN
@@ -37,8 +34,6 @@ REASONS = (MALFORMED, DELIVERIES, FAILED)
 
 # An operator's why for a retry or discard: free text, kept in the audit row.
 MAX_WHY_CHARS = 200
-# A bulk action touches at most this many letters (reading the whole stream to find them).
-MAX_BULK = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,188 +131,6 @@ local id = redis.call('XADD', KEYS[1], '*', '{OP_FIELD}', ARGV[2])
 redis.call('XDEL', KEYS[2], ARGV[1])
 return id
 """
-
-
-@dataclass(frozen=True, slots=True)
-class Match:
-    """Which dead letters a page shows or a bulk action takes: those of one reason, one
-    partition, one error code, one operation kind, added in a span of time (``since_ms``
-    at or after, ``until_ms`` before); none of them: every letter."""
-
-    reason: str | None = None
-    partition: int | None = None
-    code: str | None = None  # the error's code
-    kind: str | None = None  # the operation's kind, as ``kind_of`` reads it
-    since_ms: int | None = None
-    until_ms: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.reason is not None and self.reason not in REASONS:
-            raise InvalidRequestError(f"reason must be one of {', '.join(REASONS)}")
-        if self.code is not None and not _CODE.fullmatch(self.code):
-            raise InvalidRequestError("an error code is 1 to 64 letters, digits, '_', '.' or '-'")
-        if self.kind is not None and self.kind not in OPERATION_KINDS:
-            raise InvalidRequestError(f"kind must be one of {', '.join(OPERATION_KINDS)}")
-
-    def admits(self, letter: DeadLetter) -> bool:
-        return (
-            (self.reason is None or letter.reason == self.reason)
-            and (self.partition is None or letter.partition == self.partition)
-            and (self.code is None or letter.error.get("code") == self.code)
-            and (self.since_ms is None or letter.at_ms >= self.since_ms)
-            and (self.until_ms is None or letter.at_ms < self.until_ms)
-            and (self.kind is None or kind_of(letter) == self.kind)
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        """The filter as the API and the dashboard's links carry it (times in ISO 8601)."""
-        return {
-            "reason": self.reason,
-            "partition": self.partition,
-            "code": self.code,
-            "kind": self.kind,
-            "since": iso_ms(self.since_ms),
-            "until": iso_ms(self.until_ms),
-        }
-
-
-MATCH_FIELDS = ("reason", "partition", "code", "kind", "since", "until")
-_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-
-def kind_of(letter: DeadLetter) -> str | None:
-    """The kind of the operation a letter holds, if its op reads as a JSON object with a
-    known kind; a letter whose own fields are garbage, or whose op is not, has none."""
-    if letter.malformed or letter.op is None:
-        return None
-    try:
-        data = json.loads(letter.op)
-    except (ValueError, RecursionError):
-        return None
-    kind = data.get("kind") if isinstance(data, dict) else None
-    return kind if isinstance(kind, str) and kind in OPERATION_KINDS else None
-
-
-def iso_ms(at_ms: int | None) -> str | None:
-    if at_ms is None:
-        return None
-    return (_EPOCH + timedelta(milliseconds=at_ms)).isoformat(timespec="milliseconds")
-
-
-def ms_of(at: datetime) -> int:
-    """A time as whole milliseconds since the epoch, rounded up: a letter's ``at_ms`` is
-    at or after it exactly when it is at or after this."""
-    return -((_EPOCH - at) // timedelta(milliseconds=1))
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_SCAN_BATCH = 500
-
-
-def matching(
-    client: redis.Redis, match: Match, *, before: str | None = None, limit: int = MAX_BULK + 1
-) -> list[DeadLetter]:
-    """Up to ``limit`` dead letters ``match`` admits, newest first, older than the one
-    ``before`` names (the stream read in pages, to its end if need be)."""
-    return search(client, match, before=before, limit=limit).letters
-
-
-@dataclass(frozen=True, slots=True)
-class Search:
-    letters: list[DeadLetter]  # those the match admits, newest first
-    last_read: str | None  # the oldest letter read; None when the stream was read to its end
-    read: int  # how many letters were read
-
-    @property
-    def cut(self) -> bool:
-        """The search stopped at its bound, not at the end of the stream or a full page."""
-        return self.last_read is not None
-
-
-def search(
-    client: redis.Redis,
-    match: Match,
-    *,
-    before: str | None = None,
-    limit: int,
-    max_read: int | None = None,
-) -> Search:
-    """Up to ``limit`` letters ``match`` admits, newest first, older than the one
-    ``before`` names, reading at most ``max_read`` letters (a page of the dashboard must
-    not read the whole stream for a filter that matches nothing): where it stopped is
-    ``last_read``, for the next page to go on from."""
-    if match == Match():
-        letters = page(client, before=before, count=limit)  # no filter: one read
-        return Search(letters, None, len(letters))
-    found: list[DeadLetter] = []
-    read = 0
-    while len(found) < limit:
-        count = _SCAN_BATCH if max_read is None else min(_SCAN_BATCH, max_read - read)
-        if count <= 0:
-            return Search(found, before, read)
-        letters = page(client, before=before, count=count)
-        read += len(letters)
-        found += [x for x in letters if match.admits(x)]
-        if len(letters) < count:
-            break
-        before = letters[-1].id
-    return Search(found[:limit], None, read)
-
-
-def digest(letters: Sequence[DeadLetter]) -> str:
-    """A stable name of a set of letters: a bulk action confirms the set its dry run saw."""
-    return hashlib.sha256(" ".join(sorted(x.id for x in letters)).encode()).hexdigest()[:32]
-
-
-BULK_ACTIONS = ("retry", "discard")
-
-
-class SelectionChangedError(EngramError):
-    """The letters a bulk action would take are no longer those its dry run showed."""
-
-    code = "selection_changed"
-    status = 409
-
-
-@dataclass(frozen=True, slots=True)
-class Bulk:
-    """What a bulk action would do: the letters it takes (with the partition each retried
-    one goes to) and those its filter matches that it leaves (a retry that can never
-    succeed)."""
-
-    action: str
-    match: Match
-    taken: list[tuple[DeadLetter, int | None]]
-    left: list[DeadLetter]
-
-    @property
-    def count(self) -> int:
-        return len(self.taken)
-
-    @property
-    def digest(self) -> str:
-        return digest([x for x, _ in self.taken])
-
-    def check(self, count: object, seen_digest: object) -> None:
-        """Refuse unless it takes the letters a dry run saw (``count`` and ``digest``)."""
-        if count != self.count or seen_digest != self.digest:
-            raise SelectionChangedError(
-                f"{self.count} dead letters match now, not the ones the dry run showed: look again"
-            )
-
-
-def plan(client: redis.Redis, action: str, match: Match, *, partitions: int) -> Bulk:
-    """The dry run of ``action`` on every letter ``match`` admits (at most ``MAX_BULK``)."""
-    if action not in BULK_ACTIONS:
-        raise InvalidRequestError("a bulk action is retry or discard")
-    found = matching(client, match)
-    if len(found) > MAX_BULK:
-        raise InvalidRequestError(f"more than {MAX_BULK} dead letters match: narrow the filter")
-    if action == "discard":
-        return Bulk(action, match, [(x, None) for x in found], [])
-    homes = [(x, home_partition(x, partitions)) for x in found]
-    taken: list[tuple[DeadLetter, int | None]] = [(x, p) for x, p in homes if p is not None]
-    return Bulk(action, match, taken, [x for x, p in homes if p is None])
 
 
 def home_partition(letter: DeadLetter, partitions: int) -> int | None:
@@ -442,18 +255,6 @@ def discard_audited(
         raise NotFoundError(f"no dead letter {letter.id}")
     detail = {"partition": letter.partition, "operation_id": letter.operation_id}
     audit.record(who, "dead_letter.discard", letter.id, _why(detail, why, bulk))
-
-
-def apply_bulk(
-    client: redis.Redis, audit: Audit, who: str, bulk: Bulk, why: str | None = None
-) -> int:
-    """Do a checked ``Bulk``, one audit row a letter; how many."""
-    for letter, home in bulk.taken:
-        if bulk.action == "retry":
-            retry_audited(client, audit, who, letter, home, why, bulk.count)
-        else:
-            discard_audited(client, audit, who, letter, why, bulk.count)
-    return bulk.count
 
 
 def _why(detail: dict[str, Any], why: str | None, bulk: int) -> dict[str, Any]:

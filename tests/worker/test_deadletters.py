@@ -13,6 +13,7 @@ from store import InvalidRequestError, Operation, Store
 from store.errors import EngramError
 from tests.redis_fixtures import FAST, InProcessWorker
 from worker import Producer, QueueFullError, deadletters, keys
+from worker import deadletter_selection as selection
 from worker.protocol import encode_entry, partition_of
 
 
@@ -95,22 +96,22 @@ def test_a_bulk_plan_takes_what_its_filter_matches_and_retries_only_what_can_suc
     op = Operation.build("forget", {"user_id": "home"}, {"id": "m1"})
     good = _letter(redis_client, op)
     garbage = _letter(redis_client, None, raw="{not json")
-    discard = deadletters.plan(
-        redis_client, "discard", deadletters.Match(reason=deadletters.FAILED), partitions=4
+    discard = selection.plan(
+        redis_client, "discard", selection.Match(reason=deadletters.FAILED), partitions=4
     )
     assert sorted(x.id for x, _ in discard.taken) == sorted([good, garbage])
-    retry = deadletters.plan(redis_client, "retry", deadletters.Match(), partitions=FAST.partitions)
+    retry = selection.plan(redis_client, "retry", selection.Match(), partitions=FAST.partitions)
     assert [(x.id, p) for x, p in retry.taken] == [(good, partition_of(op.scope, FAST.partitions))]
     assert [x.id for x in retry.left] == [garbage]
-    none = deadletters.plan(redis_client, "retry", deadletters.Match(partition=99), partitions=4)
+    none = selection.plan(redis_client, "retry", selection.Match(partition=99), partitions=4)
     assert none.count == 0
     retry.check(1, retry.digest)
-    with pytest.raises(deadletters.SelectionChangedError):
+    with pytest.raises(selection.SelectionChangedError):
         retry.check(1, discard.digest)
-    with pytest.raises(deadletters.SelectionChangedError):
+    with pytest.raises(selection.SelectionChangedError):
         retry.check(2, retry.digest)
     with pytest.raises(InvalidRequestError):
-        deadletters.plan(redis_client, "explode", deadletters.Match(), partitions=4)
+        selection.plan(redis_client, "explode", selection.Match(), partitions=4)
     assert deadletters.check_why("  ") is None and deadletters.check_why("ok") == "ok"
     with pytest.raises(InvalidRequestError):
         deadletters.check_why("x" * (deadletters.MAX_WHY_CHARS + 1))

@@ -15,8 +15,10 @@ from starlette.responses import RedirectResponse, Response
 from store.audit import AuditEntry
 from store.errors import InvalidRequestError, NotFoundError
 from store.write.operations import OPERATION_KINDS
+from worker import deadletter_selection as selection
 from worker import deadletters
-from worker.deadletters import Bulk, DeadLetter, Match
+from worker.deadletter_selection import Bulk, Match
+from worker.deadletters import DeadLetter
 
 from ..bodies import why_of
 from ..errors import BadRequestError
@@ -24,7 +26,7 @@ from ..params import Query, integer, parse_time
 from ..render import path_quote
 from ..state import operator_of, web_of
 
-MATCH_FIELDS = deadletters.MATCH_FIELDS
+MATCH_FIELDS = selection.MATCH_FIELDS
 PREVIEW = 20  # letters a dry run lists
 MAX_READ = 5_000  # letters a filtered page reads at most
 
@@ -70,17 +72,17 @@ def _text(value: Any, name: str) -> str | None:
 
 def _ms(value: Any, name: str) -> int | None:
     text = _text(value, name)
-    return deadletters.ms_of(parse_time(text, name)) if text else None
+    return selection.ms_of(parse_time(text, name)) if text else None
 
 
 def plan(request: Request, action: str, match: Match) -> Bulk:
     web = web_of(request)
     try:
-        return deadletters.plan(
+        return selection.plan(
             web.services.redis, action, match, partitions=web.services.producer.partitions
         )
     except InvalidRequestError as exc:
-        if action not in deadletters.BULK_ACTIONS:
+        if action not in selection.BULK_ACTIONS:
             raise BadRequestError(exc.message) from None
         raise
 
@@ -90,7 +92,7 @@ def apply(request: Request, bulk: Bulk, seen: Any, why: str | None) -> int:
     seen = seen if isinstance(seen, Mapping) else {}
     bulk.check(seen.get("count"), seen.get("digest"))
     web = web_of(request)
-    return deadletters.apply_bulk(
+    return selection.apply_bulk(
         web.services.redis, web.services.store.audit, operator_of(request).name, bulk, why
     )
 
@@ -130,7 +132,7 @@ def letters_of(request: Request) -> LetterPage:
     """A page of dead letters, newest first (the cursor holds the id to read on from).
     With a filter, at most ``MAX_READ`` letters are read: a filter that matches few
     shows what it found so far, and the next page searches on."""
-    q = Query.of(request, "cursor", "limit", *deadletters.MATCH_FIELDS)
+    q = Query.of(request, "cursor", "limit", *selection.MATCH_FIELDS)
     limit, cursor = q.limit(), q.cursor()
     match = match_of(request, q.params)
     signer = web_of(request).services.store.cursors
@@ -138,7 +140,7 @@ def letters_of(request: Request) -> LetterPage:
     if cursor is not None:
         (last,) = signer.decode(cursor, "dead_letters", (str,))
         before = dead_id(str(last))
-    found = deadletters.search(
+    found = selection.search(
         web_of(request).services.redis, match, before=before, limit=limit + 1, max_read=MAX_READ
     )
     shown = found.letters[:limit]
@@ -162,7 +164,7 @@ def letter_list(request: Request) -> Response:
         cut_after=found.cut_after,
         total=total,
         homes={x.id: deadletters.home_partition(x, partitions) for x in found.letters},
-        kinds_of={x.id: deadletters.kind_of(x) for x in found.letters},
+        kinds_of={x.id: selection.kind_of(x) for x in found.letters},
         match=match,
         filters=form_values(match),
         filter_query=filter_query(match),
@@ -173,8 +175,8 @@ def letter_list(request: Request) -> Response:
 
 def bulk_page(request: Request) -> Response:
     """The dry run: how many letters, and which, an action on the filter would take."""
-    q = Query.of(request, "action", *deadletters.MATCH_FIELDS)
-    action = q.choice("action", deadletters.BULK_ACTIONS) or "discard"
+    q = Query.of(request, "action", *selection.MATCH_FIELDS)
+    action = q.choice("action", selection.BULK_ACTIONS) or "discard"
     bulk = plan(request, action, match_of(request, q.params))
     return web_of(request).render.page(
         request,

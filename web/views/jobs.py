@@ -12,7 +12,7 @@ from starlette.responses import RedirectResponse, Response
 
 from store import Page
 from store.errors import InvalidRequestError, NotFoundError
-from worker.deadletters import SelectionChangedError
+from worker.deadletter_selection import SelectionChangedError
 
 from .. import rqjobs
 from ..bodies import why_of
