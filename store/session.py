@@ -13,15 +13,15 @@ from .limits import DEFAULT_TOP_K
 from .models.llm import LLM
 from .values import Hit, Link, Record, ReembedResult, Scope, Source, WriteResult
 from .vectors.embedders import Embedder
-from .write.operations import (
-    Operation,
+from .write.operations import Operation
+from .write.options import WriteOptions
+from .write.requests import (
     extract_request,
     forget_request,
     remember_request,
     retract_request,
     revise_request,
 )
-from .write.options import WriteOptions
 from .write.writer import Result
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ import redis
 
 from store import Operation, Scope
 from store.errors import EngramError
-from store.write.operations import (
+from store.write.requests import (
     extract_request,
     forget_request,
     remember_request,

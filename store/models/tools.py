@@ -28,13 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import EngramError, InvalidRequestError, NotFoundError, RevisionConflictError
 from ..limits import DEFAULT_TOP_K, MAX_KIND_CHARS, MAX_TEXT_CHARS
 from ..values import Hit, Receipt, Scope, Source
-from ..write.operations import (
-    Operation,
-    remember_request,
-    retract_request,
-    revise_request,
-    text_digest,
-)
+from ..write.operations import Operation, text_digest
+from ..write.requests import remember_request, retract_request, revise_request
 from ..write.validation import Fields
 
 if TYPE_CHECKING:
