@@ -26,7 +26,7 @@ from store.errors import EngramError
 from worker import logs, metrics, runtime, valkey
 from worker.settings import Settings
 
-from . import dead_letters, enqueue, exits, jobs_cli, pause_cli, reads, transfer, web_cli
+from . import dead_letters, enqueue, exits, jobs_cli, pause_cli, reads, transfer, web_cli, wiring
 from .args import positive_int
 from .database import database_url, wait_for_store
 
@@ -89,11 +89,11 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     client = runtime.connect_redis(runtime.redis_url(settings))
     store = wait_for_store(runtime.database_url(settings), settings.db_pool_size)
     embedders, embedder = worker_embedders(settings, args.embedder or settings.embedder, store)
-    llm = runtime.load_llm(settings)
+    llm = wiring.load_llm(settings)
     worker = Worker(
         client, store, embedders, llm=llm, config=settings.worker, on_forget=forget_hook()
     )
-    runtime.settle(embedder)
+    wiring.settle(embedder)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("stop requested", extra={"signal": signal.Signals(signum).name})

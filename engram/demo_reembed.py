@@ -32,7 +32,7 @@ from worker import runtime
 from worker.producer import Pending, Producer
 from worker.settings import Settings
 
-from . import procs
+from . import procs, wiring
 from .database import wait_for_store
 from .following import follow
 
@@ -99,7 +99,7 @@ def run_demo(settings: Settings, *, model: str, rate_per_s: float, seed_records:
     redis_url = runtime.redis_url(settings)
     client = runtime.connect_redis(redis_url)
     store = wait_for_store(runtime.database_url(settings), 2)
-    registry = runtime.registry(settings)
+    registry = wiring.registry(settings)
     stamp = int(time.time())
     try:
         with Producer.from_url(redis_url, partitions=settings.worker.partitions) as producer:

@@ -20,6 +20,7 @@ from worker import runtime
 from worker.partition import ForgetHook
 from worker.settings import Settings
 
+from . import wiring
 from .args import positive_int
 from .database import wait_for_store
 from .following import follow
@@ -40,8 +41,8 @@ def worker_embedders(
 ) -> tuple[EmbedderResolver, Embedder]:
     """The worker's embedders: ``spec`` until the store has a generation, then whichever
     model is active (followed across a switch); and the one to load at start."""
-    registry = runtime.registry(settings)
-    default = runtime.load_embedder(spec, registry)
+    registry = wiring.registry(settings)
+    default = wiring.load_embedder(spec, registry)
     resolver = registry.resolver(default)
     active = store.embeddings.active()
     if active is None:
@@ -83,7 +84,7 @@ def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
         started = reembed.start(
             store,
             client,
-            runtime.registry(settings),
+            wiring.registry(settings),
             args.model,
             requested_by=args.requested_by,
             settings=JobsSettings.from_env().reembed,
@@ -197,7 +198,7 @@ def _context(settings: Settings) -> JobContext:
     return JobContext(
         store=wait_for_store(runtime.database_url(settings), settings.db_pool_size),
         client=runtime.connect_redis(runtime.redis_url(settings)),
-        registry=runtime.registry(settings),
+        registry=wiring.registry(settings),
         settings=JobsSettings.from_env(),
         streams=settings.worker,
     )

@@ -11,10 +11,9 @@ from typing import Any
 from store import Scope
 from store.errors import NotFoundError
 from store.portable import record_as_dict
-from worker import runtime
 from worker.settings import Settings
 
-from . import exits
+from . import exits, wiring
 from .args import json_flag, json_value, positive_int, scope_arg
 from .database import open_store
 from .output import RECEIPT_HEADERS, print_json, receipt_row, record_fields, table
@@ -63,7 +62,7 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_recall(settings: Settings, args: argparse.Namespace) -> int:
     scope = _scope(args)
-    embedder = runtime.load_embedder(args.embedder or settings.embedder)
+    embedder = wiring.load_embedder(args.embedder or settings.embedder)
     with open_store(settings, "engram recall") as store:
         hits = store.recall(
             scope,

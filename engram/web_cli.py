@@ -37,6 +37,8 @@ from worker import runtime
 from worker.producer import Producer
 from worker.settings import Settings
 
+from . import wiring
+
 log = logging.getLogger("engram.web")
 
 
@@ -52,7 +54,7 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
         cursor_key=Keys(config.token).cursor if config.needs_token else None,
     )
     producer = Producer(client, partitions=settings.worker.partitions)
-    registry = runtime.registry(settings)
+    registry = wiring.registry(settings)
     reembed_settings = JobsSettings.from_env().reembed
 
     def start_reembed(model: str, requested_by: str) -> str:
@@ -63,8 +65,8 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
 
     try:
         # Recall embeds its query with the active generation's model, whichever it is.
-        default = runtime.load_embedder(settings.embedder, registry) if embedder else None
-        runtime.settle(default)
+        default = wiring.load_embedder(settings.embedder, registry) if embedder else None
+        wiring.settle(default)
         query_embedder = registry.resolver(default) if default is not None else None
         yield create_app(
             config,

@@ -1,4 +1,5 @@
-"""Startup helpers: find the servers, connect to them, build the embedder.
+"""Finding the servers and connecting to them: ``DATABASE_URL`` / ``REDIS_URL``, else
+the run file of the ``engram up`` running on ``ENGRAM_HOME``.
 
 ``engram up`` writes ``ENGRAM_HOME/run.json`` (where its embedded servers
 listen) while it runs, so ``engram worker``, ``engram enqueue`` and
@@ -12,11 +13,9 @@ is written with ``open_private``; a URL printed or logged goes through ``masked`
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import stat
-from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -24,10 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psutil  # type: ignore[import-untyped]
 import redis
 
-from store import Embedder, OpenAICompatibleLLM
-from store.errors import ConfigError, EngramError
+from store.errors import ConfigError
 from store.processes import process_of
-from store.vectors.registry import EmbedderRegistry, parse_plugins
 
 from .settings import Settings
 
@@ -110,47 +107,3 @@ def connect_redis(url: str) -> redis.Redis:
     return redis.Redis.from_url(
         url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
     )
-
-
-def registry(settings: Settings) -> EmbedderRegistry:
-    """The embedders this process knows: the built-ins and ``ENGRAM_EMBEDDERS``."""
-    try:
-        return EmbedderRegistry(parse_plugins(settings.embedders))
-    except EngramError as exc:
-        raise ConfigError(exc.message) from None
-
-
-def load_embedder(spec: str, known: EmbedderRegistry | None = None) -> Embedder:
-    """``wordllama`` (the default), ``minilm``, ``hashing[:DIMS]``, a name registered in
-    ``ENGRAM_EMBEDDERS``, or ``package.module:factory`` (see ``store.vectors.registry``)."""
-    try:
-        return (known or EmbedderRegistry()).create(spec)
-    except EngramError as exc:
-        raise ConfigError(exc.message) from None
-
-
-def load_llm(settings: Settings) -> OpenAICompatibleLLM | None:
-    """The model the workers call (``ENGRAM_LLM_URL``...), or None without one: then
-    ``supersede`` defaults to add and ``infer`` to false."""
-    if settings.llm is None:
-        return None
-    # One connection per concurrent call, no more.
-    config = replace(settings.llm, max_connections=settings.worker.llm_concurrency)
-    return OpenAICompatibleLLM(config)
-
-
-def settle(embedder: Embedder | None) -> None:
-    """Ready a long-running process: load the embedder's model now if it can (not on
-    the first batch), then keep everything loaded so far (modules, the model's vocabulary,
-    the pools) out of the cyclic garbage collector's full passes.
-
-    Measured in a worker under load: each full pass scanned all of it and paused
-    the process for 70-80 ms, which every operation in flight waited through.
-    """
-    # Only an embedder that offers ``load``: a warm-up call to another could cost
-    # (a remote API) or be observed.
-    load = getattr(embedder, "load", None)
-    if callable(load):
-        load()
-    gc.collect()
-    gc.freeze()

@@ -347,7 +347,7 @@ def test_an_entry_claimed_again_while_it_waits_for_its_model_is_not_dead_lettere
 
 
 def test_the_workers_read_their_model_from_the_environment() -> None:
-    from worker.runtime import load_llm
+    from engram.wiring import load_llm
     from worker.settings import Settings
 
     assert Settings.from_env({}).llm is None and load_llm(Settings.from_env({})) is None
