@@ -17,12 +17,13 @@ from pathlib import Path
 
 import psycopg
 import psycopg_pool
+import redis
 
 from store import Store
 from store.errors import ConfigError
 from store.server import EmbeddedPostgres
 from store.server import data_dir as postgres_dir
-from worker.runtime import read_run_file
+from worker.runtime import connect_redis, read_run_file, redis_url
 from worker.settings import Settings
 
 from .home import HomeInUseError, HomeSession
@@ -96,3 +97,13 @@ def wait_for_store(dsn: str, pool_size: int) -> Store:
             )
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
+
+
+@contextmanager
+def open_redis(settings: Settings) -> Iterator[redis.Redis]:
+    """The Redis a one-off command works on (``REDIS_URL``, else the running ``up``'s)."""
+    client = connect_redis(redis_url(settings))
+    try:
+        yield client
+    finally:
+        client.close()

@@ -7,35 +7,22 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
-
-import redis
 
 from store.audit import AuditEntry
 from store.errors import InvalidRequestError, NotFoundError
 from worker import deadletter_selection as selection
-from worker import deadletters, runtime
+from worker import deadletters
 from worker.deadletter_selection import Bulk, Match
 from worker.settings import Settings
 
 from . import exits
 from .args import json_flag, positive_int
-from .database import open_store
+from .database import open_redis, open_store
 from .output import fields, print_json, table
 
 PREVIEW = 20  # letters a dry run lists
-
-
-@contextmanager
-def _redis(settings: Settings) -> Iterator[redis.Redis]:
-    client = runtime.connect_redis(runtime.redis_url(settings))
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def _who() -> str:
@@ -51,7 +38,7 @@ def _missing(dead_id: str) -> NotFoundError:
 
 
 def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
-    with _redis(settings) as client:
+    with open_redis(settings) as client:
         letters = deadletters.page(client, before=args.before, count=args.limit)
         total = deadletters.count(client)
     if args.json:
@@ -75,7 +62,7 @@ def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_show(settings: Settings, args: argparse.Namespace) -> int:
-    with _redis(settings) as client:
+    with open_redis(settings) as client:
         letter = deadletters.get(client, deadletters.check_id(args.id))
     if letter is None:
         raise _missing(args.id)
@@ -102,7 +89,7 @@ def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
     if args.all:
         return _bulk(settings, args, "retry")
     why = deadletters.check_why(args.reason)
-    with _redis(settings) as client, open_store(settings, "engram dead-letters") as store:
+    with open_redis(settings) as client, open_store(settings, "engram dead-letters") as store:
         letter = deadletters.get(client, deadletters.check_id(_one(args)))
         if letter is None:
             raise _missing(args.id)
@@ -118,7 +105,7 @@ def cmd_discard(settings: Settings, args: argparse.Namespace) -> int:
     if args.all:
         return _bulk(settings, args, "discard")
     why = deadletters.check_why(args.reason)
-    with _redis(settings) as client, open_store(settings, "engram dead-letters") as store:
+    with open_redis(settings) as client, open_store(settings, "engram dead-letters") as store:
         letter = deadletters.get(client, deadletters.check_id(_one(args)))
         if letter is None:
             raise _missing(args.id)
@@ -140,7 +127,7 @@ def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
         raise InvalidRequestError("--all takes no id")
     why = deadletters.check_why(args.reason)
     match = Match(args.filter_reason, args.partition)
-    with _redis(settings) as client:
+    with open_redis(settings) as client:
         bulk = selection.plan(client, action, match, partitions=settings.worker.partitions)
         seen = f"{bulk.count}:{bulk.digest}"
         if args.confirm is None:

@@ -6,29 +6,16 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import redis
-
 from store.errors import InvalidRequestError
-from worker import pause, runtime
+from worker import pause
 from worker.settings import Settings
 
 from . import exits
 from .args import json_flag
-from .database import open_store
+from .database import open_redis, open_store
 from .output import print_json, table
-
-
-@contextmanager
-def _redis(settings: Settings) -> Iterator[redis.Redis]:
-    client = runtime.connect_redis(runtime.redis_url(settings))
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def _who(args: argparse.Namespace) -> str:
@@ -49,7 +36,7 @@ def _partition(settings: Settings, args: argparse.Namespace) -> int | None:
 def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
     number = _partition(settings, args)
     held = pause.Pause.now(_who(args), args.reason or "")
-    with _redis(settings) as client, open_store(settings, "engram pause") as store:
+    with open_redis(settings) as client, open_store(settings, "engram pause") as store:
         pause.hold(client, store.audit, number, held)
     if number is not None:
         print(f"partition {number} paused: its operations wait in its stream")
@@ -60,7 +47,7 @@ def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_resume(settings: Settings, args: argparse.Namespace) -> int:
     number = _partition(settings, args)
-    with _redis(settings) as client, open_store(settings, "engram resume") as store:
+    with open_redis(settings) as client, open_store(settings, "engram resume") as store:
         was = pause.release(client, store.audit, _who(args), number)
     what = "jobs" if number is None else f"partition {number}"
     print(f"{what} resumed" if was else f"{what} {'were' if number is None else 'was'} not paused")
@@ -68,7 +55,7 @@ def cmd_resume(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_paused(settings: Settings, args: argparse.Namespace) -> int:
-    with _redis(settings) as client:
+    with open_redis(settings) as client:
         state = pause.paused(client)
     if args.json:
         print_json(state.as_dict())

@@ -86,20 +86,18 @@ class Audit:
     def retries_of(self, operation_id: str, *, limit: int = MAX_ATTEMPTS) -> list[AuditEntry]:
         """The retries of an operation's dead letters, oldest first: what each letter
         went through before it was sent again (migration 012's index)."""
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM engram_audit WHERE action = 'dead_letter.retry'"
-                " AND detail ->> 'operation_id' = %s ORDER BY at, id LIMIT %s",
-                (operation_id, limit),
-            ).fetchall()
-        return [AuditEntry(*r) for r in rows]
+        where = "action = 'dead_letter.retry' AND detail ->> 'operation_id' = %s"
+        return self._oldest_first(where, operation_id, limit)
 
     def about(self, target: str, *, limit: int = MAX_ATTEMPTS) -> list[AuditEntry]:
         """The rows about ``target`` (a record id, a job id...), oldest first."""
+        return self._oldest_first("target = %s", target, limit)
+
+    def _oldest_first(self, where: str, value: str, limit: int) -> list[AuditEntry]:
         with self.pool.connection() as conn:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM engram_audit WHERE target = %s ORDER BY at, id LIMIT %s",
-                (target, limit),
+                f"SELECT {_COLUMNS} FROM engram_audit WHERE {where} ORDER BY at, id LIMIT %s",
+                (value, limit),
             ).fetchall()
         return [AuditEntry(*r) for r in rows]
 
