@@ -7,6 +7,7 @@ Data goes to stdout, diagnostics to stderr; the exit codes are in ``exits``."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib.metadata
 import json
 import logging
@@ -96,7 +97,8 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     wiring.settle(embedder)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("stop requested", extra={"signal": signal.Signals(signum).name})
+        # Nothing here may take a lock its own thread could hold (see worker.stopping):
+        # no logging; the worker says it stopped.
         worker.stop()
 
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -233,12 +235,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(list(sys.argv[1:] if argv is None else argv))
     log_format = args.log_format or os.environ.get("ENGRAM_LOG_FORMAT") or "text"
     logs.configure(args.log_level, as_json=log_format == "json")
+    _stacks_on_sigusr1()
     try:
         code: int = args.run(Settings.from_env(), args)
         return code
     except (EngramError, ValueError, redis.RedisError, psycopg.OperationalError) as exc:
         print(f"engram: {_describe(exc)}", file=sys.stderr)
         return exits.for_error(exc)
+
+
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` prints where every thread of the process is, to stderr: one
+    that seems stuck says where, and goes on. (Not when stderr is no file: in tests.)"""
+    try:
+        stderr = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return
+    faulthandler.register(signal.SIGUSR1, file=stderr, all_threads=True)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

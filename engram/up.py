@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 from pathlib import Path
 from types import FrameType
 
@@ -27,6 +26,7 @@ from store.server import EmbeddedPostgres
 from web.config import WebConfig
 from worker.runtime import masked
 from worker.settings import Settings
+from worker.stopping import StopRequest
 from worker.valkey import EmbeddedValkey
 
 from . import web_cli
@@ -81,7 +81,7 @@ def run_up(
     # ``up`` before anything starts.
     dashboard = _dashboard_config() if web else None
     session = HomeSession(settings.home, UP).open()  # or HomeInUseError
-    stop = threading.Event()
+    stop = StopRequest()  # set by the signal handler: takes no lock
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 
 import redis
@@ -26,6 +25,7 @@ from .leases import Lease, Leases
 from .membership import Membership, first_choice, new_worker_id, share
 from .partition import ForgetHook, Partition
 from .settings import WorkerConfig
+from .stopping import StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Worker:
         self.membership = Membership(client, self.worker_id, ttl_ms=self.config.lease_ttl_ms)
         self.held: dict[int, Partition] = {}
         self.consumer = Consumer(self.shared)
-        self._stop = threading.Event()
+        self._stop = StopRequest()  # set by a signal handler, too
         self._redis_down_since: float | None = None
 
     @property
@@ -68,7 +68,8 @@ class Worker:
         return sorted(self.held)
 
     def stop(self) -> None:
-        """Ask the worker to finish its batches, release its partitions and return from ``run``."""
+        """Ask the worker to finish its batches, release its partitions and return from
+        ``run``. Safe from a signal handler."""
         self._stop.set()
 
     def run(self) -> None:
