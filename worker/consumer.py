@@ -61,7 +61,13 @@ from store.vectors.embedders import EmbedderResolver
 
 from . import keys, pause
 from .committer import TRANSIENT_DB, TRANSIENT_REDIS, Committer
-from .defaults import BACKOFF_MAX_S, BACKOFF_MIN_S, LINGER_BELOW, METRICS_FLUSH_S
+from .defaults import (
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    LINGER_BELOW,
+    METRICS_FLUSH_S,
+    STRAY_CHECK_S,
+)
 from .metrics import Tally, record_batches
 from .models import ModelPhase, Released
 from .outcomes import Answers, Outcomes, acknowledged, batch_stats
@@ -104,6 +110,7 @@ class Consumer(threading.Thread):
         # The counts of the batches done and not yet written (``Tally``).
         self._tally = Tally(METRICS_FLUSH_S)
         self._pauses = pause.PauseWatch()
+        self._next_stray_check = 0.0
         self.committer = Committer(
             shared.store,
             shared.embedder,
@@ -189,6 +196,7 @@ class Consumer(threading.Thread):
 
     def _cycle(self, active: list[Partition]) -> None:
         started = time.monotonic()
+        self._find_strays(active)
         if any(not p.fenced or p.draining for p in active):
             self._send()  # a claim must not see our own unacknowledged entries
         self._raise_fences([p for p in active if not p.fenced])
@@ -201,11 +209,17 @@ class Consumer(threading.Thread):
         taking = [p for p in taking if p.number not in paused]
         reads = [r for p in taking if p.draining for r in self._claim(p)]
         claimed = {r.partition for r in reads}
+        # A partition whose lease is not known to be ours (its renewal is late: Redis
+        # may be gone) is not read: what a read takes after the lease ran out would
+        # be pending to us, out of its next holder's sight.
+        now = time.monotonic()
+        lapsed = any(p.valid_until <= now for p in taking)
         reading = [
             p
             for p in taking
             if not p.draining
             and p not in claimed
+            and p.valid_until > now
             and self.models.held(p) < self.shared.config.llm_max_held
         ]
         if self.models.busy:
@@ -219,8 +233,9 @@ class Consumer(threading.Thread):
             self.models.wait()
         elif self._tally:
             self._send()  # idle: the counts not yet written go now
-        if held_back and not reading and not reads and not self.models.running:
-            # Nothing but paused partitions: no read blocks, so wait as one would have.
+        if (held_back or lapsed) and not reading and not reads and not self.models.running:
+            # Nothing but paused partitions, or leases not renewed yet: no read blocks,
+            # so wait as one would have.
             self._stop_requested.wait(self.shared.config.block_ms / 1000)
 
     def _paused(self) -> frozenset[int]:
@@ -245,6 +260,36 @@ class Consumer(threading.Thread):
         self.committer.execute(new, [])
         for p in new:
             p.fenced = p.lost is None
+
+    def _find_strays(self, active: list[Partition]) -> None:
+        """Drain again, at most every ``STRAY_CHECK_S``, a partition whose entries are
+        pending to another consumer: one that read them after its lease ran out (a
+        read sent before, answered after), after this worker had claimed what was
+        pending when it took the partition. Unclaimed, they would wait for the
+        partition's next change of hands."""
+        now = time.monotonic()
+        if now < self._next_stray_check:
+            return
+        self._next_stray_check = now + STRAY_CHECK_S
+        watched = [p for p in active if p.fenced and not p.draining and not p.stopping]
+        if not watched:
+            return
+        pipe = self.shared.client.pipeline(transaction=False)
+        for p in watched:
+            pipe.xpending(p.stream, keys.GROUP)
+        me = self.shared.worker_id
+        for p, summary in zip(watched, self._redis(pipe.execute), strict=True):
+            strays = {
+                _s(c["name"]): int(c["pending"])
+                for c in summary.get("consumers") or []
+                if _s(c["name"]) != me
+            }
+            if strays:
+                log.warning(
+                    "entries pending to another consumer, claiming them",
+                    extra={**p.ids(), "consumers": sorted(strays), "entries": sum(strays.values())},
+                )
+                p.draining, p.cursor = True, "0-0"
 
     def _claim(self, p: Partition) -> list[Read]:
         """The next entries left pending on ``p`` (by anyone), in stream order."""
@@ -310,6 +355,11 @@ class Consumer(threading.Thread):
         """One ``XREADGROUP`` over the partitions' streams, after ``unsent``; ``None``
         if Redis failed (after a pause)."""
         cfg = self.shared.config
+        block_ms = None
+        if block:
+            # It answers before the first of its leases is due to run out.
+            left_s = min(p.valid_until for p in partitions) - time.monotonic()
+            block_ms = max(1, min(cfg.block_ms, int(left_s * 1000)))  # 0 would be forever
         pipe = self.shared.client.pipeline(transaction=False)
         if unsent is not None:
             unsent(pipe)
@@ -318,7 +368,7 @@ class Consumer(threading.Thread):
             self.shared.worker_id,
             {p.stream: ">" for p in partitions},
             count=cfg.batch_size,
-            block=cfg.block_ms if block else None,
+            block=block_ms,
         )
         try:
             reply = pipe.execute()[-1]

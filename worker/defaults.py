@@ -23,6 +23,10 @@ LEASE_TTL_MS = 5_000
 # run out, so a lease that is about to be lost is never relied on to the edge.
 LEASE_MARGIN_MS = 500
 
+# How often a worker looks for entries of its partitions left pending to another
+# consumer (one that read them after its lease ran out) and claims them.
+STRAY_CHECK_S = 1.0
+
 # An entry delivered this many times without a commit (its workers crashed or
 # lost the partition each time) is dead-lettered instead of tried again.
 MAX_DELIVERIES = 5

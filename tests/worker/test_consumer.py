@@ -13,11 +13,11 @@ import redis
 from store import Fence, HashingEmbedder, Store, WriteOptions
 from tests.helpers import CountingEmbedder
 from tests.redis_fixtures import wait_until
-from worker import Producer, keys, metrics
+from worker import Operation, Producer, keys, metrics
 from worker.consumer import Consumer, Shared
 from worker.leases import Lease
 from worker.partition import Partition
-from worker.protocol import partition_of
+from worker.protocol import encode_entry, partition_of
 from worker.settings import WorkerConfig
 
 CONFIG = WorkerConfig(partitions=3, block_ms=50, lease_ttl_ms=1000, lease_margin_ms=200)
@@ -228,6 +228,55 @@ def test_a_released_partition_is_acknowledged_before_it_is_let_go(
         # Its next holder claims what is pending: nothing of what this one committed.
         assert redis_client.xpending(keys.stream(0), keys.GROUP)["pending"] == 0
         assert pending.wait(0.1).scope_revision == 1
+    finally:
+        consumer.stop()
+        consumer.join(10)
+
+
+def test_an_entry_read_by_a_consumer_whose_lease_ran_out_is_claimed_and_committed(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
+    """A worker's read sent before its lease ran out and answered after (Redis was
+    restarting) leaves the entry pending to it, after the partition's new holder
+    claimed what was pending when it took over. The holder finds it and commits it."""
+    producer = Producer(redis_client, partitions=CONFIG.partitions)
+    consumer, _ = _consumer(fresh_store, redis_client, HashingEmbedder(32), {0: 1})
+    consumer.start()
+    try:
+        assert _enqueue(producer, {0: 1})[0][0].wait(10).scope_revision == 1  # taken over
+        op = Operation.build("remember", _scope_in(0), {"text": "read by the old holder"}, None)
+        stream = keys.stream(0)
+        stale = redis_client.pipeline(transaction=True)  # added and read at once
+        stale.xadd(stream, encode_entry(op))
+        stale.xreadgroup(keys.GROUP, "old-holder", {stream: ">"}, count=1)
+        stale.execute()
+        assert redis_client.xpending(stream, keys.GROUP)["consumers"][0]["name"] == b"old-holder"
+        receipt = producer.wait(op.operation_id, 10)
+        assert receipt.scope_revision == 2
+        wait_until(lambda: redis_client.xpending(stream, keys.GROUP)["pending"] == 0)
+    finally:
+        consumer.stop()
+        consumer.join(10)
+
+
+def test_a_partition_whose_lease_renewal_is_late_is_not_read(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
+    """Until its lease is known to be renewed, a partition's entries stay in the stream
+    for whoever holds it next, not pending to a holder that may no longer hold it."""
+    producer = Producer(redis_client, partitions=CONFIG.partitions)
+    consumer, held = _consumer(fresh_store, redis_client, HashingEmbedder(32), {0: 1})
+    consumer.start()
+    try:
+        assert _enqueue(producer, {0: 1})[0][0].wait(10).scope_revision == 1
+        held[0].valid_until = time.monotonic()  # no renewal since: as with Redis away
+        time.sleep(0.2)  # the read in flight (sent while it was valid) has ended
+        [late] = _enqueue(producer, {0: 1})[0]
+        time.sleep(1.0)  # several cycles' worth of blocking reads
+        assert redis_client.xpending(keys.stream(0), keys.GROUP)["pending"] == 0
+        assert producer.results([late.operation_id]) == {}
+        held[0].valid_until = time.monotonic() + 60  # renewed
+        assert late.wait(10).scope_revision == 2
     finally:
         consumer.stop()
         consumer.join(10)
