@@ -3,13 +3,12 @@ next owner before it starts, or by the dead owner's watchdog (``engram.watchdog`
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from store.server import EmbeddedPostgres
-from worker.runtime import RUN_FILE
+from worker import runfile
 from worker.valkey import EmbeddedValkey
 
 from .procs import ProcessRecord, stop_processes
@@ -19,10 +18,10 @@ log = logging.getLogger(__name__)
 
 def run_file_records(home: Path) -> list[ProcessRecord]:
     """The processes the home's run file names (whoever wrote it, alive or not)."""
+    data = runfile.read_any(home) or {}
     try:
-        data = json.loads((Path(home) / RUN_FILE).read_text())
         return [ProcessRecord.from_dict(p) for p in data.get("processes", [])]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return []
 
 
@@ -35,7 +34,7 @@ def clean_home(home: Path) -> None:
         lambda: stop_processes(reversed(run_file_records(home)), on_stop=_said_stopped),
         lambda: EmbeddedValkey.stop_stale(home),
         lambda: EmbeddedPostgres.stop_stale(home),
-        lambda: (Path(home) / RUN_FILE).unlink(missing_ok=True),
+        lambda: runfile.remove(home),
     )
     for step in steps:
         try:

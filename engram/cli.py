@@ -29,13 +29,13 @@ from worker.settings import Settings
 
 from . import dead_letters, enqueue, exits, jobs_cli, pause_cli, reads, transfer, web_cli, wiring
 from .args import positive_int
-from .database import database_url, wait_for_store
+from .database import command_database, wait_for_store
 
 log = logging.getLogger("engram")
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    with database_url(settings, "engram migrate", create=True) as dsn, Store.connect(dsn):
+    with command_database(settings, "engram migrate", create=True) as dsn, Store.connect(dsn):
         pass
     print("schema is up to date")
     return 0
@@ -67,7 +67,7 @@ def _demo_id(result: object) -> str:
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    with database_url(settings, "engram demo", create=True) as dsn, Store.connect(dsn) as store:
+    with command_database(settings, "engram demo", create=True) as dsn, Store.connect(dsn) as store:
         print(f"PostgreSQL: {dsn}")
         demo(store)
     return 0

@@ -23,7 +23,7 @@ from store import Store
 from store.errors import ConfigError
 from store.server import EmbeddedPostgres
 from store.server import data_dir as postgres_dir
-from worker.runtime import connect_redis, read_run_file, redis_url
+from worker.runtime import configured_or_published, connect_redis, redis_url
 from worker.settings import Settings
 
 from .home import HomeInUseError, HomeSession
@@ -36,9 +36,12 @@ _WAIT_S = 60.0
 
 
 @contextmanager
-def database_url(settings: Settings, command: str, *, create: bool = False) -> Iterator[str]:
-    """Yield a database URL. With ``create``, a home with no database yet gets one;
-    without, that is a ``ConfigError`` (reading needs something to read)."""
+def command_database(settings: Settings, command: str, *, create: bool = False) -> Iterator[str]:
+    """Yield the URL of the database ``command`` works on: the configured one, the running
+    ``up``'s, or the home's embedded server, started for the command and stopped after
+    it. With ``create``, a home with no database yet gets one; without, that is a
+    ``ConfigError`` (reading needs something to read). (A long-running process finds
+    its database with ``worker.runtime.database_url`` instead: it never starts one.)"""
     if settings.database_url:
         yield settings.database_url
         return
@@ -49,9 +52,9 @@ def database_url(settings: Settings, command: str, *, create: bool = False) -> I
         )
     deadline = time.monotonic() + _WAIT_S
     while True:
-        run = read_run_file(settings.home)
-        if run and run.get("database_url"):
-            yield str(run["database_url"])
+        published = configured_or_published(settings, "database_url")
+        if published:
+            yield published
             return
         try:
             session = HomeSession(settings.home, command).open()
@@ -77,7 +80,7 @@ def open_store(settings: Settings, command: str, *, connections: int = 2) -> Ite
     """The store a one-off command reads or audits in (never migrated: ``up`` or
     ``engram migrate`` does that)."""
     with (
-        database_url(settings, command) as dsn,
+        command_database(settings, command) as dsn,
         Store.connect(dsn, migrate=False, max_connections=connections) as store,
     ):
         yield store

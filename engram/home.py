@@ -3,7 +3,7 @@
 The owner (``engram up``, or a command that starts the embedded PostgreSQL for
 its own use) holds ``ENGRAM_HOME/up.lock`` (``flock``; the kernel releases it
 however the holder dies) and records every process it starts in the run file
-(``run.json``: pid and start time, so a reused pid is never taken for ours).
+(``worker.runfile``: pid and start time, so a reused pid is never taken for ours).
 A watchdog process shares the lock: when the owner dies without cleaning up,
 the watchdog stops what the run file names and whatever still runs on the
 home's server folders, then exits, and only then is the home free. If the
@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from store.errors import EngramError
-from worker.runtime import RUN_FILE, masked, open_private, read_run_file
+from store.masking import mask_url
+from worker import runfile
 
 from .cleanup import clean_home
 from .procs import ProcessRecord, live_process, stop_processes
@@ -114,7 +115,7 @@ def in_use_message(home: Path, holder: Holder | None) -> str:
     """Who holds the home, with the URLs its run file publishes."""
     who = f"{holder.command} (pid {holder.pid})" if holder else "another engram process"
     lines = [f"ENGRAM_HOME {Path(home).resolve()} is in use by {who}"]
-    run = read_run_file(home)
+    run = runfile.read_live(home)
     if run:
         for name, key in (
             ("PostgreSQL", "database_url"),
@@ -122,7 +123,7 @@ def in_use_message(home: Path, holder: Holder | None) -> str:
             ("dashboard", "dashboard_url"),
         ):
             if run.get(key):
-                lines.append(f"  {name:<11} {masked(str(run[key]))}")
+                lines.append(f"  {name:<11} {mask_url(str(run[key]))}")
     return "\n".join(lines)
 
 
@@ -199,11 +200,7 @@ class HomeSession:
             **self.published,
             "processes": [r.as_dict() for r in self.records],
         }
-        path = self.home / RUN_FILE
-        tmp = path.with_suffix(".tmp")
-        with open_private(tmp) as f:  # it holds the Redis password
-            f.write(json.dumps(data, indent=2))
-        os.replace(tmp, path)  # readers see the old file or the new, never half of one
+        runfile.write(self.home, data)
 
     def close(self) -> None:
         """Stop what we recorded (newest first), remove the run file, free the home."""
@@ -211,7 +208,7 @@ class HomeSession:
             stop_processes(reversed(self.records))
             self.records = []
             with contextlib.suppress(OSError):
-                (self.home / RUN_FILE).unlink()
+                runfile.remove(self.home)
         finally:
             if self._watchdog is not None:
                 self._stop_watchdog(self._watchdog)

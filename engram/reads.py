@@ -1,6 +1,6 @@
 """Reading the store from the command line: ``get``, ``history``, ``recall``, ``receipts``,
 ``scopes``. Each prints a table, or JSON with ``--json``; each is a thin call of the
-``Store`` read API on the database ``database_url`` finds."""
+``Store`` read API on the database ``command_database`` finds."""
 
 from __future__ import annotations
 

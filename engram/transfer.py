@@ -19,12 +19,13 @@ from store.portable import convert, export_lines
 from store.read.dump import History, Item, ReceiptEntry, Tombstone, dump_scope
 from worker import runtime
 from worker.errors import WaitTimeout
+from worker.private import open_private
 from worker.producer import Pending, Producer
 from worker.settings import Settings
 
 from . import exits
 from .args import json_value, one_stdin, positive_float, scope_arg
-from .database import database_url
+from .database import command_database
 from .output import print_json
 
 # Operations sent per round trip to Redis.
@@ -35,10 +36,10 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
     scope = Scope.of(json_value(args.scope, "--scope"))
     counts: Counter[str] = Counter()
     # Every text of the scope: readable by its owner only.
-    out: IO[str] = runtime.open_private(args.output) if args.output else sys.stdout
+    out: IO[str] = open_private(args.output) if args.output else sys.stdout
     try:
         with (
-            database_url(settings, "engram export") as dsn,
+            command_database(settings, "engram export") as dsn,
             Store.connect(dsn, migrate=False, max_connections=1) as store,
         ):
             items = _counted(dump_scope(store, scope), counts)

@@ -22,9 +22,9 @@ from types import FrameType
 
 from store import Store
 from store.errors import EngramError, InvalidRequestError
+from store.masking import mask_url
 from store.server import EmbeddedPostgres
 from web.config import WebConfig
-from worker.runtime import masked
 from worker.settings import Settings
 from worker.stopping import StopRequest
 from worker.valkey import EmbeddedValkey
@@ -199,8 +199,8 @@ def _print_where(
         web = f"  dashboard   {dashboard.url}  (the JSON API: /api/v1{taken})\n"
     print(
         f"engram is up (ENGRAM_HOME={home}, pid {os.getpid()})\n"
-        f"  PostgreSQL  {masked(database_url)}  ({pg})\n"
-        f"  Redis       {masked(redis_url)}  ({vk})\n"
+        f"  PostgreSQL  {mask_url(database_url)}  ({pg})\n"
+        f"  Redis       {mask_url(redis_url)}  ({vk})\n"
         f"  workers     {workers} x `engram worker`, "
         f"{settings.worker.partitions} partition streams\n"
         "  jobs        `engram jobs`: reembed, retention, redaction listeners\n"

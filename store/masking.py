@@ -34,8 +34,11 @@ def mask_url(url: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, _, host = netloc.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
-        netloc = f"{user}:{MASK}@{host}" if colon else f"{MASK}@{host}"
+        user, colon, password = userinfo.partition(":")
+        if not colon:
+            netloc = f"{MASK}@{host}"
+        elif password:  # an empty one (the embedded PostgreSQL's) hides nothing
+            netloc = f"{user}:{MASK}@{host}"
     query = "&".join(_masked_param(p) for p in parts.query.split("&")) if parts.query else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 

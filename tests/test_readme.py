@@ -24,7 +24,7 @@ import pytest
 
 from engram.cleanup import clean_home
 from tests.redis_fixtures import REPO, wait_until
-from worker.runtime import read_run_file
+from worker import runfile
 
 README = REPO / "README.md"
 RUNNABLE = ("sh", "python")
@@ -125,7 +125,7 @@ def test_the_readme_examples_work_as_written(workdir: Path) -> None:
                 log.close()
                 wait_until(
                     lambda: (
-                        (read_run_file(workdir / ".engram") or {}).get("redis_url")
+                        (runfile.read_live(workdir / ".engram") or {}).get("redis_url")
                         or background[-1].poll() is not None
                     ),
                     timeout=120,

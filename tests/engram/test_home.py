@@ -21,7 +21,7 @@ from engram.home import HomeInUseError, HomeLock, HomeSession, in_use_message
 from engram.procs import ProcessRecord, live_process, wait_gone
 from engram.supervisor import ChildSpec, Supervisor
 from tests.redis_fixtures import REPO, wait_until
-from worker.runtime import RUN_FILE, read_run_file
+from worker import runfile
 
 
 @pytest.fixture
@@ -117,10 +117,10 @@ def test_the_run_file_and_the_in_use_message_keep_the_redis_password_to_the_owne
     try:
         (tmp_path / "run.tmp").write_text("{}")  # a leftover of a killed writer, 0644
         with HomeSession(tmp_path, "engram up") as session:
-            assert stat.S_IMODE((tmp_path / RUN_FILE).stat().st_mode) == 0o600
+            assert stat.S_IMODE((tmp_path / runfile.NAME).stat().st_mode) == 0o600
             session.publish(redis_url="redis://:s3cret@127.0.0.1:6390/0")
-            assert stat.S_IMODE((tmp_path / RUN_FILE).stat().st_mode) == 0o600
-            assert read_run_file(tmp_path) is not None
+            assert stat.S_IMODE((tmp_path / runfile.NAME).stat().st_mode) == 0o600
+            assert runfile.read_live(tmp_path) is not None
             message = in_use_message(tmp_path, None)
     finally:
         os.umask(old_umask)
@@ -151,14 +151,14 @@ def test_cleaning_a_home_stops_what_its_run_file_names_and_nothing_else(
     mine = ProcessRecord.of("worker-0", ours.pid, stop_timeout_s=5)
     # A record of a dead process whose pid is now someone else's (another start time).
     stale = ProcessRecord("worker-1", not_ours.pid, mine.create_time - 100, signal.SIGTERM, 5)
-    (tmp_path / RUN_FILE).write_text(
+    (tmp_path / runfile.NAME).write_text(
         json.dumps({"pid": 999_999_999, "processes": [mine.as_dict(), stale.as_dict()]})
     )
-    assert read_run_file(tmp_path) is None  # its up is gone: clients do not use it
+    assert runfile.read_live(tmp_path) is None  # its up is gone: clients do not use it
     clean_home(tmp_path)
     assert live_process(ours.pid) is None
     assert not_ours.poll() is None
-    assert not (tmp_path / RUN_FILE).exists()
+    assert not (tmp_path / runfile.NAME).exists()
 
 
 def test_children_die_with_a_supervisor_that_is_killed(
@@ -250,5 +250,5 @@ def test_a_killed_owners_watchdog_stops_its_processes_and_holds_the_home_until_d
     assert lock.holder() is not None and not lock.holder().alive()  # type: ignore[union-attr]
     assert wait_gone([child], timeout_s=10)
     wait_until(lambda: lock.acquire("engram up"), timeout=10, what="the watchdog to finish")
-    assert not (tmp_path / RUN_FILE).exists()
+    assert not (tmp_path / runfile.NAME).exists()
     lock.release()

@@ -24,10 +24,10 @@ import pytest
 
 from engram.cleanup import clean_home
 from engram.procs import live_process, wait_gone
+from store.masking import mask_url
 from tests.redis_fixtures import REPO, unauthenticated_reply, wait_until
 from web.config import DEFAULT_PORT
 from worker import Producer
-from worker.runtime import masked
 
 pytestmark = pytest.mark.slow
 
@@ -194,7 +194,7 @@ def test_a_second_up_is_refused_and_a_killed_up_leaves_nothing_running(
     redis_url = str(run["redis_url"])
     password = urlsplit(redis_url).password
     assert password and password not in first.log()
-    assert masked(redis_url) in first.log()
+    assert mask_url(redis_url) in first.log()
     assert stat.S_IMODE((home / "run.json").stat().st_mode) == 0o600
     port = urlsplit(redis_url).port
     assert port and unauthenticated_reply(port, "KEYS", "*").startswith(b"-NOAUTH")
@@ -204,7 +204,7 @@ def test_a_second_up_is_refused_and_a_killed_up_leaves_nothing_running(
     second = engram(home, "up")
     assert second.returncode == 4, second
     assert f"in use by engram up (pid {first.process.pid})" in second.stderr
-    assert masked(redis_url) in second.stderr and str(run["database_url"]) in second.stderr
+    assert mask_url(redis_url) in second.stderr and str(run["database_url"]) in second.stderr
     assert password not in second.stderr + second.stdout
     assert "left running" not in second.stderr + second.stdout  # it touched nothing
     assert json.loads((home / "run.json").read_text()) == run

@@ -81,3 +81,12 @@ def test_a_url_is_shown_without_its_password(url: str, shown: str | None) -> Non
     assert SECRET not in masked
     if shown is not None:
         assert masked.endswith(shown)
+
+
+def test_a_url_with_nothing_secret_is_printed_as_it_is() -> None:
+    for url in (
+        "redis://127.0.0.1:6390/0",
+        "postgresql://postgres:@/postgres?host=/home/postgres",  # the embedded one's
+        "host=db user=ada",
+    ):
+        assert mask_url(url) == url

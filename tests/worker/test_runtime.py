@@ -12,15 +12,14 @@ import pytest
 
 from store import Store
 from tests.redis_fixtures import InProcessWorker
-from worker import ConfigError, Producer
-from worker.runtime import RUN_FILE, masked, read_run_file
+from worker import ConfigError, Producer, runfile
 
 StartWorker = Callable[..., InProcessWorker]
 
 
 def _run_file(home: Path, pid: int, create_time: float, redis_url: str) -> None:
     home.mkdir(parents=True, exist_ok=True)
-    (home / RUN_FILE).write_text(
+    (home / runfile.NAME).write_text(
         json.dumps({"pid": pid, "create_time": create_time, "redis_url": redis_url})
     )
 
@@ -45,24 +44,12 @@ def test_from_env_prefers_redis_url_and_ignores_a_dead_ups_run_file(
     tmp_path: Path, redis_url: str
 ) -> None:
     _run_file(tmp_path, 999_999_999, 0.0, "redis://127.0.0.1:1/0")  # its up is gone
-    assert read_run_file(tmp_path) is None
+    assert runfile.read_live(tmp_path) is None
     with pytest.raises(ConfigError) as info:
         Producer.from_env({"ENGRAM_HOME": str(tmp_path)})
     assert info.value.code == "not_configured"
     me = psutil.Process(os.getpid())
     _run_file(tmp_path, me.pid, me.create_time() - 100, "redis://127.0.0.1:1/0")
-    assert read_run_file(tmp_path) is None  # the pid lives, but it is another process now
+    assert runfile.read_live(tmp_path) is None  # the pid lives, but it is another process now
     with Producer.from_env({"ENGRAM_HOME": str(tmp_path), "REDIS_URL": redis_url}) as producer:
         assert producer.client.ping()
-
-
-def test_a_printed_url_masks_its_password_and_only_that() -> None:
-    assert masked("redis://:s%2Fcret@127.0.0.1:6390/0") == "redis://:***@127.0.0.1:6390/0"
-    assert masked("postgresql://ada:pw@db:5432/engram") == "postgresql://ada:***@db:5432/engram"
-    for url in (
-        "redis://127.0.0.1:6390/0",
-        "postgresql://ada@db/engram",
-        "postgresql://postgres:@/postgres?host=/home/postgres",  # the embedded one's
-        "host=db user=ada",
-    ):
-        assert masked(url) == url
