@@ -17,7 +17,12 @@ import pytest
 from store import HashingEmbedder, Store
 from store.server import EmbeddedPostgres
 
-pytest_plugins = ["tests.redis_fixtures", "tests.web_fixtures", "tests.jobs_fixtures"]
+pytest_plugins = [
+    "tests.redis_fixtures",
+    "tests.web_fixtures",
+    "tests.jobs_fixtures",
+    "tests.cluster_fixtures",
+]
 
 
 @pytest.fixture(autouse=True)
