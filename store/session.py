@@ -207,11 +207,13 @@ class Session:
         self.store.set_redaction(result.receipt.operation_id, status)
         return replace(result, receipt=replace(result.receipt, redaction=status))  # type: ignore[arg-type]
 
-    def get(self, record_id: str) -> Record | None:
-        return self.store.get(self.scope, record_id)
+    # ``after``: a receipt's ``position``; the read then sees that write (see Store.get).
 
-    def history(self, record_id: str) -> list[Record]:
-        return self.store.history(self.scope, record_id)
+    def get(self, record_id: str, *, after: str | None = None) -> Record | None:
+        return self.store.get(self.scope, record_id, after=after)
+
+    def history(self, record_id: str, *, after: str | None = None) -> list[Record]:
+        return self.store.history(self.scope, record_id, after=after)
 
     def recall(
         self,
@@ -221,6 +223,7 @@ class Session:
         kind: str | None = None,
         include_retracted: bool = False,
         recorded_as_of: datetime | None = None,
+        after: str | None = None,
     ) -> list[Hit]:
         return self.store.recall(
             self.scope,
@@ -230,6 +233,7 @@ class Session:
             kind=kind,
             include_retracted=include_retracted,
             recorded_as_of=recorded_as_of,
+            after=after,
         )
 
     def reembed(self, embedder: Embedder, *, batch_size: int = 64) -> ReembedResult:

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from . import migrations
@@ -20,7 +21,8 @@ from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
 from .models.llm import LLM
 from .read.browse import Browse
 from .read.cursors import Cursors
-from .read.recall import HNSW_SETTINGS, recall, recall_context
+from .read.recall import HNSW_SETTINGS, RecallContext, recall, recall_context
+from .read.routing import ReadRoute, parse_position
 from .rows import (
     RECEIPT_COLUMNS,
     REVISION_COLUMNS,
@@ -58,15 +60,24 @@ class ScopeSummary:
 
 
 class Store:
-    def __init__(self, pool: ConnectionPool[Any], *, cursor_key: bytes | None = None) -> None:
-        self.pool = pool
-        self.writer = Writer(pool)
+    def __init__(
+        self,
+        pool: ConnectionPool[Any],
+        *,
+        cursor_key: bytes | None = None,
+        read_pool: ConnectionPool[Any] | None = None,
+    ) -> None:
+        self.pool = pool  # the primary's: every write, and whatever a write reads
+        # The reads that need not see the primary (recall, get, history, the dashboard's
+        # lists) go through ``reads``: to the replica when there is one (store.read.routing).
+        self.reads = ReadRoute(pool, read_pool)
+        self.writer = Writer(pool, track_position=read_pool is not None)
         self.embeddings = Embeddings(pool)
         # The operator's view of every scope (keyset pages), and the audit trail. Their
         # cursors are signed: with this process's own key unless one is given (processes
         # serving the same lists share one, so a page's next cursor works on any of them).
         self.cursors = Cursors(cursor_key or secrets.token_bytes(32))
-        self.browse = Browse(pool, self.cursors)
+        self.browse = Browse(self.reads, self.cursors)
         self.audit = Audit(pool, self.cursors)
 
     @classmethod
@@ -77,8 +88,15 @@ class Store:
         migrate: bool = True,
         max_connections: int = 8,
         cursor_key: bytes | None = None,
+        read_dsn: str | None = None,
     ) -> Store:
-        """Open a pool on ``dsn``; apply migrations first unless told not to."""
+        """Open a pool on ``dsn``; apply migrations first unless told not to.
+
+        With ``read_dsn`` (a streaming replica of ``dsn``'s database, or several, e.g.
+        ``host=a,b&target_session_attrs=prefer-standby&load_balance_hosts=random``), the
+        reads that allow it go there, and each receipt carries its commit position.
+        The replica need not be up: its pool connects in the background, and reads go
+        to the primary until it answers."""
         with psycopg.connect(dsn) as conn:
             if migrate:
                 migrations.migrate(conn)
@@ -97,9 +115,11 @@ class Store:
             open=True,
             kwargs={"autocommit": True},
         )
-        return cls(pool, cursor_key=cursor_key)
+        read_pool = _read_pool(read_dsn, max_connections) if read_dsn else None
+        return cls(pool, cursor_key=cursor_key, read_pool=read_pool)
 
     def close(self) -> None:
+        self.reads.close()
         self.pool.close()
 
     def __enter__(self) -> Store:
@@ -198,13 +218,19 @@ class Store:
             ).fetchone()
         return int(row[0]) if row else 0
 
-    def scopes(self, limit: int = 100, offset: int = 0) -> list[ScopeSummary]:
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                "SELECT s.key, s.revision, (SELECT count(*) FROM engram_records r"
-                " WHERE r.scope_id = s.id) FROM engram_scopes s ORDER BY s.key LIMIT %s OFFSET %s",
-                (limit, offset),
-            ).fetchall()
+    def scopes(
+        self, limit: int = 100, offset: int = 0, *, after: str | None = None
+    ) -> list[ScopeSummary]:
+        def read() -> list[Any]:
+            with self.reads.connection() as conn:
+                return conn.execute(
+                    "SELECT s.key, s.revision, (SELECT count(*) FROM engram_records r"
+                    " WHERE r.scope_id = s.id) FROM engram_scopes s"
+                    " ORDER BY s.key LIMIT %s OFFSET %s",
+                    (limit, offset),
+                ).fetchall()
+
+        rows = self.reads.run(read, after=after)
         return [ScopeSummary(scope_from_key(r[0]), r[1], r[2]) for r in rows]
 
     def receipt(self, operation_id: str) -> Receipt | None:
@@ -262,54 +288,53 @@ class Store:
         include_expired: bool = False,
         limit: int = 50,
         offset: int = 0,
+        after: str | None = None,
     ) -> list[Record]:
         """A page of a scope's current records, most recently changed first."""
-        key = Scope.of(scope).key
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
-                    JOIN engram_scopes s ON s.id = r.scope_id
-                    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
-                    WHERE s.key = %(key)s AND (%(retracted)s OR r.status = 'active')
-                      AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now())
-                    ORDER BY r.updated_at DESC, r.id LIMIT %(limit)s OFFSET %(offset)s""",
-                {
-                    "key": key,
-                    "retracted": include_retracted,
-                    "expired": include_expired,
-                    "limit": limit,
-                    "offset": offset,
-                },
-            ).fetchall()
-            return _with_superseded_by(conn, rows)
+        params = {
+            "key": Scope.of(scope).key,
+            "retracted": include_retracted,
+            "expired": include_expired,
+            "limit": limit,
+            "offset": offset,
+        }
+
+        def read() -> list[Record]:
+            with self.reads.connection() as conn:
+                return _with_superseded_by(conn, conn.execute(_RECORDS, params).fetchall())
+
+        return self.reads.run(read, after=after)
 
     def get(
-        self, scope: Scope | Mapping[str, Any], record_id: str, *, include_expired: bool = False
+        self,
+        scope: Scope | Mapping[str, Any],
+        record_id: str,
+        *,
+        include_expired: bool = False,
+        after: str | None = None,
     ) -> Record | None:
-        key = Scope.of(scope).key
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
-                    JOIN engram_scopes s ON s.id = r.scope_id
-                    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
-                    WHERE r.id = %(id)s AND s.key = %(key)s
-                      AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now())""",
-                {"id": record_id, "key": key, "expired": include_expired},
-            ).fetchall()
-            found = _with_superseded_by(conn, rows)
+        """A record's current revision; with ``after`` (a receipt's ``position``), as of
+        that commit or later."""
+        params = {"id": record_id, "key": Scope.of(scope).key, "expired": include_expired}
+
+        def read() -> list[Record]:
+            with self.reads.connection() as conn:
+                return _with_superseded_by(conn, conn.execute(_RECORD, params).fetchall())
+
+        found = self.reads.run(read, after=after)
         return found[0] if found else None
 
-    def history(self, scope: Scope | Mapping[str, Any], record_id: str) -> list[Record]:
+    def history(
+        self, scope: Scope | Mapping[str, Any], record_id: str, *, after: str | None = None
+    ) -> list[Record]:
         """Every stored revision of a record of this scope, oldest first."""
-        key = Scope.of(scope).key
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"""SELECT {REVISION_COLUMNS} FROM engram_revisions v
-                    JOIN engram_scopes s ON s.id = v.scope_id
-                    WHERE v.record_id = %s AND s.key = %s ORDER BY v.revision""",
-                (record_id, key),
-            ).fetchall()
-        return [record_from_row(r) for r in rows]
+        params = (record_id, Scope.of(scope).key)
+
+        def read() -> list[Any]:
+            with self.reads.connection() as conn:
+                return conn.execute(_HISTORY, params).fetchall()
+
+        return [record_from_row(r) for r in self.reads.run(read, after=after)]
 
     def recall(
         self,
@@ -321,7 +346,10 @@ class Store:
         kind: str | None = None,
         include_retracted: bool = False,
         recorded_as_of: datetime | None = None,
+        after: str | None = None,
     ) -> list[Hit]:
+        """Hybrid search in one scope; with ``after`` (a receipt's ``position``), over
+        the scope as of that commit or later."""
         scope = Scope.of(scope)
         if text is not None:
             check_string(text, "recall text", max_chars=MAX_TEXT_CHARS)
@@ -331,8 +359,13 @@ class Store:
             raise InvalidRequestError("recorded_as_of must be a datetime")
         if recorded_as_of is not None and recorded_as_of.tzinfo is None:
             raise InvalidRequestError("recorded_as_of must carry a time zone")
-        with self.pool.connection() as conn:
-            found = recall_context(conn, scope.key)
+        parse_position(after, "after")  # refused before any work, whoever serves the read
+
+        def read_context() -> RecallContext:
+            with self.reads.connection() as conn:
+                return recall_context(conn, scope.key)
+
+        found = self.reads.run(read_context, after=after)
         active = found.generation
         vector = None
         # A resolver picks the active generation's model (or raises EmbedderUnavailableError).
@@ -351,8 +384,12 @@ class Store:
             include_retracted=include_retracted,
             recorded_as_of=recorded_as_of,
         )
-        with self.pool.connection() as conn:
-            return recall(conn, query)
+
+        def search() -> list[Hit]:
+            with self.reads.connection() as conn:
+                return recall(conn, query)
+
+        return self.reads.run(search, after=after)
 
     # -- retention ------------------------------------------------------------------
 
@@ -367,9 +404,42 @@ class Store:
         return retention.prune_operations(self.pool, older_than)
 
 
+_RECORDS = f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
+    JOIN engram_scopes s ON s.id = r.scope_id
+    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+    WHERE s.key = %(key)s AND (%(retracted)s OR r.status = 'active')
+      AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now())
+    ORDER BY r.updated_at DESC, r.id LIMIT %(limit)s OFFSET %(offset)s"""
+
+_RECORD = f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
+    JOIN engram_scopes s ON s.id = r.scope_id
+    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+    WHERE r.id = %(id)s AND s.key = %(key)s
+      AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now())"""
+
+_HISTORY = f"""SELECT {REVISION_COLUMNS} FROM engram_revisions v
+    JOIN engram_scopes s ON s.id = v.scope_id
+    WHERE v.record_id = %s AND s.key = %s ORDER BY v.revision"""
+
+
 def _with_superseded_by(conn: psycopg.Connection[Any], rows: list[Any]) -> list[Record]:
     links = superseded_by(conn, [r[15] for r in rows], [r[0] for r in rows])
     return [record_from_row(r, links.get(r[0], ())) for r in rows]
+
+
+def _read_pool(read_dsn: str, max_connections: int) -> ConnectionPool[Any]:
+    """The replica's pool, opened without waiting: a replica down at start only sends
+    reads to the primary until it answers. A replica that cannot be reached fails
+    its connection attempt quickly, unless the DSN says otherwise."""
+    given = conninfo_to_dict(read_dsn)
+    return ConnectionPool(
+        read_dsn,
+        min_size=1,
+        max_size=max_connections,
+        configure=_configure,
+        open=True,
+        kwargs={"autocommit": True, "connect_timeout": given.get("connect_timeout", 3)},
+    )
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:

@@ -189,6 +189,11 @@ class Receipt:
     # bookkeeping about the receipt, not part of it (a replay equals the original).
     replays: int = field(default=0, compare=False)
     last_replayed_at: datetime | None = field(default=None, compare=False)
+    # Where the primary's WAL stood right after the commit that answered (an LSN such
+    # as "0/16B3748"), when the store has a read replica: a reader passing it as
+    # ``after`` sees this write (store.read.routing). Not stored: a receipt read back
+    # from the database has none.
+    position: str | None = field(default=None, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -218,6 +223,8 @@ class Receipt:
             out["last_replayed_at"] = (
                 self.last_replayed_at.isoformat() if self.last_replayed_at else None
             )
+        if self.position is not None:
+            out["position"] = self.position
         return out
 
     @classmethod
@@ -248,6 +255,7 @@ class Receipt:
             "last_replayed_at": datetime.fromisoformat(data["last_replayed_at"])
             if data.get("last_replayed_at")
             else None,
+            "position": str(data["position"]) if data.get("position") else None,
         }
 
     @property

@@ -31,6 +31,7 @@ from .cursors import Cursors, InvalidCursorError
 from .listed import Backlink, GenerationItem, ReceiptItem, RecordItem, ScopeRow, Tombstone
 from .paging import DEFAULT_PAGE_SIZE, Page, check_limit, paged
 from .receipt_filter import ReceiptFilter, receipt_clauses
+from .routing import ReadRoute, routed
 
 RecordStatus = Literal["active", "retracted", "expired", "all"]
 RECORD_STATUSES: tuple[RecordStatus, ...] = ("active", "retracted", "expired", "all")
@@ -52,12 +53,18 @@ class HistoryPage:
 
 
 class Browse:
-    def __init__(self, pool: Any, cursors: Cursors) -> None:
-        self.pool = pool
+    """Every read but the receipts' goes through ``reads`` (a replica when the store
+    has one). The receipts are read on the primary: they answer whether an operation
+    committed, and an operation that just did must not look unknown."""
+
+    def __init__(self, reads: ReadRoute, cursors: Cursors) -> None:
+        self.pool = reads
+        self.primary = reads.primary
         self.cursors = cursors
 
     # -- scopes ---------------------------------------------------------------------
 
+    @routed
     def scopes(
         self,
         match: Mapping[str, str] | None = None,
@@ -81,6 +88,7 @@ class Browse:
             ).fetchall()
         return paged(rows, limit, (self.cursors, "scopes"), lambda r: (r[1],), _scope_row)
 
+    @routed
     def scope(self, scope_id: int) -> ScopeRow | None:
         with self.pool.connection() as conn:
             row = conn.execute(f"{_SCOPE_ROW} WHERE s.id = %s", (scope_id,)).fetchone()
@@ -88,6 +96,7 @@ class Browse:
 
     # -- records --------------------------------------------------------------------
 
+    @routed
     def records(
         self,
         scope_id: int,
@@ -125,6 +134,7 @@ class Browse:
             lambda r: RecordItem(record_from_row(r, links.get(r[0], ())), r[15], r[16]),
         )
 
+    @routed
     def records_as_of(
         self,
         scope_id: int,
@@ -163,6 +173,7 @@ class Browse:
             lambda r: RecordItem(record_from_row(r), r[15], r[16]),
         )
 
+    @routed
     def tombstones(
         self, scope_id: int, *, cursor: str | None = None, limit: int = DEFAULT_PAGE_SIZE
     ) -> Page[Tombstone]:
@@ -181,6 +192,7 @@ class Browse:
             ).fetchall()
         return paged(rows, limit, (self.cursors, "tombstones"), lambda r: (r[2], r[0]), _tombstone)
 
+    @routed
     def record(self, record_id: str) -> RecordItem | None:
         """A record's current revision, whatever its status or expiry, in any scope."""
         with self.pool.connection() as conn:
@@ -199,6 +211,7 @@ class Browse:
         row = rows[0]
         return RecordItem(record_from_row(row, links.get(record_id, ())), row[15], row[16])
 
+    @routed
     def history(self, record_id: str) -> list[Record]:
         """Every stored revision of a record, oldest first (a record has few)."""
         with self.pool.connection() as conn:
@@ -210,6 +223,7 @@ class Browse:
             ).fetchall()
         return [record_from_row(r) for r in rows]
 
+    @routed
     def history_page(
         self,
         record_id: str,
@@ -246,6 +260,7 @@ class Browse:
         )
         return HistoryPage(shown, next_cursor, past)
 
+    @routed
     def revision_count(self, record_id: str) -> int:
         """How many revisions of a record are stored (counted by the database)."""
         with self.pool.connection() as conn:
@@ -254,6 +269,7 @@ class Browse:
             ).fetchone()
         return int(row[0]) if row else 0
 
+    @routed
     def linked_from(self, record_id: str, scope_id: int, limit: int = 100) -> list[Backlink]:
         """The records of the scope whose current revision links to this one (the way
         back of ``supersedes`` and ``about``), whatever their status."""
@@ -268,6 +284,7 @@ class Browse:
             ).fetchall()
         return [Backlink(*r) for r in rows]
 
+    @routed
     def tombstone(self, record_id: str) -> Tombstone | None:
         with self.pool.connection() as conn:
             row = conn.execute(f"{_TOMBSTONE} WHERE f.record_id = %s", (record_id,)).fetchone()
@@ -296,7 +313,7 @@ class Browse:
             params["at"], params["op"] = self.cursors.decode(cursor, "receipts", (datetime, str))
             clauses.append(f"({', '.join(keys)}) < ({', '.join(values)})")
         order = ", ".join(f"{k} DESC" for k in keys)
-        with self.pool.connection() as conn:
+        with self.primary.connection() as conn:
             rows = conn.execute(
                 f"""SELECT {RECEIPT_COLUMNS}, c.scope_id, c.request->>'id' FROM engram_receipts c
                     JOIN engram_scopes s ON s.id = c.scope_id
@@ -314,7 +331,7 @@ class Browse:
 
     def asked_by(self, operation_ids: Sequence[str]) -> dict[str, str | None]:
         """Who each operation says asked for it (its receipt's ``requested_by``)."""
-        with self.pool.connection() as conn:
+        with self.primary.connection() as conn:
             rows = conn.execute(
                 "SELECT operation_id, requested_by FROM engram_receipts"
                 " WHERE operation_id = ANY(%s)",
@@ -323,7 +340,7 @@ class Browse:
         return {op_id: by for op_id, by in rows}
 
     def receipt(self, operation_id: str) -> ReceiptItem | None:
-        with self.pool.connection() as conn:
+        with self.primary.connection() as conn:
             row = conn.execute(
                 f"""SELECT {RECEIPT_COLUMNS}, c.scope_id, c.request->>'id' FROM engram_receipts c
                     JOIN engram_scopes s ON s.id = c.scope_id WHERE c.operation_id = %s""",
@@ -337,6 +354,7 @@ class Browse:
 
     # -- generations ----------------------------------------------------------------
 
+    @routed
     def generations(
         self, *, cursor: str | None = None, limit: int = DEFAULT_PAGE_SIZE
     ) -> Page[GenerationItem]:

@@ -24,6 +24,7 @@ import psycopg
 
 from ..errors import EmbeddingMismatchError, EngramError, FencedError
 from ..limits import MAX_WRITE_ATTEMPTS
+from ..read.routing import COMMIT_POSITION
 from ..rows import RECEIPT_COLUMNS, REVISION_COLUMNS, receipt_from_row, record_from_row
 from ..values import Fence, Receipt, RecordRef, WriteResult
 from ..vectors.embedders import Embedder, EmbedderResolver, Vectors, embed_checked
@@ -58,8 +59,11 @@ _UNKNOWN: Any = object()
 
 
 class Writer:
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, *, track_position: bool = False) -> None:
         self.pool = pool
+        # With a read replica: each receipt carries the commit position, read in the
+        # COMMIT's own round trip. Without, the write path runs no query for it.
+        self.track_position = track_position
         # As of the last commit; a commit checks it under lock and retries if it moved.
         self._generation: ActiveGeneration | None = _UNKNOWN
         self._digest_key = b""  # the store's, read once (it never changes)
@@ -100,7 +104,7 @@ class Writer:
                     embedded_for = generation
                 batch = [i for i, op in enumerate(ops) if op.operation_id not in refused]
                 try:
-                    outcomes = self._commit(
+                    outcomes, position = self._commit(
                         conn, [ops[i] for i in batch], used, generation, vectors, ctx
                     )
                 except (_GenerationMoved, *_RETRYABLE) as exc:
@@ -120,10 +124,11 @@ class Writer:
             )
             for i, outcome in zip(batch, outcomes, strict=True):
                 if isinstance(outcome, Replayed):
-                    results[i] = replays[outcome.operation_id]
+                    # Committed before this batch's commit, so seen at its position too.
+                    results[i] = _at(replays[outcome.operation_id], position)
                 elif isinstance(outcome, Applied):
                     results[i] = WriteResult(
-                        receipt=_receipt(outcome, ops[i]),
+                        receipt=_receipt(outcome, ops[i], position),
                         replayed=False,
                         records=tuple(to_record(w, ops[i].scope) for w in outcome.written),
                         conflict_retries=retries,
@@ -181,43 +186,60 @@ class Writer:
         generation: ActiveGeneration | None,
         vectors: dict[str, np.ndarray],
         ctx: PlanContext,
-    ) -> list[Any]:
+    ) -> tuple[list[Any], str | None]:
+        """Each operation's outcome, and the commit position if tracked."""
         groups: dict[str, list[Operation]] = defaultdict(list)
         for op in ops:
             groups[op.scope.key].append(op)
         # Two round trips: the fence, the locks and the reads; then the writes and
-        # the COMMIT, all pipelined.
-        with conn.pipeline(), conn.transaction():
-            with conn.pipeline():
-                conn.execute(GENERIC_PLANS)
-                # First: a generation switch holds this exclusively while it fills the
-                # last gaps of the new generation, and no commit may slip in meanwhile.
-                conn.execute(HOLD_SWITCH_SHARED)
-                begun = _begin(conn, ctx.options.fences)
-                loading = Loading(conn, groups, ctx.decisions)
-                now, locked = _begun(begun, ctx.options.fences)
-                states = loading.states()
-            self._generation = locked
-            if locked != generation:
-                raise _GenerationMoved
-            gen_id = locked.id if locked else None
-            ctx = replace(ctx, now=now)
-            pairs: list[tuple[ScopeState, Plan]] = []
-            claimed: set[str] = set()  # ids created or forgotten by the scopes planned so far
-            for state in states:
-                state.taken |= claimed - state.records.keys()
-                plan = plan_batch(state, groups[state.scope.key], ctx)
-                claimed |= {rid for rid in plan.final if rid not in state.records}
-                claimed |= {rid for rid, _ in plan.tombstones}
-                pairs.append((state, plan))
-            if any(plan.changes_anything for _, plan in pairs):
-                if gen_id is None and embedder is not None and vectors:
-                    gen_id = _start_first_generation(conn, embedder)
-                    self._generation = ActiveGeneration(gen_id, embedder.model_id, embedder.dims)
-                write_plans(conn, pairs, now, gen_id, vectors)
-            note_replays(conn, pairs, now)
+        # the COMMIT (and the commit position after it), all pipelined.
+        with conn.pipeline():
+            with conn.transaction():
+                pairs = self._plan_and_write(conn, groups, embedder, generation, vectors, ctx)
+            position = conn.execute(COMMIT_POSITION) if self.track_position else None
         by_key = {state.scope.key: iter(plan.outcomes) for state, plan in pairs}
-        return [next(by_key[op.scope.key]) for op in ops]
+        outcomes = [next(by_key[op.scope.key]) for op in ops]
+        return outcomes, _fetched_position(position)
+
+    def _plan_and_write(
+        self,
+        conn: psycopg.Connection[Any],
+        groups: dict[str, list[Operation]],
+        embedder: Embedder | None,
+        generation: ActiveGeneration | None,
+        vectors: dict[str, np.ndarray],
+        ctx: PlanContext,
+    ) -> list[tuple[ScopeState, Plan]]:
+        """Inside the transaction: fence, lock, load, plan each scope, write the plans."""
+        with conn.pipeline():
+            conn.execute(GENERIC_PLANS)
+            # First: a generation switch holds this exclusively while it fills the
+            # last gaps of the new generation, and no commit may slip in meanwhile.
+            conn.execute(HOLD_SWITCH_SHARED)
+            begun = _begin(conn, ctx.options.fences)
+            loading = Loading(conn, groups, ctx.decisions)
+            now, locked = _begun(begun, ctx.options.fences)
+            states = loading.states()
+        self._generation = locked
+        if locked != generation:
+            raise _GenerationMoved
+        gen_id = locked.id if locked else None
+        ctx = replace(ctx, now=now)
+        pairs: list[tuple[ScopeState, Plan]] = []
+        claimed: set[str] = set()  # ids created or forgotten by the scopes planned so far
+        for state in states:
+            state.taken |= claimed - state.records.keys()
+            plan = plan_batch(state, groups[state.scope.key], ctx)
+            claimed |= {rid for rid in plan.final if rid not in state.records}
+            claimed |= {rid for rid, _ in plan.tombstones}
+            pairs.append((state, plan))
+        if any(plan.changes_anything for _, plan in pairs):
+            if gen_id is None and embedder is not None and vectors:
+                gen_id = _start_first_generation(conn, embedder)
+                self._generation = ActiveGeneration(gen_id, embedder.model_id, embedder.dims)
+            write_plans(conn, pairs, now, gen_id, vectors)
+        note_replays(conn, pairs, now)
+        return pairs
 
 
 # The write path's statements have the same shape whatever their arrays hold: plan
@@ -311,7 +333,20 @@ def _start_first_generation(conn: psycopg.Connection[Any], embedder: Embedder) -
     return int(row[0])
 
 
-def _receipt(outcome: Applied, op: Operation) -> Receipt:
+def _fetched_position(cursor: Any) -> str | None:
+    if cursor is None:
+        return None
+    row = cursor.fetchone()
+    return str(row[0]) if row else None
+
+
+def _at(result: WriteResult, position: str | None) -> WriteResult:
+    if position is None:
+        return result
+    return replace(result, receipt=replace(result.receipt, position=position))
+
+
+def _receipt(outcome: Applied, op: Operation, position: str | None = None) -> Receipt:
     r = outcome.receipt
     return Receipt(
         operation_id=r.operation_id,
@@ -329,6 +364,7 @@ def _receipt(outcome: Applied, op: Operation) -> Receipt:
         stream_entry=r.stream_entry,
         model_calls=r.model_calls,
         requested_by=r.requested_by,
+        position=position,
     )
 
 
