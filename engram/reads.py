@@ -26,7 +26,9 @@ def _scope(args: argparse.Namespace) -> Scope:
 def cmd_get(settings: Settings, args: argparse.Namespace) -> int:
     scope = _scope(args)
     with open_store(settings, "engram get") as store:
-        record = store.get(scope, args.record_id, include_expired=args.include_expired)
+        record = store.get(
+            scope, args.record_id, include_expired=args.include_expired, after=args.after
+        )
     if record is None:
         raise NotFoundError(f"no record {args.record_id} in scope {scope.key}")
     if args.json:
@@ -39,7 +41,7 @@ def cmd_get(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
     scope = _scope(args)
     with open_store(settings, "engram history") as store:
-        revisions = store.history(scope, args.record_id)
+        revisions = store.history(scope, args.record_id, after=args.after)
     if not revisions:
         raise NotFoundError(f"no record {args.record_id} in scope {scope.key}")
     if args.json:
@@ -71,6 +73,7 @@ def cmd_recall(settings: Settings, args: argparse.Namespace) -> int:
             top_k=args.top_k,
             kind=args.kind,
             include_retracted=args.include_retracted,
+            after=args.after,
         )
     if args.json:
         print_json(
@@ -102,7 +105,7 @@ def cmd_receipts(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_scopes(settings: Settings, args: argparse.Namespace) -> int:
     with open_store(settings, "engram scopes") as store:
-        scopes = store.scopes(limit=args.limit, offset=args.offset)
+        scopes = store.scopes(limit=args.limit, offset=args.offset, after=args.after)
     if args.json:
         print_json(
             [
@@ -116,6 +119,15 @@ def cmd_scopes(settings: Settings, args: argparse.Namespace) -> int:
     return exits.OK
 
 
+def _after_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--after",
+        default=None,
+        metavar="POSITION",
+        help="a receipt's position: read as of that commit or later (with DATABASE_READ_URL)",
+    )
+
+
 def register(sub: Any) -> None:
     def command(name: str, run: Callable[..., int], help_text: str) -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
@@ -127,10 +139,12 @@ def register(sub: Any) -> None:
     get.add_argument("record_id")
     scope_arg(get)
     get.add_argument("--include-expired", action="store_true")
+    _after_arg(get)
 
     history = command("history", cmd_history, "print every stored revision of a record")
     history.add_argument("record_id")
     scope_arg(history)
+    _after_arg(history)
 
     recall = command("recall", cmd_recall, "recall a scope's records that match a text")
     recall.add_argument("text")
@@ -141,6 +155,7 @@ def register(sub: Any) -> None:
     recall.add_argument(
         "--embedder", default=None, help="default: ENGRAM_EMBEDDER, as the workers use"
     )
+    _after_arg(recall)
 
     receipts = command("receipts", cmd_receipts, "print receipts, newest first")
     scope_arg(receipts, required=False)
@@ -155,3 +170,4 @@ def register(sub: Any) -> None:
     scopes = command("scopes", cmd_scopes, "print the scopes, with their revision and records")
     scopes.add_argument("--limit", type=positive_int, default=100)
     scopes.add_argument("--offset", type=int, default=0)
+    _after_arg(scopes)

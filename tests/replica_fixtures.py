@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -119,6 +120,18 @@ class Replica:
 
     def log_text(self) -> str:
         return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """WAL replay stopped inside (the replica still serves reads, of an older state)."""
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_wal_replay_pause()")
+            while conn.execute("SELECT pg_get_wal_replay_pause_state()").fetchone() != ("paused",):
+                time.sleep(0.01)
+            try:
+                yield
+            finally:
+                conn.execute("SELECT pg_wal_replay_resume()")
 
     def wait_caught_up(self, primary_dsn: str, timeout: float = 30.0) -> float:
         """Wait until the replica has replayed all the primary has written now; the

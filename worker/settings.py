@@ -52,6 +52,9 @@ class Settings:
     home: Path
     database_url: str | None = field(metadata=MASKED_URL)
     redis_url: str | None = field(metadata=MASKED_URL)
+    # A streaming replica (or several) of database_url's database, for the reads that
+    # allow it (docs/read-replica.md); None: every read on database_url.
+    database_read_url: str | None = field(default=None, metadata=MASKED_URL)
     embedder: str = "wordllama"
     # Embedders of your own, by name: "name=package.module:factory,..." (store.registry).
     embedders: str = ""
@@ -69,6 +72,7 @@ class Settings:
             home=Path(env.get("ENGRAM_HOME") or ".engram"),
             database_url=env.get("DATABASE_URL") or None,
             redis_url=env.get("REDIS_URL") or None,
+            database_read_url=env.get("DATABASE_READ_URL") or None,
             embedder=env.get("ENGRAM_EMBEDDER") or "wordllama",
             embedders=env.get("ENGRAM_EMBEDDERS") or "",
             workers=_int(env, "ENGRAM_WORKERS", defaults.UP_WORKERS),

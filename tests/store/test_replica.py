@@ -29,15 +29,8 @@ def replicated(dsn: str, replica: Replica) -> Iterator[Store]:  # noqa: F811
 
 @pytest.fixture
 def paused(replica: Replica, replicated: Store) -> Iterator[None]:  # noqa: F811
-    """The replica stops replaying WAL (it still serves reads, of an older state)."""
-    with psycopg.connect(replica.dsn(), autocommit=True) as conn:
-        conn.execute("SELECT pg_wal_replay_pause()")
-        while conn.execute("SELECT pg_get_wal_replay_pause_state()").fetchone() != ("paused",):
-            time.sleep(0.01)
-        try:
-            yield
-        finally:
-            conn.execute("SELECT pg_wal_replay_resume()")
+    with replica.paused():
+        yield
 
 
 def _activity(replica: Replica, dsn: str) -> list[str]:  # noqa: F811

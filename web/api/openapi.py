@@ -22,7 +22,7 @@ from ..config import MAX_WAIT_S
 from ..params import MAX_CURSOR_PARAM_CHARS, Query
 from ..rqjobs import JOB_FUNCTIONS, JOB_STATES
 from ..state import web_of
-from .schemas import SCHEMAS, TIME, Schema, nullable, obj, ref, string
+from .schemas import POSITION, SCHEMAS, TIME, Schema, nullable, obj, ref, string
 
 # -- parameters ---------------------------------------------------------------------
 
@@ -72,6 +72,7 @@ _PAGING = [
     _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE}),
 ]
 _FLAG = {"enum": ["true", "false", "any"]}
+_AFTER = _query("after", POSITION, "A receipt's position: read as of that commit or later.")
 _SCOPE_FILTERS = [
     *[
         _query(f, string(MAX_SCOPE_VALUE_CHARS), "Scopes whose field begins with this.")
@@ -338,14 +339,14 @@ PATHS: dict[str, Schema] = {
         "get": _op(
             "A record's current revision, in any scope",
             {"200": _json(ref("Record"), "The record.")},
-            parameters=[_RECORD_ID],
+            parameters=[_RECORD_ID, _AFTER],
         )
     },
     "/api/v1/history/{record_id}": {
         "get": _op(
             "A record's stored revisions, oldest first, up to 200 a page (limit, cursor)",
             {"200": _json(ref("History"), "Its revisions, and the next page's cursor.")},
-            parameters=[_RECORD_ID, *_PAGING],
+            parameters=[_RECORD_ID, _AFTER, *_PAGING],
         )
     },
     "/api/v1/recall": {

@@ -50,7 +50,9 @@ async def enqueue(request: Request) -> Response:
     item = await run_in_threadpool(web.services.store.browse.receipt, pending.operation_id)
     if item is None:  # the receipt was pruned meanwhile: say what the worker said
         raise NotFoundError(f"operation {pending.operation_id} committed, but its receipt is gone")
-    return JSONResponse({**receipt_json(item), "replayed": replied.replayed})
+    # The commit position (with a read replica): a read passing it as ``after`` sees this.
+    position = {"position": replied.position} if replied.position else {}
+    return JSONResponse({**receipt_json(item), "replayed": replied.replayed, **position})
 
 
 def _enqueue(request: Request, body: Any) -> tuple[float | None, Pending, dict[str, Any]]:

@@ -19,6 +19,7 @@ from store.limits import DEFAULT_TOP_K
 from store.read.find import MAX_FIND_TEXT_CHARS
 from store.read.paging import MAX_PAGE_SIZE
 from store.read.recall import above, check_min_relevance
+from store.read.routing import parse_position
 from store.values import SCOPE_FIELDS
 from store.write.validation import Fields
 
@@ -41,17 +42,19 @@ from .serialize import (
 
 RECALL_FIELDS = (
     *("scope", "text", "top_k", "kind", "include_retracted", "recorded_as_of"),
-    "min_relevance",
+    *("min_relevance", "after"),
 )
 
 
 def record(request: Request) -> Response:
-    Query.of(request)  # takes none
-    browse = web_of(request).services.store.browse
+    """``?after=``: a receipt's position; the record as of that commit or later."""
+    q = Query.of(request, "after")
+    store = web_of(request).services.store
     record_id = ident(request.path_params["record_id"], "record id")
-    item = browse.record(record_id)
+    with store.reads.after(_after(q)):
+        item = store.browse.record(record_id)
+        tombstone = store.browse.tombstone(record_id) if item is None else None
     if item is None:
-        tombstone = browse.tombstone(record_id)
         if tombstone is not None:
             raise NotFoundError(
                 f"record {record_id} was forgotten by operation {tombstone.operation_id}"
@@ -60,14 +63,27 @@ def record(request: Request) -> Response:
     return JSONResponse(record_json(item))
 
 
+def _after(q: Query) -> str | None:
+    """``?after=``: a receipt's position, or a 400 naming the parameter."""
+    value = q.text("after")
+    try:
+        parse_position(value, "after")
+    except InvalidRequestError as exc:
+        raise BadRequestError(str(exc)) from None
+    return value
+
+
 def history(request: Request) -> Response:
     """Oldest first, as before paging: a record of up to ``MAX_PAGE_SIZE`` revisions
     still comes whole by default; ``next`` pages on."""
-    q = Query.of(request, "cursor", "limit")
-    browse = web_of(request).services.store.browse
+    q = Query.of(request, "cursor", "limit", "after")
+    store = web_of(request).services.store
     record_id = ident(request.path_params["record_id"], "record id")
     limit = q.integer("limit", minimum=1, maximum=MAX_PAGE_SIZE) or MAX_PAGE_SIZE
-    page = browse.history_page(record_id, cursor=q.cursor(), limit=limit, newest_first=False)
+    with store.reads.after(_after(q)):
+        page = store.browse.history_page(
+            record_id, cursor=q.cursor(), limit=limit, newest_first=False
+        )
     if not page.items and q.cursor() is None:
         raise NotFoundError(f"no record {record_id}")
     return JSONResponse(
@@ -91,11 +107,15 @@ def recall(request: Request, body: Any) -> Response:
     as_of = f.get("recorded_as_of")
     if as_of is not None and not isinstance(as_of, str):
         raise InvalidRequestError("recall.recorded_as_of must be an ISO 8601 time")
+    after = f.get("after")
+    if after is not None and not isinstance(after, str):
+        raise InvalidRequestError("recall.after must be a receipt's position")
     arguments: dict[str, Any] = {
         "top_k": top_k or DEFAULT_TOP_K,
         "kind": f.kind(),
         "include_retracted": bool(include_retracted),
         "recorded_as_of": _time(as_of) if as_of is not None else None,
+        "after": after,
     }
     text = f.text("text", required=False)
     cutoff = check_min_relevance(f.get("min_relevance"), "recall.min_relevance")

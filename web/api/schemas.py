@@ -45,6 +45,12 @@ def nullable(schema: Schema) -> Schema:
 
 
 TIME = {"type": "string", "format": "date-time"}
+# A commit position (a PostgreSQL WAL location) as a receipt carries it with a read replica.
+POSITION = {
+    "type": "string",
+    "pattern": "^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+    "description": "A receipt's position: the read sees that commit (docs/read-replica.md).",
+}
 # An operator's why, kept in the audit trail.
 _WHY = {
     "type": "string",
@@ -330,8 +336,13 @@ SCHEMAS: dict[str, Schema] = {
                 "type": "boolean",
                 "description": "Only when waited for: whether this answer was a replay.",
             },
+            "position": {
+                **POSITION,
+                "description": "Only when waited for, with a read replica: pass it as a "
+                "read's after to see this write.",
+            },
         },
-        optional=("replayed",),
+        optional=("replayed", "position"),
     ),
     "OperationState": obj(
         {
@@ -368,6 +379,7 @@ SCHEMAS: dict[str, Schema] = {
             "kind": nullable(string(MAX_KIND_CHARS)),
             "include_retracted": nullable({"type": "boolean"}),
             "recorded_as_of": nullable({**TIME, "description": "UTC when no zone is given."}),
+            "after": nullable(POSITION),
             "min_relevance": nullable(
                 {
                     "type": "number",
