@@ -42,9 +42,13 @@ def find_page(request: Request) -> Response:
 def find_records(request: Request, query: str, by: FindBy) -> FindResults:
     """Both searches, or one; an id is never longer than ``MAX_ID_CHARS``, so a longer
     query finds no id without asking the database."""
-    pool = web_of(request).services.store.pool
+    reads = web_of(request).services.store.reads  # a replica when there is one
     by_id = None
     if by in ("any", "id"):
-        by_id = find_by_id(pool, query) if len(query) <= MAX_ID_CHARS else Findings([], False)
-    by_text = find_by_text(pool, query) if by in ("any", "text") else None
+        by_id = (
+            reads.run(lambda: find_by_id(reads, query))
+            if len(query) <= MAX_ID_CHARS
+            else Findings([], False)
+        )
+    by_text = reads.run(lambda: find_by_text(reads, query)) if by in ("any", "text") else None
     return FindResults(query, by_id, by_text)
