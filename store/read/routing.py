@@ -98,7 +98,8 @@ class ReadRoute:
     allows; ``run(read, after=)`` runs a read there and, if the replica fails it, again
     on the primary. ``served`` counts where reads went (``replica``, ``primary``,
     ``behind``: sent to the primary because the replica had not replayed the reader's
-    position, ``failed``: run again on the primary after the replica failed)."""
+    position, ``failed``: run again on the primary after the replica failed, ``busy``:
+    sent to the primary because every replica connection was in use)."""
 
     def __init__(
         self,
@@ -187,7 +188,13 @@ class ReadRoute:
         assert self.replica is not None
         try:
             conn: psycopg.Connection[Any] = self.replica.getconn(timeout=self.checkout_timeout_s)
-        except (PoolTimeout, psycopg.OperationalError) as exc:
+        except PoolTimeout as exc:
+            if self.replica.get_stats().get("pool_size", 0) == 0:
+                self._rest(exc)  # no connection at all: the replica cannot be reached
+            else:
+                self._count("busy")  # every replica connection in use: this read only
+            return None
+        except psycopg.OperationalError as exc:
             self._rest(exc)
             return None
         if after is None:
@@ -244,7 +251,7 @@ def routed(method: Callable[Concatenate[S, P], T]) -> Callable[Concatenate[S, P]
 def _position(value: str | int | None) -> int | None:
     if value is None or isinstance(value, int):
         return value
-    return parse_position(value)
+    return parse_position(value, "after")
 
 
 def _later(one: int | None, other: int | None) -> int | None:

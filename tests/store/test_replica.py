@@ -208,6 +208,24 @@ def test_nothing_is_written_through_the_read_pool(
     assert replicated.reads.served["failed"] == failed
 
 
+def test_a_busy_replica_pool_sends_one_read_to_the_primary_and_is_not_rested(
+    dsn: str,
+    replica: Replica,  # noqa: F811
+    scope: dict[str, str],
+    embedder: HashingEmbedder,
+) -> None:
+    with Store.connect(dsn, read_dsn=replica.dsn_like(dsn), max_connections=1) as store:
+        written = store.session(scope, embedder=embedder).remember("one connection each")
+        replica.wait_caught_up(dsn)
+        with store.reads.connection() as held:  # the replica pool's only connection
+            assert held.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+            assert store.get(scope, written.records[0].id) is not None
+        assert store.reads.served["busy"] == 1
+        before = store.reads.served["replica"]
+        assert store.get(scope, written.records[0].id) is not None
+        assert store.reads.served["replica"] == before + 1  # not rested: used again at once
+
+
 def test_a_stopped_replica_sends_the_reads_to_the_primary(
     replicated: Store,
     replica: Replica,  # noqa: F811
