@@ -428,13 +428,15 @@ def _with_superseded_by(conn: psycopg.Connection[Any], rows: list[Any]) -> list[
 
 
 def _read_pool(read_dsn: str, max_connections: int) -> ConnectionPool[Any]:
-    """The replica's pool, opened without waiting: a replica down at start only sends
-    reads to the primary until it answers. A replica that cannot be reached fails
-    its connection attempt quickly, unless the DSN says otherwise."""
+    """The replica's pool. It connects on the first read (a process that only writes,
+    a stream worker, holds no replica connection; it only stamps receipts with their
+    position), and a replica down then sends the reads to the primary until it
+    answers. A replica that cannot be reached fails its connection attempt quickly,
+    unless the DSN says otherwise."""
     given = conninfo_to_dict(read_dsn)
     return ConnectionPool(
         read_dsn,
-        min_size=1,
+        min_size=0,
         max_size=max_connections,
         configure=_configure,
         open=True,

@@ -208,6 +208,20 @@ def test_nothing_is_written_through_the_read_pool(
     assert replicated.reads.served["failed"] == failed
 
 
+def test_a_store_that_only_writes_holds_no_replica_connection(
+    dsn: str,
+    replica: Replica,  # noqa: F811
+    scope: dict[str, str],
+    embedder: HashingEmbedder,
+) -> None:
+    """A stream worker's store: its receipts carry positions, its replica pool stays empty."""
+    with Store.connect(dsn, read_dsn=replica.dsn_like(dsn)) as store:
+        written = store.session(scope, embedder=embedder).remember("a worker's write")
+        assert written.receipt.position is not None
+        assert store.reads.replica is not None
+        assert store.reads.replica.get_stats().get("pool_size", 0) == 0
+
+
 def test_a_busy_replica_pool_sends_one_read_to_the_primary_and_is_not_rested(
     dsn: str,
     replica: Replica,  # noqa: F811
