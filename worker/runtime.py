@@ -13,7 +13,7 @@ import redis
 
 from store.errors import ConfigError
 
-from . import runfile
+from . import cluster, runfile
 from .settings import Settings
 
 
@@ -46,7 +46,11 @@ def _required(settings: Settings, key: str, variable: str) -> str:
 
 
 def connect_redis(url: str) -> redis.Redis:
-    """A client for workers and producers: bytes in and out (entries may be any bytes)."""
-    return redis.Redis.from_url(
+    """A client for workers and producers: bytes in and out (entries may be any bytes).
+
+    ``url`` names one server, or any node of a Redis Cluster (told by the server:
+    then a ``redis.cluster.RedisCluster``), or several seeds of a cluster
+    (``redis://user:pw@h1:p1,h2:p2/0``); a malformed one is a ``ConfigError``."""
+    return cluster.open_client(
         url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
     )
