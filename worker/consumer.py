@@ -7,7 +7,8 @@ where it stands). One ``Consumer`` thread serves all of them, in cycles:
    commits of any earlier holder are refused), then claims (``XAUTOCLAIM``)
    the entries earlier holders read but never acknowledged, in stream order;
 2. every other partition is read with one ``XREADGROUP`` over all their
-   streams, which blocks until one of them has work;
+   streams, which blocks until one of them has work (on a Redis Cluster, where
+   a command touches one slot, one per stream: ``reads``);
 3. what the cycle read is checked (a malformed entry, or one delivered too
    often, goes to the dead letters) and committed with one ``store.execute``
    carrying every partition's fence: one embedding call and one transaction,
@@ -60,6 +61,7 @@ from store import LLM, Embedder, Store
 from store.vectors.embedders import EmbedderResolver
 
 from . import keys, pause
+from .cluster import is_cluster
 from .committer import TRANSIENT_DB, TRANSIENT_REDIS, Committer
 from .defaults import (
     BACKOFF_MAX_S,
@@ -73,6 +75,7 @@ from .models import ModelPhase, Released
 from .outcomes import Answers, Outcomes, acknowledged, batch_stats
 from .partition import ForgetHook, Partition
 from .protocol import Entry
+from .reads import ClusterReads, by_stream
 from .settings import WorkerConfig
 from .triage import Dead, Read, triage
 
@@ -111,6 +114,10 @@ class Consumer(threading.Thread):
         self._tally = Tally(METRICS_FLUSH_S)
         self._pauses = pause.PauseWatch()
         self._next_stray_check = 0.0
+        # On a Redis Cluster a command touches one slot: a read per stream (``reads``).
+        self._cluster_reads = (
+            ClusterReads(shared.client, shared.worker_id) if is_cluster(shared.client) else None
+        )
         self.committer = Committer(
             shared.store,
             shared.embedder,
@@ -360,18 +367,16 @@ class Consumer(threading.Thread):
             # It answers before the first of its leases is due to run out.
             left_s = min(p.valid_until for p in partitions) - time.monotonic()
             block_ms = max(1, min(cfg.block_ms, int(left_s * 1000)))  # 0 would be forever
-        pipe = self.shared.client.pipeline(transaction=False)
-        if unsent is not None:
-            unsent(pipe)
-        pipe.xreadgroup(
-            keys.GROUP,
-            self.shared.worker_id,
-            {p.stream: ">" for p in partitions},
-            count=cfg.batch_size,
-            block=block_ms,
-        )
         try:
-            reply = pipe.execute()[-1]
+            if self._cluster_reads is not None:
+                found = self._cluster_reads.read(
+                    [p.stream for p in partitions],
+                    count=cfg.batch_size,
+                    block_ms=block_ms,
+                    unsent=unsent,
+                )
+            else:
+                found = by_stream(self._read_all(partitions, block_ms, unsent))
         except TRANSIENT_REDIS as exc:
             # Entries Redis delivered may not have reached us: they stay pending to
             # this consumer, so claim them again before reading past them. The
@@ -381,12 +386,31 @@ class Consumer(threading.Thread):
                 p.draining, p.cursor = True, "0-0"
             self._pause("redis", exc, BACKOFF_MIN_S)
             return None
-        by_stream = _by_stream(reply)
         return {
             p: list(entries)
             for p in partitions
-            if (entries := by_stream.get(p.stream.encode(), by_stream.get(p.stream)))
+            if (entries := found.get(p.stream.encode(), found.get(p.stream)))
         }
+
+    def _read_all(
+        self,
+        partitions: list[Partition],
+        block_ms: int | None,
+        unsent: Callable[[Any], None] | None,
+    ) -> Any:
+        """One server: one ``XREADGROUP`` over every stream, in the pipeline that carries
+        the last cycle's replies and acknowledgements."""
+        pipe = self.shared.client.pipeline(transaction=False)
+        if unsent is not None:
+            unsent(pipe)
+        pipe.xreadgroup(
+            keys.GROUP,
+            self.shared.worker_id,
+            {p.stream: ">" for p in partitions},
+            count=self.shared.config.batch_size,
+            block=block_ms,
+        )
+        return pipe.execute()[-1]
 
     def _handle(self, reads: list[Read], started: float) -> None:
         sorted_ = triage(
@@ -522,15 +546,6 @@ def _create_group(client: redis.Redis, stream: str) -> None:
     except redis.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
-
-
-def _by_stream(reply: Any) -> dict[Any, list[Any]]:
-    """XREADGROUP's answer by stream name, whichever shape redis-py gives it."""
-    if not reply:
-        return {}
-    if isinstance(reply, dict):  # RESP3: {stream: [[(id, fields), ...]]}
-        return {k: v[0] if v and isinstance(v[0], list) else v for k, v in reply.items()}
-    return {stream: list(entries) for stream, entries in reply}
 
 
 def _s(value: Any) -> str:

@@ -17,7 +17,7 @@ import redis
 
 from store.errors import EngramError, InvalidRequestError, NotFoundError
 
-from . import keys
+from . import cluster, keys
 from .defaults import STREAM_MAX_LEN
 from .errors import QueueFullError
 from .membership import now_ms
@@ -132,6 +132,17 @@ redis.call('XDEL', KEYS[2], ARGV[1])
 return id
 """
 
+# On a Redis Cluster the stream and the dead letters are in two slots, which no script
+# may touch together: the capped XADD first (KEYS[1]; ARGV: the cap, the op), then XDEL.
+# A retry cut between the two, or two retries of one letter at once, enqueue the
+# operation twice: its receipt makes the second a replay.
+_ADD_CAPPED = f"""
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
+  return redis.error_reply('ENGRAMFULL partition stream is full')
+end
+return redis.call('XADD', KEYS[1], '*', '{OP_FIELD}', ARGV[2])
+"""
+
 
 def home_partition(letter: DeadLetter, partitions: int) -> int | None:
     """The partition a retry of the letter should go to, or None when it can never succeed.
@@ -193,16 +204,15 @@ def retry(
         return None
     if letter.op is None:
         raise InvalidRequestError(f"dead letter {dead_id} holds no operation to enqueue again")
+    stream = keys.stream(letter.partition if partition is None else partition)
     try:
-        new_id = client.eval(
-            _RETRY,
-            2,
-            keys.stream(letter.partition if partition is None else partition),
-            keys.DEAD_LETTERS,
-            dead_id,
-            letter.op,
-            stream_max_len,
-        )
+        if cluster.is_cluster(client):
+            new_id = client.eval(_ADD_CAPPED, 1, stream, stream_max_len, letter.op)
+            client.xdel(keys.DEAD_LETTERS, dead_id)
+        else:
+            new_id = client.eval(
+                _RETRY, 2, stream, keys.DEAD_LETTERS, dead_id, letter.op, stream_max_len
+            )
     except redis.ResponseError as exc:
         if str(exc).startswith("ENGRAMFULL"):
             raise QueueFullError(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import redis
 
-from . import keys
+from . import cluster, keys
 
 # The token is at least the Redis server's clock in microseconds and above the
 # last one drawn: it keeps growing even if the counter key is lost (a flushed or
@@ -86,8 +86,8 @@ class Leases:
             return []
         pipe = self.client.pipeline(transaction=False)
         for lease in leases:
-            self._renew(
-                keys=[keys.lease(lease.partition)], args=[lease.value, self.ttl_ms], client=pipe
+            cluster.run_script(
+                self._renew, [keys.lease(lease.partition)], [lease.value, self.ttl_ms], pipe
             )
         return [bool(x) for x in pipe.execute()]
 

@@ -28,7 +28,7 @@ from store.write.requests import (
     revise_request,
 )
 
-from . import keys, runtime
+from . import cluster, keys, runtime
 from .defaults import PARTITIONS, STREAM_MAX_LEN
 from .errors import QueueFullError, QueueUnavailableError, WaitTimeout
 from .protocol import OP_FIELD, StreamReceipt, decode_reply, encode_entry, partition_of
@@ -88,8 +88,10 @@ class Producer:
         stream_max_len: int = STREAM_MAX_LEN,
         **redis_kwargs: Any,
     ) -> Producer:
+        """A producer on the Redis ``url`` names: one server, or a cluster (any of its
+        nodes, or several seeds: ``redis://user:pw@h1:p1,h2:p2/0``)."""
         return cls(
-            redis.Redis.from_url(url, **redis_kwargs),
+            cluster.open_client(url, **redis_kwargs),
             partitions=partitions,
             stream_max_len=stream_max_len,
         )
@@ -146,10 +148,11 @@ class Producer:
         targets = [(op, partition_of(op.scope, self.partitions)) for op in ops]
         pipe = self.client.pipeline(transaction=False)
         for op, partition in targets:
-            self._enqueue(
-                keys=[keys.stream(partition)],
-                args=[self.stream_max_len, encode_entry(op)[OP_FIELD]],
-                client=pipe,
+            cluster.run_script(
+                self._enqueue,
+                [keys.stream(partition)],
+                [self.stream_max_len, encode_entry(op)[OP_FIELD]],
+                pipe,
             )
         try:
             replies = pipe.execute(raise_on_error=False)
@@ -405,13 +408,18 @@ class _ThreadConnections:
     """
 
     def __init__(self, client: redis.Redis) -> None:
-        self._pool = client.connection_pool
+        # A cluster client has a pool per node and routes by key: it sends the script
+        # itself (``call``).
+        self._client = client if cluster.is_cluster(client) else None
+        self._pool = None if self._client is not None else client.connection_pool
         self._local = threading.local()
         self._all: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
 
     def call(self, script: Any, key: str, *args: Any) -> Any:
         """``EVALSHA`` of a registered script (loaded first if the server lost it)."""
+        if self._pool is None:
+            return script(keys=[key], args=list(args), client=self._client)
         conn: Any = self._local.__dict__.get("conn")
         if conn is None or conn.pid != os.getpid():
             # New, or inherited through a fork: the parent's socket is the parent's.
