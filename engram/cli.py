@@ -88,7 +88,12 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     from .jobs_cli import forget_hook, worker_embedders
 
     client = runtime.connect_redis(runtime.redis_url(settings))
-    store = wait_for_store(runtime.database_url(settings), settings.db_pool_size)
+    # With a replica, the receipts this worker commits carry their commit position.
+    store = wait_for_store(
+        runtime.database_url(settings),
+        settings.db_pool_size,
+        read_dsn=settings.database_read_url,
+    )
     embedders, embedder = worker_embedders(settings, args.embedder or settings.embedder, store)
     llm = wiring.load_llm(settings)
     worker = Worker(

@@ -81,18 +81,24 @@ def open_store(settings: Settings, command: str, *, connections: int = 2) -> Ite
     ``engram migrate`` does that)."""
     with (
         command_database(settings, command) as dsn,
-        Store.connect(dsn, migrate=False, max_connections=connections) as store,
+        Store.connect(
+            dsn,
+            migrate=False,
+            max_connections=connections,
+            read_dsn=settings.database_read_url,  # the reads that allow it, on a replica
+        ) as store,
     ):
         yield store
 
 
-def wait_for_store(dsn: str, pool_size: int) -> Store:
+def wait_for_store(dsn: str, pool_size: int, *, read_dsn: str | None = None) -> Store:
     """The store of a long-running process (a worker, the jobs), once PostgreSQL answers:
-    it may start before the database, or during an outage (retried with back-off)."""
+    it may start before the database, or during an outage (retried with back-off).
+    ``read_dsn`` (DATABASE_READ_URL): its replica, which need not answer yet."""
     delay = 1.0
     while True:
         try:
-            return Store.connect(dsn, migrate=False, max_connections=pool_size)
+            return Store.connect(dsn, migrate=False, max_connections=pool_size, read_dsn=read_dsn)
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             log.warning(
                 "database unavailable, will retry",

@@ -196,7 +196,11 @@ def register(sub: Any) -> None:
 
 def _context(settings: Settings) -> JobContext:
     return JobContext(
-        store=wait_for_store(runtime.database_url(settings), settings.db_pool_size),
+        store=wait_for_store(
+            runtime.database_url(settings),
+            settings.db_pool_size,
+            read_dsn=settings.database_read_url,
+        ),
         client=runtime.connect_redis(runtime.redis_url(settings)),
         registry=wiring.registry(settings),
         settings=JobsSettings.from_env(),

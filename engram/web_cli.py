@@ -52,6 +52,7 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
         max_connections=settings.db_pool_size,
         # With a token, every dashboard process signs cursors alike; without, its own key.
         cursor_key=Keys(config.token).cursor if config.needs_token else None,
+        read_dsn=settings.database_read_url,  # the pages' reads, on a replica
     )
     producer = Producer(client, partitions=settings.worker.partitions)
     registry = wiring.registry(settings)

@@ -95,7 +95,7 @@ class Store:
         With ``read_dsn`` (a streaming replica of ``dsn``'s database, or several, e.g.
         ``host=a,b&target_session_attrs=prefer-standby&load_balance_hosts=random``), the
         reads that allow it go there, and each receipt carries its commit position.
-        The replica need not be up: its pool connects in the background, and reads go
+        The replica need not be up: its pool connects on the first read, and reads go
         to the primary until it answers."""
         with psycopg.connect(dsn) as conn:
             if migrate:
