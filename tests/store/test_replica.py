@@ -275,3 +275,16 @@ def _long_ago() -> Any:
     from datetime import UTC, datetime
 
     return datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def test_the_read_url_is_read_once_and_masked_in_the_settings_repr() -> None:
+    from worker.settings import Settings
+
+    secret = "s3cret-Pa55word-0123456789"
+    url = (
+        f"postgresql://reader:{secret}@replica1,replica2/engram?target_session_attrs=prefer-standby"
+    )
+    settings = Settings.from_env({"DATABASE_READ_URL": url})
+    assert settings.database_read_url == url
+    assert secret not in repr(settings) and "reader:***@replica1,replica2" in repr(settings)
+    assert Settings.from_env({}).database_read_url is None
