@@ -119,10 +119,17 @@ def test_reads_take_every_stream_at_once_and_block_on_one_in_turn(
     for stream in streams:
         cluster_client.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
     reads = ClusterReads(cluster_client, "reader")
+    # Idle: each empty read blocks twice as long as the one before, up to the block
+    # asked for (10, 20, 40, 80, 160, 200, 200 ms): one block, never one per stream.
+    took = []
+    for _ in range(7):
+        started = time.monotonic()
+        assert reads.read(streams, count=10, block_ms=200) == {}
+        took.append(time.monotonic() - started)
+    assert took[0] < 0.1 and all(0.18 < t < 0.5 for t in took[-2:]), took
     started = time.monotonic()
-    assert reads.read(streams, count=10, block_ms=200) == {}
-    assert 0.15 < time.monotonic() - started < 1.0  # one block, not one per stream
     assert reads.read(streams, count=10, block_ms=None) == {}  # no block at all
+    assert time.monotonic() - started < 0.1
     for stream in (streams[1], streams[6]):  # two streams, on two masters
         cluster_client.xadd(stream, {"op": "x"})
     sent: list[str] = []
@@ -144,6 +151,10 @@ def test_reads_take_every_stream_at_once_and_block_on_one_in_turn(
         found = reads.read(streams, count=10, block_ms=300)
     assert list(found) == [streams[3].encode()]
     assert time.monotonic() - started < 0.3 + 0.25
+    # Work was found: the next wait is short again.
+    started = time.monotonic()
+    assert reads.read(streams, count=10, block_ms=300) == {}
+    assert time.monotonic() - started < 0.1
 
 
 def test_light_load_latency_stays_within_one_block(
