@@ -152,15 +152,29 @@ class Replica:
                 time.sleep(0.002)
 
 
+# Each test module imports ``replica``, and pytest then holds one session fixture per
+# module: they share one replica per cluster, stopped when the last of them ends.
+_SHARED: dict[Path, tuple[Replica, list[str]]] = {}
+
+
 @pytest.fixture(scope="session")
-def replica(postgres: EmbeddedPostgres) -> Iterator[Replica]:
+def replica(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> Iterator[Replica]:
     """One streaming replica of the session's PostgreSQL, started on first use."""
     folder = postgres.data_dir.parent / "replica"
-    shutil.rmtree(folder, ignore_errors=True)
-    server = Replica(postgres, folder)
-    server.start()
+    if folder not in _SHARED:
+        shutil.rmtree(folder, ignore_errors=True)
+        started = Replica(postgres, folder)
+        started.start()
+        _SHARED[folder] = (started, [])
+    server, users = _SHARED[folder]
+    users.append(request.node.nodeid)
+    if not server.running:  # a test stopped it and did not start it again
+        server.start()
     try:
         yield server
     finally:
-        server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
+        users.pop()
+        if not users:
+            del _SHARED[folder]
+            server.stop()
+            shutil.rmtree(folder, ignore_errors=True)
