@@ -30,7 +30,7 @@ from ..errors import (
     error_from_dict,
 )
 from ..limits import DEFAULT_KIND, RAW_EXTRACT_KIND
-from ..values import Link, Record, RecordRef, Scope, Source
+from ..values import Link, RecordRef, Scope, Source
 from .extraction import readable_sources
 from .needs import infers, missing_model, supersede_of
 from .operations import (
@@ -616,25 +616,4 @@ def _same_content(a: Current, b: Current) -> bool:
         and a.links == b.links
         and a.status == b.status
         and a.expires_at == b.expires_at
-    )
-
-
-def to_record(row: RevisionRow, scope: Scope) -> Record:
-    c = row.record
-    return Record(
-        id=c.id,
-        revision=c.revision,
-        scope=scope,
-        text=c.text,
-        kind=c.kind,
-        importance=c.importance,
-        metadata=c.metadata,
-        origin=c.origin,  # type: ignore[arg-type]
-        sources=c.sources,
-        links=c.links,
-        status=c.status,  # type: ignore[arg-type]
-        digest=c.digest,
-        operation_id=row.operation_id,
-        recorded_at=row.recorded_at,
-        expires_at=c.expires_at,
     )

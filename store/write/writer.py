@@ -7,7 +7,11 @@ transaction; inside it the writer locks the fence, then each scope's row (in
 key order), loads the state the batch names, plans it (``planner``) and
 writes the plan with one set-based statement (``apply``). Two round trips in
 all, pipelined; a third before them looks up stored receipts unless the
-caller says replays are unlikely (``check_replays=False``).
+caller says replays are unlikely (``check_replays=False``): a replay is then
+answered without embedding its texts. The transaction reads the receipts again,
+under the scopes' locks, which is what decides. After the commit, what a replay
+answers is read from its receipt (``load_results``), and the rows the plans
+wrote become the ``Record``s returned (``_record``).
 """
 
 from __future__ import annotations
@@ -26,14 +30,22 @@ from ..errors import EmbeddingMismatchError, EngramError, FencedError
 from ..limits import MAX_WRITE_ATTEMPTS
 from ..read.routing import COMMIT_POSITION
 from ..rows import RECEIPT_COLUMNS, REVISION_COLUMNS, receipt_from_row, record_from_row
-from ..values import Fence, Receipt, RecordRef, WriteResult
+from ..values import Fence, Receipt, Record, RecordRef, Scope, WriteResult
 from ..vectors.embedders import Embedder, EmbedderResolver, Vectors, embed_checked
 from ..vectors.embeddings import HOLD_SWITCH_SHARED
 from .apply import Loading, note_replays, stored_receipts, write_plans
 from .extraction import readable_sources
 from .operations import Extract, Operation, Remember, Revise, text_digest
 from .options import DEFAULTS, WriteOptions
-from .planner import Applied, Plan, PlanContext, Replayed, ScopeState, plan_batch, to_record
+from .planner import (
+    Applied,
+    Plan,
+    PlanContext,
+    Replayed,
+    RevisionRow,
+    ScopeState,
+    plan_batch,
+)
 from .reconcile import Decision
 
 log = logging.getLogger(__name__)
@@ -130,7 +142,7 @@ class Writer:
                     results[i] = WriteResult(
                         receipt=_receipt(outcome, ops[i], position),
                         replayed=False,
-                        records=tuple(to_record(w, ops[i].scope) for w in outcome.written),
+                        records=tuple(_record(w, ops[i].scope) for w in outcome.written),
                         conflict_retries=retries,
                     )
                 else:
@@ -402,3 +414,25 @@ def _as_repeat(receipt: Receipt) -> Receipt:
     if receipt.kind != "forget" or receipt.forgotten_revisions is None:
         return receipt
     return replace(receipt, forgotten_revisions=(), already_forgotten=True)
+
+
+def _record(row: RevisionRow, scope: Scope) -> Record:
+    """A row the plan wrote, as the ``Record`` its caller gets back (after the commit)."""
+    c = row.record
+    return Record(
+        id=c.id,
+        revision=c.revision,
+        scope=scope,
+        text=c.text,
+        kind=c.kind,
+        importance=c.importance,
+        metadata=c.metadata,
+        origin=c.origin,  # type: ignore[arg-type]
+        sources=c.sources,
+        links=c.links,
+        status=c.status,  # type: ignore[arg-type]
+        digest=c.digest,
+        operation_id=row.operation_id,
+        recorded_at=row.recorded_at,
+        expires_at=c.expires_at,
+    )
