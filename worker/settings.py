@@ -61,6 +61,8 @@ class Settings:
     workers: int = defaults.UP_WORKERS
     db_pool_size: int = defaults.DB_POOL_SIZE
     worker: WorkerConfig = WorkerConfig()
+    # Replicas that must hold an entry before an enqueue returns (WAIT); 0: none.
+    wait_replicas: int = 0
     llm: LLMConfig | None = None  # ENGRAM_LLM_URL and the rest (``LLMConfig.from_env``)
 
     __repr__ = masked_repr
@@ -97,6 +99,7 @@ class Settings:
                 llm_deadline_s=_float(env, "ENGRAM_LLM_DEADLINE_S", defaults.LLM_DEADLINE_S),
                 llm_max_held=_int(env, "ENGRAM_LLM_MAX_HELD", defaults.LLM_MAX_HELD),
             ),
+            wait_replicas=_int(env, "ENGRAM_WAIT_REPLICAS", 0),
             llm=LLMConfig.from_env(env),
         )
 
