@@ -4,7 +4,6 @@ header or through a signed session; the Host and the Origin of what changes thin
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -128,10 +127,7 @@ def test_people_sign_in_with_a_name_and_the_token(
         csrf = re.search(r'name="csrf" value="([^"]+)"', confirm.text).group(1)  # type: ignore[union-attr]
         status = client.post(f"/forget/{rid}", data={"csrf": csrf}).headers["location"]
         op_id = status.removeprefix("/operations/")
-        deadline = time.monotonic() + 10
-        while store.browse.receipt(op_id) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-    receipt = store.browse.receipt(op_id)
+        receipt = wait_until(lambda: store.browse.receipt(op_id), what="the forget's receipt")
     assert receipt is not None and receipt.receipt.requested_by == "grace"
 
     logout_csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/").text).group(1)  # type: ignore[union-attr]
