@@ -54,19 +54,27 @@ IDLE_S = 5.0
 Figures = dict[str, float]
 
 
-def start_workers(count: int, dsn: str, url: str, folder: Path) -> list[subprocess.Popen[bytes]]:
+def start_workers(
+    count: int,
+    dsn: str,
+    url: str,
+    folder: Path,
+    *,
+    partitions: int = PARTITIONS,
+    tag: str = "worker",
+) -> list[subprocess.Popen[bytes]]:
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
         "DATABASE_URL": dsn,
         "REDIS_URL": url,
         "ENGRAM_EMBEDDER": "hashing:64",
-        "ENGRAM_PARTITIONS": str(PARTITIONS),
+        "ENGRAM_PARTITIONS": str(partitions),
         "ENGRAM_DB_POOL_SIZE": "4",
     }
     procs = []
     for n in range(count):
-        with open(folder / f"worker-{n}.log", "wb") as log:
+        with open(folder / f"{tag}-{n}.log", "wb") as log:
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "engram", "worker"],

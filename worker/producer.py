@@ -43,6 +43,8 @@ end
 return redis.call('XADD', KEYS[1], '*', '{OP_FIELD}', ARGV[2])
 """
 
+# How long an enqueue with ``wait_replicas`` waits for the replicas (``WAIT``).
+WAIT_REPLICAS_MS = 1000
 # How long one blocking read of a reply lasts: below the client's socket
 # timeout, and short enough to ride out a Redis restart within a wait.
 _WAIT_SLICE_S = 1.0
@@ -70,12 +72,19 @@ class Producer:
         *,
         partitions: int = PARTITIONS,
         stream_max_len: int = STREAM_MAX_LEN,
+        wait_replicas: int = 0,
+        wait_replicas_ms: int = WAIT_REPLICAS_MS,
     ) -> None:
         if partitions < 1:
             raise ValueError("partitions must be at least 1")
+        if wait_replicas < 0:
+            raise ValueError("wait_replicas must be 0 or more")
         self.client = client
         self.partitions = partitions
         self.stream_max_len = stream_max_len
+        # With N > 0 an enqueue returns once N replicas hold the entry (``WAIT``).
+        self.wait_replicas = wait_replicas
+        self.wait_replicas_ms = wait_replicas_ms
         self._enqueue = client.register_script(_ENQUEUE)
         self._connections = _ThreadConnections(client)
 
@@ -86,6 +95,7 @@ class Producer:
         *,
         partitions: int = PARTITIONS,
         stream_max_len: int = STREAM_MAX_LEN,
+        wait_replicas: int = 0,
         **redis_kwargs: Any,
     ) -> Producer:
         """A producer on the Redis ``url`` names: one server, or a cluster (any of its
@@ -94,16 +104,21 @@ class Producer:
             cluster.open_client(url, **redis_kwargs),
             partitions=partitions,
             stream_max_len=stream_max_len,
+            wait_replicas=wait_replicas,
         )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **redis_kwargs: Any) -> Producer:
         """A producer for the Redis engram uses here: ``REDIS_URL`` when set, else the one
         the ``engram up`` running on ``ENGRAM_HOME`` (default ``./.engram``) publishes;
-        ``ENGRAM_PARTITIONS`` partitions. ``ConfigError`` when there is neither."""
+        ``ENGRAM_PARTITIONS`` partitions, ``ENGRAM_WAIT_REPLICAS`` replicas to wait for.
+        ``ConfigError`` when there is neither."""
         settings = Settings.from_env(env)
         return cls.from_url(
-            runtime.redis_url(settings), partitions=settings.worker.partitions, **redis_kwargs
+            runtime.redis_url(settings),
+            partitions=settings.worker.partitions,
+            wait_replicas=settings.wait_replicas,
+            **redis_kwargs,
         )
 
     def close(self) -> None:
@@ -124,9 +139,12 @@ class Producer:
         stream = keys.stream(partition)
         fields = encode_entry(op)
         try:
-            entry_id = self._connections.call(
-                self._enqueue, stream, self.stream_max_len, fields[OP_FIELD]
-            )
+            if self.wait_replicas:
+                entry_id = self._add_replicated(op.operation_id, stream, fields[OP_FIELD])
+            else:
+                entry_id = self._connections.call(
+                    self._enqueue, stream, self.stream_max_len, fields[OP_FIELD]
+                )
         except redis.ResponseError as exc:
             if str(exc).startswith("ENGRAMFULL"):
                 raise QueueFullError(
@@ -138,13 +156,37 @@ class Producer:
             raise _unavailable(op.operation_id, stream, exc) from exc
         return Pending(op.operation_id, partition, _text(entry_id), self)
 
+    def _add_replicated(self, operation_id: str, stream: str, body: Any) -> Any:
+        """The capped ``XADD`` then ``WAIT``, on one connection (``WAIT`` counts the
+        replicas holding that connection's writes): on a cluster, one of the node
+        serving the stream's slot. ``NotReplicatedError`` when too few do in time."""
+        if cluster.is_cluster(self.client):
+            node_client = _node_client(self.client, stream)
+        else:
+            node_client = self.client
+        pipe = node_client.pipeline(transaction=False)
+        # The script's text (EVAL): the node may not have it loaded.
+        pipe.execute_command("EVAL", _ENQUEUE, 1, stream, self.stream_max_len, body)
+        pipe.execute_command("WAIT", self.wait_replicas, self.wait_replicas_ms)
+        entry_id, held = pipe.execute()
+        if int(held) < self.wait_replicas:
+            raise NotReplicatedError(
+                f"operation {operation_id} was enqueued on {stream} but {held} of "
+                f"{self.wait_replicas} replicas held it after {self.wait_replicas_ms} ms; "
+                "retry with the same operation id"
+            )
+        return entry_id
+
     def enqueue_many(self, ops: Sequence[Operation]) -> list[Pending]:
         """Add many validated operations in one round trip (bulk loads).
 
         All or an error: when Redis fails, or a stream is full, the error says
         how many were enqueued; enqueue them all again with the same operation
-        ids, the receipts make the repeats exact.
+        ids, the receipts make the repeats exact. With ``wait_replicas``, they go one
+        by one (``enqueue``: each waits for its replicas).
         """
+        if self.wait_replicas:
+            return [self.enqueue(op) for op in ops]
         targets = [(op, partition_of(op.scope, self.partitions)) for op in ops]
         pipe = self.client.pipeline(transaction=False)
         for op, partition in targets:
@@ -394,6 +436,18 @@ class Producer:
             for op_id, raw in zip(ids, raws, strict=True)
             if raw is not None
         }
+
+
+class NotReplicatedError(QueueUnavailableError):
+    """The entry is in the stream, but fewer replicas than asked held it in time: a
+    failover now could lose it. Retry with the same operation id (the receipt makes
+    a repeat exact)."""
+
+
+def _node_client(client: Any, key: str) -> Any:
+    """The cluster node client serving ``key``'s slot (its own connection pool)."""
+    node = client.get_node_from_key(key)
+    return node.redis_connection or client.get_redis_connection(node)
 
 
 class _ThreadConnections:

@@ -4,6 +4,7 @@ store, the per-scope order with workers killed, and the CLI."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
@@ -24,8 +25,9 @@ from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture
 from tests.cluster_fixtures import ValkeyCluster
 from tests.redis_fixtures import InProcessWorker, WorkerProcess, wait_until
 from tests.worker.test_chaos import assert_applied_once
-from worker import Pending, Producer, StreamReceipt, deadletters, keys
+from worker import Pending, Producer, QueueUnavailableError, StreamReceipt, deadletters, keys
 from worker.membership import live_workers
+from worker.producer import NotReplicatedError
 from worker.protocol import partition_of
 from worker.reads import ClusterReads
 from worker.runtime import connect_redis
@@ -358,3 +360,65 @@ def test_enqueue_wait_metrics_and_health_on_the_cluster(
             return f"engram_ops_committed_total {CONFIG.partitions}" in out
 
         wait_until(committed_counted, timeout=5, what="the commits counted")
+
+
+# -- waiting for replicas ----------------------------------------------------------------
+
+
+def _replica_of(valkey_cluster: ValkeyCluster, key: str) -> redis.Redis:
+    """A client of the replica serving ``key``'s slot, allowed to read there."""
+    client = valkey_cluster.client()
+    master = client.get_node_from_key(key)
+    client.close()
+    with contextlib.closing(
+        redis.Redis.from_url(valkey_cluster.node_url(_node(valkey_cluster, master.port)))
+    ) as on_master:
+        port = int(on_master.info("replication")["slave0"]["port"])
+    direct = redis.Redis.from_url(valkey_cluster.node_url(_node(valkey_cluster, port)))
+    direct.execute_command("READONLY")
+    return direct
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _node(valkey_cluster: ValkeyCluster, port: int) -> Any:
+    return next(n for n in valkey_cluster.nodes if n.port == port)
+
+
+def test_an_enqueue_waits_for_its_replica(
+    valkey_cluster: ValkeyCluster, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REDIS_URL", cluster_url)
+    monkeypatch.setenv("ENGRAM_PARTITIONS", str(CONFIG.partitions))
+    monkeypatch.setenv("ENGRAM_WAIT_REPLICAS", "1")
+    with Producer.from_env() as producer:
+        assert producer.wait_replicas == 1
+        for partition in range(CONFIG.partitions):
+            pending = producer.remember(scope_on(partition, "wait"), "held twice")
+            replica = _replica_of(valkey_cluster, keys.stream(partition))
+            # WAIT returned: the replica holds the entry already, no polling needed.
+            [(entry_id, _)] = replica.xrange(keys.stream(partition), count=1)
+            assert _s(entry_id) == pending.entry_id
+            replica.close()
+        bulk = producer.enqueue_many(
+            [Operation.build("remember", scope_on(p, "wb"), {"text": "x"}) for p in range(3)]
+        )
+        assert len(bulk) == 3
+
+
+def test_too_few_replicas_is_a_retryable_error(cluster_url: str, redis_url: str) -> None:
+    for url in (cluster_url, redis_url):  # one replica each; one server has none
+        wanted = 2 if url == cluster_url else 1
+        with Producer.from_url(url, partitions=CONFIG.partitions, wait_replicas=wanted) as p:
+            p.wait_replicas_ms = 200
+            started = time.monotonic()
+            with pytest.raises(NotReplicatedError) as caught:
+                p.remember({"user_id": "few"}, "held once", operation_id="few:1")
+            assert time.monotonic() - started < 2
+            assert isinstance(caught.value, QueueUnavailableError)
+            assert "retry with the same operation id" in str(caught.value)
+            # It is in the stream all the same: a retry is a replay, not a loss.
+            stream = keys.stream(partition_of({"user_id": "few"}, CONFIG.partitions))
+            assert p.client.xlen(stream) == 1
