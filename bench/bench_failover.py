@@ -21,7 +21,6 @@ acknowledged but never committed (lost), and whether the first workers survived.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import tempfile
 import threading
 import time
@@ -77,24 +76,6 @@ class Load:
             t.join(timeout=30)
 
 
-def failover(cluster: ValkeyCluster) -> float:
-    """SIGKILL the master of partition 0's slot; seconds until the cluster is whole."""
-    client = cluster.client()
-    port = client.get_node_from_key(keys.stream(0)).port
-    client.close()
-    [victim] = [n for n in cluster.nodes if n.port == port]
-    killed = time.monotonic()
-    cluster.kill(victim)
-    deadline = killed + 60
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if port not in {n.port for n in cluster.primaries()}:
-                cluster.wait_ok(timeout=0.5)
-                return time.monotonic() - killed
-        time.sleep(0.05)
-    raise RuntimeError("no failover within 60 s")
-
-
 def one_run(args: argparse.Namespace, run: int) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     cluster = ValkeyCluster(folder / "cluster").start()
@@ -105,7 +86,7 @@ def one_run(args: argparse.Namespace, run: int) -> dict[str, Any]:
         try:
             with Load(cluster.url, args.producers) as load:
                 time.sleep(args.seconds)
-                took = failover(cluster)
+                took = cluster.kill_master_of(keys.stream(0))
                 time.sleep(args.seconds)
             survived = all(w.poll() is None for w in workers)
         finally:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 
 from engram.procs import die_with_parent
 from worker.valkey import HOST, cli_path
@@ -167,7 +167,8 @@ class ValkeyCluster:
 
     def client(self) -> Any:
         """A cluster client (``Any``: redis-py leaves most of ``RedisCluster`` unannotated)."""
-        return RedisCluster.from_url(self.url)
+        alive = [ClusterNode(HOST, n.port) for n in self.nodes if n.alive()]  # type: ignore[no-untyped-call]
+        return RedisCluster(startup_nodes=alive, username="default", password=self.password)
 
     def primaries(self) -> list[Node]:
         """The nodes serving slots now (after a failover, a former replica is one)."""
@@ -186,6 +187,23 @@ class ValkeyCluster:
         if node.proc is not None:
             node.proc.kill()
             node.proc.wait()
+
+    def kill_master_of(self, key: str, timeout: float = 60.0) -> float:
+        """SIGKILL the master serving ``key``'s slot; the seconds until its replica
+        took over and every slot is served again."""
+        with contextlib.closing(self.client()) as client:
+            port = client.get_node_from_key(key).port
+        [victim] = [n for n in self.nodes if n.port == port]
+        killed = time.monotonic()
+        self.kill(victim)
+        while time.monotonic() < killed + timeout:
+            with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
+                if port not in {n.port for n in self.primaries()}:
+                    with contextlib.suppress(AssertionError):
+                        self.wait_ok(timeout=0.5)
+                        return time.monotonic() - killed
+            time.sleep(0.05)
+        raise AssertionError(f"no failover within {timeout}s")
 
     def stop(self) -> None:
         """SIGTERM each node by pid (valkey syncs its file and exits), SIGKILL if it

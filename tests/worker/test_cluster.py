@@ -422,3 +422,56 @@ def test_too_few_replicas_is_a_retryable_error(cluster_url: str, redis_url: str)
             # It is in the stream all the same: a retry is a replay, not a loss.
             stream = keys.stream(partition_of({"user_id": "few"}, CONFIG.partitions))
             assert p.client.xlen(stream) == 1
+
+
+@pytest.mark.slow
+def test_a_master_killed_under_load_loses_no_replicated_enqueue(
+    valkey_cluster: ValkeyCluster,
+    cluster_url: str,
+    fresh_dsn: str,
+    fresh_store: Store,
+    worker_processes: Callable[..., WorkerProcess],
+) -> None:
+    """With ``wait_replicas=1`` every acknowledged enqueue is on a replica: the failover
+    loses none. An enqueue refused during it may or may not be there (``maybe``)."""
+    url = valkey_cluster.seeds_url  # the killed master may be the first node
+    workers = [
+        worker_processes(database_url=fresh_dsn, redis_url=url, config=CONFIG) for _ in range(2)
+    ]
+    stop = threading.Event()
+    acknowledged: list[Pending] = []
+    refused: list[str] = []
+
+    def produce(n: int) -> None:
+        producer = Producer.from_url(url, partitions=CONFIG.partitions, wait_replicas=1)
+        i = 0
+        while not stop.is_set():
+            op_id = f"fo:{n}:{i}"
+            try:
+                acknowledged.append(
+                    producer.remember({"user_id": f"fo-{n}-{i % 20}"}, f"f{i}", operation_id=op_id)
+                )
+            except QueueUnavailableError:
+                refused.append(op_id)
+                time.sleep(0.05)
+            i += 1
+            time.sleep(0.003)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.5)
+        took = valkey_cluster.kill_master_of(keys.stream(0))
+        assert took < 30
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert refused, "no enqueue met the failover"
+    for p in acknowledged:
+        p.wait(60)
+    assert_applied_once(fresh_store, fresh_dsn, acknowledged, maybe=refused)
+    assert all(w.process.poll() is None for w in workers)
+    assert "consumer crashed" not in "".join(w.log() for w in workers)
