@@ -44,10 +44,12 @@ def retention_schedules(retention: Retention) -> list[Schedule]:
 
 
 def upkeep_schedules() -> list[Schedule]:
-    """What always runs: HNSW indexes for the scopes that grew large, and the deletion
+    """What always runs: HNSW indexes for the scopes that grew large, the settling of
+    the vectors written into them since, and the deletion
     of what retired generations left."""
     return [
         Schedule("index-large-scopes", indexes.INDEX_EVERY_S, indexes.index_large_scopes_job, ()),
+        Schedule("settle-fresh-vectors", indexes.SETTLE_EVERY_S, indexes.settle_fresh_job, ()),
         Schedule("purge-retired-vectors", indexes.INDEX_EVERY_S, indexes.purge_retired_job, ()),
     ]
 

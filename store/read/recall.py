@@ -1,4 +1,6 @@
-"""Hybrid recall: exact or approximate vector search on the active generation,
+"""Hybrid recall: exact or approximate vector search on the active generation
+(approximate in a large scope: its settled vectors through its HNSW index, merged
+with its fresh ones searched exactly; ``store.vectors.vector_indexes``),
 PostgreSQL full-text search, fused by reciprocal rank fusion (k = 60), in one
 statement (one round trip: both lists, the fusion, the hits' rows and their
 ``superseded_by``). Records without a vector in the active generation never
@@ -46,7 +48,7 @@ class RecallQuery:
     kind: str | None
     include_retracted: bool
     recorded_as_of: datetime | None
-    hnsw: bool = False  # the (generation, scope) pair has an approximate index
+    hnsw: bool = False  # the (generation, scope) pair has an approximate index (settled rows)
     superseded_by: bool = True  # read each hit's ``superseded_by``
 
 
@@ -252,15 +254,29 @@ def _vector_list(q: RecallQuery, where: str, params: dict[str, Any]) -> str:
             ORDER BY d LIMIT %(n)s
         """
     elif q.hnsw:
-        # The partial HNSW index of this (generation, scope) is used only when its
-        # predicate and expression appear literally; these are integers we own.
+        # The settled rows through the partial HNSW index of this (generation, scope),
+        # which is used only when its predicate and expression appear literally (these
+        # are integers we own); the fresh rows, not in it yet, exactly through their
+        # own small index. A record has one row per generation, settled or not, read on
+        # one snapshot: the parts cannot overlap, and DISTINCT ON only makes it plain.
         gen, scope, dims = int(q.generation_id or 0), int(q.scope_id), int(q.dims or 0)
         nearest = f"""
-            SELECT c.record_id, c.revision,
-                   c.embedding::vector({dims}) <=> %(q)s::vector({dims}) AS d
-            FROM engram_vectors c
-            WHERE c.generation_id = {gen} AND c.scope_id = {scope} AND {where}
-            ORDER BY d LIMIT %(n)s
+            SELECT * FROM (
+                SELECT DISTINCT ON (record_id) * FROM ((
+                    SELECT c.record_id, c.revision,
+                           c.embedding::vector({dims}) <=> %(q)s::vector({dims}) AS d
+                    FROM engram_vectors c
+                    WHERE c.generation_id = {gen} AND c.scope_id = {scope} AND c.settled
+                      AND {where}
+                    ORDER BY d LIMIT %(n)s
+                ) UNION ALL (
+                    SELECT c.record_id, c.revision, c.embedding <=> %(q)s AS d
+                    FROM engram_vectors c
+                    WHERE c.generation_id = {gen} AND c.scope_id = {scope} AND NOT c.settled
+                      AND {where}
+                    ORDER BY d LIMIT %(n)s
+                )) parts ORDER BY record_id, d
+            ) merged ORDER BY d LIMIT %(n)s
         """
     else:
         # Exact search in one scope: the (generation, scope) index and the

@@ -407,6 +407,11 @@ class Embeddings:
         own HNSW index (``vector_indexes``); smaller scopes stay on the exact search."""
         return vector_indexes.index_large_scopes(self.pool, threshold)
 
+    def settle_fresh(self) -> int:
+        """Move the vectors written since into the approximate indexes of the scopes that
+        have one (``vector_indexes``); the vectors moved."""
+        return vector_indexes.settle_fresh(self.pool)
+
 
 def _compare_all(conn: psycopg.Connection[Any], sql: str, params: Any) -> list[Any]:
     """Rows of a statement that compares every current revision with a generation's
@@ -485,7 +490,7 @@ def _put(
               SET revision = EXCLUDED.revision, digest = EXCLUDED.digest,
                   status = EXCLUDED.status, kind = EXCLUDED.kind,
                   expires_at = EXCLUDED.expires_at, embedding = EXCLUDED.embedding,
-                  scope_id = EXCLUDED.scope_id
+                  scope_id = EXCLUDED.scope_id, settled = false  -- fresh: no graph insertion
             """,
             {
                 "g": generation_id,

@@ -1,54 +1,182 @@
-"""Approximate (HNSW) indexes for the scopes too large for an exact vector search.
+"""Approximate (HNSW) indexes for the scopes too large for an exact vector search,
+kept off the write path.
 
-An ordinary scope is searched exactly, reading only its own rows of the active
-generation; keeping an HNSW index current on the write path would cost more
-than it saves. A scope that grows past ``LARGE_SCOPE_VECTORS`` gets a partial
-HNSW index of its own, for that (generation, scope), built concurrently.
+A vector row is written *fresh* (``settled`` false): it is in no approximate index,
+so a write pays no graph insertion. An ordinary scope is searched exactly. A scope
+that grows past ``LARGE_SCOPE_VECTORS`` gets a partial HNSW index of its own, on the
+*settled* rows of that (generation, scope): ``index_large_scopes`` marks the scope's
+rows settled and builds the index concurrently; from then on ``settle_fresh`` marks
+the rows written since settled in batches, each insertion into the graph paid by
+that job, not by the writer. Recall searches the settled rows through the index and
+the fresh ones exactly (``store.read.recall``), so a row is found in exactly one of
+the two parts whatever the jobs have done so far.
+
+Building off the write path is what affords the larger graph (``HNSW_M``,
+``HNSW_EF_CONSTRUCTION``): with pgvector's defaults the default embedder's vectors
+index badly (docs/benchmarks.md).
+
+Each scope is worked on under a session advisory lock, so two jobs never settle or
+build the same scope at once. Every step can be killed and run again: a batch
+settles in its own transaction, a build killed midway leaves an invalid index that
+the next run drops and builds again, and the index is registered (recall uses it)
+only once it is valid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
+
+import psycopg
 
 from ..limits import LARGE_SCOPE_VECTORS
 
 log = logging.getLogger(__name__)
 
+# Graph parameters of the scopes' indexes (pgvector's defaults are 16 and 64).
+HNSW_M = 32
+HNSW_EF_CONSTRUCTION = 200
+# Fresh rows settled per transaction: each settled row is a graph insertion, and the
+# batch's row locks are held until it commits (a write updating one of them waits).
+SETTLE_BATCH = 500
+# The memory an index build may use: a graph that does not fit is built far slower.
+BUILD_MAINTENANCE_WORK_MEM = "512MB"
+_LOCK_CLASS = 0x656E7669  # "envi": the first key of the per-scope advisory locks
 
-def index_large_scopes(pool: Any, threshold: int = LARGE_SCOPE_VECTORS) -> list[str]:
+
+def index_name(generation_id: int, scope_id: int) -> str:
+    return f"engram_vectors_hnsw_g{int(generation_id)}_s{int(scope_id)}"
+
+
+def index_large_scopes(
+    pool: Any, threshold: int = LARGE_SCOPE_VECTORS, batch: int = SETTLE_BATCH
+) -> list[str]:
     """Give every scope with ``threshold`` or more vectors in the active generation its
-    own HNSW index; smaller scopes stay on the exact (generation, scope) search."""
-    created = []
+    own HNSW index on its settled rows (settling them first); smaller scopes stay on the
+    exact (generation, scope) search. The names of the indexes built."""
+    built = []
+    with _autocommit(pool) as conn:
+        rows = conn.execute(
+            """
+            SELECT g.id, g.dims, x.scope_id FROM engram_generations g
+            JOIN engram_vectors x ON x.generation_id = g.id
+            WHERE g.status = 'active'
+              AND NOT EXISTS (SELECT 1 FROM engram_vector_indexes i
+                              WHERE i.generation_id = g.id AND i.scope_id = x.scope_id)
+            GROUP BY g.id, g.dims, x.scope_id HAVING count(*) >= %s
+            """,
+            (threshold,),
+        ).fetchall()
+        for gen, dims, scope in rows:
+            with _scope_lock(conn, gen, scope) as held:
+                if held:  # else another job is building it
+                    _build(conn, gen, dims, scope, batch)
+                    built.append(index_name(gen, scope))
+    return built
+
+
+def settle_fresh(pool: Any, batch: int = SETTLE_BATCH) -> int:
+    """Settle the fresh rows of every scope that has an index in the active generation;
+    the rows settled."""
+    settled = 0
+    with _autocommit(pool) as conn:
+        rows = conn.execute(
+            """
+            SELECT i.generation_id, i.scope_id FROM engram_vector_indexes i
+            JOIN engram_generations g ON g.id = i.generation_id AND g.status = 'active'
+            WHERE EXISTS (SELECT 1 FROM engram_vectors x WHERE x.generation_id = i.generation_id
+                          AND x.scope_id = i.scope_id AND NOT x.settled)
+            """
+        ).fetchall()
+        for gen, scope in rows:
+            with _scope_lock(conn, gen, scope) as held:
+                if held:  # else another job is settling it
+                    settled += _settle(conn, gen, scope, batch)
+    return settled
+
+
+def _build(conn: psycopg.Connection[Any], gen: int, dims: int, scope: int, batch: int) -> None:
+    name = index_name(gen, scope)
+    # A build killed midway leaves its index invalid (and unregistered): build it again.
+    if _invalid(conn, name):
+        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+    # Settled before the build, so that it reads them all; not yet searched through
+    # it (unregistered), recall reads the scope exactly meanwhile.
+    _settle(conn, gen, scope, batch)
+    conn.execute(f"SET maintenance_work_mem = '{BUILD_MAINTENANCE_WORK_MEM}'")
+    conn.execute(
+        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON engram_vectors"
+        f" USING hnsw ((embedding::vector({int(dims)})) vector_cosine_ops)"
+        f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})"
+        f" WHERE generation_id = {int(gen)} AND scope_id = {int(scope)} AND settled"
+    )
+    conn.execute(
+        "INSERT INTO engram_vector_indexes (generation_id, scope_id, index_name)"
+        " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+        (gen, scope, name),
+    )
+    log.info("approximate index built", extra={"generation": gen, "scope": scope})
+
+
+def _settle(conn: psycopg.Connection[Any], gen: int, scope: int, batch: int) -> int:
+    """Mark the scope's fresh rows settled, ``batch`` a transaction; the rows marked.
+    Rows a writer holds are skipped (settled by the next run)."""
+    settled = 0
+    while True:
+        cur = conn.execute(
+            """
+            UPDATE engram_vectors x SET settled = true FROM (
+                SELECT generation_id, record_id FROM engram_vectors
+                WHERE generation_id = %s AND scope_id = %s AND NOT settled
+                LIMIT %s FOR UPDATE SKIP LOCKED
+            ) f
+            WHERE x.generation_id = f.generation_id AND x.record_id = f.record_id
+            """,
+            (gen, scope, batch),
+        )
+        settled += cur.rowcount
+        if cur.rowcount < batch:
+            return settled
+
+
+def _invalid(conn: psycopg.Connection[Any], name: str) -> bool:
+    row = conn.execute(
+        "SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " WHERE c.relname = %s",
+        (name,),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+@contextlib.contextmanager
+def _scope_lock(conn: psycopg.Connection[Any], gen: int, scope: int) -> Iterator[bool]:
+    """The scope's advisory lock, if no other job holds it (whether it was got). A session
+    lock: a killed job's goes with its connection."""
+    key = (int(gen) * 1_000_003 + int(scope)) % 2**31  # the second key is an int4
+    got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (_LOCK_CLASS, key)).fetchone()
+    held = bool(got and got[0])
+    try:
+        yield held
+    finally:
+        if held:
+            conn.execute("SELECT pg_advisory_unlock(%s, %s)", (_LOCK_CLASS, key))
+
+
+@contextlib.contextmanager
+def _autocommit(pool: Any) -> Iterator[psycopg.Connection[Any]]:
+    """A pool connection in autocommit mode (CREATE INDEX CONCURRENTLY runs outside a
+    transaction; each settling batch commits on its own), handed back as it was found.
+    It checks every second that its client is alive, so that a killed job's build stops
+    (and its lock goes) instead of running on to the end."""
     with pool.connection() as conn:
-        autocommit = conn.autocommit  # CREATE INDEX CONCURRENTLY runs outside a transaction
+        autocommit = conn.autocommit
         conn.autocommit = True
+        conn.execute("SET client_connection_check_interval = '1s'")
         try:
-            rows = conn.execute(
-                """
-                SELECT g.id, g.dims, x.scope_id FROM engram_generations g
-                JOIN engram_vectors x ON x.generation_id = g.id
-                WHERE g.status = 'active'
-                  AND NOT EXISTS (SELECT 1 FROM engram_vector_indexes i
-                                  WHERE i.generation_id = g.id AND i.scope_id = x.scope_id)
-                GROUP BY g.id, g.dims, x.scope_id HAVING count(*) >= %s
-                """,
-                (threshold,),
-            ).fetchall()
-            for gen, dims, scope in rows:
-                name = f"engram_vectors_hnsw_g{int(gen)}_s{int(scope)}"
-                conn.execute(
-                    f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON engram_vectors"
-                    f" USING hnsw ((embedding::vector({int(dims)})) vector_cosine_ops)"
-                    f" WHERE generation_id = {int(gen)} AND scope_id = {int(scope)}"
-                )
-                conn.execute(
-                    "INSERT INTO engram_vector_indexes (generation_id, scope_id, index_name)"
-                    " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                    (gen, scope, name),
-                )
-                log.info("approximate index built", extra={"generation": gen, "scope": scope})
-                created.append(name)
+            yield conn
         finally:
+            conn.execute("RESET client_connection_check_interval")
+            conn.execute("RESET maintenance_work_mem")
             conn.autocommit = autocommit  # the pool's connections are autocommit
-    return created

@@ -315,9 +315,11 @@ records AS (
 ),
 links AS ({_insert("engram_links", LINK_INSERT)}),
 vectors AS ({_insert("engram_vectors", VECTOR_INSERT)}),
+-- A kept vector's new row version is fresh again: settled, it would be inserted into its
+-- scope's HNSW graph here, on the write path (store/vectors/vector_indexes.py).
 kept_vectors AS (
     UPDATE engram_vectors x SET revision = v.revision, status = v.status, kind = v.kind,
-        expires_at = v.expires_at
+        expires_at = v.expires_at, settled = false
     FROM {_rows_of(VECTOR_UPDATE)} AS v WHERE x.record_id = v.record_id AND x.digest = v.digest
 ),
 receipts AS ({_insert("engram_receipts", RECEIPT_INSERT)}),

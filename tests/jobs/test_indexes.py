@@ -99,3 +99,28 @@ def test_what_a_retired_generation_left_is_deleted_on_schedule(
     with psycopg.connect(fresh_dsn) as conn:
         left = conn.execute("SELECT generation_id, count(*) FROM engram_vectors GROUP BY 1")
         assert left.fetchall() == [(2, 1)]
+
+
+def test_the_vectors_written_into_an_indexed_scope_are_settled_on_schedule(
+    fresh_store: Store, fresh_dsn: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A write into an indexed scope leaves its vector fresh (no graph insertion); the
+    jobs worker's settle schedule moves it into the index."""
+    mem = fresh_store.session({"user_id": "grown"}, embedder=HashingEmbedder(64))
+    mem.remember("tea, first")
+    assert fresh_store.embeddings.index_large_scopes(threshold=1)
+    mem.remember("coffee, since")
+    mem.remember("jazz, since")
+
+    def fresh() -> int:
+        with psycopg.connect(fresh_dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM engram_vectors WHERE NOT settled").fetchone()
+        return int(row[0]) if row else -1
+
+    assert fresh() == 2
+    job_id = enqueue_upkeep(redis_client)["settle-fresh-vectors"]
+    run_burst(context(fresh_store, redis_url), redis_url)
+    job = rqjobs.get(redis_client, job_id)
+    assert job is not None and job.state == "finished" and job.result == 2
+    assert fresh() == 0
+    assert mem.recall("jazz")[0].record.text == "jazz, since"

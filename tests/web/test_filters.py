@@ -392,6 +392,7 @@ def test_the_functions_offered_are_those_engram_enqueues() -> None:
         REDACT,
         "jobs.reembed.run_slice",
         INDEX,
+        "jobs.indexes.settle_fresh_job",
         PURGE,
     }
     assert rqjobs.is_tick("prune-dead-letters-491234") and rqjobs.is_tick("index-large-scopes-1")
