@@ -60,7 +60,7 @@ import redis
 from store import LLM, Embedder, Store
 from store.vectors.embedders import EmbedderResolver
 
-from . import keys, pause
+from . import groups, keys, pause
 from .cluster import is_cluster
 from .committer import TRANSIENT_DB, TRANSIENT_REDIS, Committer
 from .defaults import (
@@ -152,7 +152,12 @@ class Consumer(threading.Thread):
                     self._send()
                     break
                 if active:
-                    self._cycle(active)
+                    try:
+                        self._cycle(active)
+                    except redis.ResponseError as exc:
+                        if not groups.is_missing(exc):
+                            raise
+                        self._recreate_groups(active)
                 else:
                     self._stop_requested.wait(self.shared.config.block_ms / 1000)
         except _Stopping:
@@ -262,18 +267,19 @@ class Consumer(threading.Thread):
 
     def _raise_fences(self, new: list[Partition]) -> None:
         """From this commit on, earlier holders of these partitions can commit nothing."""
-        for p in new:
-            self._redis(partial(_create_group, self.shared.client, p.stream))
+        self._create_groups(new)
         self.committer.execute(new, [])
         for p in new:
             p.fenced = p.lost is None
 
     def _find_strays(self, active: list[Partition]) -> None:
-        """Drain again, at most every ``STRAY_CHECK_S``, a partition whose entries are
-        pending to another consumer: one that read them after its lease ran out (a
-        read sent before, answered after), after this worker had claimed what was
-        pending when it took the partition. Unclaimed, they would wait for the
-        partition's next change of hands."""
+        """Drain again, at most every ``STRAY_CHECK_S``, a partition with entries left
+        pending that no one will answer: pending to another consumer, one that read
+        them after its lease ran out (a read sent before, answered after), after
+        this worker had claimed what was pending when it took the partition; or
+        pending to this worker although it does not hold them, their
+        acknowledgement lost (a failover to a replica that had not received it).
+        Unclaimed, they would wait for the partition's next change of hands."""
         now = time.monotonic()
         if now < self._next_stray_check:
             return
@@ -281,22 +287,47 @@ class Consumer(threading.Thread):
         watched = [p for p in active if p.fenced and not p.draining and not p.stopping]
         if not watched:
             return
+        if self._unsent is not None:
+            self._send()  # what this worker answered is acknowledged before it looks
         pipe = self.shared.client.pipeline(transaction=False)
         for p in watched:
             pipe.xpending(p.stream, keys.GROUP)
         me = self.shared.worker_id
         for p, summary in zip(watched, self._redis(pipe.execute), strict=True):
-            strays = {
-                _s(c["name"]): int(c["pending"])
-                for c in summary.get("consumers") or []
-                if _s(c["name"]) != me
-            }
+            pending = {_s(c["name"]): int(c["pending"]) for c in summary.get("consumers") or []}
+            strays = {name: n for name, n in pending.items() if name != me}
+            # What this worker holds pending is what waits for a model phase.
+            unheld = pending.get(me, 0) - self.models.held(p)
             if strays:
                 log.warning(
                     "entries pending to another consumer, claiming them",
                     extra={**p.ids(), "consumers": sorted(strays), "entries": sum(strays.values())},
                 )
+            elif unheld > 0:
+                log.warning(
+                    "entries pending to this worker that it does not hold, claiming them",
+                    extra={**p.ids(), "entries": unheld},
+                )
+            if strays or unheld > 0:
                 p.draining, p.cursor = True, "0-0"
+
+    def _create_groups(self, partitions: list[Partition]) -> None:
+        """Create each partition's consumer group (and stream) where it is missing."""
+        for p in partitions:
+            self._redis(partial(groups.create, self.shared.client, p.stream))
+
+    def _recreate_groups(self, active: list[Partition]) -> None:
+        """A stream's group is gone (a failover to a replica that had not received it,
+        a server restarted without its data): created again, at the start of the
+        stream, which holds only entries not yet acknowledged; what was pending to
+        anyone is claimed before new entries are read."""
+        log.warning(
+            "a consumer group is missing, creating it again",
+            extra={"worker": self.shared.worker_id, "partitions": [p.number for p in active]},
+        )
+        self._create_groups(active)
+        for p in active:
+            p.draining, p.cursor = True, "0-0"
 
     def _claim(self, p: Partition) -> list[Read]:
         """The next entries left pending on ``p`` (by anyone), in stream order."""
@@ -538,14 +569,6 @@ class Consumer(threading.Thread):
         if self._stop_requested.wait(delay_s):
             raise _Stopping
         return min(delay_s * 2, BACKOFF_MAX_S)
-
-
-def _create_group(client: redis.Redis, stream: str) -> None:
-    try:
-        client.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
-    except redis.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
 
 
 def _s(value: Any) -> str:
