@@ -49,3 +49,47 @@ def test_the_write_load_settings_are_in_place(fresh_dsn: str) -> None:
         ).fetchone()
         assert options == (["gin_pending_list_limit=512"],)
         assert conn.execute("SHOW wal_init_zero").fetchone() == ("off",)
+
+
+def test_013_drops_the_indexes_that_held_every_row_and_leaves_the_vectors_fresh(
+    fresh_dsn: str,
+) -> None:
+    """A database at version 12 with a scope's HNSW index on all its rows: 013 drops it
+    (writes would insert into it) and unregisters it, its vectors are fresh, and the
+    next index job builds it again on the settled rows."""
+    with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        conn.execute(
+            "CREATE TABLE engram_schema (version integer PRIMARY KEY,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, sql in migrations.available():
+            if version <= 12:
+                conn.execute(sql.encode())
+                conn.execute("INSERT INTO engram_schema (version) VALUES (%s)", (version,))
+        conn.execute(
+            "INSERT INTO engram_generations (model_id, dims, status) VALUES ('m', 2, 'active');"
+            " INSERT INTO engram_scopes (key) VALUES ('{}');"
+            " INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,"
+            " status, kind, embedding) SELECT 1, 'r' || i, 1, 1, 'd', 'active', 'semantic',"
+            " ARRAY[1, i]::vector FROM generate_series(1, 20) i;"
+            " CREATE INDEX engram_vectors_hnsw_g1_s1 ON engram_vectors USING hnsw"
+            " ((embedding::vector(2)) vector_cosine_ops) WHERE generation_id = 1 AND scope_id = 1;"
+            " INSERT INTO engram_vector_indexes VALUES (1, 1, 'engram_vectors_hnsw_g1_s1')"
+        )
+        assert migrations.migrate(conn) == migrations.code_version()
+        assert conn.execute("SELECT count(*) FROM engram_vector_indexes").fetchone() == (0,)
+        assert conn.execute(
+            "SELECT to_regclass('engram_vectors_hnsw_g1_s1') IS NULL,"
+            " to_regclass('engram_vectors_fresh_idx') IS NOT NULL"
+        ).fetchone() == (True, True)
+        assert conn.execute(
+            "SELECT settled, count(*) FROM engram_vectors GROUP BY 1"
+        ).fetchall() == [(False, 20)]
+    with Store.connect(fresh_dsn) as store:
+        assert store.embeddings.index_large_scopes(threshold=10) == ["engram_vectors_hnsw_g1_s1"]
+    with psycopg.connect(fresh_dsn) as conn:
+        assert conn.execute(
+            "SELECT indexdef LIKE '%settled%' FROM pg_indexes"
+            " WHERE indexname = 'engram_vectors_hnsw_g1_s1'"
+        ).fetchone() == (True,)
