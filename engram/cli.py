@@ -85,9 +85,11 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     from worker.worker import Worker
 
-    from .jobs_cli import forget_hook, worker_embedders
+    from .jobs_cli import worker_embedders
+    from .jobs_redis import forget_hook
 
     client = runtime.connect_redis(runtime.redis_url(settings))
+    on_forget = forget_hook(settings, client)
     # With a replica, the receipts this worker commits carry their commit position.
     store = wait_for_store(
         runtime.database_url(settings),
@@ -96,9 +98,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     )
     embedders, embedder = worker_embedders(settings, args.embedder or settings.embedder, store)
     llm = wiring.load_llm(settings)
-    worker = Worker(
-        client, store, embedders, llm=llm, config=settings.worker, on_forget=forget_hook()
-    )
+    worker = Worker(client, store, embedders, llm=llm, config=settings.worker, on_forget=on_forget)
     wiring.settle(embedder)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -32,7 +32,7 @@ from worker import runtime
 from worker.producer import Pending, Producer
 from worker.settings import Settings
 
-from . import procs, wiring
+from . import jobs_redis, procs, wiring
 from .database import wait_for_store
 from .following import follow
 
@@ -97,7 +97,7 @@ class SteadyWriter:
 
 def run_demo(settings: Settings, *, model: str, rate_per_s: float, seed_records: int) -> int:
     redis_url = runtime.redis_url(settings)
-    client = runtime.connect_redis(redis_url)
+    client = jobs_redis.connect(settings)
     store = wait_for_store(runtime.database_url(settings), 2)
     registry = wiring.registry(settings)
     stamp = int(time.time())

@@ -1,6 +1,6 @@
 """The jobs' commands: ``engram jobs``, ``jobs-health``, ``reembed``, ``prune``,
-``demo-reembed``; and what the stream workers get from the jobs (their forget hook,
-their embedders)."""
+``demo-reembed``; and what the stream workers get from the jobs (their embedders;
+their forget hook is ``jobs_redis.forget_hook``, with where the jobs live)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,16 @@ import logging
 import sys
 from typing import Any
 
-from jobs import prune, redaction, reembed, runner
+from jobs import prune, reembed, runner
 from jobs.context import JobContext
 from jobs.settings import JobsSettings, parse_duration
 from store import Embedder, Store
 from store.errors import InvalidRequestError
 from store.vectors.embedders import EmbedderResolver
 from worker import runtime
-from worker.partition import ForgetHook
 from worker.settings import Settings
 
-from . import wiring
+from . import jobs_redis, wiring
 from .args import positive_int
 from .database import wait_for_store
 from .following import follow
@@ -29,11 +28,6 @@ log = logging.getLogger(__name__)
 
 
 # -- what the stream workers get from the jobs ---------------------------------------
-
-
-def forget_hook(env: dict[str, str] | None = None) -> ForgetHook | None:
-    """The stream workers hand committed forgets to the jobs, unless no listener is set."""
-    return redaction.hand_over if JobsSettings.from_env(env).redaction.listeners else None
 
 
 def worker_embedders(
@@ -56,15 +50,18 @@ def worker_embedders(
 def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
     ctx = _context(settings)
     try:
-        return runner.run(ctx, runner.rq_connection(runtime.redis_url(settings)), burst=args.burst)
+        rq_client = runner.rq_connection(jobs_redis.jobs_url(settings))
+        return runner.run(ctx, rq_client, burst=args.burst)
     finally:
         ctx.store.close()
         ctx.client.close()
+        if ctx.streams_redis is not None:
+            ctx.streams_redis.close()
 
 
 def cmd_jobs_health(settings: Settings, args: argparse.Namespace) -> int:
     """Exit 0 when a jobs worker on this host is alive (a container's health check)."""
-    client = runtime.connect_redis(runtime.redis_url(settings))
+    client = jobs_redis.connect(settings)
     try:
         here = runner.live_workers(client, here_only=True)
     finally:
@@ -78,7 +75,7 @@ def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
         return _cancel(settings, args)
     if args.reason is not None:
         raise InvalidRequestError("--reason goes with --cancel")
-    client = runtime.connect_redis(runtime.redis_url(settings))
+    client = jobs_redis.connect(settings)
     store = wait_for_store(runtime.database_url(settings), 2)
     try:
         started = reembed.start(
@@ -119,13 +116,15 @@ _NAME_IT = " (name it to prune it anyway)"
 def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
     named = [prune.check(name) for name in args.what]
     older_than_s = parse_duration(args.older_than, "--older-than") if args.older_than else None
-    client = runtime.connect_redis(runtime.redis_url(settings))
-    try:
-        if args.enqueue:
+    if args.enqueue:
+        with jobs_redis.opened(settings) as jobs_client:
             targets = named or prune.enabled(JobsSettings.from_env().retention)
             for name in targets:
-                print(f"prune {name}: job {prune.enqueue(client, name, older_than_s=older_than_s)}")
-            return 0
+                job_id = prune.enqueue(jobs_client, name, older_than_s=older_than_s)
+                print(f"prune {name}: job {job_id}")
+        return 0
+    client = runtime.connect_redis(runtime.redis_url(settings))  # the dead letters'
+    try:
         store = wait_for_store(runtime.database_url(settings), 2)
         try:
             report = prune.run(
@@ -195,14 +194,20 @@ def register(sub: Any) -> None:
 
 
 def _context(settings: Settings) -> JobContext:
+    """The jobs worker's context: refused (``ConfigError``) before anything connects
+    but the jobs' Redis, if that is a cluster."""
+    client = jobs_redis.connect(settings)
+    streams_url = runtime.redis_url(settings)
+    shared = jobs_redis.jobs_url(settings) == streams_url
     return JobContext(
         store=wait_for_store(
             runtime.database_url(settings),
             settings.db_pool_size,
             read_dsn=settings.database_read_url,
         ),
-        client=runtime.connect_redis(runtime.redis_url(settings)),
+        client=client,
         registry=wiring.registry(settings),
         settings=JobsSettings.from_env(),
         streams=settings.worker,
+        streams_redis=None if shared else runtime.connect_redis(streams_url),
     )

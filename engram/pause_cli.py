@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+from contextlib import AbstractContextManager
 from typing import Any
+
+import redis
 
 from store.errors import InvalidRequestError
 from worker import pause
 from worker.settings import Settings
 
-from . import exits
+from . import exits, jobs_redis
 from .args import json_flag
 from .database import open_redis, open_store
 from .output import print_json, table
@@ -33,10 +36,15 @@ def _partition(settings: Settings, args: argparse.Namespace) -> int | None:
     return int(args.number)
 
 
+def _redis(settings: Settings, partition: int | None) -> AbstractContextManager[redis.Redis]:
+    """A partition's pause is on the streams' Redis; the jobs' (RQ's suspension), on theirs."""
+    return open_redis(settings) if partition is not None else jobs_redis.opened(settings)
+
+
 def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
     number = _partition(settings, args)
     held = pause.Pause.now(_who(args), args.reason or "")
-    with open_redis(settings) as client, open_store(settings, "engram pause") as store:
+    with _redis(settings, number) as client, open_store(settings, "engram pause") as store:
         pause.hold(client, store.audit, number, held)
     if number is not None:
         print(f"partition {number} paused: its operations wait in its stream")
@@ -47,7 +55,7 @@ def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_resume(settings: Settings, args: argparse.Namespace) -> int:
     number = _partition(settings, args)
-    with open_redis(settings) as client, open_store(settings, "engram resume") as store:
+    with _redis(settings, number) as client, open_store(settings, "engram resume") as store:
         was = pause.release(client, store.audit, _who(args), number)
     what = "jobs" if number is None else f"partition {number}"
     print(f"{what} resumed" if was else f"{what} {'were' if number is None else 'was'} not paused")
@@ -55,8 +63,8 @@ def cmd_resume(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_paused(settings: Settings, args: argparse.Namespace) -> int:
-    with open_redis(settings) as client:
-        state = pause.paused(client)
+    with open_redis(settings) as client, jobs_redis.opened(settings) as jobs_client:
+        state = pause.paused(client, jobs_client)
     if args.json:
         print_json(state.as_dict())
         return exits.OK

@@ -2,7 +2,7 @@
 
 RQ calls job functions by their dotted path with the job's arguments only (ids,
 never connections). The jobs worker installs one ``JobContext`` at start (its
-store pool, its Redis client, its embedder registry, its settings), and the job
+store pool, its Redis clients, its embedder registry, its settings), and the job
 functions read it with ``current()``. Nothing connects at import time.
 """
 
@@ -23,6 +23,7 @@ from .settings import JobsSettings
 @dataclass(frozen=True, slots=True)
 class JobContext:
     store: Store
+    # The jobs' Redis: RQ's queues, the inbox, the leases (one server, never a cluster).
     client: redis.Redis
     registry: EmbedderRegistry
     settings: JobsSettings
@@ -31,6 +32,13 @@ class JobContext:
     streams: WorkerConfig = field(default_factory=WorkerConfig)
     # Set when the worker was asked to stop: a long job ends its slice early.
     stopping: threading.Event = field(default_factory=threading.Event)
+    # The streams' Redis (``REDIS_URL``, maybe a cluster), where the redaction erases
+    # forgotten text and updates replies; None: the same as ``client``.
+    streams_redis: redis.Redis | None = None
+
+    @property
+    def streams_client(self) -> redis.Redis:
+        return self.streams_redis if self.streams_redis is not None else self.client
 
     @property
     def partitions(self) -> int:

@@ -80,7 +80,7 @@ def run(
     older_than_s: float | None = None,
 ) -> list[Pruned]:
     """Prune each of ``what`` now, older than its retention window, or than
-    ``older_than_s`` instead.
+    ``older_than_s`` instead (``client``: the streams' Redis, for the dead letters).
 
     ``what`` left out means all three, but then a window that is off stays off,
     ``older_than_s`` or not: receipts are the store's dedupe memory, and pruning
@@ -129,5 +129,7 @@ def enqueue(client: redis.Redis, what: str, *, older_than_s: float | None = None
 @content_free("prune")
 def prune_job(what: str, older_than_s: float | None = None) -> list[dict[str, Any]]:
     ctx = current()
-    report = run(ctx.store, ctx.client, ctx.settings.retention, [what], older_than_s=older_than_s)
+    report = run(
+        ctx.store, ctx.streams_client, ctx.settings.retention, [what], older_than_s=older_than_s
+    )
     return [p.as_dict() for p in report]

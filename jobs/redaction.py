@@ -2,7 +2,9 @@
 
 1. A stream worker that commits (or replays) a forget answers it with
    ``redaction: "pending"`` and, in the pipeline that carries that reply, hands
-   the event to the jobs (``hand_over``: the ids, JSON, on ``engram:jobs:forgets``).
+   the event to the jobs (``hand_over``: the ids, JSON, on ``engram:jobs:forgets``);
+   with the jobs on a Redis of their own (the streams on a cluster), it pushes
+   the event there just before that pipeline (``hand_over_to``).
 2. A jobs worker moves what waits there into one redaction job (``feed``),
    once the previous redaction job has left the queue, so forgets that arrive
    together are redacted together (one file rewrite, one VACUUM for all).
@@ -31,7 +33,8 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -56,6 +59,8 @@ log = logging.getLogger(__name__)
 
 # Forget events one redaction job takes at most.
 MAX_EVENTS = 1000
+# How long a redaction waits, once, for forgets' replies not there yet (see ``finish``).
+_REPLY_GRACE_S = 1.0
 
 # Replace a reply only if it is still the one read (a redelivery may have replaced it).
 _SWAP_REPLY = """
@@ -71,6 +76,26 @@ def hand_over(events: Sequence[ForgetEvent], pipe: Any) -> None:
     """The stream workers' forget hook: queue the events for the jobs, in ``pipe``."""
     for event in events:
         pipe.rpush(keys.FORGET_INBOX, json.dumps(event_json.to_dict(event)))
+
+
+def hand_over_to(client: redis.Redis) -> Callable[[Sequence[ForgetEvent], Any], None]:
+    """The forget hook of stream workers whose jobs live on another Redis (``client``;
+    the streams on a cluster): the events go there at once, not in the workers'
+    pipeline. A jobs Redis that does not answer stops no stream worker: the hand-over
+    is logged and dropped, and the sweeper (``sweep``) hands those forgets over later."""
+
+    def hook(events: Sequence[ForgetEvent], pipe: Any) -> None:
+        own = client.pipeline(transaction=False)
+        hand_over(events, own)
+        try:
+            own.execute()
+        except redis.RedisError as exc:
+            log.warning(
+                "forgets not handed to the jobs; the sweeper will",
+                extra={"events": len(events), "error": type(exc).__name__},
+            )
+
+    return hook
 
 
 def feed(ctx: JobContext, *, block_s: float = 1.0) -> str | None:
@@ -158,8 +183,13 @@ def finish(
     receipts and in their replies."""
     op_ids = [e.operation_id for e in batch]
     forgets.set_redaction(ctx.store.pool, op_ids, status, reason)
-    for op_id in op_ids:
-        _update_reply(ctx.client, op_id, status, reason)
+    missing = [op for op in op_ids if not _update_reply(ctx.streams_client, op, status, reason)]
+    if missing and ctx.streams_redis is not None:
+        # On a Redis of their own the jobs may hear of a forget just before its worker's
+        # reply lands on the streams' Redis: a moment later, it is there.
+        time.sleep(_REPLY_GRACE_S)
+        for op_id in missing:
+            _update_reply(ctx.streams_client, op_id, status, reason)
     log.info("redaction finished", extra={"events": len(batch), "redaction": status})
 
 
@@ -221,7 +251,7 @@ def _count_handover(ctx: JobContext, events: list[dict[str, Any]]) -> list[dict[
         ctx.store.pool, list(by_op), max_handovers=limit, reason=reason
     )
     for op_id in failed:
-        _update_reply(ctx.client, op_id, "failed", reason)
+        _update_reply(ctx.streams_client, op_id, "failed", reason)
     if failed:
         log.error(
             "redactions failed: handed over too many times",
@@ -277,23 +307,25 @@ def _redaction_jobs(client: redis.Redis) -> int:
 
 def _update_reply(
     client: redis.Redis, operation_id: str, status: Redaction, reason: str | None = None
-) -> None:
+) -> bool:
+    """Whether there was a reply (updated, or not a forget's) to update."""
     key = stream_keys.reply(operation_id)
     for _ in range(3):
         raw = client.lindex(key, 0)
         if raw is None:
-            return  # expired, or never sent: the receipt in the store says it
+            return False  # expired, or not sent yet: the receipt in the store says it
         reply = json.loads(raw)
         receipt = reply.get("receipt")
         if not isinstance(receipt, dict) or receipt.get("kind") != "forget":
-            return
+            return True
         receipt["redaction"] = status
         if reason is not None:
             receipt["redaction_reason"] = reason
         else:
             receipt.pop("redaction_reason", None)
         if client.eval(_SWAP_REPLY, 1, key, raw, json.dumps(reply, separators=(",", ":"))):
-            return
+            return True
+    return True
 
 
 def _unique(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -174,8 +174,10 @@ def jobs_paused(client: redis.Redis) -> Pause | None:
     return Pause.decode(raw) if raw is not None else Pause("rq", 0)
 
 
-def paused(client: redis.Redis) -> PausedState:
-    return PausedState(paused_partitions(client), jobs_paused(client))
+def paused(client: redis.Redis, jobs_client: redis.Redis | None = None) -> PausedState:
+    """The paused partitions (on the streams' ``client``) and the jobs (on the jobs'
+    Redis, ``jobs_client``, when they live on another server)."""
+    return PausedState(paused_partitions(client), jobs_paused(jobs_client or client))
 
 
 # -- audited: what the dashboard and the CLI do -----------------------------------------

@@ -55,6 +55,9 @@ class Settings:
     # A streaming replica (or several) of database_url's database, for the reads that
     # allow it (docs/read-replica.md); None: every read on database_url.
     database_read_url: str | None = field(default=None, metadata=MASKED_URL)
+    # The one Redis server (never a cluster: RQ cannot use one) the jobs live on: their
+    # queues, schedule, pause and inbox. None: redis_url's, when that is no cluster.
+    jobs_redis_url: str | None = field(default=None, metadata=MASKED_URL)
     embedder: str = "wordllama"
     # Embedders of your own, by name: "name=package.module:factory,..." (store.registry).
     embedders: str = ""
@@ -75,6 +78,7 @@ class Settings:
             database_url=env.get("DATABASE_URL") or None,
             redis_url=env.get("REDIS_URL") or None,
             database_read_url=env.get("DATABASE_READ_URL") or None,
+            jobs_redis_url=env.get("ENGRAM_JOBS_REDIS_URL") or None,
             embedder=env.get("ENGRAM_EMBEDDER") or "wordllama",
             embedders=env.get("ENGRAM_EMBEDDERS") or "",
             workers=_int(env, "ENGRAM_WORKERS", defaults.UP_WORKERS),

@@ -21,18 +21,25 @@ Where Redis can hold the text of a record, and what this listener does there:
 - finally the append-only file is rewritten, and the RDB file saved again if
   the server keeps one (``persistence.purge``): until then the file still
   holds every ``XADD`` ever sent.
+
+All of it on the streams' Redis (``REDIS_URL``), whether or not the jobs live
+there. On a Redis Cluster every command names one key (each stream is rebuilt
+by a script on its own slot's master), the streams are found by a scan of each
+master, and once the replicas have the rebuilt streams (``WAIT``) every node,
+master and replica, rewrites its own files.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from store import ForgetEvent, WriteOptions
 from store.write import forgets
+from worker import cluster
 from worker import keys as stream_keys
 from worker.protocol import Entry, decode_entry, encode_reply, partition_of
 from worker.replies import send_reply
@@ -44,6 +51,8 @@ from .matching import Forgotten
 log = logging.getLogger(__name__)
 
 _PAGE = 1000
+# Every partition stream's key (``worker.keys.stream``), whatever the partition.
+_STREAMS = stream_keys.stream(0).replace("{0}", "{*}")
 
 
 class RedisListener:
@@ -51,7 +60,7 @@ class RedisListener:
 
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
-        self.client: redis.Redis = ctx.client
+        self.client: redis.Redis = ctx.streams_client
 
     def __call__(self, events: Sequence[ForgetEvent]) -> None:
         record_ids = {e.record_id for e in events}
@@ -69,7 +78,9 @@ class RedisListener:
             self.client.xdel(stream_keys.DEAD_LETTERS, *letters)
         self._compact_all()
         if self.ctx.settings.redaction.purge_redis_files:
-            persistence.purge(self.client, wait_s=self.ctx.settings.redaction.wait_s)
+            wait_s = self.ctx.settings.redaction.wait_s
+            for node in _replicated(self.client, wait_s):
+                persistence.purge(node, wait_s=wait_s)
         log.info(
             "forgotten records erased from redis",
             extra={"records": len(record_ids), "dead_letters": len(letters)},
@@ -92,10 +103,16 @@ class RedisListener:
         partition, then dead-lettered again under a new id) or discarded, or an entry
         a worker committed and deleted, left its bytes in a node shared with live
         entries, where no id points at them any more. No history is assumed: each
-        stream is rebuilt (one script each; a missing key is left alone)."""
-        streams.compact(self.client, stream_keys.DEAD_LETTERS)
-        for partition in range(self.ctx.partitions):
-            streams.compact(self.client, stream_keys.stream(partition))
+        stream is rebuilt (one script each; a missing key is left alone), those of
+        partitions past ``ENGRAM_PARTITIONS`` (an earlier count) too."""
+        found = {stream_keys.DEAD_LETTERS}
+        found.update(stream_keys.stream(p) for p in range(self.ctx.partitions))
+        for node in _masters(self.client):
+            found.update(
+                _text(key) for key in node.scan_iter(match=_STREAMS, count=_PAGE, _type="STREAM")
+            )
+        for key in sorted(found):
+            streams.compact(self.client, key)
 
     def _settle(self, partition: int, stream: str, entry_id: str, fields: dict[Any, Any]) -> None:
         """Commit, answer, acknowledge and delete one entry of a forgotten record."""
@@ -125,6 +142,32 @@ def _entries(client: redis.Redis, key: str) -> Iterator[tuple[str, dict[Any, Any
         if len(page) < _PAGE:
             return
         start = f"({_text(page[-1][0])}"
+
+
+def _masters(client: redis.Redis) -> list[redis.Redis]:
+    """A client of each node that holds keys: the one server, or each cluster master."""
+    if not cluster.is_cluster(client):
+        return [client]
+    nodes: Any = client
+    return [cast(redis.Redis, nodes.get_redis_connection(n)) for n in nodes.get_primaries()]
+
+
+def _replicated(client: redis.Redis, wait_s: float) -> list[redis.Redis]:
+    """Every node whose files may hold a stream's history: the one server, or each
+    cluster master then each replica, once every master's replicas have caught up with
+    it (``WAIT``: a replica rewriting its file before it applied the rebuilt streams
+    would keep the text)."""
+    if not cluster.is_cluster(client):
+        return [client]
+    nodes: Any = client
+    masters = _masters(client)
+    for master in masters:
+        replicas = int(master.info("replication").get("connected_slaves", 0))
+        if replicas and int(master.wait(replicas, int(wait_s * 1000))) < replicas:
+            raise persistence.PurgeError("a replica did not catch up in time")
+    return masters + [
+        cast(redis.Redis, nodes.get_redis_connection(n)) for n in nodes.get_replicas()
+    ]
 
 
 def _text(value: Any) -> str:
