@@ -37,15 +37,19 @@ from worker import runtime
 from worker.producer import Producer
 from worker.settings import Settings
 
-from . import wiring
+from . import jobs_redis, wiring
 
 log = logging.getLogger("engram.web")
 
 
 @contextlib.contextmanager
 def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> Iterator[Starlette]:
-    """The app on connections to the configured servers, closed on exit."""
+    """The app on connections to the configured servers, closed on exit. A jobs'
+    Redis that cannot be named (``REDIS_URL`` a cluster, ``ENGRAM_JOBS_REDIS_URL``
+    unset) is a ``ConfigError`` before anything is served."""
+    jobs_client = jobs_redis.connect(settings)
     client = runtime.connect_redis(runtime.redis_url(settings))
+    shared = jobs_redis.jobs_url(settings) == runtime.redis_url(settings)
     store = Store.connect(
         runtime.database_url(settings),
         migrate=False,
@@ -60,7 +64,12 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
 
     def start_reembed(model: str, requested_by: str) -> str:
         started = reembed.start(
-            store, client, registry, model, requested_by=requested_by, settings=reembed_settings
+            store,
+            jobs_client,
+            registry,
+            model,
+            requested_by=requested_by,
+            settings=reembed_settings,
         )
         return started.job_id
 
@@ -78,11 +87,13 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
                 embedder=query_embedder,
                 start_reembed=start_reembed,
                 embedders=registry,
+                jobs_redis=None if shared else jobs_client,
             ),
         )
     finally:
         producer.close()
         store.close()
+        jobs_client.close()
 
 
 def port_chosen(port: int | None = None, env: Mapping[str, str] | None = None) -> bool:

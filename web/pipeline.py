@@ -67,19 +67,23 @@ def snapshot(
     lease_ttl_ms: int,
     queues: Sequence[str],
     signer: Cursors,
+    jobs: redis.Redis | None = None,
 ) -> Snapshot:
+    """The streams as ``conn`` (``REDIS_URL``'s) sees them, the jobs as ``jobs`` (the
+    jobs' Redis; None: ``conn``) does."""
+    jobs = conn if jobs is None else jobs
     running: list[JobRow] = []
     failed: list[JobRow] = []
     for name in queues:
         for state, found in (("started", running), ("failed", failed)):
-            found += rqjobs.page(conn, name, state, cursor=None, limit=LATEST, signer=signer).items
+            found += rqjobs.page(jobs, name, state, cursor=None, limit=LATEST, signer=signer).items
     return Snapshot(
         streams=metrics.stream_states(conn, partitions),
         workers=[_worker(w) for w in live_workers(conn, lease_ttl_ms)],
         intervals=metrics.intervals(conn, window_s=CHART_WINDOW_S),
         dead_letters=deadletters.count(conn),
         latest_dead=deadletters.page(conn, count=LATEST),
-        queues=rqjobs.summaries(conn, queues),
+        queues=rqjobs.summaries(jobs, queues),
         running_jobs=running,
         failed_jobs=sorted(failed, key=lambda j: j.ended_at or _EPOCH, reverse=True)[:LATEST],
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import redis
+from redis import Redis
 
 from store import Embedder, Store
 from store.vectors.embedders import EmbedderResolver
@@ -25,7 +26,7 @@ class ReembedStarter(Protocol):
 @dataclass(frozen=True, slots=True)
 class Services:
     store: Store
-    redis: redis.Redis  # bytes in and out, as the workers' and RQ's
+    redis: redis.Redis  # the streams' (maybe a cluster): bytes in and out, as the workers'
     producer: Producer
     # The query embedder for recall: one embedder, or a resolver that follows the
     # active generation; None, or no embedder for the active model: recall by text only
@@ -39,3 +40,10 @@ class Services:
     # Seconds since the epoch: the overview's minute buckets and how old its costly
     # counts are. Tests hand in their own.
     clock: Callable[[], float] = time.time
+    # The jobs' Redis (RQ: one server, never a cluster), when it is not ``redis``'s.
+    jobs_redis: Redis | None = None
+
+    @property
+    def jobs(self) -> Redis:
+        """Where the jobs live: their queues, their pause."""
+        return self.jobs_redis if self.jobs_redis is not None else self.redis

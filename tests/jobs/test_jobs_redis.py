@@ -27,6 +27,7 @@ from worker.settings import Settings
     [
         ["jobs"],
         ["jobs-health"],
+        ["web", "--no-embedder"],
         ["reembed", "--model", "hashing:32", "--detach"],
         ["prune", "--enqueue"],
         ["pause", "jobs"],

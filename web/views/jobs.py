@@ -51,7 +51,7 @@ def listing(request: Request, *, ticks_shown: bool = True) -> Listing:
     ticks = q.choice("ticks", ("show", "hide"), "show" if ticks_shown else "hide")
     where = rqjobs.JobFilter(q.choice("function", rqjobs.JOB_FUNCTIONS), ticks == "show")
     found = rqjobs.find(
-        web.services.redis,
+        web.services.jobs,
         queue,
         state,
         where,
@@ -59,7 +59,7 @@ def listing(request: Request, *, ticks_shown: bool = True) -> Listing:
         limit=q.limit(),
         signer=web.services.store.cursors,
     )
-    return Listing(rqjobs.summaries(web.services.redis, queues), queue, state, where, found)
+    return Listing(rqjobs.summaries(web.services.jobs, queues), queue, state, where, found)
 
 
 def job_list(request: Request) -> Response:
@@ -120,7 +120,7 @@ def _act(
     """Retry or discard one failed job, then its audit row: who, why, the queue."""
     web = web_of(request)
     act = rqjobs.retry if action == "retry" else rqjobs.discard
-    job = act(web.services.redis, job_id)
+    job = act(web.services.jobs, job_id)
     detail: dict[str, Any] = {"queue": job.queue}
     if why is not None:
         detail["reason"] = why
@@ -160,7 +160,7 @@ def plan(request: Request, queue: object, action: object = "retry") -> JobBulk:
         raise BadRequestError(f"queue must be one of {', '.join(queues)}")
     if action not in BULK_ACTIONS:
         raise BadRequestError("action must be retry or discard")
-    found = rqjobs.failed(web_of(request).services.redis, queue)
+    found = rqjobs.failed(web_of(request).services.jobs, queue)
     if len(found) > rqjobs.MAX_BULK:
         raise InvalidRequestError(
             f"more than {rqjobs.MAX_BULK} failed jobs: {action} fewer at a time"
@@ -203,7 +203,7 @@ def bulk(request: Request, form: dict[str, str]) -> Response:
 
 def get_job(request: Request) -> rqjobs.JobRow:
     job_id = job_id_of(request)
-    job = rqjobs.get(web_of(request).services.redis, job_id)
+    job = rqjobs.get(web_of(request).services.jobs, job_id)
     if job is None:
         raise NotFoundError(f"no job {job_id}")
     return job

@@ -30,6 +30,7 @@ def overview(request: Request) -> Response:
         lease_ttl_ms=config.lease_ttl_ms,
         queues=config.job_queues,
         signer=services.store.cursors,
+        jobs=services.jobs,
     )
     # The dashboard samples the lag (the workers count only what they did), so the
     # last day's lag covers the minutes some dashboard was open.
@@ -75,10 +76,15 @@ def healthz(request: Request) -> Response:
             conn.execute("SELECT 1")
     except Exception:  # down, refusing, pool exhausted: whatever it is, not healthy
         checks["postgres"] = "unavailable"
-    try:
-        services.redis.ping()
-    except (redis.RedisError, OSError):
-        checks["redis"] = "unavailable"
+    servers = {"redis": services.redis}
+    if services.jobs_redis is not None:  # the jobs on a Redis of their own
+        servers["jobs_redis"] = services.jobs_redis
+    for name, client in servers.items():
+        checks[name] = "ok"
+        try:
+            client.ping()
+        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError):
+            checks[name] = "unavailable"
     healthy = all(v == "ok" for v in checks.values())
     return JSONResponse(
         {"status": "ok" if healthy else "unavailable", **checks}, 200 if healthy else 503

@@ -4,6 +4,7 @@ audit row under the operator signed in."""
 
 from __future__ import annotations
 
+import redis
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
@@ -16,7 +17,8 @@ from ..state import operator_of, web_of
 
 
 def state(request: Request) -> PausedState:
-    return pause.paused(web_of(request).services.redis)
+    services = web_of(request).services
+    return pause.paused(services.redis, services.jobs)
 
 
 def pause_partition(request: Request, number: int, reason: str) -> Pause:
@@ -40,14 +42,20 @@ def resume_jobs(request: Request) -> bool:
 def _hold(request: Request, partition: int | None, reason: str) -> Pause:
     web = web_of(request)
     held = Pause.now(operator_of(request).name, reason)
-    pause.hold(web.services.redis, web.services.store.audit, partition, held)
+    pause.hold(_client(request, partition), web.services.store.audit, partition, held)
     return held
 
 
 def _release(request: Request, partition: int | None) -> bool:
     web = web_of(request)
     who = operator_of(request).name
-    return pause.release(web.services.redis, web.services.store.audit, who, partition)
+    return pause.release(_client(request, partition), web.services.store.audit, who, partition)
+
+
+def _client(request: Request, partition: int | None) -> redis.Redis:
+    """A partition's pause is the streams'; the jobs' (RQ's suspension) is theirs."""
+    services = web_of(request).services
+    return services.redis if partition is not None else services.jobs
 
 
 def number_in_path(request: Request) -> int:
