@@ -2,7 +2,11 @@
 
 With no ``DATABASE_URL`` it starts the embedded PostgreSQL, with no
 ``REDIS_URL`` the embedded valkey-server, both under ``ENGRAM_HOME``, which it
-owns for as long as it runs (one ``up`` per home; see ``home``). It migrates,
+owns for as long as it runs (one ``up`` per home; see ``home``). With a
+``REDIS_URL`` naming a Redis Cluster and no ``ENGRAM_JOBS_REDIS_URL``, the
+embedded valkey-server is the jobs' (RQ cannot use a cluster): ``up`` then runs
+with nothing more to set, as it does everywhere else, and its children and the
+commands of the home find it (``ENGRAM_JOBS_REDIS_URL``, the run file). It migrates,
 runs the workers under a ``Supervisor`` (restarting one that dies), prints
 where everything is, then logs one line per change of state. On Ctrl-C,
 SIGTERM or SIGHUP it stops the workers (each finishes its batch in hand), then
@@ -25,11 +29,12 @@ from store.errors import EngramError, InvalidRequestError
 from store.masking import mask_url
 from store.server import EmbeddedPostgres
 from web.config import WebConfig
+from worker import cluster, runtime
 from worker.settings import Settings
 from worker.stopping import StopRequest
 from worker.valkey import EmbeddedValkey
 
-from . import web_cli
+from . import jobs_redis, web_cli
 from .home import UP, HomeSession
 from .procs import ProcessRecord
 from .supervisor import ChildSpec, ServerWatch, Supervisor
@@ -110,10 +115,12 @@ def run_up(
                 )
             )
         redis_url = settings.redis_url
-        if redis_url is None:
+        jobs_url = settings.jobs_redis_url
+        if jobs_url is not None:
+            jobs_redis.connect(settings).close()  # a cluster named for the jobs stops ``up``
+        if redis_url is None or (jobs_url is None and _is_cluster(redis_url)):
             valkey = EmbeddedValkey(settings.home).start()
             _record(session, "valkey", valkey.pid, signal.SIGTERM, 30.0)
-            redis_url = valkey.url
             watches.append(
                 ServerWatch(
                     "valkey",
@@ -121,12 +128,18 @@ def run_up(
                     on_start=lambda pid: _record(session, "valkey", pid, signal.SIGTERM, 30.0),
                 )
             )
+            if redis_url is None:
+                redis_url = valkey.url
+            else:  # the streams on a cluster, where RQ cannot run: the jobs here
+                jobs_url = valkey.url
+        jobs_url = jobs_url or redis_url
         with Store.connect(database_url):
             log.info("schema up to date")
         env = {
             **os.environ,
             "DATABASE_URL": database_url,
             "REDIS_URL": redis_url,
+            "ENGRAM_JOBS_REDIS_URL": jobs_url,
             "ENGRAM_HOME": str(settings.home),
         }
         specs = [*worker_specs(workers, log_level), jobs_spec(log_level)]
@@ -138,11 +151,19 @@ def run_up(
         session.publish(
             database_url=database_url,
             redis_url=redis_url,
+            jobs_redis_url=jobs_url,
             workers=workers,
             **({"dashboard_url": dashboard.url} if dashboard else {}),
         )
         _print_where(
-            settings, database_url, redis_url, postgres, valkey, workers, dashboard, default_port
+            settings,
+            database_url,
+            (redis_url, jobs_url),
+            postgres,
+            valkey,
+            workers,
+            dashboard,
+            default_port,
         )
         if demo:
             _stream_demo(redis_url, settings)
@@ -179,18 +200,33 @@ def _record(session: HomeSession, name: str, pid: int | None, signum: int, timeo
         session.record(ProcessRecord.of(name, pid, stop_signal=signum, stop_timeout_s=timeout))
 
 
+def _is_cluster(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (asked of the server, as the workers will)."""
+    client = runtime.connect_redis(url)
+    try:
+        return cluster.is_cluster(client)
+    finally:
+        client.close()
+
+
 def _print_where(
     settings: Settings,
     database_url: str,
-    redis_url: str,
+    redis_urls: tuple[str, str],
     postgres: EmbeddedPostgres | None,
     valkey: EmbeddedValkey | None,
     workers: int,
     dashboard: WebConfig | None,
     default_port: int | None = None,
 ) -> None:
+    redis_url, jobs_url = redis_urls
     pg = f"embedded, data in {postgres.data_dir}" if postgres else "DATABASE_URL"
-    vk = f"embedded, data in {valkey.data_dir}" if valkey else "REDIS_URL"
+    embedded = f"embedded, data in {valkey.data_dir}" if valkey else ""
+    vk = embedded if valkey and valkey.url == redis_url else "REDIS_URL"
+    jobs = ""
+    if jobs_url != redis_url:
+        where = embedded if valkey and valkey.url == jobs_url else "ENGRAM_JOBS_REDIS_URL"
+        jobs = f"  jobs Redis  {mask_url(jobs_url)}  ({where}; RQ cannot use a cluster)\n"
     home = Path(settings.home).resolve()
     # The passwords stay in the run file, the owner's only; a terminal may be shared.
     web = ""
@@ -201,7 +237,8 @@ def _print_where(
         f"engram is up (ENGRAM_HOME={home}, pid {os.getpid()})\n"
         f"  PostgreSQL  {mask_url(database_url)}  ({pg})\n"
         f"  Redis       {mask_url(redis_url)}  ({vk})\n"
-        f"  workers     {workers} x `engram worker`, "
+        + jobs
+        + f"  workers     {workers} x `engram worker`, "
         f"{settings.worker.partitions} partition streams\n"
         "  jobs        `engram jobs`: reembed, retention, redaction listeners\n"
         + web
