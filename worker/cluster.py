@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.exceptions import RedisClusterException
 
 from store.errors import ConfigError
 
@@ -127,13 +128,19 @@ def _cluster(parsed: ParsedUrl, options: dict[str, Any]) -> redis.Redis:
         raise ConfigError("a Redis Cluster has database 0 only: end REDIS_URL with /0")
     if parsed.scheme == "unix":
         raise ConfigError("a Redis Cluster is reached over TCP: redis:// or rediss://")
-    client = RedisCluster(
-        startup_nodes=[_node(host, port) for host, port in parsed.hosts],
-        username=parsed.username,
-        password=parsed.password,
-        ssl=parsed.scheme == "rediss",
-        **{k: v for k, v in options.items() if k != "health_check_interval"},
-    )
+    try:
+        client = RedisCluster(
+            startup_nodes=[_node(host, port) for host, port in parsed.hosts],
+            username=parsed.username,
+            password=parsed.password,
+            ssl=parsed.scheme == "rediss",
+            **{k: v for k, v in options.items() if k != "health_check_interval"},
+        )
+    except RedisClusterException:
+        # Not a RedisError: the callers' "Redis unavailable" handling would miss it.
+        raise redis.ConnectionError(
+            f"no node of the Redis Cluster answered (tried {len(parsed.hosts)})"
+        ) from None
     return cast(redis.Redis, client)
 
 

@@ -5,6 +5,7 @@ scope's partition, where the worker commits them) and discarded in bulk."""
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import pytest
@@ -66,3 +67,21 @@ def test_dead_letters_on_a_cluster_from_the_command_line(
         capsys.readouterr()
         assert deadletters.read(client) == []
     client.close()
+
+
+def test_a_cluster_none_of_whose_seeds_answers_is_unavailable_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ports = []
+    for _ in range(2):  # ports nothing listens on
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
+    monkeypatch.setenv("REDIS_URL", f"redis://default:s3cret-pw@{hosts}/0")
+    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "home"))
+    for argv in (["health"], ["metrics"], ["dead-letters", "list"], ["jobs-health"]):
+        assert main(argv) == 5, argv
+        err = capsys.readouterr().err
+        assert "no node of the Redis Cluster answered" in err and "Traceback" not in err
+        assert "s3cret-pw" not in err
