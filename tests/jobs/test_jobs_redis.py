@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import socket
+import threading
 from typing import Any
 
 import pytest
+import redis
 
 from engram.cli import main
-from store import Store
+from engram.jobs_redis import forget_hook
+from jobs import keys as jobs_keys
+from jobs import redaction
+from store import ForgetEvent, Scope, Store
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.worker.test_cluster import CONFIG
 from worker import keys
@@ -96,3 +103,82 @@ def test_the_jobs_redis_is_a_setting_masked_in_repr() -> None:
     assert settings.jobs_redis_url == f"redis://default:{secret}@q:6379/0"
     assert secret not in repr(settings) and "default:***@q:6379" in repr(settings)
     assert Settings.from_env({}).jobs_redis_url is None
+
+
+# -- the stream workers' forget hook ----------------------------------------------------
+
+EVENT = ForgetEvent(
+    scope=Scope.of({"user_id": "ada"}),
+    record_id="mem_1",
+    revisions=(1,),
+    operation_id="op-forget",
+    already_forgotten=False,
+)
+
+
+def test_the_forget_hook_follows_where_the_jobs_live(
+    cluster_url: str, redis_url: str, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    home = str(tmp_path / "home")
+    single, cluster = connect_redis(redis_url), connect_redis(cluster_url)
+    # The jobs share the streams' one server: the events go in the workers' pipeline.
+    shared = Settings.from_env({"REDIS_URL": redis_url, "ENGRAM_HOME": home})
+    assert forget_hook(shared, single) is redaction.hand_over
+    # A cluster and no jobs Redis: no hook, and the worker says why.
+    alone = Settings.from_env({"REDIS_URL": cluster_url, "ENGRAM_HOME": home})
+    with caplog.at_level(logging.WARNING):
+        assert forget_hook(alone, cluster) is None
+    assert "ENGRAM_JOBS_REDIS_URL is not set" in caplog.text
+    # The jobs on their own Redis: the events go there, nothing into the cluster pipeline.
+    apart = Settings.from_env(
+        {"REDIS_URL": cluster_url, "ENGRAM_JOBS_REDIS_URL": redis_url, "ENGRAM_HOME": home}
+    )
+    hook = forget_hook(apart, cluster)
+    assert hook is not None and hook is not redaction.hand_over
+    pipe = cluster.pipeline(transaction=False)
+    hook([EVENT], pipe)
+    assert len(pipe) == 0
+    [raw] = single.lrange(jobs_keys.FORGET_INBOX, 0, -1)
+    assert json.loads(raw)["operation_id"] == "op-forget"
+    single.close()
+    cluster.close()
+
+
+def test_a_jobs_redis_that_does_not_answer_stops_no_worker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    down = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+    with caplog.at_level(logging.WARNING):
+        redaction.hand_over_to(down)([EVENT], None)  # no error: the sweeper hands it over
+    assert "forgets not handed to the jobs" in caplog.text and "ada" not in caplog.text
+
+
+def test_a_redaction_waits_a_moment_for_a_reply_not_there_yet(
+    cluster_url: str, redis_url: str, store: Store
+) -> None:
+    """With the jobs on their own Redis, a forget reaches them just before its worker's
+    reply reaches the cluster: the redaction still updates that reply."""
+    from jobs.context import JobContext
+    from tests.jobs_fixtures import registry, settings
+
+    cluster = connect_redis(cluster_url)
+    ctx = JobContext(
+        store=store,
+        client=connect_redis(redis_url),
+        registry=registry(),
+        settings=settings(),
+        streams=CONFIG,
+        streams_redis=cluster,
+    )
+    reply = {"receipt": {"kind": "forget", "redaction": "pending"}}
+    late = threading.Timer(0.3, lambda: cluster.rpush(keys.reply("op-forget"), json.dumps(reply)))
+    late.start()
+    redaction.finish(ctx, [EVENT], "complete")
+    late.join()
+    [raw] = cluster.lrange(keys.reply("op-forget"), 0, -1)
+    assert json.loads(raw)["receipt"]["redaction"] == "complete"
+    ctx.client.close()
+    cluster.close()
