@@ -85,3 +85,24 @@ def test_a_cluster_none_of_whose_seeds_answers_is_unavailable_not_a_traceback(
         err = capsys.readouterr().err
         assert "no node of the Redis Cluster answered" in err and "Traceback" not in err
         assert "s3cret-pw" not in err
+
+
+def test_prune_trims_the_dead_letters_on_the_cluster_without_a_jobs_redis(
+    cluster_url: str,
+    fresh_dsn: str,
+    fresh_store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("REDIS_URL", cluster_url)
+    monkeypatch.setenv("DATABASE_URL", fresh_dsn)
+    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("ENGRAM_JOBS_REDIS_URL", raising=False)
+    client = connect_redis(cluster_url)
+    client.xadd(keys.DEAD_LETTERS, {"op": "{}"}, id="1000-0")  # from 1970: past any window
+    client.xadd(keys.DEAD_LETTERS, {"op": "{}"})
+    assert main(["prune", "dead-letters", "--older-than", "1h"]) == 0
+    assert "dead-letters: 1 removed" in capsys.readouterr().out
+    assert client.xlen(keys.DEAD_LETTERS) == 1
+    client.close()

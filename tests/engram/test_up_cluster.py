@@ -76,3 +76,17 @@ def test_up_on_a_cluster_runs_the_jobs_on_its_embedded_valkey(
         contextlib.closing(redis.Redis.from_url(jobs_url)) as c,
     ):
         c.ping()  # stopped with ``up``
+
+
+def test_up_refuses_a_cluster_named_for_the_jobs(
+    home: Path,  # noqa: F811
+    start_up: Callable[..., Up],  # noqa: F811
+    cluster_url: str,
+    fresh_dsn: str,
+) -> None:
+    env = {"REDIS_URL": cluster_url, "DATABASE_URL": fresh_dsn}
+    env["ENGRAM_JOBS_REDIS_URL"] = cluster_url
+    up = start_up(home, env=env)
+    assert up.process.wait(timeout=60) == 2
+    assert "ENGRAM_JOBS_REDIS_URL names a Redis Cluster" in up.log()
+    assert "Traceback" not in up.log() and not (home / "valkey").exists()
