@@ -114,6 +114,8 @@ def test_dead_letters_made_on_the_cluster_are_listed_shown_and_discarded(
     assert shown.status_code == 200 and "op-astray" in shown.text
     api = dashboard.client.get("/api/v1/dead-letters").json()
     assert [d["operation_id"] for d in api["items"]] == ["op-astray"]
+    one = dashboard.client.get(f"/api/v1/dead-letters/{letter.id}").json()
+    assert one["operation_id"] == "op-astray"
     token = dashboard.csrf("/dead-letters")
     done = dashboard.client.post(f"/dead-letters/{letter.id}/discard", data={"csrf": token})
     assert done.status_code == 303
@@ -141,6 +143,11 @@ def test_a_partition_paused_from_the_page_holds_its_operation_found_in_the_backl
     resumed = dashboard.client.post("/resume/partition/5", data={"csrf": token})
     assert resumed.status_code == 303 and pause.paused_partitions(dashboard.cluster) == {}
     assert pending.wait(30).scope_revision == 1
+    # The API's twins.
+    api = dashboard.client.post("/api/v1/partitions/6/pause", json={"reason": "api"})
+    assert api.status_code == 200 and list(pause.paused_partitions(dashboard.cluster)) == [6]
+    api = dashboard.client.post("/api/v1/partitions/6/resume", json={})
+    assert api.json()["was_paused"] is True and pause.paused_partitions(dashboard.cluster) == {}
 
 
 def test_the_jobs_pages_and_their_pause_are_on_the_jobs_redis(dashboard: OnCluster) -> None:
