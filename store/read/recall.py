@@ -34,6 +34,7 @@ from ..errors import InvalidRequestError
 from ..limits import CANDIDATES_PER_LIST, RRF_K
 from ..rows import REVISION_COLUMNS, record_from_row
 from ..values import Generation, Hit
+from ..vectors.vector_indexes import indexed
 from ..write.writer import GENERIC_PLANS
 
 
@@ -256,19 +257,19 @@ def _vector_list(q: RecallQuery, where: str, params: dict[str, Any]) -> str:
     elif q.hnsw:
         # The settled rows through the partial HNSW index of this (generation, scope),
         # which is used only when its predicate and expression appear literally (these
-        # are integers we own); the fresh rows, not in it yet, exactly through their
-        # own small index. A record has one row per generation, settled or not, read on
-        # one snapshot: the parts cannot overlap, and DISTINCT ON only makes it plain.
+        # are integers we own), ranked then by their full-precision distance; the fresh
+        # rows, not in it yet, exactly through their own small index. A record has one
+        # row per generation, settled or not, read on one snapshot: the parts cannot
+        # overlap, and DISTINCT ON only makes it plain.
         gen, scope, dims = int(q.generation_id or 0), int(q.scope_id), int(q.dims or 0)
         nearest = f"""
             SELECT * FROM (
                 SELECT DISTINCT ON (record_id) * FROM ((
-                    SELECT c.record_id, c.revision,
-                           c.embedding::vector({dims}) <=> %(q)s::vector({dims}) AS d
+                    SELECT c.record_id, c.revision, c.embedding <=> %(q)s AS d
                     FROM engram_vectors c
                     WHERE c.generation_id = {gen} AND c.scope_id = {scope} AND c.settled
                       AND {where}
-                    ORDER BY d LIMIT %(n)s
+                    ORDER BY {indexed(dims)} <=> %(q)s::halfvec({dims}) LIMIT %(n)s
                 ) UNION ALL (
                     SELECT c.record_id, c.revision, c.embedding <=> %(q)s AS d
                     FROM engram_vectors c

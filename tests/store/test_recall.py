@@ -91,7 +91,7 @@ def test_a_large_scope_gets_an_approximate_index_with_the_same_answers(
             for r in conn.execute(
                 "EXPLAIN SELECT record_id FROM engram_vectors x WHERE x.generation_id = 1"
                 " AND x.scope_id = 1 AND x.settled"
-                " ORDER BY x.embedding::vector(64) <=> %s::vector(64) LIMIT 5",
+                " ORDER BY x.embedding::halfvec(64) <=> %s::halfvec(64) LIMIT 5",
                 (str(embedder.embed(["tea"])[0].tolist()),),
             )
         )
