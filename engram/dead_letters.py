@@ -13,7 +13,7 @@ from typing import Any
 from store.audit import AuditEntry
 from store.errors import InvalidRequestError, NotFoundError
 from worker import deadletter_selection as selection
-from worker import deadletters
+from worker import deadletters, layout
 from worker.deadletter_selection import Bulk, Match
 from worker.settings import Settings
 
@@ -94,7 +94,8 @@ def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
         if letter is None:
             raise _missing(args.id)
         # A valid operation goes to the partition its scope belongs to; anything else as sent.
-        home = deadletters.home_partition(letter, settings.worker.partitions)
+        now = layout.read(client, settings.worker.partitions).current
+        home = deadletters.home_partition(letter, now)
         new_id = deadletters.retry_audited(client, store.audit, _who(), letter, home, why)
         where = letter.partition if home is None else home
     print_json({"retried": args.id, "partition": where, "entry": new_id})

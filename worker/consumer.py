@@ -446,7 +446,6 @@ class Consumer(threading.Thread):
     def _handle(self, reads: list[Read], started: float) -> None:
         sorted_ = triage(
             reads,
-            partitions=self.shared.config.partitions,
             max_deliveries=self.shared.config.max_deliveries,
             in_hand=self.models.holds,  # delivered again while it waits for its model
         )

@@ -22,6 +22,7 @@ import redis
 from store.errors import EngramError, InvalidRequestError
 from store.write.operations import OPERATION_KINDS
 
+from . import layout
 from .deadletters import (
     REASONS,
     DeadLetter,
@@ -215,7 +216,9 @@ def plan(client: redis.Redis, action: str, match: Match, *, partitions: int) -> 
         raise InvalidRequestError(f"more than {MAX_BULK} dead letters match: narrow the filter")
     if action == "discard":
         return Bulk(action, match, [(x, None) for x in found], [])
-    homes = [(x, home_partition(x, partitions)) for x in found]
+    # The layout in Redis wins over the configured count (``layout``).
+    now = layout.read(client, partitions).current
+    homes = [(x, home_partition(x, now)) for x in found]
     taken: list[tuple[DeadLetter, int | None]] = [(x, p) for x, p in homes if p is not None]
     return Bulk(action, match, taken, [x for x, p in homes if p is None])
 

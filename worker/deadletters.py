@@ -17,9 +17,10 @@ import redis
 
 from store.errors import EngramError, InvalidRequestError, NotFoundError
 
-from . import cluster, keys
+from . import cluster, keys, layout
 from .defaults import STREAM_MAX_LEN
-from .errors import QueueFullError
+from .errors import QueueFullError, QueueUnavailableError
+from .layout import Epoch
 from .membership import now_ms
 from .protocol import OP_FIELD, Entry, decode_entry, partition_of
 
@@ -49,6 +50,7 @@ class DeadLetter:
     op: str | None  # the op field as sent
     # Its own fields missing or garbage (planted, damaged): shown as such, never retried.
     malformed: bool = False
+    epoch: int = 0  # the layout epoch of ``partition`` (``layout``)
 
     def as_dict(self) -> dict[str, Any]:
         """The letter as JSON, one shape for the API and the CLI."""
@@ -78,6 +80,7 @@ def add(
     reason: str,
     error: EngramError,
     deliveries: int,
+    epoch: int = 0,
 ) -> None:
     """XADD a dead letter, in the caller's pipeline."""
     pipe.xadd(
@@ -91,6 +94,8 @@ def add(
             "deliveries": deliveries,
             "at_ms": now_ms(),
             "op": raw or "",
+            # Epoch 0's letters keep the fields they had before any repartition.
+            **({"epoch": epoch} if epoch else {}),
         },
     )
 
@@ -120,10 +125,14 @@ def count(client: redis.Redis) -> int:
 
 
 # Move a dead letter back onto a partition stream, in one step: XADD the op as sent,
-# then XDEL the letter, unless the stream is at its cap or the letter is gone.
+# then XDEL the letter, unless the letter is gone, the stream is at its cap or a
+# repartition closed it (KEYS[3], as for the producers: ``layout``).
 _RETRY = f"""
 local found = redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1])
 if #found == 0 then return false end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return redis.error_reply('ENGRAMMOVED partition closed by a repartition')
+end
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[3]) then
   return redis.error_reply('ENGRAMFULL partition stream is full')
 end
@@ -133,36 +142,37 @@ return id
 """
 
 # On a Redis Cluster the stream and the dead letters are in two slots, which no script
-# may touch together: the capped XADD first (KEYS[1]; ARGV: the cap, the op), then XDEL.
+# may touch together: the producers' capped XADD first (``layout.ADD_SCRIPT``), then XDEL.
 # A retry cut between the two, or two retries of one letter at once, enqueue the
 # operation twice: its receipt makes the second a replay.
-_ADD_CAPPED = f"""
-if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
-  return redis.error_reply('ENGRAMFULL partition stream is full')
-end
-return redis.call('XADD', KEYS[1], '*', '{OP_FIELD}', ARGV[2])
-"""
 
 
-def home_partition(letter: DeadLetter, partitions: int) -> int | None:
+def home_partition(letter: DeadLetter, now: Epoch) -> int | None:
     """The partition a retry of the letter should go to, or None when it can never succeed.
 
-    A letter dead-lettered for deliveries or a failed commit was read as a valid operation
-    on its partition: back there. A malformed one can only succeed if it holds a valid
-    operation that was on the wrong partition: then on the one its scope belongs to.
+    ``now`` is the epoch producers send to (``layout``). A letter dead-lettered for
+    deliveries or a failed commit was read as a valid operation on its partition: back
+    there, if that partition is of ``now``'s epoch. A malformed one can only succeed if
+    it holds a valid operation that was on the wrong partition: then on the one its
+    scope belongs to, as is a valid letter of an earlier epoch (a repartition came between).
     """
     if letter.op is None or letter.malformed:
         return None
     try:
-        expected = partition_of(json.loads(letter.op)["scope"], partitions)
+        expected = partition_of(json.loads(letter.op)["scope"], now.partitions)
     except Exception:  # not JSON, no scope, a scope that is not one: never valid
         return None
     decoded = decode_entry(
-        letter.entry_id or "0-0", {OP_FIELD: letter.op}, partition=expected, partitions=partitions
+        letter.entry_id or "0-0",
+        {OP_FIELD: letter.op},
+        partition=expected,
+        partitions=now.partitions,
     )
     if not isinstance(decoded, Entry):
         return None
-    return expected if letter.reason == MALFORMED else letter.partition
+    if letter.reason == MALFORMED or letter.epoch != now.number:
+        return expected
+    return letter.partition
 
 
 def attempt(letter: DeadLetter) -> dict[str, str | int]:
@@ -204,16 +214,24 @@ def retry(
         return None
     if letter.op is None:
         raise InvalidRequestError(f"dead letter {dead_id} holds no operation to enqueue again")
-    stream = keys.stream(letter.partition if partition is None else partition)
+    # The partition numbers the layout in use: its epoch's stream.
+    found = layout.stored(client)
+    epoch = found.current.number if found is not None else 0
+    number = letter.partition if partition is None else partition
+    stream, closed = keys.stream(number, epoch), keys.closed(number, epoch)
     try:
         if cluster.is_cluster(client):
-            new_id = client.eval(_ADD_CAPPED, 1, stream, stream_max_len, letter.op)
+            new_id = client.eval(layout.ADD_SCRIPT, 2, stream, closed, stream_max_len, letter.op)
             client.xdel(keys.DEAD_LETTERS, dead_id)
         else:
             new_id = client.eval(
-                _RETRY, 2, stream, keys.DEAD_LETTERS, dead_id, letter.op, stream_max_len
+                _RETRY, 3, stream, keys.DEAD_LETTERS, closed, dead_id, letter.op, stream_max_len
             )
     except redis.ResponseError as exc:
+        if str(exc).startswith(layout.MOVED):
+            raise QueueUnavailableError(
+                f"dead letter {dead_id} not retried: a repartition began meanwhile; retry it again"
+            ) from exc
         if str(exc).startswith("ENGRAMFULL"):
             raise QueueFullError(
                 f"dead letter {dead_id} not retried: partition {letter.partition} is full"
@@ -307,6 +325,7 @@ def _parsed(raw_id: Any, f: dict[str, str]) -> DeadLetter:
         deliveries=int(f["deliveries"]),
         at_ms=int(f["at_ms"]),
         op=f["op"] or None,
+        epoch=int(f.get("epoch") or 0),
     )
 
 

@@ -1,9 +1,12 @@
 """Every Redis key engram's streams use, in one place.
 
-Per-partition keys carry the partition number as a Redis Cluster hash tag
-(``{N}``), so a partition's stream, lease and fencing counter live in one slot
-and a script may touch them together. Keys that span partitions (workers,
-metrics, dead letters) are read and written with single-key commands.
+Per-partition keys carry the partition as a Redis Cluster hash tag, so a
+partition's stream, closure, lease and fencing counter live in one slot and a
+script may touch them together. The partitions of layout epoch 0 (every
+deployment before ``engram repartition`` first ran) are tagged ``{N}``; those of
+epoch ``E`` > 0 are tagged ``{eE.N}`` (``layout``). Keys that span partitions
+(workers, metrics, dead letters, the layout) are read and written with
+single-key commands.
 """
 
 from __future__ import annotations
@@ -25,25 +28,39 @@ PAUSED = f"{PREFIX}:paused"
 # STRING JSON ``{"by", "at_ms", "reason"}``: who paused the jobs queues and why. The
 # pause itself is RQ's own suspension key (``rq:suspended``), which RQ's workers honour.
 PAUSED_JOBS = f"{PREFIX}:paused:jobs"
+# STRING JSON ``{"epoch", "partitions", "previous"}``: how many partition streams there
+# are and which epoch's keys they use (``layout``). Absent: epoch 0 with the configured
+# count (``ENGRAM_PARTITIONS``).
+LAYOUT = f"{PREFIX}:layout"
 
 
-def stream(partition: int) -> str:
-    return f"{PREFIX}:ops:{{{partition}}}"
+def _tag(partition: int, epoch: int) -> str:
+    return f"{{{partition}}}" if epoch == 0 else f"{{e{epoch}.{partition}}}"
 
 
-def lease(partition: int) -> str:
+def stream(partition: int, epoch: int = 0) -> str:
+    return f"{PREFIX}:ops:{_tag(partition, epoch)}"
+
+
+def closed(partition: int, epoch: int = 0) -> str:
+    """STRING, set once by ``engram repartition``: producers add nothing more to the
+    partition's stream (their script refuses, in the stream's slot)."""
+    return f"{PREFIX}:closed:{_tag(partition, epoch)}"
+
+
+def lease(partition: int, epoch: int = 0) -> str:
     """STRING ``<worker id> <token>`` with a TTL: who may commit the partition."""
-    return f"{PREFIX}:lease:{{{partition}}}"
+    return f"{PREFIX}:lease:{_tag(partition, epoch)}"
 
 
-def fence_counter(partition: int) -> str:
+def fence_counter(partition: int, epoch: int = 0) -> str:
     """INCR'd at every acquisition: the fencing token the store checks."""
-    return f"{PREFIX}:fence:{{{partition}}}"
+    return f"{PREFIX}:fence:{_tag(partition, epoch)}"
 
 
-def fence_name(partition: int) -> str:
+def fence_name(partition: int, epoch: int = 0) -> str:
     """The name of the partition's fence in PostgreSQL (``engram_fences``)."""
-    return f"partition:{partition}"
+    return f"partition:{partition}" if epoch == 0 else f"partition:e{epoch}.{partition}"
 
 
 def reply(operation_id: str) -> str:

@@ -58,6 +58,7 @@ class Lease:
     partition: int
     worker_id: str
     token: int
+    epoch: int = 0  # the layout epoch the partition belongs to (``layout``)
 
     @property
     def value(self) -> str:
@@ -72,13 +73,13 @@ class Leases:
         self._renew = client.register_script(RENEW_SCRIPT)
         self._release = client.register_script(RELEASE_SCRIPT)
 
-    def acquire(self, partition: int, worker_id: str) -> Lease | None:
+    def acquire(self, partition: int, worker_id: str, epoch: int = 0) -> Lease | None:
         """Take the partition if no one holds it; a new token each time."""
         token = self._acquire(
-            keys=[keys.lease(partition), keys.fence_counter(partition)],
+            keys=[keys.lease(partition, epoch), keys.fence_counter(partition, epoch)],
             args=[worker_id, self.ttl_ms],
         )
-        return Lease(partition, worker_id, int(token)) if token is not None else None
+        return Lease(partition, worker_id, int(token), epoch) if token is not None else None
 
     def renew(self, leases: Sequence[Lease]) -> list[bool]:
         """Extend each lease still held by its owner; False where it was lost."""
@@ -87,15 +88,20 @@ class Leases:
         pipe = self.client.pipeline(transaction=False)
         for lease in leases:
             cluster.run_script(
-                self._renew, [keys.lease(lease.partition)], [lease.value, self.ttl_ms], pipe
+                self._renew,
+                [keys.lease(lease.partition, lease.epoch)],
+                [lease.value, self.ttl_ms],
+                pipe,
             )
         return [bool(x) for x in pipe.execute()]
 
     def release(self, leases: Iterable[Lease]) -> None:
         for lease in leases:
-            self._release(keys=[keys.lease(lease.partition)], args=[lease.value])
+            self._release(keys=[keys.lease(lease.partition, lease.epoch)], args=[lease.value])
 
-    def holders(self, partitions: Iterable[int]) -> dict[int, tuple[str, int] | None]:
+    def holders(
+        self, partitions: Iterable[int], epoch: int = 0
+    ) -> dict[int, tuple[str, int] | None]:
         """Who holds each partition now (worker id, token), or None when free."""
         parts = list(partitions)
         if not parts:
@@ -103,7 +109,7 @@ class Leases:
         # One GET per key (not MGET): the keys live in different cluster slots.
         pipe = self.client.pipeline(transaction=False)
         for p in parts:
-            pipe.get(keys.lease(p))
+            pipe.get(keys.lease(p, epoch))
         return {p: _parse(v) for p, v in zip(parts, pipe.execute(), strict=True)}
 
 

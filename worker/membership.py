@@ -53,8 +53,11 @@ class Membership:
         self.ttl_ms = ttl_ms
         self.started_ms = now_ms()
 
-    def beat(self, partitions: Iterable[int]) -> list[str]:
-        """Record this worker as alive; return the ids of all live workers."""
+    def beat(
+        self, partitions: Iterable[int], *, epoch: int = 0, partition_count: int = 0
+    ) -> list[str]:
+        """Record this worker as alive, with the partitions it holds and the layout it
+        serves (epoch, count); return the ids of all live workers."""
         now = now_ms()
         key = keys.worker(self.worker_id)
         pipe = self.client.pipeline(transaction=False)
@@ -67,6 +70,8 @@ class Membership:
                 "started_ms": self.started_ms,
                 "last_beat_ms": now,
                 "partitions": ",".join(map(str, sorted(partitions))),
+                "epoch": epoch,
+                "partition_count": partition_count,
             },
         )
         # Kept a while after the worker stops beating, so its counters can be read.

@@ -25,7 +25,7 @@ import redis
 
 from store.models.llm import ModelCall
 
-from . import keys
+from . import keys, layout
 from .defaults import RATE_INTERVAL_S, RATE_TTL_S
 from .membership import now_ms
 
@@ -92,6 +92,7 @@ class StreamState:
     length: int
     pending: int  # delivered to a worker, not yet acknowledged
     lag: int  # not read by any worker yet
+    epoch: int = 0  # the layout epoch of the partition (``layout``)
 
 
 def record_batch(
@@ -286,14 +287,20 @@ def lag_samples(
 
 
 def stream_states(client: redis.Redis, partitions: int) -> list[StreamState]:
-    """Length, pending and lag of every partition stream."""
+    """Length, pending and lag of every partition stream of the layout in Redis (else of
+    ``partitions`` partitions): during a switch, the old epoch's then the new one's."""
+    epochs = layout.live_epochs(client, partitions)
     pipe = client.pipeline(transaction=False)
-    for p in range(partitions):
-        pipe.xlen(keys.stream(p))
+    for epoch in epochs:
+        for p in range(epoch.partitions):
+            pipe.xlen(epoch.stream(p))
+    lengths = iter(pipe.execute())
     states = []
-    for p, length in enumerate(pipe.execute()):
-        pending, lag = _group_state(client, p, int(length))
-        states.append(StreamState(p, int(length), pending, lag))
+    for epoch in epochs:
+        for p in range(epoch.partitions):
+            length = int(next(lengths))
+            pending, lag = _group_state(client, epoch.stream(p), length)
+            states.append(StreamState(p, length, pending, lag, epoch.number))
     return states
 
 
@@ -321,11 +328,12 @@ def render(client: redis.Redis, *, partitions: int, lease_ttl_ms: int) -> str:
             counters.setdefault(f'batch_size_bucket{{le="{le}"}}', 0.0)
     samples: list[tuple[str, float]] = [(f"engram_{k}", v) for k, v in counters.items()]
     for state in stream_states(client, partitions):
-        p = state.partition
+        # Epoch 0's series keep the labels they had before any switch.
+        p = f'partition="{state.partition}"' + (f',epoch="{state.epoch}"' if state.epoch else "")
         samples += [
-            (f'engram_stream_length{{partition="{p}"}}', state.length),
-            (f'engram_stream_pending{{partition="{p}"}}', state.pending),
-            (f'engram_stream_lag{{partition="{p}"}}', state.lag),
+            (f"engram_stream_length{{{p}}}", state.length),
+            (f"engram_stream_pending{{{p}}}", state.pending),
+            (f"engram_stream_lag{{{p}}}", state.lag),
         ]
     pipe = client.pipeline(transaction=False)
     pipe.xlen(keys.DEAD_LETTERS)
@@ -335,9 +343,9 @@ def render(client: redis.Redis, *, partitions: int, lease_ttl_ms: int) -> str:
     return _exposition(samples)
 
 
-def _group_state(client: redis.Redis, partition: int, length: int) -> tuple[int, int]:
+def _group_state(client: redis.Redis, stream: str, length: int) -> tuple[int, int]:
     try:
-        groups = client.xinfo_groups(keys.stream(partition))
+        groups = client.xinfo_groups(stream)
     except redis.ResponseError:  # no stream yet
         return 0, 0
     for g in groups:

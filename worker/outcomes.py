@@ -100,6 +100,7 @@ class Answers:
                 reason=d.reason,
                 error=d.error,
                 deliveries=d.deliveries,
+                epoch=d.partition.lease.epoch,
             )
             if d.operation_id is not None:
                 send_reply(pipe, d.operation_id, encode_reply(d.error, d.entry_id), ttl)

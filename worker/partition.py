@@ -31,6 +31,9 @@ class Partition:
     # Monotonic time after which nothing is committed for it; the worker moves it on
     # at each renewal. The fence, not this, is what makes it safe.
     valid_until: float
+    # How many partitions its layout epoch has (``lease.epoch``): an entry belongs here
+    # if its scope hashes here among that many.
+    partitions: int
     lost: str | None = None
     release_requested: bool = False
     # Set by the consumer once it has let go: nothing more is committed or acknowledged.
@@ -47,11 +50,11 @@ class Partition:
 
     @property
     def stream(self) -> str:
-        return keys.stream(self.lease.partition)
+        return keys.stream(self.lease.partition, self.lease.epoch)
 
     @property
     def fence(self) -> Fence:
-        return Fence(keys.fence_name(self.lease.partition), self.lease.token)
+        return Fence(keys.fence_name(self.lease.partition, self.lease.epoch), self.lease.token)
 
     @property
     def stopping(self) -> bool:
@@ -64,7 +67,10 @@ class Partition:
             self.lost = reason
 
     def ids(self) -> dict[str, Any]:
-        return {"partition": self.number, "token": self.lease.token}
+        ids: dict[str, Any] = {"partition": self.number, "token": self.lease.token}
+        if self.lease.epoch:
+            ids["epoch"] = self.lease.epoch
+        return ids
 
 
 Item = tuple[Partition, Entry]

@@ -31,17 +31,9 @@ from store.write.requests import (
 from . import cluster, keys, runtime
 from .defaults import PARTITIONS, STREAM_MAX_LEN
 from .errors import QueueFullError, QueueUnavailableError, WaitTimeout
+from .layout import ADD_SCRIPT, MOVED, Epoch, Layout
 from .protocol import OP_FIELD, StreamReceipt, decode_reply, encode_entry, partition_of
 from .settings import Settings
-
-# XADD only while the stream is below its cap. Trimming with MAXLEN instead
-# would silently evict operations no worker has read yet.
-_ENQUEUE = f"""
-if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
-  return redis.error_reply('ENGRAMFULL partition stream is full')
-end
-return redis.call('XADD', KEYS[1], '*', '{OP_FIELD}', ARGV[2])
-"""
 
 # How long an enqueue with ``wait_replicas`` waits for the replicas (``WAIT``).
 WAIT_REPLICAS_MS = 1000
@@ -50,6 +42,9 @@ WAIT_REPLICAS_MS = 1000
 _WAIT_SLICE_S = 1.0
 # How often a wait looks again when the reply there is to an earlier enqueue.
 _STALE_POLL_S = 0.05
+# How many times an enqueue refused by a closed partition reloads the layout: more than
+# one switch between two of its reads would be needed to run out.
+_RELOADS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +75,15 @@ class Producer:
         if wait_replicas < 0:
             raise ValueError("wait_replicas must be 0 or more")
         self.client = client
+        # The configured count: what ``layout`` is until Redis holds one (``engram
+        # repartition``), which then wins.
         self.partitions = partitions
+        self._layout: Layout | None = None
         self.stream_max_len = stream_max_len
         # With N > 0 an enqueue returns once N replicas hold the entry (``WAIT``).
         self.wait_replicas = wait_replicas
         self.wait_replicas_ms = wait_replicas_ms
-        self._enqueue = client.register_script(_ENQUEUE)
+        self._enqueue = client.register_script(ADD_SCRIPT)
         self._connections = _ThreadConnections(client)
 
     @classmethod
@@ -133,30 +131,62 @@ class Producer:
 
     # -- enqueue ----------------------------------------------------------------------
 
+    def layout(self, *, fresh: bool = False) -> Layout:
+        """The partition layout this producer sends by: read from Redis once, then again
+        when a stream refuses an entry because a switch closed it (or ``fresh``)."""
+        if self._layout is None or fresh:
+            raw = self._connections.get(keys.LAYOUT)
+            self._layout = (
+                Layout.decode(raw) if raw is not None else Layout.initial(self.partitions)
+            )
+        return self._layout
+
     def enqueue(self, op: Operation) -> Pending:
         """Add a validated operation to its scope's partition stream."""
-        partition = partition_of(op.scope, self.partitions)
-        stream = keys.stream(partition)
         fields = encode_entry(op)
-        try:
-            if self.wait_replicas:
-                entry_id = self._add_replicated(op.operation_id, stream, fields[OP_FIELD])
-            else:
-                entry_id = self._connections.call(
-                    self._enqueue, stream, self.stream_max_len, fields[OP_FIELD]
-                )
-        except redis.ResponseError as exc:
-            if str(exc).startswith("ENGRAMFULL"):
-                raise QueueFullError(
-                    f"operation {op.operation_id} not enqueued: {stream} holds "
-                    f"{self.stream_max_len} unprocessed operations"
-                ) from exc
-            raise _unavailable(op.operation_id, stream, exc) from exc
-        except redis.RedisError as exc:
-            raise _unavailable(op.operation_id, stream, exc) from exc
-        return Pending(op.operation_id, partition, _text(entry_id), self)
+        for _ in range(_RELOADS):
+            epoch = self._epoch(f"operation {op.operation_id}", "retry with the same operation id")
+            partition = partition_of(op.scope, epoch.partitions)
+            stream = epoch.stream(partition)
+            try:
+                entry_id = self._add(op.operation_id, epoch, partition, fields[OP_FIELD])
+            except redis.ResponseError as exc:
+                if str(exc).startswith(MOVED):
+                    self.layout(fresh=True)
+                    continue
+                if str(exc).startswith("ENGRAMFULL"):
+                    raise QueueFullError(
+                        f"operation {op.operation_id} not enqueued: {stream} holds "
+                        f"{self.stream_max_len} unprocessed operations"
+                    ) from exc
+                raise _unavailable(op.operation_id, stream, exc) from exc
+            except redis.RedisError as exc:
+                raise _unavailable(op.operation_id, stream, exc) from exc
+            return Pending(op.operation_id, partition, _text(entry_id), self)
+        raise QueueUnavailableError(
+            f"operation {op.operation_id} not enqueued: every partition it was sent to "
+            "was closed by a repartition; retry with the same operation id"
+        )
 
-    def _add_replicated(self, operation_id: str, stream: str, body: Any) -> Any:
+    def _epoch(self, what: str, retry: str) -> Epoch:
+        """The epoch to send to; ``QueueUnavailableError`` (nothing sent) when the layout
+        cannot be read."""
+        try:
+            return self.layout().current
+        except redis.RedisError as exc:
+            raise QueueUnavailableError(
+                f"{what} not enqueued: the partition layout could not be read "
+                f"({type(exc).__name__}); {retry}"
+            ) from exc
+
+    def _add(self, operation_id: str, epoch: Epoch, partition: int, body: str) -> Any:
+        stream = epoch.stream(partition)
+        closed = keys.closed(partition, epoch.number)
+        if self.wait_replicas:
+            return self._add_replicated(operation_id, stream, closed, body)
+        return self._connections.call(self._enqueue, [stream, closed], self.stream_max_len, body)
+
+    def _add_replicated(self, operation_id: str, stream: str, closed: str, body: Any) -> Any:
         """The capped ``XADD`` then ``WAIT``, on one connection (``WAIT`` counts the
         replicas holding that connection's writes): on a cluster, one of the node
         serving the stream's slot. ``NotReplicatedError`` when too few do in time."""
@@ -166,7 +196,7 @@ class Producer:
             node_client = self.client
         pipe = node_client.pipeline(transaction=False)
         # The script's text (EVAL): the node may not have it loaded.
-        pipe.execute_command("EVAL", _ENQUEUE, 1, stream, self.stream_max_len, body)
+        pipe.execute_command("EVAL", ADD_SCRIPT, 2, stream, closed, self.stream_max_len, body)
         pipe.execute_command("WAIT", self.wait_replicas, self.wait_replicas_ms)
         entry_id, held = pipe.execute()
         if int(held) < self.wait_replicas:
@@ -187,13 +217,42 @@ class Producer:
         """
         if self.wait_replicas:
             return [self.enqueue(op) for op in ops]
-        targets = [(op, partition_of(op.scope, self.partitions)) for op in ops]
+        bodies = [encode_entry(op)[OP_FIELD] for op in ops]
+        added: list[Pending | None] = [None] * len(ops)
+        for _ in range(_RELOADS):
+            todo = [i for i, p in enumerate(added) if p is None]
+            if not todo:
+                break
+            moved = self._add_many(ops, bodies, todo, added)
+            if moved:
+                self.layout(fresh=True)  # a switch closed their partitions: in order, again
+        if any(p is None for p in added):
+            raise QueueUnavailableError(
+                f"{sum(p is not None for p in added)} of {len(ops)} operations enqueued "
+                "(the others' partitions were closed by a repartition); retry them with "
+                "the same operation ids"
+            )
+        return [p for p in added if p is not None]
+
+    def _add_many(
+        self,
+        ops: Sequence[Operation],
+        bodies: list[str],
+        todo: list[int],
+        added: list[Pending | None],
+    ) -> bool:
+        """Send ``ops[i]`` for each ``i`` in ``todo`` in one round trip, filling ``added``;
+        whether some were refused by a closed partition (they stay None)."""
+        epoch = self._epoch(
+            f"{len(todo)} of {len(ops)} operations", "retry them with the same operation ids"
+        )
+        targets = [(i, partition_of(ops[i].scope, epoch.partitions)) for i in todo]
         pipe = self.client.pipeline(transaction=False)
-        for op, partition in targets:
+        for i, partition in targets:
             cluster.run_script(
                 self._enqueue,
-                [keys.stream(partition)],
-                [self.stream_max_len, encode_entry(op)[OP_FIELD]],
+                [epoch.stream(partition), keys.closed(partition, epoch.number)],
+                [self.stream_max_len, bodies[i]],
                 pipe,
             )
         try:
@@ -203,7 +262,15 @@ class Producer:
                 f"{len(ops)} operations may not have been enqueued: {type(exc).__name__}; "
                 "retry them with the same operation ids"
             ) from exc
-        failed = [r for r in replies if isinstance(r, Exception)]
+        moved = False
+        failed = []
+        for (i, partition), reply in zip(targets, replies, strict=True):
+            if not isinstance(reply, Exception):
+                added[i] = Pending(ops[i].operation_id, partition, _text(reply), self)
+            elif str(reply).startswith(MOVED):
+                moved = True
+            else:
+                failed.append(reply)
         if failed:
             cls = (
                 QueueFullError
@@ -211,13 +278,10 @@ class Producer:
                 else QueueUnavailableError
             )
             raise cls(
-                f"{len(ops) - len(failed)} of {len(ops)} operations enqueued "
+                f"{sum(p is not None for p in added)} of {len(ops)} operations enqueued "
                 f"({type(failed[0]).__name__}); retry them with the same operation ids"
             )
-        return [
-            Pending(op.operation_id, partition, _text(entry_id), self)
-            for (op, partition), entry_id in zip(targets, replies, strict=True)
-        ]
+        return moved
 
     def submit(
         self,
@@ -470,10 +534,38 @@ class _ThreadConnections:
         self._all: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
 
-    def call(self, script: Any, key: str, *args: Any) -> Any:
+    def call(self, script: Any, script_keys: list[str], *args: Any) -> Any:
         """``EVALSHA`` of a registered script (loaded first if the server lost it)."""
         if self._pool is None:
-            return script(keys=[key], args=list(args), client=self._client)
+            return script(keys=script_keys, args=list(args), client=self._client)
+        conn = self._connection()
+
+        def evalsha() -> Any:
+            conn.send_command("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
+            try:
+                return conn.read_response()
+            except redis.exceptions.NoScriptError:  # a restarted or flushed server
+                conn.send_command("SCRIPT", "LOAD", script.script)
+                conn.read_response()
+                conn.send_command("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
+                return conn.read_response()
+
+        return conn.retry.call_with_retry(evalsha, lambda _: conn.disconnect())
+
+    def get(self, key: str) -> Any:
+        """``GET`` on the thread's connection (the partition layout, read before an enqueue)."""
+        if self._client is not None:
+            return self._client.get(key)
+        conn = self._connection()
+
+        def get() -> Any:
+            conn.send_command("GET", key)
+            return conn.read_response()
+
+        return conn.retry.call_with_retry(get, lambda _: conn.disconnect())
+
+    def _connection(self) -> Any:
+        assert self._pool is not None
         conn: Any = self._local.__dict__.get("conn")
         if conn is None or conn.pid != os.getpid():
             # New, or inherited through a fork: the parent's socket is the parent's.
@@ -486,18 +578,7 @@ class _ThreadConnections:
             weakref.finalize(ended, conn.disconnect)
             with self._lock:
                 self._all.add(conn)
-
-        def evalsha() -> Any:
-            conn.send_command("EVALSHA", script.sha, 1, key, *args)
-            try:
-                return conn.read_response()
-            except redis.exceptions.NoScriptError:  # a restarted or flushed server
-                conn.send_command("SCRIPT", "LOAD", script.script)
-                conn.read_response()
-                conn.send_command("EVALSHA", script.sha, 1, key, *args)
-                return conn.read_response()
-
-        return conn.retry.call_with_retry(evalsha, lambda _: conn.disconnect())
+        return conn
 
     def close(self) -> None:
         with self._lock:

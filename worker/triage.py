@@ -74,7 +74,6 @@ class Triage:
 def triage(
     reads: list[Read],
     *,
-    partitions: int,
     max_deliveries: int,
     in_hand: Callable[[Partition, str], bool],
 ) -> Triage:
@@ -87,7 +86,7 @@ def triage(
         for entry_id, n in read.deliveries.items():
             out.deliveries[p.number, entry_id] = n
         for raw_id, fields in read.entries:
-            item = decode_entry(raw_id, fields or {}, partition=p.number, partitions=partitions)
+            item = decode_entry(raw_id, fields or {}, partition=p.number, partitions=p.partitions)
             if in_hand(p, item.entry_id):
                 continue
             count = read.deliveries.get(item.entry_id, 1)

@@ -6,6 +6,12 @@ partitions its consumer let go of, and rebalances: above its share it
 releases partitions (the consumer finishes the cycle in hand first), below it
 it takes free ones. A gone worker stops beating, so the others' shares grow
 and they take its partitions once its leases run out.
+
+Each tick it also reads the partition layout (``layout``): the partitions it shares
+are those of the epoch being served. During a switch that is the old epoch, until
+every old partition is closed and drained; the worker that sees so first writes the
+steady layout. When the epoch served changes, a worker lets go of all it holds
+before it takes any partition of the new epoch, so it serves one epoch at a time.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ import redis
 from store import LLM, Embedder, Store
 from store.vectors.embedders import EmbedderResolver
 
-from . import metrics
+from . import layout, metrics
 from .consumer import Consumer, Shared
+from .layout import Epoch
 from .leases import Lease, Leases
 from .membership import Membership, first_choice, new_worker_id, share
 from .partition import ForgetHook, Partition
@@ -61,6 +68,10 @@ class Worker:
         self.consumer = Consumer(self.shared)
         self._stop = StopRequest()  # set by a signal handler, too
         self._redis_down_since: float | None = None
+        # The epoch whose partitions this worker shares: the configured count until the
+        # layout in Redis says otherwise (read each tick).
+        self.serving = Epoch(0, self.config.partitions)
+        self._told_layout = False
 
     @property
     def partitions(self) -> list[int]:
@@ -93,7 +104,10 @@ class Worker:
         try:
             self._renew()
             self._reap()
-            live = self.membership.beat(self.held)
+            self._follow_layout()
+            live = self.membership.beat(
+                self.held, epoch=self.serving.number, partition_count=self.serving.partitions
+            )
             self._rebalance(live)
             if self._redis_down_since is not None:
                 log.info("redis reachable again", extra={"worker": self.worker_id})
@@ -106,6 +120,45 @@ class Worker:
                     "redis unavailable",
                     extra={"worker": self.worker_id, "error": type(exc).__name__},
                 )
+
+    # -- the layout --------------------------------------------------------------------
+
+    def _follow_layout(self) -> None:
+        """Read the layout; during a switch, look at its barrier. When the epoch to serve
+        changes, let go of every partition held (their consumer finishes the cycle in
+        hand): ``_rebalance`` takes the new epoch's once they are all released."""
+        found = layout.stored(self.client)
+        if found is None:
+            return  # epoch 0, the configured count
+        if not self._told_layout and found.current.partitions != self.config.partitions:
+            log.warning(
+                "the partition layout in Redis differs from ENGRAM_PARTITIONS; using Redis's",
+                extra={
+                    "worker": self.worker_id,
+                    "configured": self.config.partitions,
+                    **found.as_dict(),
+                },
+            )
+        self._told_layout = True
+        if found.switching:
+            found = layout.finish(self.client, found)
+            if not found.switching:
+                log.info(
+                    "partition switch finished",
+                    extra={"worker": self.worker_id, **found.current.as_dict()},
+                )
+        if found.serving != self.serving:
+            log.info(
+                "serving a new partition layout",
+                extra={
+                    "worker": self.worker_id,
+                    "was": self.serving.as_dict(),
+                    **found.serving.as_dict(),
+                },
+            )
+            self.serving = found.serving
+            for p in self.held.values():
+                p.release_requested = True
 
     # -- leases ----------------------------------------------------------------------
 
@@ -145,7 +198,7 @@ class Worker:
             )
 
     def _rebalance(self, live: list[str]) -> None:
-        wanted = share(self.worker_id, live, self.config.partitions)
+        wanted = share(self.worker_id, live, self.serving.partitions)
         active = sorted(n for n, p in self.held.items() if not p.stopping)
         if len(active) > wanted:
             for number in active[wanted:]:
@@ -153,10 +206,10 @@ class Worker:
             return
         if len(active) == wanted or any(p.stopping for p in self.held.values()):
             return  # wait for releases to finish before taking more
-        count = self.config.partitions
+        epoch, count = self.serving.number, self.serving.partitions
         start = first_choice(self.worker_id, live, count)
         candidates = [(start + i) % count for i in range(count)]
-        holders = self.leases.holders(p for p in candidates if p not in self.held)
+        holders = self.leases.holders((p for p in candidates if p not in self.held), epoch)
         for partition in candidates:
             if len(self.held) >= wanted:
                 break
@@ -166,18 +219,18 @@ class Worker:
 
     def _take(self, partition: int) -> None:
         sent = time.monotonic()
-        lease = self.leases.acquire(partition, self.worker_id)
+        lease = self.leases.acquire(partition, self.worker_id, self.serving.number)
         if lease is None:
             return
         valid_until = sent + (self.config.lease_ttl_ms - self.config.lease_margin_ms) / 1000
-        self.held[partition] = p = Partition(lease, valid_until)
+        self.held[partition] = p = Partition(lease, valid_until, self.serving.partitions)
         self.consumer.add(p)
         if self.consumer.ident is None:
             self.consumer.start()
         metrics.record_partition_event(self.client, self.worker_id, "acquired")
         log.info(
             "partition acquired",
-            extra={"worker": self.worker_id, "partition": partition, "token": lease.token},
+            extra={"worker": self.worker_id, **p.ids()},
         )
 
     # -- stopping --------------------------------------------------------------------

@@ -39,7 +39,10 @@ def _consumer(
     config: WorkerConfig = CONFIG,
 ) -> tuple[Consumer, dict[int, Partition]]:
     consumer = Consumer(Shared(client, store, embedder, config, "w"))
-    held = {n: Partition(Lease(n, "w", t), time.monotonic() + 60) for n, t in tokens.items()}
+    held = {
+        n: Partition(Lease(n, "w", t), time.monotonic() + 60, config.partitions)
+        for n, t in tokens.items()
+    }
     for p in held.values():
         consumer.add(p)
     return consumer, held

@@ -73,7 +73,9 @@ def _consume(
 ) -> tuple[Consumer, Partition]:
     """A consumer serving partition 0 under ``token``, started."""
     consumer = Consumer(Shared(client, store, embedder, config, f"worker-{token}"))
-    partition = Partition(Lease(0, f"worker-{token}", token), time.monotonic() + valid_for_s)
+    partition = Partition(
+        Lease(0, f"worker-{token}", token), time.monotonic() + valid_for_s, config.partitions
+    )
     consumer.add(partition)
     consumer.start()
     return consumer, partition

@@ -327,7 +327,7 @@ def test_an_entry_claimed_again_while_it_waits_for_its_model_is_not_dead_lettere
     llm = ScriptedLLM(reconcile=gate)
     consumer = Consumer(Shared(redis_client, fresh_store, HashingEmbedder(64), config, "w", llm))
     number = partition_of(scope, config.partitions)
-    partition = Partition(Lease(number, "w", 1), time.monotonic() + 60)
+    partition = Partition(Lease(number, "w", 1), time.monotonic() + 60, config.partitions)
     consumer.add(partition)
     consumer.start()
     try:

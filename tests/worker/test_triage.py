@@ -19,7 +19,7 @@ HOME = partition_of(SCOPE, PARTITIONS)
 
 
 def _partition(number: int = HOME) -> Partition:
-    return Partition(Lease(number, "w1", 7), valid_until=float("inf"))
+    return Partition(Lease(number, "w1", 7), valid_until=float("inf"), partitions=PARTITIONS)
 
 
 def _entry(text: str) -> tuple[Operation, dict[str, str]]:
@@ -30,7 +30,6 @@ def _entry(text: str) -> tuple[Operation, dict[str, str]]:
 def _sort(reads: list[Read], *, in_hand: frozenset[str] = frozenset()) -> Triage:
     return triage(
         reads,
-        partitions=PARTITIONS,
         max_deliveries=3,
         in_hand=lambda p, entry_id: entry_id in in_hand,
     )

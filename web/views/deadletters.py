@@ -19,6 +19,8 @@ from worker import deadletter_selection as selection
 from worker import deadletters
 from worker.deadletter_selection import Bulk, Match
 from worker.deadletters import DeadLetter
+from worker.layout import Epoch
+from worker.producer import Producer
 
 from ..bodies import why_of
 from ..errors import BadRequestError
@@ -150,11 +152,17 @@ def letters_of(request: Request) -> LetterPage:
     return LetterPage(shown, signer.encode("dead_letters", (shown[-1].id,)) if more else None, None)
 
 
+def _epoch_now(producer: Producer) -> Epoch:
+    """The partitions producers send to: the layout in Redis (a repartition's), else the
+    configured count."""
+    return producer.layout(fresh=True).current
+
+
 def letter_list(request: Request) -> Response:
     found = letters_of(request)
     match = match_of(request, request.query_params)
     total = deadletters.count(web_of(request).services.redis)
-    partitions = web_of(request).services.producer.partitions
+    now = _epoch_now(web_of(request).services.producer)
     return web_of(request).render.page(
         request,
         "dead_letters.html",
@@ -163,7 +171,7 @@ def letter_list(request: Request) -> Response:
         next_cursor=found.next,
         cut_after=found.cut_after,
         total=total,
-        homes={x.id: deadletters.home_partition(x, partitions) for x in found.letters},
+        homes={x.id: deadletters.home_partition(x, now) for x in found.letters},
         kinds_of={x.id: selection.kind_of(x) for x in found.letters},
         match=match,
         filters=form_values(match),
@@ -210,7 +218,7 @@ def letter_page(request: Request) -> Response:
     Query.of(request)  # takes none
     letter = get_letter(request)
     web = web_of(request)
-    home = deadletters.home_partition(letter, web.services.producer.partitions)
+    home = deadletters.home_partition(letter, _epoch_now(web.services.producer))
     return web.render.page(
         request,
         "dead_letter.html",
@@ -243,7 +251,7 @@ def retry_letter(request: Request, why: str | None = None) -> tuple[DeadLetter, 
     """Enqueue the letter's operation again on the partition its scope belongs to (a letter
     that can never be applied is refused); the audit trail says who and why."""
     letter = get_letter(request)
-    home = deadletters.home_partition(letter, web_of(request).services.producer.partitions)
+    home = deadletters.home_partition(letter, _epoch_now(web_of(request).services.producer))
     if home is None:
         raise InvalidRequestError(
             f"dead letter {letter.id} holds no operation valid on any partition: discard it"
