@@ -27,7 +27,18 @@ from store.errors import EngramError
 from worker import logs, metrics, runtime, valkey
 from worker.settings import Settings
 
-from . import dead_letters, enqueue, exits, jobs_cli, pause_cli, reads, transfer, web_cli, wiring
+from . import (
+    dead_letters,
+    enqueue,
+    exits,
+    jobs_cli,
+    pause_cli,
+    reads,
+    repartition,
+    transfer,
+    web_cli,
+    wiring,
+)
 from .args import positive_int
 from .database import command_database, wait_for_store
 
@@ -203,6 +214,7 @@ _COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
     web_cli.register,
     jobs_cli.register,
     pause_cli.register,
+    repartition.register,
 )
 
 
