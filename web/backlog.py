@@ -12,7 +12,6 @@ from typing import Any
 
 import redis
 
-from worker import keys
 from worker.protocol import OP_FIELD
 
 # Live entries read per stream before giving up on ruling an operation out.
@@ -54,15 +53,17 @@ def needle_of(operation_id: str) -> tuple[bytes, ...]:
 def find(
     client: redis.Redis,
     operation_id: str,
-    partitions: Iterable[int],
+    streams: Iterable[str],
     *,
     limit: int = SCAN_LIMIT,
     page_size: int = PAGE_SIZE,
 ) -> Backlog:
+    """Whether ``streams`` (``worker.layout.live_streams``: during a repartition, both
+    epochs') hold the operation."""
     needles = needle_of(operation_id)
     verdict = Backlog.ABSENT
-    for partition in partitions:
-        found = _scan(client, keys.stream(partition), operation_id, needles, limit, page_size)
+    for stream in streams:
+        found = _scan(client, stream, operation_id, needles, limit, page_size)
         if found is Backlog.FOUND:
             return found
         if found is Backlog.UNKNOWN:

@@ -56,8 +56,11 @@ class Snapshot:
 
     @property
     def unowned_partitions(self) -> list[int]:
+        """The partitions of the epoch served (during a repartition, the old one: the
+        new one's wait for it by design) that no live worker holds."""
         owned = {p for w in self.workers for p in w.partitions}
-        return [s.partition for s in self.streams if s.partition not in owned]
+        served = min((s.epoch for s in self.streams), default=0)
+        return [s.partition for s in self.streams if s.epoch == served and s.partition not in owned]
 
 
 def snapshot(

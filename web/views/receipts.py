@@ -12,6 +12,7 @@ from store import ReceiptFilter, ReceiptItem
 from store.errors import EngramError, NotFoundError
 from store.values import SCOPE_FIELDS
 from store.write.operations import OPERATION_KINDS
+from worker import layout
 
 from ..backlog import Backlog, find
 from ..params import Query, ident
@@ -98,7 +99,9 @@ def operation_state(request: Request, op_id: str) -> OperationState:
     if known is not None:
         return known
     producer = web_of(request).services.producer
-    backlog = find(producer.client, op_id, range(producer.partitions))
+    backlog = find(
+        producer.client, op_id, layout.live_streams(producer.client, producer.partitions)
+    )
     if backlog is Backlog.ABSENT:
         # It may have committed (its entry deleted) while the streams were read.
         known = _settled_state(request, op_id)
