@@ -50,6 +50,10 @@ def indexed(dims: int) -> str:
 # Fresh rows settled per transaction: each settled row is a graph insertion, and the
 # batch's row locks are held until it commits (a write updating one of them waits).
 SETTLE_BATCH = 500
+# A run that settled this many rows refreshes the table's statistics: the planner
+# must know the fresh rows are few to search them through their own index (stale
+# statistics counting a settled scope as fresh had it scan the whole table).
+ANALYZE_AFTER_ROWS = 1_000
 # The memory an index build may use: a graph that does not fit is built far slower.
 BUILD_MAINTENANCE_WORK_MEM = "512MB"
 _LOCK_CLASS = 0x656E7669  # "envi": the first key of the per-scope advisory locks
@@ -83,6 +87,8 @@ def index_large_scopes(
                 if held:  # else another job is building it
                     _build(conn, gen, dims, scope, batch)
                     built.append(index_name(gen, scope))
+        if built:
+            conn.execute("ANALYZE engram_vectors")  # the scopes' rows are settled now
     return built
 
 
@@ -103,6 +109,8 @@ def settle_fresh(pool: Any, batch: int = SETTLE_BATCH) -> int:
             with _scope_lock(conn, gen, scope) as held:
                 if held:  # else another job is settling it
                     settled += _settle(conn, gen, scope, batch)
+        if settled >= ANALYZE_AFTER_ROWS:
+            conn.execute("ANALYZE engram_vectors")
     return settled
 
 

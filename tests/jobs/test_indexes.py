@@ -46,6 +46,8 @@ def test_a_scope_that_grew_large_gets_its_index_on_schedule(
     fresh_store.session({"user_id": "small"}, embedder=embedder).remember("tea, once")
     before = fresh_store.session({"user_id": "grown"}, embedder=embedder).recall(texts[7])
     assert indexes(fresh_dsn) == []
+    with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE engram_vectors")  # as autovacuum would: every row fresh
 
     job_id = enqueue_upkeep(redis_client)["index-large-scopes"]
     run_burst(context(fresh_store, redis_url), redis_url)
@@ -63,6 +65,9 @@ def test_a_scope_that_grew_large_gets_its_index_on_schedule(
         assert statement is not None
         plan = conn.execute("EXPLAIN " + statement[0], statement[1]).fetchall()
     assert name in str(plan)
+    # ...and the fresh rows through their own index: the build refreshed the statistics
+    # (counting the scope's rows as fresh, the planner scanned the table for them).
+    assert "engram_vectors_fresh_idx" in str(plan)
     after = fresh_store.session({"user_id": "grown"}, embedder=embedder).recall(texts[7])
     assert before[0].record.text == texts[7]
     assert texts[7] in [h.record.text for h in after]
