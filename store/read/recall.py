@@ -171,6 +171,9 @@ RARE_WORD_SHARE = 0.0001
 # docs/benchmarks.md), scanning on when the filters (status, kind, expiry) leave
 # too few.
 HNSW_SETTINGS = {"hnsw.ef_search": "200", "hnsw.iterative_scan": "relaxed_order"}
+# The candidates the approximate search takes, by their centred distance, for the
+# CANDIDATES_PER_LIST nearest by their own (``vector_indexes.indexed``).
+APPROXIMATE_CANDIDATES = 2 * CANDIDATES_PER_LIST
 
 
 def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
@@ -257,7 +260,9 @@ def _vector_list(q: RecallQuery, where: str, params: dict[str, Any]) -> str:
     elif q.hnsw:
         # The settled rows through the partial HNSW index of this (generation, scope),
         # which is used only when its predicate and expression appear literally (these
-        # are integers we own), ranked then by their full-precision distance; the fresh
+        # are integers we own; a limit the generic plan cannot see had it read the scope
+        # exactly): APPROXIMATE_CANDIDATES of them by their centred distance,
+        # ranked then by their full-precision distance; the fresh
         # rows, not in it yet, exactly through their own small index. A record has one
         # row per generation, settled or not, read on one snapshot: the parts cannot
         # overlap, and DISTINCT ON only makes it plain.
@@ -269,7 +274,8 @@ def _vector_list(q: RecallQuery, where: str, params: dict[str, Any]) -> str:
                     FROM engram_vectors c
                     WHERE c.generation_id = {gen} AND c.scope_id = {scope} AND c.settled
                       AND {where}
-                    ORDER BY {indexed(dims)} <=> %(q)s::halfvec({dims}) LIMIT %(n)s
+                    ORDER BY {indexed(gen, dims)} <=> {indexed(gen, dims, "%(q)s::vector")}
+                    LIMIT {APPROXIMATE_CANDIDATES}
                 ) UNION ALL (
                     SELECT c.record_id, c.revision, c.embedding <=> %(q)s AS d
                     FROM engram_vectors c

@@ -75,7 +75,8 @@ def test_a_large_scope_gets_an_approximate_index_with_the_same_answers(
         "maple",
     ]
     rng = np.random.default_rng(7)
-    texts = [" ".join(rng.choice(words, size=4, replace=False)) + f" item{i}" for i in range(600)]
+    # Large enough that the planner prefers the index to reading every row.
+    texts = [" ".join(rng.choice(words, size=4, replace=False)) + f" item{i}" for i in range(5000)]
     fresh_store.execute([Operation.build("remember", scope, {"text": t}) for t in texts], embedder)
     mem = fresh_store.session(scope, embedder=embedder)
     small = fresh_store.session({"user_id": "small"}, embedder=embedder)
@@ -83,7 +84,7 @@ def test_a_large_scope_gets_an_approximate_index_with_the_same_answers(
 
     query = texts[42]
     exact = [h.record.text for h in mem.recall(query, top_k=10)]
-    created = fresh_store.embeddings.index_large_scopes(threshold=500)
+    created = fresh_store.embeddings.index_large_scopes(threshold=4000)
     assert len(created) == 1, "only the large scope gets an approximate index"
     with psycopg.connect(fresh_dsn) as conn:
         plan = "\n".join(
@@ -91,7 +92,8 @@ def test_a_large_scope_gets_an_approximate_index_with_the_same_answers(
             for r in conn.execute(
                 "EXPLAIN SELECT record_id FROM engram_vectors x WHERE x.generation_id = 1"
                 " AND x.scope_id = 1 AND x.settled"
-                " ORDER BY x.embedding::halfvec(64) <=> %s::halfvec(64) LIMIT 5",
+                " ORDER BY (engram_centred_g1(x.embedding))::halfvec(64)"
+                " <=> (engram_centred_g1(%s::vector))::halfvec(64) LIMIT 5",
                 (str(embedder.embed(["tea"])[0].tolist()),),
             )
         )
