@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 # How long a stopping worker waits for its consumer to finish the cycle in hand.
 STOP_TIMEOUT_S = 60.0
+# A tick's length while a partition is being let go (``Worker._next_tick_s``).
+RELEASE_TICK_S = 0.05
 
 
 class Worker:
@@ -95,10 +97,18 @@ class Worker:
         try:
             while not self._stop.is_set():
                 self.tick()
-                self._stop.wait(self.config.tick_s)
+                self._stop.wait(self._next_tick_s())
         finally:
             self._shutdown()
         log.info("worker stopped", extra={"worker": self.worker_id})
+
+    def _next_tick_s(self) -> float:
+        """A tick's length, shorter while a partition is being let go: the next tick
+        takes the partitions that wait for it (after a rebalance, or all of a new layout
+        epoch's) as soon as the consumer has finished with it."""
+        if any(p.stopping for p in self.held.values()):
+            return min(self.config.tick_s, RELEASE_TICK_S)
+        return self.config.tick_s
 
     def tick(self) -> None:
         try:
