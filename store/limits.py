@@ -24,8 +24,11 @@ REEMBED_BATCH_SIZE = 64
 REEMBED_MAX_PASSES = 3
 
 # A scope whose vectors in one generation pass this count gets its own
-# approximate (HNSW) index; smaller scopes are searched exactly.
-LARGE_SCOPE_VECTORS = 20_000
+# approximate (HNSW) index; smaller scopes are searched exactly. Writes no longer
+# pay for the index (they stay fresh until a job settles them), so the bound is
+# where the exact search stops being cheap: 10,000 records took 8-10 ms exactly,
+# 2-4 ms through the index, with the same hybrid quality (docs/benchmarks.md).
+LARGE_SCOPE_VECTORS = 5_000
 
 MAX_WRITE_ATTEMPTS = 5
 

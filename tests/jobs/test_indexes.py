@@ -38,8 +38,10 @@ def test_a_scope_that_grew_large_gets_its_index_on_schedule(
     fresh_store: Store, fresh_dsn: str, redis_url: str, redis_client: redis.Redis
 ) -> None:
     embedder = HashingEmbedder(64)
-    # Texts of their own words: vectors far enough apart for an approximate search.
-    texts = [f"w{i} x{i * 7919 % 10007} y{i * 104729 % 20011}" for i in range(LARGE_SCOPE_VECTORS)]
+    # Texts of their own words: vectors far enough apart for an approximate search; twice
+    # the threshold, for the planner to prefer the index to reading the scope.
+    count = 2 * LARGE_SCOPE_VECTORS
+    texts = [f"w{i} x{i * 7919 % 10007} y{i * 104729 % 20011}" for i in range(count)]
     grown = [Operation.build("remember", {"user_id": "grown"}, {"text": t}) for t in texts]
     for i in range(0, len(grown), 1000):
         fresh_store.execute(grown[i : i + 1000], embedder)
