@@ -1,0 +1,77 @@
+"""``engram repartition`` in this process: what it prints, its refusals (exit 2, nothing
+changed), a wait that runs out (exit 3). Under load, with real workers and SIGKILLs:
+``tests/worker/test_repartition.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from engram.cli import main
+from store import Store
+from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
+from tests.redis_fixtures import FAST, InProcessWorker, wait_until
+from worker import Producer, layout
+from worker.layout import Epoch, Layout
+from worker.membership import live_workers
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, redis_url: str, tmp_path: Path) -> None:
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ENGRAM_PARTITIONS", str(FAST.partitions))
+    monkeypatch.setenv("ENGRAM_LEASE_TTL_MS", str(FAST.lease_ttl_ms))
+
+
+@pytest.mark.usefixtures("env")
+def test_refusals_change_nothing(
+    redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, why in (
+        (["repartition", "0"], "at least 1"),
+        (["repartition", str(FAST.partitions)], f"already has {FAST.partitions}"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "repartition_refused" in err and why in err
+        assert layout.stored(redis_client) is None
+    assert main(["repartition"]) == 0
+    assert capsys.readouterr().out.startswith(f"{FAST.partitions} partitions, epoch 0 (")
+
+
+@pytest.mark.usefixtures("env")
+def test_a_setting_unlike_the_live_workers_is_refused_before_the_first_switch(
+    store: Store,
+    redis_client: redis.Redis,
+    start_worker: Callable[..., InProcessWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with start_worker(store):
+        wait_until(lambda: live_workers(redis_client, 5_000), what="a live worker")
+        monkeypatch.setenv("ENGRAM_PARTITIONS", "16")
+        assert main(["repartition", "8"]) == 2
+        assert "live workers use 4" in capsys.readouterr().err
+        assert layout.stored(redis_client) is None
+
+
+@pytest.mark.usefixtures("env")
+def test_a_wait_that_runs_out_exits_3_and_the_switch_goes_on(
+    redis_client: redis.Redis, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No worker runs: the queued operation keeps the old partition from draining.
+    Producer.from_url(redis_url, partitions=FAST.partitions).remember({"user_id": "a"}, "x")
+    assert main(["repartition", "2", "--timeout", "0.3"]) == 3
+    out = capsys.readouterr().out
+    assert "still holds entries on 1 partitions" in out
+    switching = Layout(Epoch(1, 2), previous=Epoch(0, FAST.partitions))
+    assert layout.stored(redis_client) == switching
+    assert main(["repartition"]) == 0
+    assert "1 of them not yet closed and drained" in capsys.readouterr().out
+    assert main(["repartition", "2", "--no-wait"]) == 0
+    assert "taking up the switch to 2 partitions" in capsys.readouterr().out
+    assert layout.stored(redis_client) == switching
