@@ -12,7 +12,7 @@ from typing import Any
 import redis
 
 from store.errors import InvalidRequestError
-from worker import pause
+from worker import layout, pause
 from worker.settings import Settings
 
 from . import exits, jobs_redis
@@ -29,8 +29,11 @@ def _partition(settings: Settings, args: argparse.Namespace) -> int | None:
     """The partition named, or ``None`` for the jobs."""
     if args.what != "partition":
         return None
+    with open_redis(settings) as client:
+        # A pause names a partition of the epoch the workers serve (``worker.layout``).
+        served = layout.read(client, settings.worker.partitions).serving.partitions
     try:
-        pause.check_partition(args.number, settings.worker.partitions)
+        pause.check_partition(args.number, served)
     except ValueError as exc:
         raise InvalidRequestError(str(exc)) from None
     return int(args.number)

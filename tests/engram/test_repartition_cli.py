@@ -75,3 +75,23 @@ def test_a_wait_that_runs_out_exits_3_and_the_switch_goes_on(
     assert main(["repartition", "2", "--no-wait"]) == 0
     assert "taking up the switch to 2 partitions" in capsys.readouterr().out
     assert layout.stored(redis_client) == switching
+
+
+@pytest.mark.usefixtures("env")
+def test_a_pause_names_a_partition_of_the_epoch_served(
+    store: Store,
+    dsn: str,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", dsn)
+    layout.begin(redis_client, 6, FAST.partitions)  # nothing queued: drained already
+    # Mid-switch the workers serve the 4 old partitions.
+    assert main(["pause", "partition", "5"]) == 2
+    assert "numbered 0 to 3" in capsys.readouterr().err
+    assert layout.finish(redis_client, layout.read(redis_client, 4)) == Layout(Epoch(1, 6))
+    # ENGRAM_PARTITIONS still says 4: the layout in Redis wins.
+    assert main(["pause", "partition", "5"]) == 0
+    assert main(["resume", "partition", "5"]) == 0
+    assert "partition 5 resumed" in capsys.readouterr().out

@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from jobs.progress import progress_of
 from store import Store
-from worker import metrics
+from worker import layout, metrics
 
 from ..chart import DAY_COLUMN_S, bucketed, lag_rows, ops_chart
 from ..params import Query
@@ -57,7 +57,8 @@ def overview(request: Request) -> Response:
         lags=lag_rows(samples, {s.partition: s.lag for s in pipeline.streams}, now_s),
         generations=[(g, vectors.get(g.id), progress_of(g.progress)) for g in current],
         paused=pause.state(request),
-        partition_count=config.partitions,
+        # The epoch the workers serve: what a pause names (``worker.layout``).
+        partition_count=layout.read(services.redis, config.partitions).serving.partitions,
     )
 
 

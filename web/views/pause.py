@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from store.errors import NotFoundError
-from worker import pause
+from worker import layout, pause
 from worker.pause import Pause, PausedState
 
 from ..errors import BadRequestError
@@ -66,8 +66,11 @@ def number_in_path(request: Request) -> int:
 
 
 def check(request: Request, number: int) -> None:
+    web = web_of(request)
+    # A pause names a partition of the epoch the workers serve (``worker.layout``).
+    served = layout.read(web.services.redis, web.config.partitions).serving.partitions
     try:
-        pause.check_partition(number, web_of(request).config.partitions)
+        pause.check_partition(number, served)
     except ValueError as exc:
         raise NotFoundError(str(exc)) from None
 
