@@ -24,6 +24,11 @@ from store.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+# Whatever a call to Redis raises when Redis, or the cluster, fails: redis-py's errors,
+# and its cluster client's own (no node known for a slot while a failover is under
+# way: ``SlotNotCoveredError``), which are not ``RedisError``s.
+REDIS_FAILURES = (redis.RedisError, RedisClusterException)
+
 _SCHEMES = ("redis", "rediss", "unix")
 # How long the probe of a one-node URL waits for the server to say what it is.
 _PROBE_TIMEOUT_S = 5.0

@@ -32,13 +32,15 @@ T = TypeVar("T")
 # Failures that pass: the batch in hand is kept and tried again after a pause.
 TRANSIENT_DB = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
 # A cluster answers CLUSTERDOWN or TRYAGAIN while a failover moves its slots, and an
-# old master READONLY until it learns it was demoted: each passes as an outage does.
+# old master READONLY until it learns it was demoted; the client finds no node for a
+# slot until the cluster says who took it over: each passes as an outage does.
 TRANSIENT_REDIS = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.exceptions.ClusterError,
     redis.exceptions.TryAgainError,
     redis.exceptions.ReadOnlyError,
+    redis.exceptions.SlotNotCoveredError,
 )
 
 # Waits out a passing outage of ``server`` (or stops the consumer): the next delay.

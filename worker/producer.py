@@ -160,7 +160,7 @@ class Producer:
                         f"{self.stream_max_len} unprocessed operations"
                     ) from exc
                 raise _unavailable(op.operation_id, stream, exc) from exc
-            except redis.RedisError as exc:
+            except cluster.REDIS_FAILURES as exc:
                 raise _unavailable(op.operation_id, stream, exc) from exc
             return Pending(op.operation_id, partition, _text(entry_id), self)
         raise QueueUnavailableError(
@@ -173,7 +173,7 @@ class Producer:
         cannot be read."""
         try:
             return self.layout().current
-        except redis.RedisError as exc:
+        except cluster.REDIS_FAILURES as exc:
             raise QueueUnavailableError(
                 f"{what} not enqueued: the partition layout could not be read "
                 f"({type(exc).__name__}); {retry}"
@@ -257,7 +257,7 @@ class Producer:
             )
         try:
             replies = pipe.execute(raise_on_error=False)
-        except redis.RedisError as exc:
+        except cluster.REDIS_FAILURES as exc:
             raise QueueUnavailableError(
                 f"{len(ops)} operations may not have been enqueued: {type(exc).__name__}; "
                 "retry them with the same operation ids"
@@ -458,7 +458,7 @@ class Producer:
         """
         key = keys.reply(operation_id)
         deadline = time.monotonic() + timeout
-        unreachable: redis.RedisError | None = None
+        unreachable: Exception | None = None
         while True:
             remaining = deadline - time.monotonic()
             raw = None
@@ -472,7 +472,7 @@ class Producer:
                 else:
                     raw = self.client.lindex(key, -1)
                 unreachable = None
-            except redis.RedisError as exc:
+            except cluster.REDIS_FAILURES as exc:
                 unreachable = exc
                 time.sleep(min(0.2, max(remaining, 0)))
             if raw is not None:
@@ -493,7 +493,7 @@ class Producer:
             pipe.lindex(keys.reply(op_id), -1)
         try:
             raws = pipe.execute()
-        except redis.RedisError as exc:
+        except cluster.REDIS_FAILURES as exc:
             raise QueueUnavailableError(f"could not read replies: {type(exc).__name__}") from exc
         return {
             op_id: decode_reply(raw).outcome
@@ -612,7 +612,7 @@ def _unwrap(reply: StreamReceipt | EngramError) -> StreamReceipt:
     return reply
 
 
-def _unavailable(op_id: str, stream: str, exc: redis.RedisError) -> QueueUnavailableError:
+def _unavailable(op_id: str, stream: str, exc: Exception) -> QueueUnavailableError:
     return QueueUnavailableError(
         f"operation {op_id} may not have been enqueued on {stream}: "
         f"{type(exc).__name__}: {str(exc)[:200]}; retry with the same operation id"

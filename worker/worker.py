@@ -26,6 +26,7 @@ from store import LLM, Embedder, Store
 from store.vectors.embedders import EmbedderResolver
 
 from . import layout, metrics
+from .cluster import REDIS_FAILURES
 from .consumer import Consumer, Shared
 from .layout import Epoch
 from .leases import Lease, Leases
@@ -122,7 +123,7 @@ class Worker:
             if self._redis_down_since is not None:
                 log.info("redis reachable again", extra={"worker": self.worker_id})
                 self._redis_down_since = None
-        except redis.RedisError as exc:
+        except REDIS_FAILURES as exc:
             # The consumer commits nothing once the leases run out; nothing to do but wait.
             if self._redis_down_since is None:
                 self._redis_down_since = time.monotonic()
@@ -250,14 +251,14 @@ class Worker:
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while self.consumer.is_alive() and time.monotonic() < deadline:
             # Keep the leases while the cycle in hand finishes.
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(*REDIS_FAILURES):
                 self._renew()
             self.consumer.join(timeout=0.1)
         held: list[Lease] = [p.lease for p in self.held.values() if p.done.is_set()]
         try:
             self.leases.release(held)
             self.membership.leave()
-        except redis.RedisError as exc:
+        except REDIS_FAILURES as exc:
             log.warning(
                 "could not release leases",
                 extra={"worker": self.worker_id, "error": type(exc).__name__},

@@ -16,7 +16,7 @@ from store import HashingEmbedder, Store
 from tests.cluster_fixtures import ValkeyCluster, _cluster_state
 from tests.redis_fixtures import FAST, InProcessWorker, WorkerProcess, wait_until
 from tests.worker.test_cluster import CONFIG, scope_on
-from worker import Producer, keys
+from worker import Producer, QueueUnavailableError, keys
 from worker.runtime import connect_redis
 from worker.worker import Worker
 
@@ -106,11 +106,12 @@ class _AnswersFirst:
         redis.exceptions.MasterDownError("Link with MASTER is down"),
         redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
         redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.exceptions.SlotNotCoveredError("Node for slot 42 is not covered"),
     ],
     ids=type,
 )
 def test_a_failover_answer_is_waited_out(
-    redis_url: str, fresh_store: Store, error: redis.RedisError
+    redis_url: str, fresh_store: Store, error: Exception
 ) -> None:
     client = connect_redis(redis_url)
     real_pipeline = client.pipeline
@@ -127,3 +128,17 @@ def test_a_failover_answer_is_waited_out(
         # The consumer waited the answers out: it did not crash and lose its partitions.
         assert client.hget(keys.METRICS, 'partitions_lost_total{reason="crashed"}') is None
     assert fresh_store.scope_revision({"user_id": "fo"}) == 2
+
+
+def test_a_producer_says_unavailable_when_no_node_serves_the_slot(redis_url: str) -> None:
+    """The cluster client's own error (no node known for a slot, mid-failover) is the
+    typed, retryable refusal every Redis failure is, not a raw exception."""
+    with Producer.from_url(redis_url, partitions=FAST.partitions) as producer:
+        producer.remember({"user_id": "fo"}, "one", operation_id="fo:ok")  # loads the layout
+
+        def no_node(*args: Any, **kwargs: Any) -> Any:
+            raise redis.exceptions.SlotNotCoveredError("Node for slot 42 is not covered")
+
+        producer._add = no_node  # type: ignore[method-assign]  # what the cluster client raises
+        with pytest.raises(QueueUnavailableError, match="retry with the same operation id"):
+            producer.remember({"user_id": "fo"}, "two", operation_id="fo:2")
