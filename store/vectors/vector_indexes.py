@@ -58,6 +58,10 @@ def indexed(generation_id: int, dims: int, vector: str = "embedding") -> str:
 # Fresh rows settled per transaction: each settled row is a graph insertion, and the
 # batch's row locks are held until it commits (a write updating one of them waits).
 SETTLE_BATCH = 500
+# The most rows a settling run takes from one scope (about 20-90 s of graph insertions
+# at 100,000 vectors): under a steady write load its tail never empties, and a run
+# that never ends would hold the jobs worker and the scope's lock for good.
+SETTLE_RUN_ROWS = 10_000
 # A run that settled this many rows refreshes the table's statistics: the planner
 # must know the fresh rows are few to search them through their own index (stale
 # statistics counting a settled scope as fresh had it scan the whole table).
@@ -100,9 +104,9 @@ def index_large_scopes(
     return built
 
 
-def settle_fresh(pool: Any, batch: int = SETTLE_BATCH) -> int:
-    """Settle the fresh rows of every scope that has an index in the active generation;
-    the rows settled."""
+def settle_fresh(pool: Any, batch: int = SETTLE_BATCH, max_rows: int = SETTLE_RUN_ROWS) -> int:
+    """Settle the fresh rows of every scope that has an index in the active generation,
+    about ``max_rows`` a scope at most (the next run goes on); the rows settled."""
     settled = 0
     with _autocommit(pool) as conn:
         rows = conn.execute(
@@ -116,7 +120,7 @@ def settle_fresh(pool: Any, batch: int = SETTLE_BATCH) -> int:
         for gen, scope in rows:
             with _scope_lock(conn, gen, scope) as held:
                 if held:  # else another job is settling it
-                    settled += _settle(conn, gen, scope, batch)
+                    settled += _settle(conn, gen, scope, batch, max_rows)
         if settled >= ANALYZE_AFTER_ROWS:
             conn.execute("ANALYZE engram_vectors")
     return settled
@@ -172,11 +176,14 @@ def _define_centring(conn: psycopg.Connection[Any], gen: int) -> None:
 _VECTOR_TEXT = re.compile(r"\[[-+0-9.eE,]*\]")
 
 
-def _settle(conn: psycopg.Connection[Any], gen: int, scope: int, batch: int) -> int:
-    """Mark the scope's fresh rows settled, ``batch`` a transaction; the rows marked.
-    Rows a writer holds are skipped (settled by the next run)."""
+def _settle(
+    conn: psycopg.Connection[Any], gen: int, scope: int, batch: int, max_rows: int | None = None
+) -> int:
+    """Mark the scope's fresh rows settled, ``batch`` a transaction, until none is left
+    or ``max_rows`` are; the rows marked. Rows a writer holds are skipped (settled by
+    the next run)."""
     settled = 0
-    while True:
+    while max_rows is None or settled < max_rows:
         cur = conn.execute(
             """
             UPDATE engram_vectors x SET settled = true FROM (
@@ -190,7 +197,8 @@ def _settle(conn: psycopg.Connection[Any], gen: int, scope: int, batch: int) -> 
         )
         settled += cur.rowcount
         if cur.rowcount < batch:
-            return settled
+            break
+    return settled
 
 
 def _invalid(conn: psycopg.Connection[Any], name: str) -> bool:
