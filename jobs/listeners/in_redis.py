@@ -39,8 +39,9 @@ import redis
 
 from store import ForgetEvent, WriteOptions
 from store.write import forgets
-from worker import cluster
+from worker import cluster, layout
 from worker import keys as stream_keys
+from worker.layout import Epoch
 from worker.protocol import Entry, decode_entry, encode_reply, partition_of
 from worker.replies import send_reply
 
@@ -66,8 +67,10 @@ class RedisListener:
         record_ids = {e.record_id for e in events}
         writers = forgets.writers(self.ctx.store.pool, sorted(record_ids))
         forgotten = Forgotten.of(record_ids, (op for ops in writers.values() for op in ops))
-        for partition in sorted({partition_of(e.scope, self.ctx.partitions) for e in events}):
-            self._partition(partition, forgotten)
+        # During a repartition the scopes' entries may wait in either epoch's streams.
+        for epoch in layout.live_epochs(self.client, self.ctx.partitions):
+            for partition in sorted({partition_of(e.scope, epoch.partitions) for e in events}):
+                self._partition(epoch, partition, forgotten)
         letters = [
             entry_id
             for entry_id, fields in _entries(self.client, stream_keys.DEAD_LETTERS)
@@ -86,15 +89,15 @@ class RedisListener:
             extra={"records": len(record_ids), "dead_letters": len(letters)},
         )
 
-    def _partition(self, partition: int, forgotten: Forgotten) -> None:
-        stream = stream_keys.stream(partition)
+    def _partition(self, epoch: Epoch, partition: int, forgotten: Forgotten) -> None:
+        stream = epoch.stream(partition)
         found = [
             (entry_id, fields)
             for entry_id, fields in _entries(self.client, stream)
             if forgotten.holds(fields.get(b"op"))
         ]
         for entry_id, fields in found:
-            self._settle(partition, stream, entry_id, fields)
+            self._settle(epoch, partition, entry_id, fields)
 
     def _compact_all(self) -> None:
         """Rebuild every stream engram writes operations into from its live entries.
@@ -106,7 +109,7 @@ class RedisListener:
         stream is rebuilt (one script each; a missing key is left alone), those of
         partitions past ``ENGRAM_PARTITIONS`` (an earlier count) too."""
         found = {stream_keys.DEAD_LETTERS}
-        found.update(stream_keys.stream(p) for p in range(self.ctx.partitions))
+        found.update(layout.live_streams(self.client, self.ctx.partitions))
         for node in _masters(self.client):
             found.update(
                 _text(key) for key in node.scan_iter(match=_STREAMS, count=_PAGE, _type="STREAM")
@@ -114,9 +117,10 @@ class RedisListener:
         for key in sorted(found):
             streams.compact(self.client, key)
 
-    def _settle(self, partition: int, stream: str, entry_id: str, fields: dict[Any, Any]) -> None:
+    def _settle(self, epoch: Epoch, partition: int, entry_id: str, fields: dict[Any, Any]) -> None:
         """Commit, answer, acknowledge and delete one entry of a forgotten record."""
-        item = decode_entry(entry_id, fields, partition=partition, partitions=self.ctx.partitions)
+        stream = epoch.stream(partition)
+        item = decode_entry(entry_id, fields, partition=partition, partitions=epoch.partitions)
         pipe = self.client.pipeline(transaction=False)
         if isinstance(item, Entry):
             op = item.operation
