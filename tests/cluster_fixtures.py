@@ -28,7 +28,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from engram.procs import die_with_parent
-from worker.valkey import HOST, cli_path
+from worker.valkey import HOST, cli_path, port_free
 
 SERVER = os.path.join(os.path.dirname(cli_path()), "valkey-server")
 MASTERS = 3
@@ -236,19 +236,9 @@ def _free_ports(count: int) -> list[int]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((HOST, 0))
             port = int(sock.getsockname()[1])
-        if port + 10000 < 65536 and port not in ports and _bindable(port + 10000):
+        if port + 10000 < 65536 and port not in ports and port_free(port + 10000):
             ports.append(port)
     return ports
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-    return True
 
 
 def _wait_for_ping(url: str) -> None:

@@ -81,7 +81,7 @@ class EmbeddedValkey:
         path = self.data_dir / PORT_FILE
         with contextlib.suppress(OSError, ValueError):
             kept = int(path.read_text().strip())
-            if _free(kept):
+            if port_free(kept):
                 return kept
             log.warning("the home's valkey port is taken, choosing another", extra={"port": kept})
         port = _free_port()
@@ -225,7 +225,7 @@ def _server_of(folder: Path) -> psutil.Process | None:
     return process_in_pid_file(folder / PID_FILE, ours)
 
 
-def _free(port: int) -> bool:
+def port_free(port: int) -> bool:
     """Whether valkey could listen on ``port`` (it sets SO_REUSEADDR, so a port its
     last run left in TIME_WAIT counts as free)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
