@@ -39,7 +39,9 @@ def test_planted_jobs_are_never_run_and_do_not_stop_the_jobs_worker(
     assert not pwned.exists()
     job = queues.fetch(client, real)
     assert job is not None and job.get_status() == "finished"
-    assert client.llen(f"rq:queue:{QUEUE}") == 0
+    # Off the queue (an upkeep job the ticker enqueued as the burst ended may be there).
+    queued = set(client.lrange(f"rq:queue:{QUEUE}", 0, -1))
+    assert not {b"planted-pickle", b"planted-garbled", real.encode()} & queued
     # Set aside where an operator sees them: among the queue's failed jobs.
     failed = client.zrange(f"rq:failed:{QUEUE}", 0, -1)
     assert {b"planted-pickle", b"planted-garbled"} <= set(failed)
