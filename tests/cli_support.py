@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,3 +18,25 @@ def logging_restored() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+def command_env(
+    monkeypatch: pytest.MonkeyPatch,
+    home: Path,
+    *,
+    redis_url: str,
+    database_url: str,
+    jobs_redis_url: str | None = None,
+    partitions: int | None = None,
+) -> None:
+    """The environment an ``engram`` command run here reads: its servers and its home;
+    no jobs Redis of its own unless ``jobs_redis_url``; ``partitions`` if given."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.setenv("ENGRAM_HOME", str(home))
+    if jobs_redis_url is None:
+        monkeypatch.delenv("ENGRAM_JOBS_REDIS_URL", raising=False)
+    else:
+        monkeypatch.setenv("ENGRAM_JOBS_REDIS_URL", jobs_redis_url)
+    if partitions is not None:
+        monkeypatch.setenv("ENGRAM_PARTITIONS", str(partitions))

@@ -12,7 +12,7 @@ import pytest
 
 from engram.cli import main
 from store import Store
-from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
+from tests.cli_support import command_env, logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import wait_until
 from tests.worker.test_cluster import CONFIG, cluster_worker, scope_on
 from worker import deadletters, keys
@@ -34,10 +34,13 @@ def test_dead_letters_on_a_cluster_from_the_command_line(
     tmp_path: Any,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("REDIS_URL", cluster_url)
-    monkeypatch.setenv("DATABASE_URL", fresh_dsn)
-    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("ENGRAM_PARTITIONS", str(CONFIG.partitions))
+    command_env(
+        monkeypatch,
+        tmp_path / "home",
+        redis_url=cluster_url,
+        database_url=fresh_dsn,
+        partitions=CONFIG.partitions,
+    )
     client = connect_redis(cluster_url)
     with cluster_worker(cluster_url, fresh_store):
         # Each sent to a partition that is not its scope's: dead-lettered.
@@ -95,10 +98,7 @@ def test_prune_trims_the_dead_letters_on_the_cluster_without_a_jobs_redis(
     tmp_path: Any,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("REDIS_URL", cluster_url)
-    monkeypatch.setenv("DATABASE_URL", fresh_dsn)
-    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("ENGRAM_JOBS_REDIS_URL", raising=False)
+    command_env(monkeypatch, tmp_path / "home", redis_url=cluster_url, database_url=fresh_dsn)
     client = connect_redis(cluster_url)
     client.xadd(keys.DEAD_LETTERS, {"op": "{}"}, id="1000-0")  # from 1970: past any window
     client.xadd(keys.DEAD_LETTERS, {"op": "{}"})

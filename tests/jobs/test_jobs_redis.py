@@ -20,7 +20,7 @@ from engram.jobs_redis import forget_hook
 from jobs import keys as jobs_keys
 from jobs import redaction
 from store import ForgetEvent, Scope, Store
-from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
+from tests.cli_support import command_env, logging_restored  # noqa: F401 (an autouse fixture)
 from tests.worker.test_cluster import CONFIG
 from worker import keys
 from worker.runtime import connect_redis
@@ -51,10 +51,7 @@ def test_a_command_that_needs_the_jobs_says_what_to_set_on_a_cluster(
     tmp_path: Any,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("REDIS_URL", cluster_url)
-    monkeypatch.setenv("DATABASE_URL", dsn)
-    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("ENGRAM_JOBS_REDIS_URL", raising=False)
+    command_env(monkeypatch, tmp_path / "home", redis_url=cluster_url, database_url=dsn)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "ENGRAM_JOBS_REDIS_URL" in err and "Traceback" not in err
@@ -77,11 +74,14 @@ def test_the_pause_of_the_jobs_is_on_the_jobs_redis(
     tmp_path: Any,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("REDIS_URL", cluster_url)
-    monkeypatch.setenv("ENGRAM_JOBS_REDIS_URL", redis_url)
-    monkeypatch.setenv("DATABASE_URL", dsn)
-    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("ENGRAM_PARTITIONS", str(CONFIG.partitions))
+    command_env(
+        monkeypatch,
+        tmp_path / "home",
+        redis_url=cluster_url,
+        database_url=dsn,
+        jobs_redis_url=redis_url,
+        partitions=CONFIG.partitions,
+    )
     assert main(["pause", "jobs", "--reason", "upgrade"]) == 0
     assert main(["pause", "partition", "3"]) == 0
     capsys.readouterr()
