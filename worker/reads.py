@@ -42,6 +42,11 @@ class ClusterReads:
         self._turn = 0  # which stream the next blocking read waits on
         self._block_ms = FIRST_BLOCK_MS
 
+    @property
+    def next_block_ms(self) -> int:
+        """How long the next blocking read waits at most (before the cap it is given)."""
+        return self._block_ms
+
     def read(
         self,
         streams: list[str],
