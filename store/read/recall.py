@@ -17,7 +17,12 @@ Words held by more than ``COMMON_WORD_SHARE`` of the revisions are left out: the
 say little about which record is meant, and matching them meant ranking most of
 a large scope on every recall (a query made only of such words asks for records
 holding all of them). A record must hold ``LEXICAL_COVER`` of the weight of the
-words kept.
+words kept, so the index is asked only for the records holding one of the rarest
+words, as many of them as a record must hold one of to reach that share (the words
+left out weigh less than it): their index entries are the shortest, and the records
+holding only commoner words, which could not pass, are never read. At 100,000
+records this read 11% of the rows that asking for every telling word did (8,705
+against 75,852 over the benchmark's 260 queries), and gave the same lists.
 """
 
 from __future__ import annotations
@@ -338,9 +343,17 @@ _LEXICAL = f"""
     telling AS (SELECT * FROM words WHERE coalesce(share, 0) <= %(common)s),
     scored AS (SELECT * FROM telling UNION ALL
                SELECT * FROM words WHERE NOT EXISTS (SELECT 1 FROM telling)),
+    needed AS (  -- the rarest words, enough that a record holding none cannot pass
+        SELECT query FROM (
+            SELECT query, sum(weight) OVER (ORDER BY weight, word DESC ROWS UNBOUNDED PRECEDING)
+                   AS this_and_commoner
+            FROM telling
+        ) ranked
+        WHERE this_and_commoner >= %(cover)s * (SELECT sum(weight) FROM telling) * (1 - 1e-9)
+    ),
     wanted AS (
         SELECT CASE WHEN EXISTS (SELECT 1 FROM telling)
-                    THEN (SELECT engram_tsquery_or(query) FROM telling)
+                    THEN (SELECT engram_tsquery_or(query) FROM needed)
                     ELSE (SELECT engram_tsquery_and(query) FROM words) END AS query,
                (SELECT sum(weight) FROM scored) AS weight
     )

@@ -191,6 +191,20 @@ def test_a_text_holding_little_of_the_query_is_no_lexical_match(fresh_store: Sto
     assert texts(mem.recall("Maria Lisbon relocation")) == ["Maria moved to Lisbon in spring."]
 
 
+def test_every_text_holding_enough_of_the_query_is_found_whichever_words_it_holds(
+    fresh_store: Store,
+) -> None:
+    # The lexical list looks for candidates through the rarest words only, as many as a
+    # text must hold one of to reach the cover (here two of three words of equal
+    # weight): a text holding any two of them is found, whichever two.
+    mem = fresh_store.session({"user_id": "ada"})  # no embedder: the lexical list alone
+    pairs = ["walrus saxophone", "walrus glacier", "saxophone glacier"]
+    for text in [*pairs, "walrus alone"]:
+        mem.remember(f"A note on a {text}.")
+    found = texts(mem.recall("walrus saxophone glacier", top_k=10))
+    assert sorted(found) == sorted(f"A note on a {pair}." for pair in pairs)
+
+
 def test_each_hit_says_where_each_list_ranked_it_and_its_relevance(
     store: Store, scope: dict
 ) -> None:
