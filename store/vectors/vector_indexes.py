@@ -66,9 +66,21 @@ SETTLE_RUN_ROWS = 10_000
 # must know the fresh rows are few to search them through their own index (stale
 # statistics counting a settled scope as fresh had it scan the whole table).
 ANALYZE_AFTER_ROWS = 1_000
-# The memory an index build may use: a graph that does not fit is built far slower.
-BUILD_MAINTENANCE_WORK_MEM = "512MB"
+# The memory an index build may use (``build_memory``): a graph that does not fit in it
+# is built one insertion at a time once full, as slowly as ``settle_fresh`` extends it.
+BUILD_MEMORY_FLOOR_MB = 512
+BUILD_MEMORY_CAP_MB = 4096  # a graph of about two million vectors of 256 dimensions
 _LOCK_CLASS = 0x656E7669  # "envi": the first key of the per-scope advisory locks
+
+
+def build_memory_mb(vectors: int, dims: int) -> int:
+    """The ``maintenance_work_mem`` (MB) that holds the graph of ``vectors`` vectors of
+    ``dims`` dimensions while it is built, a quarter to spare: each element holds its
+    half-precision vector and, on the ground layer, ``2 * HNSW_M`` neighbours of 16
+    bytes each (about 1.8 kB at 256 dimensions), within the floor and the cap."""
+    element = 2 * int(dims) + 2 * HNSW_M * 16 + 256
+    needed = int(vectors) * element * 5 // 4 // 2**20
+    return max(BUILD_MEMORY_FLOOR_MB, min(BUILD_MEMORY_CAP_MB, needed))
 
 
 def index_name(generation_id: int, scope_id: int) -> str:
@@ -85,7 +97,7 @@ def index_large_scopes(
     with _autocommit(pool) as conn:
         rows = conn.execute(
             """
-            SELECT g.id, g.dims, x.scope_id FROM engram_generations g
+            SELECT g.id, g.dims, x.scope_id, count(*) FROM engram_generations g
             JOIN engram_vectors x ON x.generation_id = g.id
             WHERE g.status = 'active'
               AND NOT EXISTS (SELECT 1 FROM engram_vector_indexes i
@@ -94,10 +106,10 @@ def index_large_scopes(
             """,
             (threshold,),
         ).fetchall()
-        for gen, dims, scope in rows:
+        for gen, dims, scope, vectors in rows:
             with _scope_lock(conn, gen, scope) as held:
                 if held:  # else another job is building it
-                    _build(conn, gen, dims, scope, batch)
+                    _build(conn, gen, dims, scope, batch, build_memory_mb(vectors, dims))
                     built.append(index_name(gen, scope))
         if built:
             conn.execute("ANALYZE engram_vectors")  # the scopes' rows are settled now
@@ -126,7 +138,9 @@ def settle_fresh(pool: Any, batch: int = SETTLE_BATCH, max_rows: int = SETTLE_RU
     return settled
 
 
-def _build(conn: psycopg.Connection[Any], gen: int, dims: int, scope: int, batch: int) -> None:
+def _build(
+    conn: psycopg.Connection[Any], gen: int, dims: int, scope: int, batch: int, memory_mb: int
+) -> None:
     name = index_name(gen, scope)
     # A build killed midway leaves its index invalid (and unregistered): build it again.
     if _invalid(conn, name):
@@ -135,7 +149,7 @@ def _build(conn: psycopg.Connection[Any], gen: int, dims: int, scope: int, batch
     # it (unregistered), recall reads the scope exactly meanwhile.
     _settle(conn, gen, scope, batch)
     _define_centring(conn, gen)
-    conn.execute(f"SET maintenance_work_mem = '{BUILD_MAINTENANCE_WORK_MEM}'")
+    conn.execute(f"SET maintenance_work_mem = '{int(memory_mb)}MB'")
     conn.execute(
         f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON engram_vectors"
         f" USING hnsw (({indexed(gen, dims)}) halfvec_cosine_ops)"
