@@ -77,8 +77,30 @@ class Replica:
 
     def start(self) -> None:
         """Start the postmaster as our child (not daemonised: it dies with us) and wait
-        until it accepts connections in recovery."""
+        until it accepts connections in recovery. A postmaster that exits at once is
+        started again until the deadline: the processes of one just stopped may still
+        hold the folder's shared memory (they exit once they see it gone), and
+        PostgreSQL then refuses to start."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
+        deadline = time.monotonic() + _READY_S
+        while True:
+            self._spawn()
+            while self.proc is not None and self.proc.poll() is None:
+                try:
+                    with psycopg.connect(self.dsn(), connect_timeout=2) as conn:
+                        if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
+                            return
+                except psycopg.OperationalError:
+                    pass
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            if time.monotonic() > deadline:
+                tail = self.log_text()[-2000:]
+                raise RuntimeError(f"the replica did not start ({self.log_file}):\n{tail}")
+            time.sleep(0.5)
+
+    def _spawn(self) -> None:
         with self.log_file.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -91,17 +113,6 @@ class Replica:
                 user=self._user,
                 preexec_fn=die_with_parent(),  # SIGTERM if we die: no replica outlives us
             )
-        deadline = time.monotonic() + _READY_S
-        while True:
-            try:
-                with psycopg.connect(self.dsn(), connect_timeout=2) as conn:
-                    if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
-                        return
-            except psycopg.OperationalError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the replica did not start: see {self.log_file}")
-            time.sleep(0.1)
 
     def stop(self) -> None:
         """Fast shutdown by pid (SIGINT), then SIGKILL if it lingers."""
