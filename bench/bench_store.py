@@ -27,6 +27,7 @@ figures (computed up front) so the database path is what is compared; the query
 embedding is included in recall, engram's and the vector baselines'.
 
     python -m bench.bench_store --skip-writes   # recall only
+    python -m bench.bench_store --embedder minilm --sizes 1000,10000   # another model
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ from bench.common import (
     scratch_postgres,
     sentences,
 )
-from store import Operation, Scope, Session, Store, WordLlamaEmbedder, WriteResult
+from store import Embedder, Operation, Scope, Session, Store, WordLlamaEmbedder, WriteResult
 from store.limits import LARGE_SCOPE_VECTORS
 from store.read.recall import HNSW_SETTINGS, RecallQuery, recall, recall_context
 from store.server import EmbeddedPostgres
 from store.vectors.embedders import embed_checked
+from store.vectors.registry import EmbedderRegistry
 from store.vectors.vector_indexes import HNSW_EF_CONSTRUCTION, HNSW_M, indexed, settle_fresh
 
 # The issue's bounds on hybrid recall's p95 by the scope's size.
@@ -71,11 +73,14 @@ SETTLE_BENCH_ROWS = 1_000
 
 
 class Precomputed:
-    """The default embedder's vectors, computed once so writes measure the database path."""
+    """An embedder's vectors (the default's unless told), computed once so writes measure
+    the database path."""
 
-    def __init__(self, texts: list[str], vectors: np.ndarray) -> None:
+    def __init__(
+        self, texts: list[str], vectors: np.ndarray, inner: Embedder | None = None
+    ) -> None:
         self.by_text = dict(zip(texts, vectors, strict=True))
-        self.inner = WordLlamaEmbedder()
+        self.inner = inner if inner is not None else WordLlamaEmbedder()
 
     @property
     def model_id(self) -> str:
@@ -93,9 +98,12 @@ class Precomputed:
         return np.stack([self.by_text[t] for t in texts])
 
 
-def bench_writes(dsn: str, texts: list[str], vectors: np.ndarray, batch: int) -> dict[str, float]:
+def bench_writes(
+    dsn: str, texts: list[str], vectors: np.ndarray, batch: int, model: Embedder
+) -> dict[str, float]:
     out = {}
-    embedder = Precomputed(texts, vectors)
+    embedder = Precomputed(texts, vectors, model)
+    dims = int(vectors.shape[1])
     with Store.connect(dsn) as store:
         ops = [Operation.build("remember", {"user_id": "writer"}, {"text": t}) for t in texts]
         t0 = time.perf_counter()
@@ -104,9 +112,9 @@ def bench_writes(dsn: str, texts: list[str], vectors: np.ndarray, batch: int) ->
         out["engram versioned write"] = len(ops) / (time.perf_counter() - t0)
     with psycopg.connect(dsn, autocommit=True) as conn:
         register_vector(conn)
-        conn.execute("CREATE TABLE IF NOT EXISTS b_hnsw (id text, body text, v vector(256))")
+        conn.execute(f"CREATE TABLE IF NOT EXISTS b_hnsw (id text, body text, v vector({dims}))")
         conn.execute("CREATE INDEX ON b_hnsw USING hnsw (v vector_cosine_ops)")
-        conn.execute("CREATE TABLE IF NOT EXISTS b_copy (id text, body text, v vector(256))")
+        conn.execute(f"CREATE TABLE IF NOT EXISTS b_copy (id text, body text, v vector({dims}))")
         rows = [(f"r{i}", t, v) for i, (t, v) in enumerate(zip(texts, vectors, strict=True))]
         t0 = time.perf_counter()
         with conn.transaction(), conn.cursor() as cur:
@@ -146,7 +154,7 @@ class Baselines:
     search of the scope's vectors (the query embedded first, as engram does), and
     PostgreSQL full-text search of its current revisions, each on its own."""
 
-    def __init__(self, dsn: str, scope_key: str, embedder: WordLlamaEmbedder) -> None:
+    def __init__(self, dsn: str, scope_key: str, embedder: Embedder) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
         register_vector(self.conn)
         self.embedder = embedder
@@ -282,11 +290,11 @@ class EngramExact:
     """engram's hybrid recall through the same code, with the exact vector search even
     where the scope has an approximate index: the quality the approximate one must keep."""
 
-    def __init__(self, store: Store, scope: dict[str, str], embedder: WordLlamaEmbedder) -> None:
+    def __init__(self, store: Store, scope: dict[str, str], embedder: Embedder) -> None:
         self.store, self.key, self.embedder = store, Scope.of(scope).key, embedder
 
     def query(self, text: str | None, top_k: int, exact: bool) -> list[str]:
-        vector = self.embedder.embed([text if text is not None else ""])[0]
+        vector = np.asarray(self.embedder.embed([text if text is not None else ""])[0])
         with self.store.pool.connection() as conn:
             q = recall_context(conn, self.key).query(text, vector, top_k)
             if exact:
@@ -300,7 +308,7 @@ class EngramExact:
         """The share of the exact vector top 50 that engram's vector list finds."""
         shares = []
         for text in queries:
-            vector = self.embedder.embed([text])[0]
+            vector = np.asarray(self.embedder.embed([text])[0])
             with self.store.pool.connection() as conn:
                 q: RecallQuery = recall_context(conn, self.key).query(None, vector, 50)
                 found = {h.record.id for h in recall(conn, q)}
@@ -323,7 +331,7 @@ def bench_recall(
     size: int,
     queries: list[str],
     labels: dict[str, str],
-    embedder: WordLlamaEmbedder,
+    embedder: Embedder,
     search: str,
     writer: PacedWriter | None = None,
 ) -> RecallRun:
@@ -454,6 +462,7 @@ def report_writes(
     server: EmbeddedPostgres,
     texts: list[str],
     vectors: np.ndarray,
+    model: Embedder,
     embed_rate: float,
     args: argparse.Namespace,
 ) -> None:
@@ -462,13 +471,14 @@ def report_writes(
         texts[: args.write_records],
         vectors[: args.write_records],
         args.batch,
+        model,
     )
     print(f"\n## Writes ({args.write_records} records, batches of {args.batch})\n")
     print("| path | records/s | vs engram |\n|---|---:|---:|")
     base = writes["engram versioned write"]
     for name, rate in writes.items():
         print(f"| {name} | {rate:,.0f} | {rate / base:.2f}x |")
-    print(f"\n(default embedder alone: {embed_rate:,.0f} sentences/s)")
+    print(f"\n(the embedder alone, {args.embedder}: {embed_rate:,.0f} sentences/s)")
 
 
 def main() -> None:
@@ -494,20 +504,26 @@ def main() -> None:
         help="vectors from which a scope gets its approximate index",
     )
     parser.add_argument("--ef-search", type=int, default=None, help="hnsw.ef_search to try")
+    parser.add_argument(
+        "--embedder",
+        choices=("wordllama", "minilm"),
+        default="wordllama",
+        help="the model of the scopes' vectors and of the queries (minilm: engram[minilm])",
+    )
     args = parser.parse_args()
     if args.ef_search is not None:  # read by the store's connections as they open
         HNSW_SETTINGS["hnsw.ef_search"] = str(args.ef_search)
     sizes = [int(s) for s in args.sizes.split(",")]
     server = scratch_postgres()
     try:
-        embedder = WordLlamaEmbedder()
+        embedder = EmbedderRegistry().create(args.embedder)
         texts = sentences(max(max(sizes), args.write_records))
         t0 = time.perf_counter()
         vectors = embed_checked(embedder, texts)
         embed_rate = len(texts) / (time.perf_counter() - t0)
 
         if not args.skip_writes:
-            report_writes(server, texts, vectors, embed_rate, args)
+            report_writes(server, texts, vectors, embedder, embed_rate, args)
 
         print(f"\n## Recall in one scope ({args.queries} queries + the labelled set, top 5)\n")
         print(
@@ -523,10 +539,10 @@ def main() -> None:
         dsn = fresh_database(server, "recall")
         # What the scopes grow by while recall is measured under writes.
         growth = sentences(args.growth, seed=3) if args.write_rate else []
-        grown = Precomputed(growth, embed_checked(embedder, growth)) if growth else None
+        grown = Precomputed(growth, embed_checked(embedder, growth), embedder) if growth else None
         verdicts: list[str] = []
         with Store.connect(dsn) as store:
-            pre = Precomputed(texts, vectors)
+            pre = Precomputed(texts, vectors, embedder)
             for size in sizes:
                 scope = {"user_id": f"scope-{size}"}
                 filler = texts[: size - len(recall_set.FACTS)]
