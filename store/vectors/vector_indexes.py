@@ -66,8 +66,9 @@ SETTLE_RUN_ROWS = 10_000
 # must know the fresh rows are few to search them through their own index (stale
 # statistics counting a settled scope as fresh had it scan the whole table).
 ANALYZE_AFTER_ROWS = 1_000
-# The memory an index build may use (``build_memory``): a graph that does not fit in it
-# is built one insertion at a time once full, as slowly as ``settle_fresh`` extends it.
+# The memory an index build may use (``build_memory_mb``): a graph that does not fit in
+# it is built one insertion at a time once full, as slowly as ``settle_fresh`` extends
+# it (pgvector says so in a notice, which the build logs as a warning).
 BUILD_MEMORY_FLOOR_MB = 512
 BUILD_MEMORY_CAP_MB = 4096  # a graph of about two million vectors of 256 dimensions
 _LOCK_CLASS = 0x656E7669  # "envi": the first key of the per-scope advisory locks
@@ -150,12 +151,29 @@ def _build(
     _settle(conn, gen, scope, batch)
     _define_centring(conn, gen)
     conn.execute(f"SET maintenance_work_mem = '{int(memory_mb)}MB'")
-    conn.execute(
-        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON engram_vectors"
-        f" USING hnsw (({indexed(gen, dims)}) halfvec_cosine_ops)"
-        f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})"
-        f" WHERE generation_id = {int(gen)} AND scope_id = {int(scope)} AND settled"
-    )
+
+    def outgrown(notice: psycopg.errors.Diagnostic) -> None:
+        if "no longer fits" in (notice.message_primary or ""):
+            log.warning(
+                "approximate index outgrew its build memory: the rest is built slowly",
+                extra={
+                    "generation": gen,
+                    "scope": scope,
+                    "memory_mb": memory_mb,
+                    "notice": notice.message_primary,
+                },
+            )
+
+    conn.add_notice_handler(outgrown)
+    try:
+        conn.execute(
+            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON engram_vectors"
+            f" USING hnsw (({indexed(gen, dims)}) halfvec_cosine_ops)"
+            f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})"
+            f" WHERE generation_id = {int(gen)} AND scope_id = {int(scope)} AND settled"
+        )
+    finally:
+        conn.remove_notice_handler(outgrown)
     conn.execute(
         "INSERT INTO engram_vector_indexes (generation_id, scope_id, index_name)"
         " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",

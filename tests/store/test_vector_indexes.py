@@ -213,6 +213,31 @@ with Store.connect(sys.argv[1]) as store:
 """
 
 
+def test_an_index_build_gets_the_memory_its_graph_needs(
+    fresh_store: Store, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without the floor, the memory is what the estimate gives for 3,000 vectors (5 MB):
+    # pgvector builds the whole graph in it, and says nothing.
+    monkeypatch.setattr(vector_indexes, "BUILD_MEMORY_FLOOR_MB", 1)
+    write(fresh_store, {"user_id": "fits"}, texts_for("f", 3000))
+    with caplog.at_level("WARNING", logger=vector_indexes.__name__):
+        assert fresh_store.embeddings.index_large_scopes(threshold=1000)
+    assert vector_indexes.build_memory_mb(3000, EMBEDDER.dims) < 10
+    assert not [r for r in caplog.records if "outgrew" in r.getMessage()]
+
+
+def test_a_graph_that_outgrows_its_build_memory_is_a_warning(
+    fresh_store: Store, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1 MB (PostgreSQL's least) holds a few hundred elements: the rest go in one at a time.
+    monkeypatch.setattr(vector_indexes, "build_memory_mb", lambda vectors, dims: 1)
+    write(fresh_store, {"user_id": "outgrows"}, texts_for("o", 3000))
+    with caplog.at_level("WARNING", logger=vector_indexes.__name__):
+        assert fresh_store.embeddings.index_large_scopes(threshold=1000)
+    warned = [r for r in caplog.records if "outgrew" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].memory_mb == 1  # type: ignore[attr-defined]
+
+
 def settle_process(dsn: str, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-c", _SETTLE, dsn, *args],
