@@ -52,7 +52,7 @@ from bench.common import (
     scratch_postgres,
     sentences,
 )
-from store import Embedder, Operation, Scope, Session, Store, WordLlamaEmbedder, WriteResult
+from store import Embedder, Operation, Scope, Session, Store, WriteResult
 from store.limits import LARGE_SCOPE_VECTORS
 from store.read.recall import HNSW_SETTINGS, RecallQuery, recall, recall_context
 from store.server import EmbeddedPostgres
@@ -73,14 +73,11 @@ SETTLE_BENCH_ROWS = 1_000
 
 
 class Precomputed:
-    """An embedder's vectors (the default's unless told), computed once so writes measure
-    the database path."""
+    """``inner``'s vectors of ``texts``, computed once so writes measure the database path."""
 
-    def __init__(
-        self, texts: list[str], vectors: np.ndarray, inner: Embedder | None = None
-    ) -> None:
+    def __init__(self, texts: list[str], vectors: np.ndarray, inner: Embedder) -> None:
         self.by_text = dict(zip(texts, vectors, strict=True))
-        self.inner = inner if inner is not None else WordLlamaEmbedder()
+        self.inner = inner
 
     @property
     def model_id(self) -> str:

@@ -345,11 +345,12 @@ _LEXICAL = f"""
                SELECT * FROM words WHERE NOT EXISTS (SELECT 1 FROM telling)),
     needed AS (  -- the rarest words, enough that a record holding none cannot pass
         SELECT query FROM (
-            SELECT query, sum(weight) OVER (ORDER BY weight, word DESC ROWS UNBOUNDED PRECEDING)
+            SELECT query, sum(weight) OVER () AS total,
+                   sum(weight) OVER (ORDER BY weight, word DESC ROWS UNBOUNDED PRECEDING)
                    AS this_and_commoner
             FROM telling
         ) ranked
-        WHERE this_and_commoner >= %(cover)s * (SELECT sum(weight) FROM telling) * (1 - 1e-9)
+        WHERE this_and_commoner >= %(cover)s * total * (1 - 1e-9)
     ),
     wanted AS (
         SELECT CASE WHEN EXISTS (SELECT 1 FROM telling)
