@@ -389,7 +389,7 @@ def _plain_table(dsn: str) -> None:
 def _collect(redis_kwargs: dict[str, Any], expected: int, conn: Connection) -> None:
     """In its own process: note when each answer appears, then send the times back."""
     client = redis.Redis(**redis_kwargs)
-    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe("__keyevent@0__:rpush")
     while pubsub.get_message(timeout=0.1) is not None:
         pass  # the subscription is live once this returns
