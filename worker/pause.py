@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -127,6 +127,18 @@ def paused_numbers(client: redis.Redis) -> frozenset[int]:
 def report(client: redis.Redis, worker_id: str, paused: Iterable[int]) -> None:
     """What this worker last saw paused, in its hash: the pause is in effect there."""
     client.hset(keys.worker(worker_id), "paused", ",".join(map(str, sorted(paused))))
+
+
+def not_yet_seen(partition: int, workers: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The ids of ``workers`` (live workers' descriptions, as
+    ``membership.live_workers`` gives them) whose last report does not hold
+    ``partition`` paused. A pause is asynchronous: it is in effect everywhere once
+    this is empty; until then a worker left in it may still read the partition."""
+    return [
+        str(w.get("id"))
+        for w in workers
+        if str(partition) not in str(w.get("paused") or "").split(",")
+    ]
 
 
 class PauseWatch:

@@ -22,6 +22,7 @@ from tests.web_fixtures import BASE_URL
 from tests.worker.test_cluster import CONFIG, cluster_worker, scope_on
 from web import WebConfig
 from worker import Producer, deadletters, keys, pause
+from worker.membership import live_workers
 from worker.runtime import connect_redis
 from worker.settings import Settings
 from worker.worker import Worker
@@ -131,6 +132,15 @@ def test_a_partition_paused_from_the_page_holds_its_operation_found_in_the_backl
     assert list(pause.paused_partitions(dashboard.cluster)) == [5]
     assert "Partition <b>#5</b> paused by local" in dashboard.client.get("/").text
     assert dashboard.client.get("/api/v1/paused").json()["partitions"][0]["partition"] == 5
+    # A pause takes effect at each worker's next look: wait for the workers' report.
+    wait_until(
+        lambda: (
+            dashboard.worker.worker_id
+            in [w["id"] for w in live_workers(dashboard.cluster, CONFIG.lease_ttl_ms)]
+            and not pause.not_yet_seen(5, live_workers(dashboard.cluster, CONFIG.lease_ttl_ms))
+        ),
+        what="every worker to report partition 5 paused",
+    )
     # Held in its stream: the operation page finds it in the backlog, waiting.
     pending = dashboard.producer.remember(scope_on(5, "held"), "Ada likes tea.")
     page = dashboard.client.get(f"/operations/{pending.operation_id}")

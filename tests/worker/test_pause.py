@@ -60,6 +60,17 @@ def test_the_watch_reads_again_once_due_and_tells_a_change() -> None:
     assert watch.update(frozenset({2}), 2.0) and watch.paused == {2}
 
 
+def test_a_pause_is_in_effect_once_every_live_worker_reports_it() -> None:
+    workers = [
+        {"id": "w1", "paused": "3,12"},
+        {"id": "w2", "paused": "13"},  # 13 is not 3
+        {"id": "w3"},  # not reported yet
+    ]
+    assert pause.not_yet_seen(3, workers) == ["w2", "w3"]
+    assert pause.not_yet_seen(13, workers) == ["w1", "w3"]
+    assert pause.not_yet_seen(3, [{"id": "w1", "paused": "3"}]) == []
+
+
 def test_a_pause_is_stored_with_who_when_and_why(redis_client: redis.Redis) -> None:
     pause.pause_partition(redis_client, 3, pause.Pause.now("ada", "  reindexing  "))
     redis_client.hset(keys.PAUSED, "junk", "x")  # not a partition: ignored
