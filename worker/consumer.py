@@ -114,6 +114,9 @@ class Consumer(threading.Thread):
         self._tally = Tally(METRICS_FLUSH_S)
         self._pauses = pause.PauseWatch()
         self._next_stray_check = 0.0
+        # Cycles ended so far: whoever changed what a cycle looks at (a lease's
+        # validity, say) knows it is seen once two more have ended.
+        self.cycles = 0
         # On a Redis Cluster a command touches one slot: a read per stream (``reads``).
         self._cluster_reads = (
             ClusterReads(shared.client, shared.worker_id) if is_cluster(shared.client) else None
@@ -158,6 +161,7 @@ class Consumer(threading.Thread):
                         if not groups.is_missing(exc):
                             raise
                         self._recreate_groups(active)
+                    self.cycles += 1
                 else:
                     self._stop_requested.wait(self.shared.config.block_ms / 1000)
         except _Stopping:

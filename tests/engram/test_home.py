@@ -9,7 +9,7 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,27 +85,47 @@ def test_a_session_refuses_a_home_an_up_owns_and_waits_for_a_one_off_command(
             f"""
             import time
             from engram.home import HomeLock
+            import sys
             lock = HomeLock({str(tmp_path)!r})
             assert lock.acquire({command!r})
             print("held", flush=True)
-            time.sleep(1.5)
+            sys.stdin.read()  # held until the test closes our stdin
             """,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
         reaped.append(holder)
-        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        assert holder.stdin is not None and holder.stdout is not None
+        assert holder.stdout.readline() == b"held\n"
         session = HomeSession(tmp_path, "engram up")
         if refused:
             with pytest.raises(HomeInUseError) as info:
                 session.open()
             assert f"in use by engram up (pid {holder.pid})" in info.value.message
             assert holder.poll() is None  # refused at once, while the holder still ran
+            holder.stdin.close()
         else:
-            started = time.monotonic()
-            session.open()  # waits until the one-off command is done with the home
-            session.close()
-            assert time.monotonic() - started > 1.0
+            _waits_then_opens(session, holder)
         holder.wait()
+
+
+def _waits_then_opens(session: HomeSession, holder: subprocess.Popen[bytes]) -> None:
+    """``session.open`` waits while ``holder`` holds the home, and opens once it lets go."""
+    opened = threading.Event()
+
+    def open_it() -> None:
+        session.open()
+        opened.set()
+
+    opener = threading.Thread(target=open_it)
+    opener.start()
+    # Waiting, not refused: the holder still holds the home (it waits for our word).
+    assert not opened.wait(0.5) and opener.is_alive()
+    assert holder.stdin is not None
+    holder.stdin.close()  # the one-off command is done with the home
+    opener.join(30)
+    assert opened.is_set(), "the session opened once the holder let go"
+    session.close()
 
 
 def test_the_run_file_and_the_in_use_message_keep_the_redis_password_to_the_owner(
@@ -231,7 +251,12 @@ def test_a_killed_owners_watchdog_stops_its_processes_and_holds_the_home_until_d
         from engram.procs import ProcessRecord
         session = HomeSession({str(tmp_path)!r}, "engram up").open()
         # A child that takes 2 s to give in to SIGKILL after ignoring SIGTERM.
-        child = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"], start_new_session=True)
+        child = subprocess.Popen(
+            ["sh", "-c", "trap '' TERM; echo trapped; sleep 60"],
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+        )
+        assert child.stdout.readline().strip() == b"trapped"  # its trap is installed
         session.record(ProcessRecord.of("stubborn", child.pid, stop_timeout_s=2.0))
         print(child.pid, flush=True)
         time.sleep(60)
@@ -242,7 +267,6 @@ def test_a_killed_owners_watchdog_stops_its_processes_and_holds_the_home_until_d
     assert owner.stdout is not None
     child = int(owner.stdout.readline())
     reaped.append(child)
-    time.sleep(0.3)  # let the shell install its trap
     owner.send_signal(signal.SIGKILL)
     owner.wait()
     lock = HomeLock(tmp_path)

@@ -8,6 +8,7 @@ import contextlib
 import json
 import random
 import signal
+import statistics
 import threading
 import time
 from collections import defaultdict
@@ -167,8 +168,10 @@ def test_light_load_latency_stays_within_one_block(
             started = time.monotonic()
             producer.remember(scope_on(partition, "light"), "one at a time").wait(10)
             took.append(time.monotonic() - started)
-    # The commit itself takes some ms; the wait for the read at most one block.
-    assert max(took) < CONFIG.block_ms / 1000 + 0.25, took
+    # The commit itself takes some ms; the wait for the read at most one block. The
+    # median, not the slowest: one operation may meet a stall of this shared machine,
+    # while a read that waited a block per node would make every one slow.
+    assert statistics.median(took) < CONFIG.block_ms / 1000 + 0.25, took
 
 
 # -- through a worker ------------------------------------------------------------------
@@ -271,30 +274,44 @@ def test_three_workers_one_killed_keep_every_scope_in_order(
         seen = live_workers(setup.client, 10_000)
         raise AssertionError(f"{seen}\n" + "\n".join(w.log()[-3000:] for w in workers)) from None
 
+    killed = threading.Event()
+    after_kill = [0] * 4
+
     def produce(n: int) -> None:
+        """At least 400 operations, and at least 100 of them after the kill."""
         producer = Producer.from_url(cluster_url, partitions=CONFIG.partitions)
         rng = random.Random(n)
-        for j in range(400):
+        j = 0
+        while j < 400 or after_kill[n] < 100:
             scope = scopes[rng.randrange(len(scopes))]
             p = producer.remember(scope, f"p{n}-{j}", operation_id=f"order:{n}:{j}")
             with lock:
                 sent[scope["user_id"]].append(p)
+            after_kill[n] += killed.is_set()
+            j += 1
             time.sleep(rng.random() * 0.008)
 
     producers = [threading.Thread(target=produce, args=(n,)) for n in range(4)]
     for t in producers:
         t.start()
-    time.sleep(0.8)
-    [victim] = [
-        w
-        for w in live_workers(setup.client, CONFIG.lease_ttl_ms)
-        if w.get("pid") == str(workers[0].pid)
-    ]
-    assert victim.get("partitions"), "the victim held no partition"
+
+    def victim_holds_partitions() -> bool:
+        found = [
+            w
+            for w in live_workers(setup.client, CONFIG.lease_ttl_ms)
+            if w.get("pid") == str(workers[0].pid)
+        ]
+        return bool(found and found[0].get("partitions")) and sum(map(len, sent.values())) > 200
+
+    try:
+        wait_until(victim_holds_partitions, timeout=30, what="the victim to hold partitions, busy")
+    except AssertionError:
+        killed.set()  # let the producers end
+        raise
     acquired_before = sum(w.log().count("partition acquired") for w in workers[1:])
     workers[0].signal(signal.SIGKILL)  # mid-load: its partitions move to the others
     workers[0].process.wait()
-    assert any(t.is_alive() for t in producers), "the load ended before the kill"
+    killed.set()  # the load goes on past the kill: each producer sends 100 more at least
     for t in producers:
         t.join()
     every = [p for ps in sent.values() for p in ps]

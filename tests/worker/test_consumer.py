@@ -273,9 +273,12 @@ def test_a_partition_whose_lease_renewal_is_late_is_not_read(
     try:
         assert _enqueue(producer, {0: 1})[0][0].wait(10).scope_revision == 1
         held[0].valid_until = time.monotonic()  # no renewal since: as with Redis away
-        time.sleep(0.2)  # the read in flight (sent while it was valid) has ended
+        # The cycle in flight (its read sent while the lease was valid) has ended.
+        seen = consumer.cycles + 2
+        wait_until(lambda: consumer.cycles >= seen, what="a cycle after the lapse")
         [late] = _enqueue(producer, {0: 1})[0]
-        time.sleep(1.0)  # several cycles' worth of blocking reads
+        seen = consumer.cycles + 10
+        wait_until(lambda: consumer.cycles >= seen, what="ten cycles after the send")
         assert redis_client.xpending(keys.stream(0), keys.GROUP)["pending"] == 0
         assert producer.results([late.operation_id]) == {}
         held[0].valid_until = time.monotonic() + 60  # renewed

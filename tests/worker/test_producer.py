@@ -169,7 +169,7 @@ def test_many_waiters_on_one_operation_are_all_woken(
 ) -> None:
     got: list[StreamReceipt] = []
     waiters = [
-        threading.Thread(target=lambda: got.append(producer.wait("w2", timeout=5)))
+        threading.Thread(target=lambda: got.append(producer.wait("w2", timeout=30)))
         for _ in range(4)
     ]
     for w in waiters:
@@ -179,7 +179,8 @@ def test_many_waiters_on_one_operation_are_all_woken(
     _reply(redis_client, "w2", _receipt_reply("w2"))
     for w in waiters:
         w.join()
-    assert len(got) == 4 and time.monotonic() - start < 1.0
+    # Woken by the reply, long before their own time runs out.
+    assert len(got) == 4 and time.monotonic() - start < 10
     assert redis_client.llen(keys.reply("w2")) == 1
 
 
