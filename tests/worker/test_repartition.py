@@ -194,9 +194,7 @@ def hold_one(client: redis.Redis, load: Load) -> int:
         return client.xlen(stream) - int(client.xpending(stream, keys.GROUP)["pending"])
 
     wait_until(
-        lambda: all(
-            str(number) in w.get("paused", "").split(",") for w in live_workers(client, 2_000)
-        ),
+        lambda: not pause.not_yet_seen(number, live_workers(client, 2_000)),
         timeout=30,
         what="the pause in effect in every worker",
     )
