@@ -25,6 +25,19 @@ pytest_plugins = [
 ]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reverse-order",
+        action="store_true",
+        help="run the tests in reverse order: a test that passes only after another ran fails",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--reverse-order"):
+        items.reverse()
+
+
 @pytest.fixture(autouse=True)
 def _logging_restored() -> Iterator[None]:
     """Logging as it was before each test. A test that runs ``engram.cli.main`` in this
