@@ -278,7 +278,8 @@ SCHEMAS: dict[str, Schema] = {
                 "type": "object",
                 "required": ["code", "message"],
                 "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
-                "description": "A revision conflict adds expected, actual and attempts.",
+                "description": "A revision conflict adds expected, actual and attempts; "
+                "a statement_timeout (503, with Retry-After) adds retry_after_s.",
             }
         }
     ),
