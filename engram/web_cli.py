@@ -57,6 +57,10 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
         # With a token, every dashboard process signs cursors alike; without, its own key.
         cursor_key=Keys(config.token).cursor if config.needs_token else None,
         read_dsn=settings.database_read_url,  # the pages' reads, on a replica
+        # Every statement a page sends is bounded (a 503 past it), both pools alike; what
+        # an operator's action sets off in maintenance has its own, longer bound.
+        statement_timeout_s=config.statement_timeout_s,
+        admin_statement_timeout_s=config.admin_statement_timeout_s,
     )
     producer = Producer(client, partitions=settings.worker.partitions)
     registry = wiring.registry(settings)

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from .values import Link, Receipt, Record, RecordRef, Scope, Source
+from .values import Link, Proposal, Receipt, Record, RecordRef, Scope, Source
 
 # Columns of a revision joined with its scope: alias v = engram_revisions, s = engram_scopes.
 REVISION_COLUMNS = """
@@ -16,11 +16,11 @@ REVISION_COLUMNS = """
 """
 
 # How many columns RECEIPT_COLUMNS selects: a query may select more after them.
-RECEIPT_WIDTH = 17
+RECEIPT_WIDTH = 18
 RECEIPT_COLUMNS = """
     c.operation_id, c.kind, s.key, c.scope_revision, c.committed_at, c.redacted,
     c.forgotten_revisions, c.already_forgotten, c.redaction, c.stream_entry, c.error,
-    c.model_calls, c.requested_by, c.replays, c.last_replayed_at, c.redaction_reason,
+    c.model_calls, c.requested_by, c.replays, c.last_replayed_at, c.redaction_reason, c.proposed,
     coalesce((SELECT json_agg(json_build_array(rr.record_id, rr.revision, rr.status)
                               ORDER BY rr.record_id, rr.revision)
               FROM engram_receipt_records rr WHERE rr.operation_id = c.operation_id), '[]')
@@ -104,6 +104,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         replays,
         last_replayed_at,
         redaction_reason,
+        proposed,
         refs,
     ) = row[:RECEIPT_WIDTH]
     return Receipt(
@@ -122,6 +123,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         error=error,
         model_calls=model_calls,
         requested_by=requested_by,
+        proposed=tuple(Proposal.from_dict(p) for p in proposed or ()),
         replays=replays,
         last_replayed_at=last_replayed_at,
     )

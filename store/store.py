@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,13 +67,16 @@ class Store:
         *,
         cursor_key: bytes | None = None,
         read_pool: ConnectionPool[Any] | None = None,
+        admin_statement_timeout_s: float | None = None,
     ) -> None:
         self.pool = pool  # the primary's: every write, and whatever a write reads
         # The reads that need not see the primary (recall, get, history, the dashboard's
         # lists) go through ``reads``: to the replica when there is one (store.read.routing).
         self.reads = ReadRoute(pool, read_pool)
         self.writer = Writer(pool, track_position=read_pool is not None)
-        self.embeddings = Embeddings(pool)
+        # The long maintenance a caller may set off (purging a retired generation, counting
+        # the store) runs under this bound instead of the pools' statement timeout.
+        self.embeddings = Embeddings(pool, admin_timeout_s=admin_statement_timeout_s)
         # The operator's view of every scope (keyset pages), and the audit trail. Their
         # cursors are signed: with this process's own key unless one is given (processes
         # serving the same lists share one, so a page's next cursor works on any of them).
@@ -89,6 +93,8 @@ class Store:
         max_connections: int = 8,
         cursor_key: bytes | None = None,
         read_dsn: str | None = None,
+        statement_timeout_s: float | None = None,
+        admin_statement_timeout_s: float | None = None,
     ) -> Store:
         """Open a pool on ``dsn``; apply migrations first unless told not to.
 
@@ -96,7 +102,13 @@ class Store:
         ``host=a,b&target_session_attrs=prefer-standby&load_balance_hosts=random``), the
         reads that allow it go there, and each receipt carries its commit position.
         The replica need not be up: its pool connects on the first read, and reads go
-        to the primary until it answers."""
+        to the primary until it answers.
+
+        With ``statement_timeout_s``, every statement on both pools' connections is
+        cancelled past it (PostgreSQL's ``statement_timeout``, set at connection start:
+        ``psycopg.errors.QueryCanceled``), but the long maintenance a caller may set off
+        (``Embeddings.purge_retired``, ``counts``), which runs under
+        ``admin_statement_timeout_s`` instead (None: unbounded)."""
         with psycopg.connect(dsn) as conn:
             if migrate:
                 migrations.migrate(conn)
@@ -113,10 +125,15 @@ class Store:
             max_size=max_connections,
             configure=_configure,
             open=True,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **bounded(dsn, statement_timeout_s)},
         )
-        read_pool = _read_pool(read_dsn, max_connections) if read_dsn else None
-        return cls(pool, cursor_key=cursor_key, read_pool=read_pool)
+        read_pool = _read_pool(read_dsn, max_connections, statement_timeout_s) if read_dsn else None
+        return cls(
+            pool,
+            cursor_key=cursor_key,
+            read_pool=read_pool,
+            admin_statement_timeout_s=admin_statement_timeout_s if statement_timeout_s else None,
+        )
 
     def close(self) -> None:
         self.reads.close()
@@ -427,7 +444,21 @@ def _with_superseded_by(conn: psycopg.Connection[Any], rows: list[Any]) -> list[
     return [record_from_row(r, links.get(r[0], ())) for r in rows]
 
 
-def _read_pool(read_dsn: str, max_connections: int) -> ConnectionPool[Any]:
+def bounded(dsn: str, statement_timeout_s: float | None) -> dict[str, str]:
+    """The connection argument that bounds every statement of a session: ``options``
+    with ``-c statement_timeout=...`` after those the DSN (or ``PGOPTIONS``) gives. As a
+    startup setting it is the session's default: a ``SET`` may raise it for a while,
+    ``RESET`` comes back to it. None or 0: nothing."""
+    if not statement_timeout_s:
+        return {}
+    ms = max(1, round(statement_timeout_s * 1000))
+    given = conninfo_to_dict(dsn).get("options") or os.environ.get("PGOPTIONS") or ""
+    return {"options": f"{given} -c statement_timeout={ms}".strip()}
+
+
+def _read_pool(
+    read_dsn: str, max_connections: int, statement_timeout_s: float | None = None
+) -> ConnectionPool[Any]:
     """The replica's pool. It connects on the first read (a process that only writes,
     a stream worker, holds no replica connection; it only stamps receipts with their
     position), and a replica down then sends the reads to the primary until it
@@ -440,7 +471,11 @@ def _read_pool(read_dsn: str, max_connections: int) -> ConnectionPool[Any]:
         max_size=max_connections,
         configure=_configure,
         open=True,
-        kwargs={"autocommit": True, "connect_timeout": given.get("connect_timeout", 3)},
+        kwargs={
+            "autocommit": True,
+            "connect_timeout": given.get("connect_timeout", 3),
+            **bounded(read_dsn, statement_timeout_s),
+        },
     )
 
 

@@ -165,6 +165,33 @@ class RecordRef:
 
 
 Redaction = Literal["pending", "complete", "failed", "none"]
+PROPOSAL_ACTIONS = ("retract",)
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """What a model proposed and the store did not apply, for the host to decide: a
+    reconciliation's DELETE of an asserted record (a model may retract only what was
+    inferred). The record's id and the revision the model saw; no content."""
+
+    action: Literal["retract"]
+    id: str
+    revision: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "id": self.id, "revision": self.revision}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Proposal:
+        """A proposal read back (a receipt through Redis is untrusted): checked, typed."""
+        if not isinstance(data, Mapping):
+            raise InvalidRequestError("a receipt's proposal must be an object")
+        action, record_id, revision = data.get("action"), data.get("id"), data.get("revision")
+        if action not in PROPOSAL_ACTIONS:
+            raise InvalidRequestError(f"a proposal's action must be one of {PROPOSAL_ACTIONS}")
+        if not isinstance(record_id, str) or type(revision) is not int or revision < 1:
+            raise InvalidRequestError("a proposal needs a record id and a revision")
+        return cls("retract", record_id, revision)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +212,8 @@ class Receipt:
     error: dict[str, Any] | None = None  # a refusal: committed nothing
     model_calls: int = 0  # the model calls the operation made (a replay makes none more)
     requested_by: str | None = None  # who asked, when the producer said (the audit trail)
+    # What the operation's model proposed and the store did not apply (``Proposal``).
+    proposed: tuple[Proposal, ...] = ()
     # How many times this receipt answered a repeat of its operation, and when last:
     # bookkeeping about the receipt, not part of it (a replay equals the original).
     replays: int = field(default=0, compare=False)
@@ -218,6 +247,8 @@ class Receipt:
             out["error"] = self.error
         if self.requested_by is not None:
             out["requested_by"] = self.requested_by
+        if self.proposed:
+            out["proposed"] = [p.as_dict() for p in self.proposed]
         if self.replays:
             out["replays"] = self.replays
             out["last_replayed_at"] = (
@@ -251,6 +282,7 @@ class Receipt:
             "error": data.get("error"),
             "model_calls": int(data.get("model_calls", 0)),
             "requested_by": data.get("requested_by"),
+            "proposed": tuple(Proposal.from_dict(p) for p in data.get("proposed") or ()),
             "replays": int(data.get("replays") or 0),
             "last_replayed_at": datetime.fromisoformat(data["last_replayed_at"])
             if data.get("last_replayed_at")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
@@ -34,8 +35,8 @@ from .auth import Authenticator
 from .config import WebConfig
 from .csrf import Csrf
 from .endpoints import action_endpoint, form_endpoint, json_endpoint
-from .errors import BadRequestError, MethodNotAllowedError
-from .middleware import AccessLog, Failsafe, Gate, SecurityHeaders, wants_json
+from .errors import BadRequestError, MethodNotAllowedError, StatementTimeoutError
+from .middleware import AccessLog, Failsafe, Gate, SecurityHeaders, statement_timeout, wants_json
 from .render import Renderer
 from .services import Services
 from .state import WebState, web_of
@@ -204,10 +205,14 @@ def create_app(config: WebConfig, services: Services) -> Starlette:
         middleware=[
             Middleware(AccessLog),
             Middleware(SecurityHeaders),
-            Middleware(Failsafe),
+            Middleware(Failsafe, retry_after_s=config.retry_after_s),
             Middleware(Gate, auth=auth, hosts=config.hosts),
         ],
-        exception_handlers={EngramError: engram_error, HTTPException: http_error},
+        exception_handlers={
+            EngramError: engram_error,
+            HTTPException: http_error,
+            psycopg.errors.QueryCanceled: query_canceled,
+        },
     )
     app.state.web = WebState(
         config=config,
@@ -222,6 +227,12 @@ def create_app(config: WebConfig, services: Services) -> Starlette:
 def engram_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, EngramError)
     return error_page(request, exc)
+
+
+def query_canceled(request: Request, exc: Exception) -> Response:
+    """A statement PostgreSQL cancelled, past the bound every page's statements have
+    (``WebConfig.statement_timeout_s``): 503 ``statement_timeout`` with Retry-After."""
+    return error_page(request, statement_timeout(web_of(request).config.retry_after_s))
 
 
 def http_error(request: Request, exc: Exception) -> Response:
@@ -243,6 +254,13 @@ def http_error(request: Request, exc: Exception) -> Response:
 
 
 def error_page(request: Request, exc: EngramError) -> Response:
+    response: Response
     if wants_json(request.scope):
-        return JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
-    return web_of(request).render.page(request, "error.html", status_code=exc.status, error=exc)
+        response = JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
+    else:
+        response = web_of(request).render.page(
+            request, "error.html", status_code=exc.status, error=exc
+        )
+    if isinstance(exc, StatementTimeoutError):
+        response.headers["retry-after"] = str(exc.retry_after_s)
+    return response

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from jobs import keys as jobs_keys
+from jobs.settings import duration, parse_duration
 from store.errors import ConfigError
 from worker import defaults as worker_defaults
 
@@ -23,6 +25,13 @@ MAX_FORM_BYTES = 64 * 1024
 # connection).
 MAX_WAIT_S = 30.0
 SESSION_TTL_S = 12 * 3600
+# Every statement a page or an API call sends is cancelled past this
+# (ENGRAM_WEB_STATEMENT_TIMEOUT): a 503 statement_timeout, not a thread held. The long
+# maintenance an operator sets off (a re-embedding's start, a generation's cancel: they
+# purge what retired generations left and count the store) has its own bound
+# (ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT).
+STATEMENT_TIMEOUT = "5s"
+ADMIN_STATEMENT_TIMEOUT = "5m"
 LOOPBACK_NAMES = ("localhost",)
 
 
@@ -53,6 +62,18 @@ class WebConfig:
     # The TLS proxies in front (IPs): only their X-Forwarded-Proto / -For are believed
     # (uvicorn's proxy_headers), so behind one the cookies are Secure and HSTS is sent.
     trusted_proxies: tuple[str, ...] = field(default=())
+    # None: no bound (``off``).
+    statement_timeout_s: float | None = field(
+        default_factory=lambda: parse_duration(STATEMENT_TIMEOUT)
+    )
+    admin_statement_timeout_s: float | None = field(
+        default_factory=lambda: parse_duration(ADMIN_STATEMENT_TIMEOUT)
+    )
+
+    @property
+    def retry_after_s(self) -> int:
+        """What a 503 statement_timeout tells the client to wait: the bound, at least 1 s."""
+        return max(1, math.ceil(self.statement_timeout_s or 1))
 
     def __post_init__(self) -> None:
         if self.token is not None and len(self.token) < MIN_TOKEN_CHARS:
@@ -117,6 +138,10 @@ class WebConfig:
             job_queues=queues or DEFAULT_JOB_QUEUES,
             allowed_hosts=hosts,
             trusted_proxies=trusted,
+            statement_timeout_s=duration(env, "ENGRAM_WEB_STATEMENT_TIMEOUT", STATEMENT_TIMEOUT),
+            admin_statement_timeout_s=duration(
+                env, "ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT", ADMIN_STATEMENT_TIMEOUT
+            ),
         )
 
 

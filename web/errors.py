@@ -4,6 +4,8 @@ and its HTTP ``status``; every error answers ``{"error": {"code", "message"}}``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from store.errors import EngramError
 
 
@@ -46,3 +48,18 @@ class UnavailableError(EngramError):
 
     code = "unavailable"
     status = 503
+
+
+class StatementTimeoutError(UnavailableError):
+    """A statement of this request ran past the dashboard's bound
+    (ENGRAM_WEB_STATEMENT_TIMEOUT) and PostgreSQL cancelled it: nothing it did is kept
+    (its transaction rolled back). Answered with ``Retry-After``."""
+
+    code = "statement_timeout"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def details(self) -> dict[str, Any]:
+        return {"retry_after_s": self.retry_after_s}

@@ -24,7 +24,7 @@ from store.errors import EngramError
 
 from .auth import Authenticator
 from .csrf import check_same_origin
-from .errors import BadRequestError, UnauthorizedError, UnavailableError
+from .errors import BadRequestError, StatementTimeoutError, UnauthorizedError, UnavailableError
 
 log = logging.getLogger("engram.web")
 access_log = logging.getLogger("engram.web.access")
@@ -131,7 +131,12 @@ class AccessLog(HttpLayer):
 class Failsafe(HttpLayer):
     """The last word on an exception no view handled: a server that is down is a 503,
     anything else a 500. The log names its type and frames, never its message (a
-    database error can quote the data)."""
+    database error can quote the data). A statement cancelled past its bound is a 503
+    ``statement_timeout`` (what the app's own handler answers for a view's)."""
+
+    def __init__(self, app: ASGIApp, retry_after_s: int = 1) -> None:
+        super().__init__(app)
+        self.retry_after_s = retry_after_s
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started: list[Message] = []
@@ -141,7 +146,9 @@ class Failsafe(HttpLayer):
             if started:
                 raise
             error = (
-                UnavailableError("a server engram needs did not answer: try again shortly")
+                statement_timeout(self.retry_after_s)
+                if isinstance(exc, psycopg.errors.QueryCanceled)
+                else UnavailableError("a server engram needs did not answer: try again shortly")
                 if isinstance(exc, UNAVAILABLE)
                 else EngramError("the server failed to answer; the error is in its log")
             )
@@ -156,6 +163,15 @@ class Failsafe(HttpLayer):
 
 
 UNAVAILABLE = (psycopg.OperationalError, psycopg_pool.PoolTimeout, redis.ConnectionError)
+
+
+def statement_timeout(retry_after_s: int) -> StatementTimeoutError:
+    """What a statement PostgreSQL cancelled (``QueryCanceled``) answers."""
+    return StatementTimeoutError(
+        "the database took too long to answer this request (ENGRAM_WEB_STATEMENT_TIMEOUT)"
+        " and nothing of it was kept: try again shortly",
+        retry_after_s=retry_after_s,
+    )
 
 
 class Gate(HttpLayer):
@@ -203,9 +219,14 @@ def wants_json(scope: Scope) -> bool:
 
 def error_response(scope: Scope, exc: EngramError) -> Response:
     """The error as JSON (the API) or a plain page (before the app could render one)."""
-    if wants_json(scope):
-        return JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
-    return Response(f"{exc.status}: {exc.message}\n", exc.status, media_type="text/plain")
+    response = (
+        JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
+        if wants_json(scope)
+        else Response(f"{exc.status}: {exc.message}\n", exc.status, media_type="text/plain")
+    )
+    if isinstance(exc, StatementTimeoutError):
+        response.headers["retry-after"] = str(exc.retry_after_s)
+    return response
 
 
 def _sign_in_first(scope: Scope) -> Response:

@@ -169,6 +169,8 @@ class ReadRoute:
         self._count("replica")
         try:
             yield conn
+        except psycopg.errors.QueryCanceled:
+            raise  # past the read's own bound (statement_timeout): not run again anywhere
         except psycopg.Error as exc:
             self._failed(conn, exc)
             if reading.retrying:

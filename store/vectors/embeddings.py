@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -113,8 +114,11 @@ def _generation(row: Sequence[Any] | None) -> Generation | None:
 
 
 class Embeddings:
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, *, admin_timeout_s: float | None = None) -> None:
         self.pool = pool
+        # The bound of the long maintenance below (``purge_retired``, ``counts``) on a
+        # pool whose statements have a shorter one (the dashboard's); None: the pool's.
+        self.admin_timeout_s = admin_timeout_s
 
     def active(self) -> Generation | None:
         with self.pool.connection() as conn:
@@ -174,7 +178,7 @@ class Embeddings:
 
     def counts(self, generation_id: int) -> tuple[int, int]:
         """(current revisions with a vector in this generation, current revisions)."""
-        with self.pool.connection() as conn:
+        with self.pool.connection() as conn, statement_bound(conn, self.admin_timeout_s):
             [row] = _compare_all(
                 conn,
                 f"SELECT (SELECT count(*) FROM engram_records), (SELECT count(*) {_MISSING})",
@@ -287,7 +291,7 @@ class Embeddings:
         """Delete what retired and cancelled generations left behind, their approximate indexes
         (``DROP INDEX CONCURRENTLY``) and their vectors (``batch`` rows a transaction),
         so that neither writes nor recall wait on it; the vectors deleted."""
-        with self.pool.connection() as conn:
+        with self.pool.connection() as conn, statement_bound(conn, self.admin_timeout_s):
             for (name,) in conn.execute(
                 "SELECT i.index_name FROM engram_vector_indexes i"
                 f" JOIN engram_generations g ON g.id = i.generation_id WHERE g.status IN {_ENDED}"
@@ -565,6 +569,22 @@ def _raise_fence(conn: psycopg.Connection[Any], fence: Fence) -> None:
     ).fetchone()
     if raised is None:
         raise FencedError(f"stale fencing token for {fence.name}", fences=(fence.name,))
+
+
+@contextmanager
+def statement_bound(conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[None]:
+    """The statements inside run under their own ``statement_timeout`` (a session
+    ``SET``, for statements such as ``DROP INDEX CONCURRENTLY`` that no transaction may
+    hold), then ``RESET`` to the connection's own. None: nothing changed."""
+    if seconds is None:
+        yield
+        return
+    conn.execute(f"SET statement_timeout = {max(1, round(seconds * 1000))}")
+    try:
+        yield
+    finally:
+        if not conn.broken:
+            conn.execute("RESET statement_timeout")
 
 
 def _retire(conn: psycopg.Connection[Any], generation_id: int) -> None:

@@ -232,6 +232,7 @@ RECEIPT_INSERT: Columns = (
     ("error", "jsonb"),
     ("model_calls", "int4"),
     ("requested_by", "text"),
+    ("proposed", "jsonb"),
 )
 RECEIPT_RECORD_INSERT: Columns = (
     ("operation_id", "text"),
@@ -532,6 +533,7 @@ def _receipts(pairs: Pairs) -> list[tuple[Any, ...]]:
             _json(r.error) if r.error is not None else None,
             r.model_calls,
             r.requested_by,
+            _json([x.as_dict() for x in r.proposed]) if r.proposed else None,
         )
         for s, p in pairs
         for r in p.receipts

@@ -30,7 +30,7 @@ from ..errors import (
     error_from_dict,
 )
 from ..limits import DEFAULT_KIND, RAW_EXTRACT_KIND
-from ..values import Link, RecordRef, Scope, Source
+from ..values import Link, Proposal, RecordRef, Scope, Source
 from .extraction import readable_sources
 from .needs import infers, missing_model, supersede_of
 from .operations import (
@@ -45,7 +45,7 @@ from .operations import (
     text_digest,
 )
 from .options import WriteOptions
-from .reconcile import Create, Decision, Named, Retire, Update
+from .reconcile import Create, Decision, Named, Proposed, Retire, Update
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +110,8 @@ class ReceiptRow:
     # Records the operation's decision kept in place of its text (``Decision.named``): it
     # wrote nothing to them, but a forget of one redacts this receipt.
     named: list[str] = field(default_factory=list)
+    # What its model proposed and the planner did not apply (``reconcile.Proposed``).
+    proposed: list[Proposal] = field(default_factory=list)
     forgotten_revisions: list[int] | None = None
     already_forgotten: bool | None = None
     redaction: str | None = None
@@ -234,6 +236,7 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
             committed_at=at,
             refs=[RecordRef(w.record.id, w.record.revision, w.record.status) for w in writes],  # type: ignore[arg-type]
             named=step.named,
+            proposed=step.proposed,
             stream_entry=ctx.stream_entries.get(op.operation_id),
             model_calls=ctx.model_calls(op.operation_id),
             requested_by=op.requested_by,
@@ -322,6 +325,7 @@ class _Step:
         self.links_changed: set[str] = set()
         self.deleted = False
         self.named: list[str] = []
+        self.proposed: list[Proposal] = []
 
     def run(self) -> tuple[list[RevisionRow], dict[str, Any]]:
         request = self.op.request
@@ -463,8 +467,9 @@ class _Step:
         """Apply a model's decision. It is bound to the revisions the model saw: a record
         it acts on that moved since (another writer) refuses the whole operation."""
         self.named = decision.named
+        self.proposed = [Proposal("retract", p.id, p.revision) for p in decision.proposed]
         for action in decision.actions:
-            if isinstance(action, Create | Named):
+            if isinstance(action, Create | Named | Proposed):
                 continue
             current = self._live(action.id)
             if current is None or current.revision != action.revision:

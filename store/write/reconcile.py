@@ -4,9 +4,11 @@ A write (a remember's text, an extraction's facts) meets the active records
 most similar to it; the model answers ADD, UPDATE, DELETE or NOOP events, and
 ``resolve`` turns them into the actions the planner applies:
 
-- an inferred write never revises or retracts an asserted record: its UPDATE
-  becomes a new inferred record linked ``about`` that record, its DELETE is
-  dropped;
+- an inferred write never revises an asserted record: its UPDATE becomes a new
+  inferred record linked ``about`` that record;
+- a model retracts inferred records only: a DELETE of an asserted record, whatever
+  the write's origin, is not applied but ``Proposed`` (the receipt names the record
+  for its host to decide; the candidates are text anyone may have steered);
 - an asserted write over an inferred record retracts it and creates an
   asserted record linked ``supersedes`` it;
 - a DELETE plus an ADD: the new record ``supersedes`` the retracted one;
@@ -101,7 +103,16 @@ class Named:
     id: str
 
 
-Action = Create | Update | Retire | Keep | Named
+@dataclass(frozen=True, slots=True)
+class Proposed:
+    """A DELETE of an asserted record: nothing is written to it (and so it is not bound
+    to its revision); the receipt proposes its retraction to the host."""
+
+    id: str
+    revision: int
+
+
+Action = Create | Update | Retire | Keep | Named | Proposed
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,12 +130,17 @@ class Decision:
     @property
     def targets(self) -> list[str]:
         """The existing records it acts on or names."""
-        return [a.id for a in self.actions if not isinstance(a, Create)]
+        return [a.id for a in self.actions if not isinstance(a, Create | Proposed)]
 
     @property
     def named(self) -> list[str]:
         """The records it keeps in place of the text it was given (``Keep``, ``Named``)."""
         return [a.id for a in self.actions if isinstance(a, Keep | Named)]
+
+    @property
+    def proposed(self) -> list[Proposed]:
+        """What the model proposed and this decision does not apply."""
+        return [a for a in self.actions if isinstance(a, Proposed)]
 
     @property
     def creates(self) -> int:
@@ -172,11 +188,18 @@ def resolve(
         if event.kind == "UPDATE":
             assert event.text is not None
             actions += _update(candidate, event.text, facts, origin)
-        elif not (origin == "inferred" and candidate.origin == "asserted"):
+        elif candidate.origin == "asserted":
+            # The model read candidates anyone may have worded: it never retracts what
+            # the host asserted, it may only propose it.
+            actions.append(Proposed(candidate.id, candidate.revision))
+        else:
             actions.append(Retire(candidate.id, candidate.revision))
             deleted.append(candidate.id)
+    kept = {a.id for a in actions if isinstance(a, Proposed)}  # still active, unchanged
     left = {
-        normalized(c.text): c for i, c in reversed(list(enumerate(candidates))) if i not in touched
+        normalized(c.text): c
+        for i, c in reversed(list(enumerate(candidates)))
+        if i not in touched or c.id in kept
     }
     written = {normalized(a.text) for a in actions if isinstance(a, Create | Update)}
     supersedes = tuple(Link("supersedes", record_id) for record_id in deleted)
@@ -217,7 +240,7 @@ def _kept_in_place(
         e.kind != "NOOP" for e in events
     ):
         return ()
-    linked = {a.id for a in actions if not isinstance(a, Create)}
+    linked = {a.id for a in actions if not isinstance(a, Create | Proposed)}
     return tuple(Named(i) for i in dict.fromkeys(c.id for c in candidates) if i not in linked)
 
 

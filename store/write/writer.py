@@ -376,6 +376,7 @@ def _receipt(outcome: Applied, op: Operation, position: str | None = None) -> Re
         stream_entry=r.stream_entry,
         model_calls=r.model_calls,
         requested_by=r.requested_by,
+        proposed=tuple(r.proposed),
         position=position,
     )
 

@@ -10,9 +10,11 @@ from store.write.answers import Event
 from store.write.reconcile import (
     Candidate,
     Create,
+    Decision,
     Fact,
     Keep,
     Named,
+    Proposed,
     Retire,
     Update,
     add_all,
@@ -87,19 +89,26 @@ def test_an_asserted_write_asserts_only_the_hosts_words(
 
 
 def test_delete_by_origin_and_delete_plus_add() -> None:
+    """A model retracts inferred records only: its DELETE of an asserted record, whatever
+    the write's origin, is a proposal for the host, and the ADD supersedes nothing of it."""
     candidates = [ASSERTED, INFERRED]
     delete_both = [Event("DELETE", 0, None), Event("DELETE", 1, None), Event("ADD", None, "X.")]
-    inferred = resolve(delete_both, candidates, [FACT], "inferred")
-    assert list(inferred) == [  # the asserted record's DELETE is dropped
-        Retire("rec-i", 2),
-        Create("X.", HOST, "semantic", 0.5, (Link("supersedes", "rec-i"),)),
-    ]
-    asserted = resolve(delete_both, candidates, [FACT], "asserted")
-    assert [type(a).__name__ for a in asserted] == ["Retire", "Retire", "Create"]
-    assert asserted[2].links == (  # type: ignore[union-attr]
-        Link("supersedes", "rec-a"),
-        Link("supersedes", "rec-i"),
-    )
+    for origin in ("inferred", "asserted"):
+        actions = resolve(delete_both, candidates, [FACT], origin)
+        assert list(actions) == [
+            Proposed("rec-a", 3),
+            Retire("rec-i", 2),
+            Create(
+                "X.",
+                HOST,
+                "semantic",
+                0.5,
+                (Link("supersedes", "rec-i"),),
+                "inferred" if origin == "asserted" else None,
+            ),
+        ]
+        assert Decision(actions).targets == ["rec-i"]  # nothing bound to rec-a's revision
+        assert [p.id for p in Decision(actions).proposed] == ["rec-a"]
 
 
 def test_duplicates_are_skipped_trimmed_and_case_insensitive() -> None:
@@ -118,12 +127,23 @@ def test_duplicates_are_skipped_trimmed_and_case_insensitive() -> None:
 
 def test_an_add_of_the_text_of_a_record_this_answer_retracts_is_no_duplicate() -> None:
     actions = resolve(
+        [Event("DELETE", 0, None), Event("ADD", None, INFERRED.text)],
+        [INFERRED],
+        [FACT],
+        "asserted",
+    )
+    assert [type(a).__name__ for a in actions] == ["Retire", "Create"]
+
+
+def test_an_add_of_the_text_of_a_record_only_proposed_for_retraction_is_a_duplicate() -> None:
+    """The asserted record stays active: its text written again would repeat it."""
+    actions = resolve(
         [Event("DELETE", 0, None), Event("ADD", None, ASSERTED.text)],
         [ASSERTED],
         [FACT],
         "asserted",
     )
-    assert [type(a).__name__ for a in actions] == ["Retire", "Create"]
+    assert list(actions) == [Proposed("rec-a", 3), Keep("rec-a", 3)]
 
 
 def test_an_update_to_the_same_text_changes_nothing_but_names_the_record() -> None:
@@ -141,6 +161,9 @@ def test_records_kept_in_place_of_the_text_are_named() -> None:
     assert resolve([], shown, [FACT], "asserted") == noop
     retract = resolve([Event("DELETE", 1, None)], shown, [FACT], "asserted")
     assert retract == (Retire("rec-i", 2), Named("rec-a"))
+    # A record only proposed for retraction is kept in the text's place as well.
+    proposed = resolve([Event("DELETE", 0, None)], shown, [FACT], "asserted")
+    assert proposed == (Proposed("rec-a", 3), Named("rec-a"), Named("rec-i"))
     keep = resolve([Event("ADD", None, ASSERTED.text)], shown, [FACT], "asserted")
     assert keep == (Keep("rec-a", 3), Named("rec-i"))
     added = resolve([Event("ADD", None, FACT.text)], shown, [FACT], "asserted")

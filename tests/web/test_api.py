@@ -13,8 +13,10 @@ from starlette.testclient import TestClient
 from jobs.keys import MAINTENANCE_QUEUE
 from jobs.queues import SERIALIZER
 from store.read.cursors import Cursors
+from tests.fake_llm import ScriptedLLM, events
 from tests.redis_fixtures import wait_until
-from tests.web_fixtures import BASE_URL, Web, make_app
+from tests.web_fixtures import BASE_URL, EMBEDDER, Web, make_app
+from web.api.schemas import SCHEMAS
 from worker import keys
 
 
@@ -143,6 +145,26 @@ def test_receipts_records_history_and_tombstones(web: Web) -> None:
     tombstones = web.client.get(f"/api/v1/scopes/{sid}/tombstones").json()["items"]
     assert [t["record_id"] for t in tombstones] == [gone]
     assert web.client.get("/api/v1/scopes/999999/records").status_code == 404
+
+
+def test_a_receipt_shows_what_its_model_proposed_and_the_store_did_not_apply(web: Web) -> None:
+    """A model's DELETE of an asserted record is a proposal: the API's receipt carries
+    it (as the schema says) and the dashboard's receipt page says it was not applied."""
+    scope = {"user_id": "api-proposal"}
+    host = web.remember(scope, "Ada lives in London.")
+    llm = ScriptedLLM(reconcile=events({"event": "DELETE", "id": "0"}))
+    mem = web.store.session(scope, embedder=EMBEDDER, llm=llm)
+    result = mem.remember("Ada lives in London, near the river.")
+    op_id = result.receipt.operation_id
+    receipt = web.client.get(f"/api/v1/receipts/{op_id}").json()
+    assert receipt["proposed"] == [{"action": "retract", "id": host, "revision": 1}]
+    assert receipt["records"] == []
+    assert set(receipt) == set(SCHEMAS["Receipt"]["required"])  # as documented
+    plain = web.client.get(f"/api/v1/receipts?scope={web.scope_id(scope)}").json()["items"]
+    assert [r["proposed"] for r in plain] == [receipt["proposed"], []]
+    page = web.client.get(f"/receipts/{op_id}").text
+    assert "the model proposed to retract" in page and f"/records/{host}" in page
+    assert "not applied" in page and "London" not in page.split("<h1>", 1)[1]
 
 
 def test_a_well_formed_cursor_not_signed_with_this_servers_key_is_refused(web: Web) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from store import Store
 from tests.replica_fixtures import Replica, replica  # noqa: F401 (the fixture)
@@ -52,3 +53,22 @@ def test_a_bad_position_is_a_bad_request(web: Web, scope: dict[str, str], bad: s
     assert read.status_code == 400 and "after" in read.json()["error"]["message"]
     recall = web.client.post("/api/v1/recall", json={"scope": scope, "after": bad})
     assert recall.status_code == 422  # a body that does not hold: as for every field
+
+
+def test_the_replicas_connections_are_bounded_as_the_primarys(
+    dsn: str,
+    replica: Replica,  # noqa: F811
+) -> None:
+    """ENGRAM_WEB_STATEMENT_TIMEOUT holds on the read replica's pool too (the pages read
+    there), after whatever options the replica's DSN gives."""
+    read_dsn = make_conninfo(replica.dsn_like(dsn), options="-c application_name=replica-reader")
+    with Store.connect(dsn, read_dsn=read_dsn, statement_timeout_s=0.2) as bounded:
+        assert bounded.reads.replica is not None
+        with bounded.reads.replica.connection() as conn:
+            shown = conn.execute(
+                "SELECT current_setting('statement_timeout'), current_setting('application_name'),"
+                " pg_is_in_recovery()"
+            ).fetchone()
+        assert shown == ("200ms", "replica-reader", True)
+        with bounded.pool.connection() as conn:
+            assert conn.execute("SHOW statement_timeout").fetchone() == ("200ms",)

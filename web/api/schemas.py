@@ -278,7 +278,8 @@ SCHEMAS: dict[str, Schema] = {
                 "type": "object",
                 "required": ["code", "message"],
                 "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
-                "description": "A revision conflict adds expected, actual and attempts.",
+                "description": "A revision conflict adds expected, actual and attempts; "
+                "a statement_timeout (503, with Retry-After) adds retry_after_s.",
             }
         }
     ),
@@ -327,6 +328,18 @@ SCHEMAS: dict[str, Schema] = {
             "already_forgotten": nullable({"type": "boolean"}),
             "redaction": nullable({"enum": ["pending", "complete", "failed", "none"]}),
             "model_calls": {"type": "integer", "minimum": 0},
+            "proposed": {
+                "type": "array",
+                "description": "What the operation's model proposed and the store did not "
+                "apply, for the host to decide: a retraction of an asserted record.",
+                "items": obj(
+                    {
+                        "action": {"enum": ["retract"]},
+                        "id": {"type": "string"},
+                        "revision": {"type": "integer", "minimum": 1},
+                    }
+                ),
+            },
             "requested_by": nullable({"type": "string"}),
             "replays": {"type": "integer", "minimum": 0},
             "last_replayed_at": nullable(TIME),

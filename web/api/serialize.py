@@ -90,6 +90,7 @@ def receipt_json(item: ReceiptItem) -> dict[str, Any]:
         "already_forgotten": bool(r.already_forgotten) if forget else None,
         "redaction": r.redaction if forget else None,
         "model_calls": r.model_calls,
+        "proposed": [p.as_dict() for p in r.proposed],
         "requested_by": r.requested_by,
         "replays": r.replays,
         "last_replayed_at": time_json(r.last_replayed_at),
