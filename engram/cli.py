@@ -145,9 +145,12 @@ def cmd_metrics(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
-    """Exit 0 when a worker on this host is beating (a container's health check)."""
+    """Exit 0 when a worker on this host is beating (a container's health check). Also
+    says how many entries wait in streams no worker reads (``layout.stranded``): a
+    restart cannot help them, so they leave the exit code alone."""
     import socket
 
+    from worker import layout
     from worker.membership import live_workers
 
     client = runtime.connect_redis(runtime.redis_url(settings))
@@ -157,9 +160,15 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
             for w in live_workers(client, settings.worker.lease_ttl_ms)
             if w.get("host") == socket.gethostname()
         ]
+        stranded = layout.stranded(client, settings.worker.partitions)
     finally:
         client.close()
-    print(json.dumps({"live_workers_on_this_host": len(here)}))
+    report = {
+        "live_workers_on_this_host": len(here),
+        "stranded_entries": sum(n for _, n in stranded),
+        "stranded_streams": [stream for stream, _ in stranded],
+    }
+    print(json.dumps(report))
     return 0 if here else 1
 
 

@@ -1,14 +1,17 @@
 """``engram repartition [P]``: change the number of partition streams online, or (without
-``P``) print the layout in use (``worker.layout``)."""
+``P``) print the layout in use (``worker.layout``). Each switch begun or taken up is
+written to the audit trail (``layout.repartition``), with who (``cli:<os user>``)."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import time
 from typing import Any
 
 import redis
 
+from store.audit import Audit
 from worker import layout, runtime
 from worker.layout import Layout, RepartitionError
 from worker.membership import live_workers
@@ -16,6 +19,7 @@ from worker.settings import Settings
 
 from . import exits
 from .args import positive_float
+from .database import open_store
 
 # How often the command looks at the barrier while it waits.
 _POLL_S = 0.2
@@ -42,14 +46,26 @@ def _show(client: redis.Redis, settings: Settings) -> int:
             f"switching from {now.previous.partitions} partitions (epoch "
             f"{now.previous.number}): {len(left)} of them not yet closed and drained"
         )
+    _tell_stranded(client, settings)
     return exits.OK
+
+
+def _tell_stranded(client: redis.Redis, settings: Settings) -> None:
+    """Entries in the streams of a replaced epoch, which no worker reads (names, counts)."""
+    for stream, count in layout.stranded(client, settings.worker.partitions):
+        print(f"{stream}: {count} entries no worker reads (sent there with a raw XADD)")
 
 
 def _switch(client: redis.Redis, settings: Settings, args: argparse.Namespace) -> int:
     target = args.partitions
-    if layout.stored(client) is None:
+    found = layout.stored(client)
+    if found is None:
         _check_workers_agree(client, settings)
-    before, switching = layout.begin(client, target, settings.worker.partitions)
+    # Refused before the store is opened, and before anything is written.
+    layout.plan(found or Layout.initial(settings.worker.partitions), target)
+    with open_store(settings, "engram repartition") as store:
+        before, switching = layout.begin(client, target, settings.worker.partitions)
+        _audit(store.audit, args, before, switching)
     old, new = switching.previous, switching.current
     assert old is not None
     if before == switching:
@@ -82,6 +98,20 @@ def _switch(client: redis.Redis, settings: Settings, args: argparse.Namespace) -
             )
             return exits.PENDING
         time.sleep(_POLL_S)
+
+
+def _audit(audit: Audit, args: argparse.Namespace, before: Layout, switching: Layout) -> None:
+    old, new = switching.previous, switching.current
+    assert old is not None
+    detail = {
+        "from_epoch": old.number,
+        "from_partitions": old.partitions,
+        "to_epoch": new.number,
+        "to_partitions": new.partitions,
+        "taken_up": before == switching,  # a switch already under way, run again
+    }
+    who = args.by or f"cli:{getpass.getuser()}"
+    audit.record(who, "layout.repartition", f"epoch {new.number}", detail)
 
 
 def _check_workers_agree(client: redis.Redis, settings: Settings) -> None:
@@ -118,4 +148,5 @@ def register(sub: Any) -> None:
         action="store_true",
         help="return once the switch has begun; the workers finish it",
     )
+    cmd.add_argument("--by", default=None, help="who, in the audit trail (cli:<login>)")
     cmd.set_defaults(run=cmd_repartition)

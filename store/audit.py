@@ -1,5 +1,6 @@
 """The audit trail of actions that are not memory operations: who retried or
-discarded a dead letter, who started or cancelled a reembed, who retried a job.
+discarded a dead letter, who started or cancelled a reembed, who retried a job, who
+changed the number of partitions.
 
 A memory operation records who asked on its own receipt (``requested_by``);
 these actions change Redis or start a job, so they get a row here instead.
@@ -34,6 +35,7 @@ ACTIONS = (
     "partition.resume",
     "jobs.pause",
     "jobs.resume",
+    "layout.repartition",
 )
 
 

@@ -17,7 +17,7 @@ import redis
 
 from store.errors import EngramError, InvalidRequestError, NotFoundError
 
-from . import cluster, keys, layout
+from . import cluster, keys, layout, streams
 from .defaults import STREAM_MAX_LEN
 from .errors import QueueFullError, QueueUnavailableError
 from .layout import Epoch
@@ -143,8 +143,10 @@ return id
 
 # On a Redis Cluster the stream and the dead letters are in two slots, which no script
 # may touch together: the producers' capped XADD first (``layout.ADD_SCRIPT``), then XDEL.
-# A retry cut between the two, or two retries of one letter at once, enqueue the
-# operation twice: its receipt makes the second a replay.
+# A retry cut between the two enqueues the operation twice: its receipt makes the second
+# a replay. An XDEL that finds the letter gone (a redaction deleted it, a discard, another
+# retry) takes the entry back (``_take_back``): a redaction that deleted the letter before
+# this retry added its entry may have read the stream already, and would leave it there.
 
 
 def home_partition(letter: DeadLetter, now: Epoch) -> int | None:
@@ -212,6 +214,19 @@ def retry(
     letter = get(client, dead_id)
     if letter is None:
         return None
+    return requeue(client, letter, partition=partition, stream_max_len=stream_max_len)
+
+
+def requeue(
+    client: redis.Redis,
+    letter: DeadLetter,
+    *,
+    partition: int | None = None,
+    stream_max_len: int = STREAM_MAX_LEN,
+) -> str | None:
+    """``retry``'s move of a letter read before: None, nothing enqueued, when the letter
+    is gone by the time it would move (deleted by a redaction, discarded, retried)."""
+    dead_id = letter.id
     if letter.op is None:
         raise InvalidRequestError(f"dead letter {dead_id} holds no operation to enqueue again")
     # The partition numbers the layout in use: its epoch's stream.
@@ -222,7 +237,9 @@ def retry(
     try:
         if cluster.is_cluster(client):
             new_id = client.eval(layout.ADD_SCRIPT, 2, stream, closed, stream_max_len, letter.op)
-            client.xdel(keys.DEAD_LETTERS, dead_id)
+            if not client.xdel(keys.DEAD_LETTERS, dead_id):
+                _take_back(client, stream, _s(new_id))
+                return None
         else:
             new_id = client.eval(
                 _RETRY, 3, stream, keys.DEAD_LETTERS, closed, dead_id, letter.op, stream_max_len
@@ -238,6 +255,13 @@ def retry(
             ) from exc
         raise
     return _s(new_id) if new_id is not None else None
+
+
+def _take_back(client: redis.Redis, stream: str, entry_id: str) -> None:
+    """Delete an entry a retry added for a letter gone meanwhile, its bytes too
+    (``streams.delete``). A worker that read it already answers it as the store does:
+    a forgotten record's operation is refused or replayed, never applied."""
+    streams.delete(client, stream, [entry_id])
 
 
 def discard(client: redis.Redis, dead_id: str) -> bool:

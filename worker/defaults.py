@@ -3,6 +3,10 @@
 # Partition streams. Changing the count while operations are queued sends a
 # scope's later operations to another stream: drain the streams first.
 PARTITIONS = 16
+# The most partition streams a layout may have (``ENGRAM_PARTITIONS``, ``engram
+# repartition P``): every worker tick, producer layout and dashboard poll loops over
+# them, and a hundred times today's load needs 1,024 (docs/scale-out.md).
+MAX_PARTITIONS = 1_024
 
 # Entries read (and committed in one transaction) per partition and batch.
 BATCH_SIZE = 256

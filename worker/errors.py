@@ -40,6 +40,16 @@ class QueueFullError(EngramError):
     status = 503
 
 
+class PartitionRetiredError(EngramError):
+    """The stream the operation was sent to belongs to a partition layout that
+    ``engram repartition`` replaced and retired, and the layout in Redis
+    (``engram:layout``) still points there (lost, or restored from before the switch):
+    nothing was enqueued. The message says which epoch replaced it."""
+
+    code = "partition_retired"
+    status = 503
+
+
 class DeadLetteredError(EngramError):
     """The operation was moved to the dead-letter stream without being applied."""
 
@@ -58,7 +68,14 @@ class WaitTimeout(EngramError, TimeoutError):
 
 
 _WORKER_ERRORS: dict[str, type[EngramError]] = {
-    cls.code: cls for cls in (QueueUnavailableError, QueueFullError, DeadLetteredError, WaitTimeout)
+    cls.code: cls
+    for cls in (
+        QueueUnavailableError,
+        QueueFullError,
+        PartitionRetiredError,
+        DeadLetteredError,
+        WaitTimeout,
+    )
 }
 
 
@@ -78,6 +95,7 @@ __all__ = [
     "InvalidRequestError",
     "NotFoundError",
     "OperationConflictError",
+    "PartitionRetiredError",
     "QueueFullError",
     "QueueUnavailableError",
     "RevisionConflictError",

@@ -32,6 +32,9 @@ PAUSED_JOBS = f"{PREFIX}:paused:jobs"
 # are and which epoch's keys they use (``layout``). Absent: epoch 0 with the configured
 # count (``ENGRAM_PARTITIONS``).
 LAYOUT = f"{PREFIX}:layout"
+# HASH epoch number -> its partition count: the epochs a repartition replaced whose
+# keys are not all retired yet (``layout.retire``). Written when a switch begins.
+RETIRING = f"{PREFIX}:retiring"
 
 
 def _tag(partition: int, epoch: int) -> str:
@@ -39,6 +42,8 @@ def _tag(partition: int, epoch: int) -> str:
 
 
 def stream(partition: int, epoch: int = 0) -> str:
+    """STREAM of the partition's operations; once its epoch is retired (``layout``), a
+    STRING saying where to send instead, so that an ``XADD`` to it fails (WRONGTYPE)."""
     return f"{PREFIX}:ops:{_tag(partition, epoch)}"
 
 

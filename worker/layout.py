@@ -19,15 +19,24 @@ A switch from epoch E (P partitions) to E+1 (P' partitions) goes:
    barrier (``finish``): whatever P and P' are, a scope's operations on E all commit
    before any of its operations on E+1 is read, so its order holds. The first worker
    (or command) that sees it writes the steady layout ``{E+1: P'}``, and workers let go
-   of E's partitions and take E+1's.
+   of E's partitions and take E+1's;
+4. once every live worker serves E+1, a worker retires E (``retire``): each of its
+   streams that no one leases and that holds no entry is replaced by a string saying
+   where to send instead (``RETIRED``), and its fencing counter deleted. A raw ``XADD``
+   to it then fails (WRONGTYPE) instead of adding an entry no worker would ever read;
+   the producers' script refuses it (``ENGRAMRETIRED``). A stream that still holds
+   entries (added with a raw ``XADD`` once no worker read the epoch) is left as it is,
+   and reported (``stranded``) until they are gone.
 
 Every step is idempotent: ``begin`` again with the same target finishes a switch whose
-command was killed. Each write touches one key, so each is atomic on a Redis Cluster.
+command was killed. Each write touches one key, or one partition's slot, so each is
+atomic on a Redis Cluster.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,14 +44,19 @@ import redis
 
 from store.errors import ConfigError, InvalidRequestError
 
-from . import keys
+from . import cluster, keys
+from .defaults import MAX_PARTITIONS
 from .protocol import OP_FIELD
 
 # The producers' XADD (KEYS: the stream, its closure; ARGV: the cap, the op field):
-# refused when the partition was closed by a switch (the producer reloads the layout),
-# or when the stream holds its cap (trimming with MAXLEN instead would silently evict
-# operations no worker has read yet).
+# refused when the partition's epoch was retired (its stream key holds a string: where
+# to send instead), or closed by a switch (the producer reloads the layout), or when the
+# stream holds its cap (trimming with MAXLEN instead would silently evict operations no
+# worker has read yet).
 ADD_SCRIPT = f"""
+if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
+  return redis.error_reply('ENGRAMRETIRED ' .. redis.call('GET', KEYS[1]))
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return redis.error_reply('ENGRAMMOVED partition closed by a repartition')
 end
@@ -52,6 +66,21 @@ end
 return redis.call('XADD', KEYS[1], '*', '{OP_FIELD}', ARGV[2])
 """
 MOVED = "ENGRAMMOVED"
+RETIRED = "ENGRAMRETIRED"
+
+# Retire one partition of a replaced epoch (KEYS: its stream, lease, fencing counter;
+# ARGV: what the stream key holds from then on): 'leased' while a worker may still read
+# it, 'holds' while it holds entries (no worker reads them: ``stranded``), else the
+# stream (its consumer group with it) becomes a string and the counter goes: 'retired'.
+_RETIRE = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'stream' and kind ~= 'none' then return 'retired' end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'leased' end
+if kind == 'stream' and redis.call('XLEN', KEYS[1]) > 0 then return 'holds' end
+redis.call('DEL', KEYS[3])
+redis.call('SET', KEYS[1], ARGV[1])
+return 'retired'
+"""
 
 # Compare-and-set of the layout key (ARGV: what it held, '' for nothing; what it holds
 # next): two commands, or a command and a worker, never overwrite each other's step.
@@ -134,7 +163,7 @@ def _epoch(data: Any) -> Epoch:
     number, partitions = data["epoch"], data["partitions"]
     if not isinstance(number, int) or not isinstance(partitions, int):
         raise TypeError("not integers")
-    if number < 0 or partitions < 1:
+    if number < 0 or not 1 <= partitions <= MAX_PARTITIONS:
         raise ValueError("out of range")
     return Epoch(number, partitions)
 
@@ -145,6 +174,10 @@ def plan(layout: Layout, target: int) -> Layout:
     ``RepartitionError`` for a target that is no change or collides with another switch."""
     if isinstance(target, bool) or not isinstance(target, int) or target < 1:
         raise RepartitionError(f"the number of partitions must be at least 1, not {target!r}")
+    if target > MAX_PARTITIONS:
+        raise RepartitionError(
+            f"the number of partitions must be at most {MAX_PARTITIONS}, not {target}"
+        )
     if layout.previous is not None:
         if target == layout.current.partitions:
             return layout
@@ -237,5 +270,88 @@ def begin(client: redis.Redis, target: int, configured: int) -> tuple[Layout, La
         if new == was or replace(client, was, new):
             break  # else another command or a worker wrote in between: plan again
     assert new.previous is not None
+    # Before the closures, so that the barrier (which needs them) implies it is there.
+    client.hset(keys.RETIRING, str(new.previous.number), new.previous.partitions)
     close(client, new.previous)
     return layout, new
+
+
+# -- retiring a replaced epoch ----------------------------------------------------------
+
+
+def retiring(client: redis.Redis) -> list[Epoch]:
+    """The epochs a switch replaced whose keys are not all retired yet, oldest first
+    (what Redis holds there is checked: a field that is no epoch is skipped)."""
+    found = []
+    for number, partitions in (client.hgetall(keys.RETIRING) or {}).items():
+        try:
+            found.append(_epoch({"epoch": int(number), "partitions": int(partitions)}))
+        except (ValueError, TypeError):
+            continue
+    return sorted(found, key=lambda e: e.number)
+
+
+def notice(epoch: Epoch, into: Epoch) -> str:
+    """What a retired stream key holds: where to send instead (no memory text)."""
+    return (
+        f"retired by engram repartition: epoch {epoch.number} was replaced by epoch "
+        f"{into.number} ({into.partitions} partitions); {keys.LAYOUT} says where to send"
+    )
+
+
+def retire(
+    client: redis.Redis, epoch: Epoch, into: Epoch, partitions: Iterable[int]
+) -> dict[int, str]:
+    """Retire ``partitions`` of ``epoch`` (replaced by ``into``): for each, ``retired``,
+    ``leased`` (a worker may still read it: again later) or ``holds`` (entries no worker
+    reads). Once all of ``partitions`` are retired, the epoch leaves ``keys.RETIRING``:
+    pass every partition not known to be retired already."""
+    numbers = list(partitions)
+    script = client.register_script(_RETIRE)
+    pipe = client.pipeline(transaction=False)
+    for n in numbers:
+        cluster.run_script(
+            script,
+            [
+                keys.stream(n, epoch.number),
+                keys.lease(n, epoch.number),
+                keys.fence_counter(n, epoch.number),
+            ],
+            [notice(epoch, into)],
+            pipe,
+        )
+    statuses = pipe.execute() if numbers else []
+    done = {n: _s(status) for n, status in zip(numbers, statuses, strict=True)}
+    if all(status == "retired" for status in done.values()):
+        forget_retired(client, epoch)
+    return done
+
+
+def forget_retired(client: redis.Redis, epoch: Epoch) -> None:
+    """Every partition of ``epoch`` is retired: nothing more to look at there."""
+    client.hdel(keys.RETIRING, str(epoch.number))
+
+
+def stranded(client: redis.Redis, configured: int) -> list[tuple[str, int]]:
+    """Streams no worker reads that still hold entries, with how many: those of the
+    replaced epochs not yet retired (added with a raw ``XADD`` once no worker read them).
+    Names and counts only."""
+    served = read(client, configured).serving.number
+    streams = [
+        e.stream(n) for e in retiring(client) if e.number != served for n in range(e.partitions)
+    ]
+    if not streams:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for stream in streams:
+        pipe.xlen(stream)
+    lengths = pipe.execute(raise_on_error=False)  # a retired key answers WRONGTYPE
+    return [
+        (stream, int(n))
+        for stream, n in zip(streams, lengths, strict=True)
+        if isinstance(n, int) and n > 0
+    ]
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

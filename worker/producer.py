@@ -29,9 +29,9 @@ from store.write.requests import (
 )
 
 from . import cluster, keys, runtime
-from .defaults import PARTITIONS, STREAM_MAX_LEN
-from .errors import QueueFullError, QueueUnavailableError, WaitTimeout
-from .layout import ADD_SCRIPT, MOVED, Epoch, Layout
+from .defaults import MAX_PARTITIONS, PARTITIONS, STREAM_MAX_LEN
+from .errors import PartitionRetiredError, QueueFullError, QueueUnavailableError, WaitTimeout
+from .layout import ADD_SCRIPT, MOVED, RETIRED, Epoch, Layout
 from .protocol import OP_FIELD, StreamReceipt, decode_reply, encode_entry, partition_of
 from .settings import Settings
 
@@ -70,8 +70,8 @@ class Producer:
         wait_replicas: int = 0,
         wait_replicas_ms: int = WAIT_REPLICAS_MS,
     ) -> None:
-        if partitions < 1:
-            raise ValueError("partitions must be at least 1")
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ValueError(f"partitions must be from 1 to {MAX_PARTITIONS}")
         if wait_replicas < 0:
             raise ValueError("wait_replicas must be 0 or more")
         self.client = client
@@ -154,6 +154,9 @@ class Producer:
                 if str(exc).startswith(MOVED):
                     self.layout(fresh=True)
                     continue
+                if str(exc).startswith(RETIRED):
+                    self._reroute(op.operation_id, epoch, stream, exc)
+                    continue
                 if str(exc).startswith("ENGRAMFULL"):
                     raise QueueFullError(
                         f"operation {op.operation_id} not enqueued: {stream} holds "
@@ -167,6 +170,18 @@ class Producer:
             f"operation {op.operation_id} not enqueued: every partition it was sent to "
             "was closed by a repartition; retry with the same operation id"
         )
+
+    def _reroute(self, what: str, tried: Epoch, stream: str, refusal: Exception) -> None:
+        """A retired stream refused an entry: read the layout again, or, when it still
+        sends to that epoch, ``PartitionRetiredError`` (nothing was enqueued)."""
+        if self.layout(fresh=True).current != tried:
+            return
+        said = str(refusal).removeprefix(RETIRED).strip()[:300]
+        raise PartitionRetiredError(
+            f"{what} not enqueued: {stream} is {said}, and the layout read here still "
+            f"sends to epoch {tried.number}: restore {keys.LAYOUT} (or set "
+            "ENGRAM_PARTITIONS) to the layout in use"
+        ) from refusal
 
     def _epoch(self, what: str, retry: str) -> Epoch:
         """The epoch to send to; ``QueueUnavailableError`` (nothing sent) when the layout
@@ -264,13 +279,19 @@ class Producer:
             ) from exc
         moved = False
         failed = []
+        retired: tuple[str, Exception] | None = None
         for (i, partition), reply in zip(targets, replies, strict=True):
             if not isinstance(reply, Exception):
                 added[i] = Pending(ops[i].operation_id, partition, _text(reply), self)
             elif str(reply).startswith(MOVED):
                 moved = True
+            elif str(reply).startswith(RETIRED):
+                moved, retired = True, (epoch.stream(partition), reply)
             else:
                 failed.append(reply)
+        if retired is not None:
+            done = sum(p is not None for p in added)
+            self._reroute(f"{len(ops) - done} of {len(ops)} operations", epoch, *retired)
         if failed:
             cls = (
                 QueueFullError

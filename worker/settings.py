@@ -34,6 +34,10 @@ class WorkerConfig:
             raise ValueError("linger_ms must not be negative")
         if self.partitions < 1 or self.batch_size < 1 or self.max_deliveries < 1:
             raise ValueError("partitions, batch_size and max_deliveries must be at least 1")
+        if self.partitions > defaults.MAX_PARTITIONS:
+            raise ValueError(
+                f"partitions (ENGRAM_PARTITIONS) must be at most {defaults.MAX_PARTITIONS}"
+            )
         if self.llm_concurrency < 1 or self.llm_deadline_s <= 0 or self.llm_max_held < 1:
             raise ValueError(
                 "llm_concurrency and llm_max_held must be at least 1, llm_deadline_s positive"

@@ -12,6 +12,8 @@ are those of the epoch being served. During a switch that is the old epoch, unti
 every old partition is closed and drained; the worker that sees so first writes the
 steady layout. When the epoch served changes, a worker lets go of all it holds
 before it takes any partition of the new epoch, so it serves one epoch at a time.
+Once every live worker serves the new epoch, the old epoch's keys are retired
+(``layout.retire``): a worker looks when it starts and whenever its epoch changes.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from .cluster import REDIS_FAILURES
 from .consumer import Consumer, Shared
 from .layout import Epoch
 from .leases import Lease, Leases
-from .membership import Membership, first_choice, new_worker_id, share
+from .membership import Membership, first_choice, live_workers, new_worker_id, share
 from .partition import ForgetHook, Partition
 from .settings import WorkerConfig
 from .stopping import StopRequest
@@ -41,6 +43,9 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 60.0
 # A tick's length while a partition is being let go (``Worker._next_tick_s``).
 RELEASE_TICK_S = 0.05
+# How long a worker waits before it looks again at a replaced epoch's streams that
+# still hold entries (``layout.stranded``): they are retired once those are gone.
+STRANDED_RETRY_S = 10.0
 
 
 class Worker:
@@ -75,6 +80,11 @@ class Worker:
         # layout in Redis says otherwise (read each tick).
         self.serving = Epoch(0, self.config.partitions)
         self._told_layout = False
+        self._layout: layout.Layout | None = None  # as last read; None: none in Redis
+        # The replaced epochs' partitions left to retire; None: look in Redis again.
+        self._retiring: dict[Epoch, set[int]] | None = None
+        self._retire_after = 0.0
+        self._told_stranded: set[Epoch] = set()
 
     @property
     def partitions(self) -> list[int]:
@@ -120,6 +130,7 @@ class Worker:
                 self.held, epoch=self.serving.number, partition_count=self.serving.partitions
             )
             self._rebalance(live)
+            self._retire_replaced()
             if self._redis_down_since is not None:
                 log.info("redis reachable again", extra={"worker": self.worker_id})
                 self._redis_down_since = None
@@ -138,7 +149,7 @@ class Worker:
         """Read the layout; during a switch, look at its barrier. When the epoch to serve
         changes, let go of every partition held (their consumer finishes the cycle in
         hand): ``_rebalance`` takes the new epoch's once they are all released."""
-        found = layout.stored(self.client)
+        found = self._layout = layout.stored(self.client)
         if found is None:
             return  # epoch 0, the configured count
         if not self._told_layout and found.current.partitions != self.config.partitions:
@@ -168,8 +179,50 @@ class Worker:
                 },
             )
             self.serving = found.serving
+            self._retiring = None
             for p in self.held.values():
                 p.release_requested = True
+
+    def _retire_replaced(self) -> None:
+        """Retire the epochs a switch replaced, once every live worker serves the
+        current one (none may read an old stream any more): ``layout.retire``."""
+        now = self._layout
+        if now is None or now.switching or self._retiring == {}:
+            return
+        if time.monotonic() < self._retire_after:
+            return
+        if self._retiring is None:
+            self._retiring = {
+                e: set(range(e.partitions))
+                for e in layout.retiring(self.client)
+                if e.number < now.current.number
+            }
+            if not self._retiring:
+                return
+        epoch_now = str(now.current.number)
+        if any(
+            w.get("epoch") != epoch_now for w in live_workers(self.client, self.config.lease_ttl_ms)
+        ):
+            return  # one still serves (or is moving from) an old epoch
+        holding: list[str] = []
+        for epoch, left in list(self._retiring.items()):
+            done = layout.retire(self.client, epoch, now.current, sorted(left))
+            left -= {n for n, status in done.items() if status == "retired"}
+            if not left:
+                del self._retiring[epoch]
+                log.info(
+                    "partition epoch retired", extra={"worker": self.worker_id, **epoch.as_dict()}
+                )
+            held = [epoch.stream(n) for n, status in done.items() if status == "holds"]
+            if held and epoch not in self._told_stranded:
+                self._told_stranded.add(epoch)
+                log.warning(
+                    "entries wait in a replaced epoch's streams, which no worker reads",
+                    extra={"worker": self.worker_id, "streams": ",".join(held)},
+                )
+            holding.extend(held)
+        if self._retiring and len(holding) == sum(map(len, self._retiring.values())):
+            self._retire_after = time.monotonic() + STRANDED_RETRY_S
 
     # -- leases ----------------------------------------------------------------------
 

@@ -5,11 +5,17 @@ Where Redis can hold the text of a record, and what this listener does there:
 
 - dead letters (``engram:dead``) keep the operation as sent: every letter of an
   operation that wrote the record, names it or would create it
-  (``matching.Forgotten``) is deleted;
-- the scope's partition stream: an entry still there for the record (a
-  redelivery of an operation that wrote it, or one sent after the forget) is
-  committed on the worker's behalf (it can only be replayed or refused, and
-  both answers hold no text), answered, acknowledged and deleted;
+  (``matching.Forgotten``) is deleted. First: a retry moves a letter onto its stream
+  in one step that refuses a letter gone (``worker.deadletters``), so once they are
+  deleted no retry can put one back, and what a retry moved before is in a stream
+  the next step reads;
+- the scope's partition stream, in each epoch workers read (``worker.layout``): an
+  entry still there for the record (a redelivery of an operation that wrote it, or
+  one sent after the forget) is committed on the worker's behalf (it can only be
+  replayed or refused, and both answers hold no text), answered, acknowledged and
+  deleted; so is one in any other stream of engram's key pattern that no worker
+  reads (a replaced epoch's, or a partition past the count, added with a raw
+  ``XADD``), found by a scan of the key space;
 - then the dead-letter stream and every partition stream are rebuilt from
   their live entries (``streams.compact``), whether or not this batch deleted
   anything from them: ``XDEL`` leaves a deleted entry's bytes in its node, and in
@@ -41,7 +47,6 @@ from store import ForgetEvent, WriteOptions
 from store.write import forgets
 from worker import cluster, layout
 from worker import keys as stream_keys
-from worker.layout import Epoch
 from worker.protocol import Entry, decode_entry, encode_reply, partition_of
 from worker.replies import send_reply
 
@@ -52,7 +57,8 @@ from .matching import Forgotten
 log = logging.getLogger(__name__)
 
 _PAGE = 1000
-# Every partition stream's key (``worker.keys.stream``), whatever the partition.
+# Every partition stream's key (``worker.keys.stream``), whatever the partition and the
+# epoch (``{N}``, ``{eE.N}``).
 _STREAMS = stream_keys.stream(0).replace("{0}", "{*}")
 
 
@@ -67,19 +73,19 @@ class RedisListener:
         record_ids = {e.record_id for e in events}
         writers = forgets.writers(self.ctx.store.pool, sorted(record_ids))
         forgotten = Forgotten.of(record_ids, (op for ops in writers.values() for op in ops))
+        letters = self._letters(forgotten)
         # During a repartition the scopes' entries may wait in either epoch's streams.
-        for epoch in layout.live_epochs(self.client, self.ctx.partitions):
+        epochs = layout.live_epochs(self.client, self.ctx.partitions)
+        for epoch in epochs:
             for partition in sorted({partition_of(e.scope, epoch.partitions) for e in events}):
-                self._partition(epoch, partition, forgotten)
-        letters = [
-            entry_id
-            for entry_id, fields in _entries(self.client, stream_keys.DEAD_LETTERS)
-            if forgotten.holds(fields.get(b"op"))
-            or _text(fields.get(b"operation_id")) in forgotten.operation_ids
-        ]
-        if letters:
-            self.client.xdel(stream_keys.DEAD_LETTERS, *letters)
-        self._compact_all()
+                self._partition(epoch.stream(partition), partition, epoch.partitions, forgotten)
+        found = self._streams()
+        read = {e.stream(n) for e in epochs for n in range(e.partitions)}
+        for stream in sorted(found - read - {stream_keys.DEAD_LETTERS}):
+            # No worker reads it: any partition's entry is settled there (one of one).
+            self._partition(stream, 0, 1, forgotten)
+        for key in sorted(found):
+            streams.compact(self.client, key)
         if self.ctx.settings.redaction.purge_redis_files:
             wait_s = self.ctx.settings.redaction.wait_s
             for node in _replicated(self.client, wait_s):
@@ -89,38 +95,50 @@ class RedisListener:
             extra={"records": len(record_ids), "dead_letters": len(letters)},
         )
 
-    def _partition(self, epoch: Epoch, partition: int, forgotten: Forgotten) -> None:
-        stream = epoch.stream(partition)
+    def _letters(self, forgotten: Forgotten) -> list[str]:
+        """Delete the dead letters that may hold the forgotten text; their ids."""
+        letters = [
+            entry_id
+            for entry_id, fields in _entries(self.client, stream_keys.DEAD_LETTERS)
+            if forgotten.holds(fields.get(b"op"))
+            or _text(fields.get(b"operation_id")) in forgotten.operation_ids
+        ]
+        if letters:
+            self.client.xdel(stream_keys.DEAD_LETTERS, *letters)
+        return letters
+
+    def _partition(self, stream: str, partition: int, partitions: int, f: Forgotten) -> None:
         found = [
             (entry_id, fields)
             for entry_id, fields in _entries(self.client, stream)
-            if forgotten.holds(fields.get(b"op"))
+            if f.holds(fields.get(b"op"))
         ]
         for entry_id, fields in found:
-            self._settle(epoch, partition, entry_id, fields)
+            self._settle(stream, partition, partitions, entry_id, fields)
 
-    def _compact_all(self) -> None:
-        """Rebuild every stream engram writes operations into from its live entries.
+    def _streams(self) -> set[str]:
+        """Every stream engram writes operations into, to be rebuilt from its live entries.
 
         Not only those this batch deleted from: a letter retried (moved back to its
         partition, then dead-lettered again under a new id) or discarded, or an entry
         a worker committed and deleted, left its bytes in a node shared with live
-        entries, where no id points at them any more. No history is assumed: each
-        stream is rebuilt (one script each; a missing key is left alone), those of
-        partitions past ``ENGRAM_PARTITIONS`` (an earlier count) too."""
+        entries, where no id points at them any more. No history is assumed: every
+        stream of engram's key pattern is found by a scan of each master (a replaced
+        epoch's, those of partitions past ``ENGRAM_PARTITIONS`` too; a retired one is
+        a string, no longer a stream)."""
         found = {stream_keys.DEAD_LETTERS}
         found.update(layout.live_streams(self.client, self.ctx.partitions))
         for node in _masters(self.client):
             found.update(
                 _text(key) for key in node.scan_iter(match=_STREAMS, count=_PAGE, _type="STREAM")
             )
-        for key in sorted(found):
-            streams.compact(self.client, key)
+        return found
 
-    def _settle(self, epoch: Epoch, partition: int, entry_id: str, fields: dict[Any, Any]) -> None:
+    def _settle(
+        self, stream: str, partition: int, partitions: int, entry_id: str, fields: dict[Any, Any]
+    ) -> None:
         """Commit, answer, acknowledge and delete one entry of a forgotten record."""
-        stream = epoch.stream(partition)
-        item = decode_entry(entry_id, fields, partition=partition, partitions=epoch.partitions)
+        item = decode_entry(entry_id, fields, partition=partition, partitions=partitions)
         pipe = self.client.pipeline(transaction=False)
         if isinstance(item, Entry):
             op = item.operation

@@ -74,3 +74,39 @@ def test_a_forgotten_record_waiting_in_a_later_epoch_is_settled_and_erased(
         assert not isinstance(replies[op_id], StreamReceipt), replies[op_id]
         assert getattr(replies[op_id], "code", None) in {"revision_conflict", "not_found"}
     client.close()
+
+
+def test_a_forgotten_record_stranded_in_a_replaced_epoch_is_settled_and_erased(
+    fresh_store: Store, redis_url: str
+) -> None:
+    """A raw XADD to the old epoch's stream once no worker reads it (before the workers
+    retire it): the listener finds it by its key's pattern, not by the layout."""
+    client: redis.Redis = connect_redis(redis_url)
+    marker = marker_text()
+    session = fresh_store.session(SCOPE)
+    [record] = session.remember(f"Ada's locker code is {marker}.").records
+    forget = session.forget(record.id).receipt
+    _, new = layout.begin(client, 3, FAST.partitions)
+    assert layout.finish(client, new).previous is None
+    old_stream = layout.Epoch(0, FAST.partitions).stream(partition_of(SCOPE, FAST.partitions))
+    client.xadd(old_stream, {"op": _revise(record.id, f"stranded {marker}", "stranded-e0")})
+    assert layout.stranded(client, FAST.partitions) == [(old_stream, 1)]
+
+    RedisListener(context(fresh_store, redis_url))(
+        [
+            ForgetEvent(
+                Scope.of(SCOPE),
+                record.id,
+                revisions=(1,),
+                operation_id=forget.operation_id,
+                already_forgotten=False,
+            )
+        ]
+    )
+
+    assert not bytes_hold(redis_values(client), marker), "a Redis key still holds it"
+    assert layout.stranded(client, FAST.partitions) == []
+    with Producer.from_url(redis_url, partitions=FAST.partitions) as producer:
+        reply = producer.results(["stranded-e0"])["stranded-e0"]
+    assert getattr(reply, "code", None) in {"revision_conflict", "not_found"}, reply
+    client.close()

@@ -328,6 +328,22 @@ def test_the_overview_shows_streams_workers_rate_and_dead_letters(
     assert 'href="/dead-letters/' in html and "malformed" in html
 
 
+def test_the_overview_names_entries_no_worker_reads(web: Web) -> None:
+    """Sent with a raw XADD to a partition a repartition replaced, once no worker read
+    it: names and counts, never the text."""
+    from worker import layout
+
+    assert 'id="stranded"' not in web.client.get("/").text
+    _, new = layout.begin(web.redis, 2, 4)
+    layout.finish(web.redis, new)
+    web.redis.xadd(keys.stream(3), {"op": '{"request": {"text": "stranded text"}}'})
+    html = web.client.get("/").text
+    assert 'id="stranded"' in html
+    assert "1 entry waits in streams no worker reads" in html
+    assert f"<code>{keys.stream(3)}</code> (1)" in html
+    assert "stranded text" not in html
+
+
 def test_generations_show_counts_and_a_reembed_in_progress(web: Web) -> None:
     web.remember({"user_id": "gen"}, "Some text.")
     pending = web.store.embeddings.begin("next-model", 16)

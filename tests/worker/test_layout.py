@@ -1,7 +1,7 @@
 """The partition layout and its online switch (``worker.layout``): the pure plan, the
-keys of each epoch, the producers' refusal of a closed partition, the barrier, and a
-switch with an in-process worker. The switch under load with real worker processes
-killed is in ``test_repartition``."""
+keys of each epoch, the producers' refusal of a closed partition, the barrier, a
+switch with an in-process worker, and the retirement of the replaced epoch's keys. The
+switch under load with real worker processes killed is in ``test_repartition``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,17 @@ from redis.crc import key_slot
 from store import Operation, Store
 from store.errors import ConfigError, EngramError
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
-from worker import Producer, deadletters, keys, layout, metrics
+from worker import (
+    PartitionRetiredError,
+    Producer,
+    Settings,
+    WorkerConfig,
+    deadletters,
+    keys,
+    layout,
+    metrics,
+)
+from worker.defaults import MAX_PARTITIONS
 from worker.layout import Epoch, Layout, RepartitionError
 from worker.protocol import encode_entry, partition_of
 
@@ -52,6 +62,19 @@ def test_a_switch_plans_the_next_epoch_and_refuses_what_is_no_switch() -> None:
     with pytest.raises(RepartitionError, match="in progress"):
         layout.plan(switching, 5)
     assert RepartitionError.code == "repartition_refused"
+
+
+def test_past_the_maximum_a_count_is_refused_wherever_it_comes_from() -> None:
+    with pytest.raises(RepartitionError, match=f"at most {MAX_PARTITIONS}"):
+        layout.plan(Layout.initial(4), MAX_PARTITIONS + 1)
+    assert layout.plan(Layout.initial(4), MAX_PARTITIONS).current == Epoch(1, MAX_PARTITIONS)
+    with pytest.raises(ConfigError):  # a layout planted in Redis
+        Layout.decode(f'{{"epoch": 1, "partitions": {MAX_PARTITIONS + 1}}}')
+    with pytest.raises(ValueError, match=f"ENGRAM_PARTITIONS.*at most {MAX_PARTITIONS}"):
+        Settings.from_env({"ENGRAM_PARTITIONS": str(MAX_PARTITIONS + 1)})
+    with pytest.raises(ValueError):
+        WorkerConfig(partitions=MAX_PARTITIONS + 1)
+    assert Settings.from_env({"ENGRAM_PARTITIONS": str(MAX_PARTITIONS)}).worker.partitions
 
 
 def test_a_layout_reads_back_what_it_wrote_and_refuses_anything_else() -> None:
@@ -193,3 +216,89 @@ def test_the_stream_gauges_show_both_epochs_during_a_switch(
     text = metrics.render(redis_client, partitions=4, lease_ttl_ms=1000)
     assert 'engram_stream_length{partition="0"} ' in text
     assert 'engram_stream_length{partition="0",epoch="1"} ' in text
+
+
+# -- retiring the replaced epoch ---------------------------------------------------------
+
+
+def _op(scope: dict[str, str], text: str) -> str:
+    return encode_entry(Operation.build("remember", scope, {"text": text}))["op"]
+
+
+def _xadd_refused(client: redis.Redis, stream: str) -> str:
+    """What a raw XADD to ``stream`` answers: it must be refused."""
+    with pytest.raises(redis.ResponseError) as refused:
+        client.xadd(stream, {"op": _op({"user_id": "raw"}, "raw")})
+    return str(refused.value)
+
+
+def test_a_replaced_epoch_retired_refuses_a_raw_xadd_and_reports_what_it_still_holds(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    old, new = Epoch(0, 4), Epoch(1, 2)
+    layout.begin(redis_client, 2, 4)
+    assert layout.retiring(redis_client) == [old]
+    assert layout.stranded(redis_client, 4) == []  # still served: not stranded
+    assert layout.finish(redis_client, layout.read(redis_client, 4)) == Layout(new)
+    # Once no worker reads epoch 0, a raw XADD (the README's example) lands there.
+    planted = redis_client.xadd(keys.stream(3), {"op": _op({"user_id": "late"}, "late")})
+    assert layout.stranded(redis_client, 4) == [(keys.stream(3), 1)]
+    # A worker that still leases partition 2 keeps it as it is, for now.
+    redis_client.set(keys.lease(2), "w 1", px=60_000)
+    redis_client.set(keys.fence_counter(0), "7")
+    statuses = layout.retire(redis_client, old, new, range(4))
+    assert statuses == {0: "retired", 1: "retired", 2: "leased", 3: "holds"}
+    for n in (0, 1):
+        assert redis_client.type(keys.stream(n)) == b"string"
+        assert "WRONGTYPE" in _xadd_refused(redis_client, keys.stream(n))
+    assert b"epoch 1 (2 partitions)" in redis_client.get(keys.stream(0))
+    assert not redis_client.exists(keys.fence_counter(0))
+    assert layout.retiring(redis_client) == [old]  # not all retired yet
+    assert layout.stranded(redis_client, 4) == [(keys.stream(3), 1)]
+
+    # engram's Producer, with the layout it read before the switch, is sent on.
+    scope = next(s for s in _scopes(20) if partition_of(s, 4) == 0)
+    stale = Producer.from_url(redis_url, partitions=4)
+    stale._layout = Layout.initial(4)
+    sent = stale.remember(scope, "after the retirement")
+    assert stale.layout() == Layout(new) and sent.partition == partition_of(scope, 2)
+    assert redis_client.xlen(keys.stream(sent.partition, 1)) == 1
+    # With the layout gone from Redis, it would send to epoch 0: a typed refusal.
+    redis_client.delete(keys.LAYOUT)
+    lost = Producer.from_url(redis_url, partitions=4)
+    with pytest.raises(PartitionRetiredError, match="epoch 1 \\(2 partitions\\)") as refused:
+        lost.remember(scope, "nowhere")
+    assert refused.value.code == "partition_retired"
+    with pytest.raises(PartitionRetiredError):
+        lost.enqueue_many([Operation.build("remember", scope, {"text": "nowhere either"})])
+    assert redis_client.xlen(keys.stream(sent.partition, 1)) == 1  # nothing more enqueued
+    redis_client.set(keys.LAYOUT, Layout(new).encode())
+
+    # Once its lease is gone and its entries too, the rest is retired.
+    redis_client.delete(keys.lease(2))
+    redis_client.xdel(keys.stream(3), planted)
+    assert layout.retire(redis_client, old, new, [2, 3]) == {2: "retired", 3: "retired"}
+    assert layout.retiring(redis_client) == [] and layout.stranded(redis_client, 4) == []
+    assert "WRONGTYPE" in _xadd_refused(redis_client, keys.stream(3))
+
+
+def test_a_worker_retires_the_replaced_epoch_once_every_worker_serves_the_new_one(
+    fresh_store: Store,
+    redis_client: redis.Redis,
+    redis_url: str,
+    start_worker: Callable[..., InProcessWorker],
+) -> None:
+    producer = Producer.from_url(redis_url, partitions=FAST.partitions)
+    scope = {"user_id": "ada"}
+    with start_worker(fresh_store) as worker:
+        producer.remember(scope, "before").wait(30)
+        layout.begin(redis_client, 3, FAST.partitions)
+        wait_until(lambda: layout.retiring(redis_client) == [], what="epoch 0 retired")
+        assert worker.serving == Epoch(1, 3)
+        for n in range(FAST.partitions):
+            assert redis_client.type(keys.stream(n)) == b"string"
+            assert not redis_client.exists(keys.fence_counter(n), keys.lease(n))
+            assert "WRONGTYPE" in _xadd_refused(redis_client, keys.stream(n))
+        # The producer that sent before the switch is sent on, and its operation commits.
+        receipt = producer.remember(scope, "after").wait(30)
+    assert receipt.scope_revision == 2

@@ -1,8 +1,9 @@
 """``engram repartition`` under load: producers keep sending, three real ``engram worker``
 processes keep committing, and the partition count changes (4 to 6, 6 to 3), with a
 worker SIGKILLed mid-switch, or the command itself SIGKILLed and run again. Every
-acknowledged operation commits once, each scope's in the order it was sent. Marked
-slow; they still run in CI."""
+acknowledged operation commits once, each scope's in the order it was sent. Then the
+workers retire the replaced epoch's keys: a raw XADD there is refused. Marked slow;
+they still run in CI."""
 
 from __future__ import annotations
 
@@ -381,4 +382,39 @@ def test_eight_to_five_on_a_redis_cluster(
         )
     finally:
         client.close()
+    assert all(w.process.poll() is None for w in workers)
+
+
+def test_the_workers_retire_the_replaced_epoch_and_a_raw_xadd_there_is_refused(
+    db: Store,
+    fresh_dsn: str,
+    redis_url: str,
+    redis_client: redis.Redis,
+    worker_processes: StartProcess,
+    commands: RunCommand,
+) -> None:
+    config = config_of(4)
+    env = worker_env(database_url=fresh_dsn, redis_url=redis_url, config=config)
+    workers = start_workers(worker_processes, fresh_dsn, redis_url, config)
+    scope = {"user_id": "retired"}
+    producer = Producer.from_url(redis_url, partitions=config.partitions)
+    producer.remember(scope, "before the switch").wait(30)
+    command = commands("repartition", "2", env=env)
+    assert command.process.wait(timeout=120) == 0, command.log()
+    wait_until(
+        lambda: serving(redis_client, workers, Epoch(1, 2)) and not layout.retiring(redis_client),
+        timeout=30,
+        what="the workers on epoch 1, epoch 0 retired",
+    )
+    for n in range(config.partitions):
+        assert redis_client.type(keys.stream(n)) == b"string", n
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            redis_client.xadd(keys.stream(n), {"op": "{}"})  # the README's raw XADD
+        assert not redis_client.exists(keys.fence_counter(n), keys.lease(n))
+    assert layout.stranded(redis_client, config.partitions) == []
+    # The producer read the layout before the switch: it is sent on, and commits.
+    assert producer.remember(scope, "after the switch").wait(30).scope_revision == 2
+    producer.close()
+    [row] = db.audit.about("epoch 1")
+    assert row.action == "layout.repartition" and row.detail["to_partitions"] == 2
     assert all(w.process.poll() is None for w in workers)

@@ -59,6 +59,8 @@ def overview(request: Request) -> Response:
         paused=pause.state(request),
         # The epoch the workers serve: what a pause names (``worker.layout``).
         partition_count=layout.read(services.redis, config.partitions).serving.partitions,
+        # Entries in a replaced epoch's streams, which no worker reads (names, counts).
+        stranded=layout.stranded(services.redis, config.partitions),
     )
 
 
