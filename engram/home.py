@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from store.errors import EngramError
+from store.home import make_private
 from store.masking import mask_url
 from worker import runfile
 
@@ -68,8 +69,9 @@ class HomeLock:
         self._file: IO[str] | None = None
 
     def acquire(self, command: str) -> bool:
-        """Take the lock if it is free (never waits) and write down who holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Take the lock if it is free (never waits) and write down who holds it; the
+        home is made (or narrowed to) its owner's only first (``store.home``)."""
+        make_private(self.path.parent)
         f = open(self.path, "a+")  # noqa: SIM115 - held open for as long as the lock
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

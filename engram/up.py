@@ -2,7 +2,9 @@
 
 With no ``DATABASE_URL`` it starts the embedded PostgreSQL, with no
 ``REDIS_URL`` the embedded valkey-server, both under ``ENGRAM_HOME``, which it
-owns for as long as it runs (one ``up`` per home; see ``home``). With a
+owns for as long as it runs (one ``up`` per home; see ``home``). Its children and
+the commands of the home reach both through their Unix sockets, never TCP (the run
+file also names valkey's TCP URL, ``redis_tcp_url``, for other clients). With a
 ``REDIS_URL`` naming a Redis Cluster and no ``ENGRAM_JOBS_REDIS_URL``, the
 embedded valkey-server is the jobs' (RQ cannot use a cluster): ``up`` then runs
 with nothing more to set, as it does everywhere else, and its children and the
@@ -128,10 +130,11 @@ def run_up(
                     on_start=lambda pid: _record(session, "valkey", pid, signal.SIGTERM, 30.0),
                 )
             )
+            # Its socket for everything of ours; its port only for clients given its URL.
             if redis_url is None:
-                redis_url = valkey.url
+                redis_url = valkey.socket_url
             else:  # the streams on a cluster, where RQ cannot run: the jobs here
-                jobs_url = valkey.url
+                jobs_url = valkey.socket_url
         jobs_url = jobs_url or redis_url
         with Store.connect(database_url):
             log.info("schema up to date")
@@ -152,6 +155,7 @@ def run_up(
             database_url=database_url,
             redis_url=redis_url,
             jobs_redis_url=jobs_url,
+            **({"redis_tcp_url": valkey.url} if valkey else {}),
             workers=workers,
             **({"dashboard_url": dashboard.url} if dashboard else {}),
         )
@@ -221,11 +225,15 @@ def _print_where(
 ) -> None:
     redis_url, jobs_url = redis_urls
     pg = f"embedded, data in {postgres.data_dir}" if postgres else "DATABASE_URL"
-    embedded = f"embedded, data in {valkey.data_dir}" if valkey else ""
-    vk = embedded if valkey and valkey.url == redis_url else "REDIS_URL"
+    embedded = (
+        f"embedded, data in {valkey.data_dir}; other clients: {mask_url(valkey.url)}"
+        if valkey
+        else ""
+    )
+    vk = embedded if valkey and valkey.socket_url == redis_url else "REDIS_URL"
     jobs = ""
     if jobs_url != redis_url:
-        where = embedded if valkey and valkey.url == jobs_url else "ENGRAM_JOBS_REDIS_URL"
+        where = embedded if valkey and valkey.socket_url == jobs_url else "ENGRAM_JOBS_REDIS_URL"
         jobs = f"  jobs Redis  {mask_url(jobs_url)}  ({where}; RQ cannot use a cluster)\n"
     home = Path(settings.home).resolve()
     # The passwords stay in the run file, the owner's only; a terminal may be shared.

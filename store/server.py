@@ -7,6 +7,13 @@ letting go (a SIGKILL) stays listed for good, and the server then outlives
 every later user. So engram does not rely on that count: whoever owns the
 home (``engram up``, or a command holding the home lock) stops the server
 itself with ``stop()``, and ``stop_stale`` clears what a crashed owner left.
+
+It listens on no TCP port at all (the library starts it with ``-h ""``): only on
+its Unix socket, in its data folder (0700, the server's), which the DSN names
+(``postgresql://postgres:@/postgres?host=HOME/postgres``). Nothing there asks for
+a password, so the folder is the lock: the home is its owner's (``store.home``),
+and a home too deep for the socket's path is refused rather than have the
+library put the socket elsewhere.
 """
 
 from __future__ import annotations
@@ -22,12 +29,14 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
+from . import home as homes
 from .processes import process_in_pid_file
 
 log = logging.getLogger(__name__)
 
 HANDLE_FILE = ".handle_pids.json"  # the library's list of the pids using the server
 PID_FILE = "postmaster.pid"  # PostgreSQL's own: pid on the first line, PGDATA on the second
+SOCKET_FILE = ".s.PGSQL.5432"  # the library's servers all say port 5432: only the folder differs
 
 # Fast shutdown (SIGINT: roll back open transactions, checkpoint, exit), then
 # immediate (SIGQUIT: exit now, crash recovery at the next start), then SIGKILL.
@@ -38,14 +47,15 @@ class EmbeddedPostgres:
     """A PostgreSQL server whose data lives under ``home/postgres``.
 
     Started on construction (or reused if already running on that folder),
-    stopped by ``stop()``. It listens on a Unix socket only.
+    stopped by ``stop()``. It listens on a Unix socket only, in that folder.
     """
 
     def __init__(self, home: Path) -> None:
+        self.data_dir = data_dir(home)
+        homes.check_socket_path(self.data_dir / SOCKET_FILE, "PostgreSQL")
+        homes.make_private(self.data_dir.parent)
         os.environ.setdefault("XDG_RUNTIME_DIR", str(Path(home).resolve() / "run"))
         Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.data_dir = data_dir(home)
-        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self._server: Any = None
         self._start()
 
@@ -57,6 +67,10 @@ class EmbeddedPostgres:
         except BaseException:
             self._forget_server()  # else the library hands out the failed one again
             raise
+        finally:
+            # As root the library opened the home to everyone, to start the server as
+            # its own user: only that user may pass through now.
+            homes.share_with_server(self.data_dir.parent)
         self._configure()
         log.info("embedded postgres running", extra={"pgdata": str(self.data_dir), "pid": self.pid})
 

@@ -60,6 +60,70 @@ def unauthenticated_reply(port: int, *command: str) -> bytes:
         return sock.makefile("rb").readline()
 
 
+class Squatter:
+    """A program that took a server's port while the server was down: it keeps what
+    each client that connects sends it (until the client closes, or says nothing
+    more for a second)."""
+
+    def __init__(self, port: int) -> None:
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.listener.bind(("127.0.0.1", port))
+        except OSError:
+            self.listener.close()
+            raise
+        self.listener.listen(64)
+        self.listener.settimeout(0.1)
+        self.received: list[bytes] = []  # one per connection
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    @classmethod
+    def take(cls, port: int) -> Squatter | None:
+        """The squatter on ``port``, or None while another program still holds it."""
+        with contextlib.suppress(OSError):
+            return cls(port)
+        return None
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            reader = threading.Thread(target=self._read, args=(conn,), daemon=True)
+            reader.start()
+            self._threads.append(reader)
+
+    def _read(self, conn: socket.socket) -> None:
+        data = b""
+        with conn:
+            conn.settimeout(1.0)
+            with contextlib.suppress(OSError):
+                while chunk := conn.recv(4096):
+                    data += chunk
+        with self._lock:
+            self.received.append(data)
+
+    def close(self) -> list[bytes]:
+        """Stop listening; what every client that connected sent."""
+        self._stop.set()
+        self._threads[0].join(timeout=10)  # then no reader is added any more
+        for reader in self._threads[1:]:
+            reader.join(timeout=10)
+        self.listener.close()
+        return self.received
+
+    def __enter__(self) -> Squatter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @pytest.fixture(scope="session")
 def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedValkey]:
     server = EmbeddedValkey(tmp_path_factory.mktemp("valkey")).start()

