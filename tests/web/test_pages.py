@@ -318,8 +318,10 @@ def test_the_overview_shows_streams_workers_rate_and_dead_letters(
         bar = r'<rect class="committed" x="[\d.]+" y="[\d.]+" width="[\d.]+" height="[\d.]+">'
 
         def committed(html: str) -> int:
-            """The chart's commits, summed over its bars: five sends may fall in two."""
-            return sum(int(n) for n in re.findall(r"(\d+) committed, ", html))
+            """The 10-second chart's commits (its bars are titled with a time of day to
+            the second), summed over its bars: five sends may fall in two."""
+            titles = re.findall(r"<title>\d\d:\d\d:\d\d: (\d+) committed, ", html)
+            return sum(int(n) for n in titles)
 
         def overview_with_workers() -> str | None:
             # Workers write their counts about once a second, or as soon as they idle.
