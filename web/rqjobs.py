@@ -7,7 +7,8 @@ run RQ's registry clean-up (it writes): a started job whose worker died shows
 as started until an RQ worker cleans it up.
 
 Jobs are read with ``jobs.queues`` (JSON, never pickle): a job whose data does
-not read as JSON shows as "unreadable" and is not retried.
+not read as JSON, or that is not a call of one of engram's job functions, shows
+as "unreadable" and is not retried.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from rq.job import Job
 from rq.registry import BaseRegistry
 from rq.results import Result
 
-from jobs import indexes, prune, redaction, reembed, schedule
 from jobs import queues as rq_queues
+from jobs import schedule
 from jobs.queues import UnreadableJob
 from jobs.settings import Retention
 from store.errors import InvalidRequestError, NotFoundError
@@ -47,29 +48,14 @@ MAX_SCAN_IDS = 5_000
 MAX_SCAN_JOBS = 1_000
 
 
-def _function_name(func: Any) -> str:
-    return f"{func.__module__}.{func.__qualname__}"  # as RQ names a job's function
-
-
-# Every schedule there can be (each retention on), for their job ids and functions.
+# Every schedule there can be (each retention on), for their job ids.
 _SCHEDULES = (
     schedule.retention_schedules(Retention(history_s=1, receipts_s=1, dead_letters_s=1))
     + schedule.upkeep_schedules()
 )
-# The functions engram enqueues: the ones a list can be filtered by.
-JOB_FUNCTIONS = tuple(
-    dict.fromkeys(
-        _function_name(f)
-        for f in (
-            redaction.redact,
-            reembed.run_slice,
-            prune.prune_job,
-            indexes.index_large_scopes_job,
-            indexes.purge_retired_job,
-            *(s.func for s in _SCHEDULES),
-        )
-    )
-)
+# The functions engram enqueues: the ones a list can be filtered by (any other job is
+# unreadable).
+JOB_FUNCTIONS = rq_queues.FUNCTIONS
 # A scheduled run's job id is its schedule's name and slot number (``schedule.enqueue_due``);
 # a prune asked for by hand has 16 hex digits there (``keys.new_job_id``).
 _TICK = re.compile("(?:" + "|".join(re.escape(s.name) for s in _SCHEDULES) + r")-[0-9]{1,15}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rq import Queue, SimpleWorker
+from rq import Queue
 from starlette.testclient import TestClient
 
 from engram.web_cli import build
@@ -15,6 +15,7 @@ from jobs.keys import MAINTENANCE_QUEUE
 from jobs.queues import SERIALIZER
 from store import HashingEmbedder, Store
 from tests.jobs_fixtures import context, run_burst
+from tests.rq_jobs import enqueue_failing, work
 from tests.web_fixtures import BASE_URL, Web
 from web import WebConfig
 from worker.settings import Settings
@@ -92,12 +93,12 @@ def test_the_pages_offer_the_jobs_once_they_are_there(
         assert "engram-reembed" in text and "engram-redaction" in text
 
 
-def _failed_jobs(web: Web, n: int) -> list[str]:
-    """``n`` jobs that failed on a real RQ worker, in a queue emptied first."""
+def _failed_jobs(web: Web, redis_url: str, n: int) -> list[str]:
+    """``n`` of engram's jobs that failed on a real RQ worker, in a queue emptied first."""
     queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
     web.redis.delete(queue.key, queue.failed_job_registry.key)
-    ids = [queue.enqueue("tests.rq_jobs.fails", f"mem_{i}").id for i in range(n)]
-    SimpleWorker([queue], connection=web.redis, serializer=SERIALIZER).work(burst=True)
+    ids = [enqueue_failing(queue, f"mem_{i}").id for i in range(n)]
+    work(web.store, redis_url, web.redis, queue)
     return ids
 
 
@@ -106,8 +107,8 @@ def _state(web: Web) -> tuple[int, int]:
     return len(queue), queue.failed_job_registry.get_job_count(cleanup=False)
 
 
-def test_retry_all_failed_jobs_after_a_dry_run_with_a_reason(web: Web) -> None:
-    ids = _failed_jobs(web, 3)
+def test_retry_all_failed_jobs_after_a_dry_run_with_a_reason(web: Web, redis_url: str) -> None:
+    ids = _failed_jobs(web, redis_url, 3)
     since = max([e.id for e in web.store.audit.page(limit=1).items] or [0])
     ask = {"action": "retry", "filter": {"queue": MAINTENANCE_QUEUE}}
     dry = web.client.post("/api/v1/bulk/jobs", json=ask)
@@ -119,8 +120,8 @@ def test_retry_all_failed_jobs_after_a_dry_run_with_a_reason(web: Web) -> None:
     page = web.client.get(f"/jobs/bulk?queue={MAINTENANCE_QUEUE}")
     assert page.status_code == 200 and "3</strong> failed jobs would be put back" in page.text
     queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
-    late = queue.enqueue("tests.rq_jobs.fails", "mem_late")
-    SimpleWorker([queue], connection=web.redis, serializer=SERIALIZER).work(burst=True)
+    late = enqueue_failing(queue, "mem_late")
+    work(web.store, redis_url, web.redis, queue)
     refused = web.client.post("/api/v1/bulk/jobs", json={**ask, "confirm": body["confirm"]})
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "selection_changed"
     assert _state(web) == (0, 4)
@@ -137,8 +138,10 @@ def test_retry_all_failed_jobs_after_a_dry_run_with_a_reason(web: Web) -> None:
     }
 
 
-def test_a_single_job_retry_takes_a_reason_from_the_api_and_the_form(web: Web) -> None:
-    first, second = _failed_jobs(web, 2)
+def test_a_single_job_retry_takes_a_reason_from_the_api_and_the_form(
+    web: Web, redis_url: str
+) -> None:
+    first, second = _failed_jobs(web, redis_url, 2)
     retried = web.client.post(f"/api/v1/jobs/{first}/retry", json={"reason": "flaky network"})
     assert retried.status_code == 200 and retried.json()["state"] == "queued"
     token = web.csrf(f"/jobs/{second}")
@@ -154,8 +157,10 @@ def _job_keys(web: Web, job_id: str) -> int:
     return int(web.redis.exists(f"rq:job:{job_id}", f"rq:results:{job_id}"))
 
 
-def test_discard_all_failed_jobs_after_a_dry_run_unreadable_ones_too(web: Web) -> None:
-    ids = _failed_jobs(web, 2)
+def test_discard_all_failed_jobs_after_a_dry_run_unreadable_ones_too(
+    web: Web, redis_url: str
+) -> None:
+    ids = _failed_jobs(web, redis_url, 2)
     queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
     # A failed job whose data is not engram's JSON: never retried, but discarded.
     web.redis.hset("rq:job:planted", mapping={"data": b"\x80\x04garbage", "origin": queue.name})
@@ -183,8 +188,10 @@ def test_discard_all_failed_jobs_after_a_dry_run_unreadable_ones_too(web: Web) -
     }
 
 
-def test_a_single_discard_asks_first_and_refuses_a_job_that_did_not_fail(web: Web) -> None:
-    first, second = _failed_jobs(web, 2)
+def test_a_single_discard_asks_first_and_refuses_a_job_that_did_not_fail(
+    web: Web, redis_url: str
+) -> None:
+    first, second = _failed_jobs(web, redis_url, 2)
     asked = web.client.get(f"/jobs/{first}/discard")
     assert asked.status_code == 200 and "This cannot be undone" in asked.text
     assert _state(web) == (0, 2)  # asking changed nothing
@@ -192,7 +199,7 @@ def test_a_single_discard_asks_first_and_refuses_a_job_that_did_not_fail(web: We
     assert done.status_code == 200 and done.json()["id"] == first
     assert _state(web) == (0, 1) and _job_keys(web, first) == 0
     queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
-    waiting = queue.enqueue("tests.rq_jobs.fails", "mem_waiting")
+    waiting = enqueue_failing(queue, "mem_waiting")
     refused = web.client.post(f"/api/v1/jobs/{waiting.id}/discard", json={})
     assert refused.status_code == 422 and "only a failed job" in refused.json()["error"]["message"]
     assert len(queue) == 1 and _job_keys(web, waiting.id) == 1  # still queued, untouched
