@@ -282,8 +282,8 @@ def get(conn: redis.Redis, job_id: str) -> JobRow | None:
     if job is None:
         return None
     if isinstance(job, UnreadableJob):
-        return _unreadable(job, job.origin, job.status if job.status in JOB_STATES else "unknown")
-    return _rows_of(conn, [job], job.origin, _state(job))[0]
+        return _unreadable(job, job.origin, _unreadable_state(job))
+    return _rows_of(conn, [job], job.origin, None)[0]
 
 
 def retry(conn: redis.Redis, job_id: str) -> JobRow:
@@ -322,11 +322,22 @@ def discard(conn: redis.Redis, job_id: str) -> JobRow:
 
 
 def failed(conn: redis.Redis, queue_name: str, *, limit: int = MAX_BULK + 1) -> list[JobRow]:
-    """Up to ``limit`` of a queue's failed jobs, newest first (what a bulk retry takes)."""
+    """Up to ``limit`` of the jobs in a queue's failed jobs, newest first (what a bulk
+    action looks at), each in the state its own hash says: one listed there may be
+    another (put back on its queue elsewhere, planted, set aside while queued)."""
     key = rq_queues.queue(conn, queue_name).failed_job_registry.key
     members = conn.zrevrange(key, 0, limit - 1)
     ids = [BaseRegistry.parse_job_id(_text(m)) for m in cast(list[Any], members)]
-    return _rows(conn, ids, queue_name, "failed")
+    return _rows(conn, ids, queue_name, None)
+
+
+def not_retried(job: JobRow) -> str | None:
+    """Why ``retry`` refuses this job, or None (the jobs a bulk retry leaves, and why)."""
+    if not job.readable:
+        return "unreadable"
+    if job.state != "failed":
+        return f"{job.state}, not failed"
+    return None
 
 
 def digest(ids: Sequence[str]) -> str:
@@ -346,24 +357,28 @@ def _registry(queue: Queue, state: str) -> BaseRegistry:
     return registries[state]
 
 
-def _rows(conn: redis.Redis, ids: list[str], queue: str, state: str) -> list[JobRow]:
+def _rows(conn: redis.Redis, ids: list[str], queue: str, state: str | None) -> list[JobRow]:
+    """The rows of these jobs, in ``state`` (the registry they were read from), or with
+    ``None``, each in the state its hash says."""
     found = rq_queues.read_many(conn, ids)
     readable = iter(_rows_of(conn, [j for j in found if isinstance(j, Job)], queue, state))
     return [
-        next(readable) if isinstance(job, Job) else _unreadable(job, queue, state)
+        next(readable)
+        if isinstance(job, Job)
+        else _unreadable(job, queue, state or _unreadable_state(job))
         for job in found
         if job is not None
     ]
 
 
-def _rows_of(conn: redis.Redis, jobs: list[Job], queue: str, state: str) -> list[JobRow]:
+def _rows_of(conn: redis.Redis, jobs: list[Job], queue: str, state: str | None) -> list[JobRow]:
     """The rows of these jobs, with each one's latest result read in one round trip for
     all (RQ reads a job's result with a call of its own)."""
     pipe = conn.pipeline(transaction=False)
     for job in jobs:
         pipe.xrevrange(Result.get_key(job.id), "+", "-", count=1)
     return [
-        _row(job, queue, state, _latest(conn, job, latest))
+        _row(job, queue, state or _state(job), _latest(conn, job, latest))
         for job, latest in zip(jobs, pipe.execute() if jobs else [], strict=True)
     ]
 
@@ -429,6 +444,10 @@ def _unreadable(job: UnreadableJob, queue: str, state: str) -> JobRow:
         arguments=UNREADABLE,
         readable=False,
     )
+
+
+def _unreadable_state(job: UnreadableJob) -> str:
+    return job.status if job.status in JOB_STATES else "unknown"
 
 
 def _state(job: Job) -> str:

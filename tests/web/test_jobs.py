@@ -11,7 +11,7 @@ from rq import Queue
 from starlette.testclient import TestClient
 
 from engram.web_cli import build
-from jobs.keys import MAINTENANCE_QUEUE
+from jobs.keys import MAINTENANCE_QUEUE, REDACTION_QUEUE
 from jobs.queues import SERIALIZER
 from store import HashingEmbedder, Store
 from tests.jobs_fixtures import context, run_burst
@@ -208,3 +208,62 @@ def test_a_single_discard_asks_first_and_refuses_a_job_that_did_not_fail(
     [entry] = [e for e in web.store.audit.page(limit=10).items if e.target == first]
     assert (entry.action, entry.detail["reason"]) == ("job.discard", "a test job")
     assert _job_keys(web, second) == 2  # the other failed job is untouched: data, results
+
+
+def test_a_bulk_retry_leaves_a_listed_job_that_did_not_fail_and_does_all_it_showed(
+    web: Web, redis_url: str
+) -> None:
+    """A job among the failed ones whose own state is another (here: queued again by
+    hand, still listed) is left by the dry run, with why; the confirm retries every job
+    the dry run took, all of them, and touches that one not."""
+    first, second, third = _failed_jobs(web, redis_url, 3)
+    web.redis.hset(f"rq:job:{second}", "status", "finished")
+    ask = {"action": "retry", "filter": {"queue": MAINTENANCE_QUEUE}}
+    dry = web.client.post("/api/v1/bulk/jobs", json=ask).json()
+    assert dry["count"] == 2 and sorted(j["id"] for j in dry["items"]) == sorted([first, third])
+    assert (dry["left"], dry["left_why"]) == ([second], {second: "finished, not failed"})
+    page = web.client.get(f"/jobs/bulk?queue={MAINTENANCE_QUEUE}").text
+    assert "2</strong> failed jobs would be put back" in page
+    assert f"{second}</a>: finished, not failed" in page
+    done = web.client.post("/api/v1/bulk/jobs", json={**ask, "confirm": dry["confirm"]})
+    assert done.status_code == 200, done.text
+    assert (done.json()["skipped"], done.json()["left"]) == ([], [second])
+    queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
+    assert sorted(queue.get_job_ids()) == sorted([first, third])
+    assert queue.failed_job_registry.get_job_ids(cleanup=False) == [second]  # untouched
+    # A discard takes every job listed among the failed ones, as one discard does.
+    discard = web.client.post("/api/v1/bulk/jobs", json={**ask, "action": "discard"}).json()
+    assert (discard["count"], discard["left"]) == (1, [])
+
+
+def test_a_job_that_changed_while_a_bulk_retry_went_on_is_skipped_and_said(
+    web: Web, redis_url: str
+) -> None:
+    """The confirm plans again and acts on each job in turn; one the single retry then
+    refuses (here: listed in this queue's failed jobs, its hash names another queue, so
+    it is in none of that queue's) is skipped and reported, and the others are done."""
+    first, second = _failed_jobs(web, redis_url, 2)
+    web.redis.hset(f"rq:job:{second}", "origin", REDACTION_QUEUE)
+    ask = {"action": "retry", "filter": {"queue": MAINTENANCE_QUEUE}}
+    dry = web.client.post("/api/v1/bulk/jobs", json=ask).json()
+    assert dry["count"] == 2
+    done = web.client.post("/api/v1/bulk/jobs", json={**ask, "confirm": dry["confirm"]})
+    assert done.status_code == 200, done.text
+    assert done.json()["skipped"] == [
+        {"id": second, "reason": f"job {second} is no longer in the failed jobs"}
+    ]
+    queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
+    assert queue.get_job_ids() == [first]
+    assert [e.target for e in web.store.audit.page(limit=1).items] == [first]
+
+    # The form says the same, above what a retry would take now.
+    web.redis.hset(f"rq:job:{first}", "status", "failed")  # listed again, failed again
+    web.redis.zadd(queue.failed_job_registry.key, {first: 9e12})
+    web.redis.lrem(queue.key, 0, first)
+    token = web.csrf(f"/jobs/bulk?queue={MAINTENANCE_QUEUE}")
+    dry = web.client.post("/api/v1/bulk/jobs", json=ask).json()
+    form = {"csrf": token, "queue": MAINTENANCE_QUEUE, "action": "retry", "why": "again"}
+    posted = web.client.post("/jobs/bulk", data={**form, "count": "2", "digest": dry["digest"]})
+    assert posted.status_code == 200, posted.text
+    assert "1 of the 2 confirmed were retried; 1 changed" in posted.text
+    assert f"{second}</a>: job {second} is no longer in the failed jobs" in posted.text

@@ -137,9 +137,11 @@ def test_a_failed_job_of_another_function_is_never_retried_nor_run(
     ask = {"action": "retry", "filter": {"queue": QUEUE}}
     dry = web.client.post("/api/v1/bulk/jobs", json=ask).json()
     assert (dry["count"], [j["id"] for j in dry["items"]]) == (1, [own])
-    assert dry["left"] == [foreign]
+    assert (dry["left"], dry["left_why"]) == ([foreign], {foreign: "unreadable"})
+    page = web.client.get(f"/jobs/bulk?queue={QUEUE}").text
+    assert f"{foreign}</a>: unreadable" in page
     done = web.client.post("/api/v1/bulk/jobs", json={**ask, "confirm": dry["confirm"]})
-    assert done.status_code == 200
+    assert done.status_code == 200 and done.json()["skipped"] == []
     assert queue.get_job_ids() == [own]
     assert web.redis.zscore(queue.failed_job_registry.key, foreign) is not None
 
