@@ -5,15 +5,18 @@ arguments, and they are ids and numbers only: a job never needs redaction.
 
 Every read of a job goes through here, with ``SERIALIZER``: RQ's default is
 pickle, and unpickling what anyone who can write one Redis key put there runs
-their code. A job this side cannot read (not JSON, garbled, planted) is an
-``UnreadableJob``: shown as such, never run, and it stops no list.
+their code. Nor does a JSON job run just any function: RQ imports the one it
+names, by name. Only the functions of ``FUNCTIONS`` run, checked by name before
+anything is imported. A job this side cannot read (not JSON, garbled, planted)
+or that is not one of engram's (another function, a callback, a webhook) is an
+``UnreadableJob``: shown as such, never run nor retried, and it stops no list.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -34,9 +37,30 @@ FAILURE_TTL_S = 7 * 86_400
 # Statuses of a job that will still run (or is running, for ``started``).
 LIVE = (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED, JobStatus.STARTED)
 
+# The functions engram enqueues, as RQ names a job's function (module and qualified
+# name): the only ones a jobs worker runs and the dashboard retries. Names, not the
+# functions: a job is checked against them before RQ imports anything it names.
+# ``enqueue`` takes no other, so a new job function that is not here fails at once.
+FUNCTIONS = (
+    "jobs.redaction.redact",
+    "jobs.reembed.run_slice",
+    "jobs.prune.prune_job",
+    "jobs.indexes.index_large_scopes_job",
+    "jobs.indexes.purge_retired_job",
+    "jobs.indexes.settle_fresh_job",
+)
+# Fields of a job's hash that RQ acts on by name or address (it imports a callback by
+# its name, it posts to a webhook's URL). engram sets none of them.
+_FOREIGN_FIELDS = (
+    "success_callback_name",
+    "failure_callback_name",
+    "stopped_callback_name",
+    "webhooks",
+)
 
-def queue(client: redis.Redis, name: str) -> Queue:
-    return Queue(name, connection=client, serializer=SERIALIZER)
+
+def queue(client: redis.Redis, name: str, job_class: type[Job] | None = None) -> Queue:
+    return Queue(name, connection=client, serializer=SERIALIZER, job_class=job_class)
 
 
 def enqueue(
@@ -52,7 +76,11 @@ def enqueue(
     description: str | None = None,
 ) -> Job:
     """Enqueue ``func(*args)`` now, or after ``delay_s`` (RQ's scheduler moves it then);
-    a failure is retried after each pause of ``retry_s``, then the job fails for good."""
+    a failure is retried after each pause of ``retry_s``, then the job fails for good.
+    ``func`` is one of ``FUNCTIONS``: a job of any other would never run."""
+    name = f"{func.__module__}.{func.__qualname__}"
+    if name not in FUNCTIONS:
+        raise ValueError(f"{name} is not one of engram's job functions (jobs.queues.FUNCTIONS)")
     options: dict[str, Any] = {
         "job_id": job_id,
         "job_timeout": int(timeout_s),
@@ -68,6 +96,11 @@ def enqueue(
     return q.enqueue(func, *args, **options)
 
 
+# Why a job is unreadable (``UnreadableJob.reason``, the worker's log line).
+NOT_JSON = "not JSON"
+FOREIGN = "not one of engram's jobs"  # JSON, but no call of one of engram's job functions
+
+
 @dataclass(frozen=True, slots=True)
 class UnreadableJob:
     """A job whose hash is there but does not read as one of engram's (JSON) jobs."""
@@ -75,6 +108,7 @@ class UnreadableJob:
     id: str
     origin: str  # the queue its hash names, or "" (it is untrusted text either way)
     status: str  # what its hash says, or "unknown"
+    reason: str = NOT_JSON  # or FOREIGN
 
 
 def fetch(client: redis.Redis, job_id: str) -> Job | None:
@@ -100,12 +134,33 @@ def _restore(client: redis.Redis, job_id: str, raw: dict[Any, Any]) -> Job | Unr
     if not raw:
         return None
     job = Job(job_id, connection=client, serializer=SERIALIZER)
-    try:
-        job.restore(raw)
-        job.func_name  # noqa: B018 -- reads the call (JSON) now, so a bad one is caught here
-    except Exception:  # RQ raises whatever its parsers raise on garbage
-        return UnreadableJob(job_id, _field(raw, "origin"), _field(raw, "status") or "unknown")
+    reason = unreadable(job, raw)
+    if reason is not None:
+        return UnreadableJob(
+            job_id, _field(raw, "origin"), _field(raw, "status") or "unknown", reason
+        )
     return job
+
+
+def unreadable(job: Job, raw: dict[Any, Any]) -> str | None:
+    """Restore ``job`` from its hash ``raw``; why it is not one of engram's jobs, or None.
+
+    One of engram's jobs reads as JSON and calls one of ``FUNCTIONS`` by name, on no
+    instance, with a list of arguments, and has no callback and no webhook. Only names
+    are compared: nothing a job names is imported."""
+    try:
+        Job.restore(job, raw)  # RQ's own (``CheckedJob.restore`` calls this)
+        call = (job.func_name, job.instance, job.args, job.kwargs)  # reads the JSON now
+    except Exception:  # RQ raises whatever its parsers raise on garbage
+        return NOT_JSON
+    name, instance, args, kwargs = call
+    if name not in FUNCTIONS or instance is not None:
+        return FOREIGN
+    if not isinstance(args, list | tuple) or not isinstance(kwargs, dict):
+        return FOREIGN
+    if any(_field(raw, field) for field in _FOREIGN_FIELDS):
+        return FOREIGN
+    return None
 
 
 def _field(raw: dict[Any, Any], name: str) -> str:
@@ -116,26 +171,45 @@ def _field(raw: dict[Any, Any], name: str) -> str:
 
 
 class CheckedJob(Job):
-    """The jobs worker's job class. RQ lets any exception of a job's restore out of
-    its dequeue, and the worker quits: one planted or damaged job would stop the
-    jobs for good. Such a job is set aside instead, as RQ skips a job that is gone:
-    into its queue's failed jobs (where the dashboard shows it as unreadable) when
-    it names one of engram's queues, never run."""
+    """The jobs worker's job class: every job the worker takes (and every one its
+    registries' clean-up reads) is restored here, before RQ imports anything it names.
+
+    A job that is not one of engram's (``unreadable``) never runs: it is set aside as
+    RQ skips a job that is gone, into its queue's failed jobs (where the dashboard
+    shows it as unreadable) when it names one of engram's queues. Raising anything
+    else out of a restore would make RQ's worker quit: one planted or damaged job
+    would stop the jobs for good."""
 
     def restore(self, raw: dict[Any, Any]) -> None:
-        try:
-            super().restore(raw)
-            self.func_name  # noqa: B018 -- reads the call (JSON) now, so a bad one is caught here
-        except Exception:
-            set_aside(self.connection, self.id, _field(raw, "origin"))
-            raise NoSuchJobError(f"job {self.id[:128]!r} is unreadable") from None
+        reason = unreadable(self, raw)
+        if reason is not None:
+            set_aside(self.connection, self.id, _field(raw, "origin"), reason)
+            raise NoSuchJobError(f"job {self.id[:128]!r} is unreadable")
+
+    @classmethod
+    def fetch_many(
+        cls, job_ids: Iterable[str], connection: redis.Redis, serializer: Any = None
+    ) -> list[Job | None]:
+        """RQ's, but a job that is not one of engram's is None, as one that is gone: RQ's
+        callers of it (a finished job's dependents, the ready jobs) expect no error."""
+        found: list[Job | None] = []
+        for job_id in job_ids:
+            try:
+                found.append(cls.fetch(job_id, connection=connection, serializer=serializer))
+            except NoSuchJobError:
+                found.append(None)
+        return found
 
 
-def set_aside(client: redis.Redis, job_id: str, origin: str) -> None:
-    """List an unreadable job among its queue's failed jobs; log its id, nothing else."""
+def set_aside(client: redis.Redis, job_id: str, origin: str, reason: str = NOT_JSON) -> None:
+    """List an unreadable job among its queue's failed jobs; log its id and why
+    (``NOT_JSON`` or ``FOREIGN``), nothing else of it."""
     if origin in keys.QUEUES:
         client.zadd(f"rq:failed:{origin}", {job_id: time.time() + FAILURE_TTL_S})
-    log.warning("an unreadable job was set aside, never run", extra={"job_id": job_id[:128]})
+    log.warning(
+        "an unreadable job was set aside, never run",
+        extra={"job_id": job_id[:128], "reason": reason},
+    )
 
 
 def status(client: redis.Redis, job_id: str) -> JobStatus | None:

@@ -84,8 +84,11 @@ def rq_connection(url: str) -> redis.Redis:
 def run(ctx: JobContext, rq_client: redis.Redis, *, burst: bool = False) -> int:
     """Run the jobs until stopped (or, with ``burst``, until the queues are empty)."""
     install(ctx)
+    # Every job the worker reads, to run it or to clean up after it, is a CheckedJob:
+    # its queues read with that class too (RQ's clean-up of a job whose worker died
+    # would otherwise import the failure callback a planted job names).
     worker = JobsWorker(
-        [queues.queue(rq_client, name) for name in keys.QUEUES],
+        [queues.queue(rq_client, name, queues.CheckedJob) for name in keys.QUEUES],
         connection=rq_client,
         serializer=queues.SERIALIZER,
         job_class=queues.CheckedJob,

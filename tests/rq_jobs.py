@@ -1,11 +1,46 @@
-"""Functions the jobs tests run on a real RQ worker (it imports them by name)."""
+"""engram's own jobs, made to fail or finish on a plain RQ worker in the tests (a jobs
+worker runs no other function: ``jobs.queues.FUNCTIONS``), and a planted job's bait."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
 
-def fails(record_id: str) -> None:
-    raise RuntimeError(f"the listener could not reach its webhook for {record_id}")
+import redis
+from rq import Queue, SimpleWorker
+from rq.job import Job
+
+from jobs import prune
+from jobs.context import install
+from jobs.queues import SERIALIZER
+from store import Store
+from tests.jobs_fixtures import context
 
 
-def succeeds(record_id: str) -> str:
-    return record_id
+def enqueue_failing(queue: Queue, label: str) -> Job:
+    """A prune of ``label``, which is none of the prunes: it fails when it runs
+    (``JobFailedError: prune failed (InvalidRequestError)``), and names ``label`` in its
+    arguments."""
+    return queue.enqueue(prune.prune_job, label)
+
+
+def enqueue_finishing(queue: Queue) -> Job:
+    """A prune of the dead letters older than an hour: it finishes when it runs."""
+    return queue.enqueue(prune.prune_job, "dead-letters", 3600)
+
+
+def work(
+    store: Store, redis_url: str, client: redis.Redis, queue: Queue, max_jobs: int | None = None
+) -> None:
+    """Run ``queue``'s jobs on a plain RQ worker in this process, with a job context on
+    ``store`` installed (as the jobs worker does), until it is empty (or ``max_jobs``)."""
+    install(context(store, redis_url))
+    SimpleWorker([queue], connection=client, serializer=SERIALIZER).work(
+        burst=True, max_jobs=max_jobs
+    )
+
+
+def make_dir(job: Any, *_: Any) -> None:
+    """A callback's bait: makes the directory named by the job's ``meta["bait"]`` (a
+    planted job naming this as its callback must never get here)."""
+    Path(job.meta["bait"]).mkdir()

@@ -7,7 +7,8 @@ run RQ's registry clean-up (it writes): a started job whose worker died shows
 as started until an RQ worker cleans it up.
 
 Jobs are read with ``jobs.queues`` (JSON, never pickle): a job whose data does
-not read as JSON shows as "unreadable" and is not retried.
+not read as JSON, or that is not a call of one of engram's job functions, shows
+as "unreadable" and is not retried.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from rq.job import Job
 from rq.registry import BaseRegistry
 from rq.results import Result
 
-from jobs import indexes, prune, redaction, reembed, schedule
 from jobs import queues as rq_queues
+from jobs import schedule
 from jobs.queues import UnreadableJob
 from jobs.settings import Retention
 from store.errors import InvalidRequestError, NotFoundError
@@ -47,29 +48,14 @@ MAX_SCAN_IDS = 5_000
 MAX_SCAN_JOBS = 1_000
 
 
-def _function_name(func: Any) -> str:
-    return f"{func.__module__}.{func.__qualname__}"  # as RQ names a job's function
-
-
-# Every schedule there can be (each retention on), for their job ids and functions.
+# Every schedule there can be (each retention on), for their job ids.
 _SCHEDULES = (
     schedule.retention_schedules(Retention(history_s=1, receipts_s=1, dead_letters_s=1))
     + schedule.upkeep_schedules()
 )
-# The functions engram enqueues: the ones a list can be filtered by.
-JOB_FUNCTIONS = tuple(
-    dict.fromkeys(
-        _function_name(f)
-        for f in (
-            redaction.redact,
-            reembed.run_slice,
-            prune.prune_job,
-            indexes.index_large_scopes_job,
-            indexes.purge_retired_job,
-            *(s.func for s in _SCHEDULES),
-        )
-    )
-)
+# The functions engram enqueues: the ones a list can be filtered by (any other job is
+# unreadable).
+JOB_FUNCTIONS = rq_queues.FUNCTIONS
 # A scheduled run's job id is its schedule's name and slot number (``schedule.enqueue_due``);
 # a prune asked for by hand has 16 hex digits there (``keys.new_job_id``).
 _TICK = re.compile("(?:" + "|".join(re.escape(s.name) for s in _SCHEDULES) + r")-[0-9]{1,15}")
@@ -296,8 +282,8 @@ def get(conn: redis.Redis, job_id: str) -> JobRow | None:
     if job is None:
         return None
     if isinstance(job, UnreadableJob):
-        return _unreadable(job, job.origin, job.status if job.status in JOB_STATES else "unknown")
-    return _rows_of(conn, [job], job.origin, _state(job))[0]
+        return _unreadable(job, job.origin, _unreadable_state(job))
+    return _rows_of(conn, [job], job.origin, None)[0]
 
 
 def retry(conn: redis.Redis, job_id: str) -> JobRow:
@@ -336,11 +322,22 @@ def discard(conn: redis.Redis, job_id: str) -> JobRow:
 
 
 def failed(conn: redis.Redis, queue_name: str, *, limit: int = MAX_BULK + 1) -> list[JobRow]:
-    """Up to ``limit`` of a queue's failed jobs, newest first (what a bulk retry takes)."""
+    """Up to ``limit`` of the jobs in a queue's failed jobs, newest first (what a bulk
+    action looks at), each in the state its own hash says: one listed there may be
+    another (put back on its queue elsewhere, planted, set aside while queued)."""
     key = rq_queues.queue(conn, queue_name).failed_job_registry.key
     members = conn.zrevrange(key, 0, limit - 1)
     ids = [BaseRegistry.parse_job_id(_text(m)) for m in cast(list[Any], members)]
-    return _rows(conn, ids, queue_name, "failed")
+    return _rows(conn, ids, queue_name, None)
+
+
+def not_retried(job: JobRow) -> str | None:
+    """Why ``retry`` refuses this job, or None (the jobs a bulk retry leaves, and why)."""
+    if not job.readable:
+        return "unreadable"
+    if job.state != "failed":
+        return f"{job.state}, not failed"
+    return None
 
 
 def digest(ids: Sequence[str]) -> str:
@@ -360,24 +357,28 @@ def _registry(queue: Queue, state: str) -> BaseRegistry:
     return registries[state]
 
 
-def _rows(conn: redis.Redis, ids: list[str], queue: str, state: str) -> list[JobRow]:
+def _rows(conn: redis.Redis, ids: list[str], queue: str, state: str | None) -> list[JobRow]:
+    """The rows of these jobs, in ``state`` (the registry they were read from), or with
+    ``None``, each in the state its hash says."""
     found = rq_queues.read_many(conn, ids)
     readable = iter(_rows_of(conn, [j for j in found if isinstance(j, Job)], queue, state))
     return [
-        next(readable) if isinstance(job, Job) else _unreadable(job, queue, state)
+        next(readable)
+        if isinstance(job, Job)
+        else _unreadable(job, queue, state or _unreadable_state(job))
         for job in found
         if job is not None
     ]
 
 
-def _rows_of(conn: redis.Redis, jobs: list[Job], queue: str, state: str) -> list[JobRow]:
+def _rows_of(conn: redis.Redis, jobs: list[Job], queue: str, state: str | None) -> list[JobRow]:
     """The rows of these jobs, with each one's latest result read in one round trip for
     all (RQ reads a job's result with a call of its own)."""
     pipe = conn.pipeline(transaction=False)
     for job in jobs:
         pipe.xrevrange(Result.get_key(job.id), "+", "-", count=1)
     return [
-        _row(job, queue, state, _latest(conn, job, latest))
+        _row(job, queue, state or _state(job), _latest(conn, job, latest))
         for job, latest in zip(jobs, pipe.execute() if jobs else [], strict=True)
     ]
 
@@ -443,6 +444,10 @@ def _unreadable(job: UnreadableJob, queue: str, state: str) -> JobRow:
         arguments=UNREADABLE,
         readable=False,
     )
+
+
+def _unreadable_state(job: UnreadableJob) -> str:
+    return job.status if job.status in JOB_STATES else "unknown"
 
 
 def _state(job: Job) -> str:

@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from rq import Queue, SimpleWorker
+from rq import Queue
 from starlette.testclient import TestClient
 
 from jobs.keys import MAINTENANCE_QUEUE
@@ -15,6 +15,7 @@ from jobs.queues import SERIALIZER
 from store.read.cursors import Cursors
 from tests.fake_llm import ScriptedLLM, events
 from tests.redis_fixtures import wait_until
+from tests.rq_jobs import enqueue_failing, enqueue_finishing, work
 from tests.web_fixtures import BASE_URL, EMBEDDER, Web, make_app
 from web.api.schemas import SCHEMAS
 from worker import keys
@@ -246,18 +247,18 @@ def test_generations_and_starting_a_reembed(web: Web, store: Any, redis_client: 
     assert "not available" in without_jobs.get("/generations").text
 
 
-def test_jobs_on_rq_with_their_errors_and_a_retry(web: Web) -> None:
+def test_jobs_on_rq_with_their_errors_and_a_retry(web: Web, redis_url: str) -> None:
     queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
-    failing = queue.enqueue("tests.rq_jobs.fails", "mem_42")
-    done = queue.enqueue("tests.rq_jobs.succeeds", "mem_43")
-    waiting = queue.enqueue("tests.rq_jobs.succeeds", "mem_44")
-    SimpleWorker([queue], connection=web.redis, serializer=SERIALIZER).work(burst=True, max_jobs=2)
+    failing = enqueue_failing(queue, "mem_42")
+    done = enqueue_finishing(queue)
+    waiting = enqueue_failing(queue, "mem_44")
+    work(web.store, redis_url, web.redis, queue, max_jobs=2)
     listing = web.client.get(f"/api/v1/jobs?queue={MAINTENANCE_QUEUE}&state=failed").json()
     [counts] = [q for q in listing["queues"] if q["name"] == MAINTENANCE_QUEUE]
     assert counts["counts"] | {} == {**counts["counts"], "failed": 1, "finished": 1, "queued": 1}
     [job] = listing["items"]
-    assert job["id"] == failing.id and job["function"] == "tests.rq_jobs.fails"
-    assert job["error"].startswith("RuntimeError: the listener could not reach")
+    assert job["id"] == failing.id and job["function"] == "jobs.prune.prune_job"
+    assert job["error"].endswith("JobFailedError: prune failed (InvalidRequestError)")
     assert job["arguments"] == "'mem_42'" and job["ended_at"]
     finished = web.client.get(f"/api/v1/jobs?queue={MAINTENANCE_QUEUE}&state=finished").json()[
         "items"
@@ -266,7 +267,7 @@ def test_jobs_on_rq_with_their_errors_and_a_retry(web: Web) -> None:
     queued = web.client.get(f"/api/v1/jobs?queue={MAINTENANCE_QUEUE}&state=queued").json()
     assert [j["id"] for j in queued["items"]] == [waiting.id]
     page = web.client.get(f"/jobs/{failing.id}").text
-    assert "RuntimeError" in page and "Retry" in page
+    assert "JobFailedError" in page and "Retry" in page
     retried = web.client.post(f"/api/v1/jobs/{failing.id}/retry")
     assert retried.status_code == 200 and retried.json()["state"] == "queued"
     [entry] = [e for e in web.store.audit.page().items if e.action == "job.retry"][:1]

@@ -147,7 +147,7 @@ def world(web: Web) -> Iterator[World]:
         "at_ms": 1, "op": '{"operation_id":"x"}',
     })  # fmt: skip
     letter = web.redis.xrange(keys.DEAD_LETTERS)[0][0].decode()
-    failed = Queue("default", connection=web.redis).enqueue("tests.rq_jobs.fails", "mem")
+    failed = Queue("default", connection=web.redis).enqueue("jobs.prune.prune_job", "mem")
     yield World(
         web,
         {

@@ -7,14 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rq import Queue, SimpleWorker
+from rq import Queue
 from starlette.testclient import TestClient
 
 from engram.web_cli import build
-from jobs.keys import MAINTENANCE_QUEUE
+from jobs.keys import MAINTENANCE_QUEUE, REDACTION_QUEUE
 from jobs.queues import SERIALIZER
 from store import HashingEmbedder, Store
 from tests.jobs_fixtures import context, run_burst
+from tests.rq_jobs import enqueue_failing, work
 from tests.web_fixtures import BASE_URL, Web
 from web import WebConfig
 from worker.settings import Settings
@@ -92,12 +93,12 @@ def test_the_pages_offer_the_jobs_once_they_are_there(
         assert "engram-reembed" in text and "engram-redaction" in text
 
 
-def _failed_jobs(web: Web, n: int) -> list[str]:
-    """``n`` jobs that failed on a real RQ worker, in a queue emptied first."""
+def _failed_jobs(web: Web, redis_url: str, n: int) -> list[str]:
+    """``n`` of engram's jobs that failed on a real RQ worker, in a queue emptied first."""
     queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
     web.redis.delete(queue.key, queue.failed_job_registry.key)
-    ids = [queue.enqueue("tests.rq_jobs.fails", f"mem_{i}").id for i in range(n)]
-    SimpleWorker([queue], connection=web.redis, serializer=SERIALIZER).work(burst=True)
+    ids = [enqueue_failing(queue, f"mem_{i}").id for i in range(n)]
+    work(web.store, redis_url, web.redis, queue)
     return ids
 
 
@@ -106,8 +107,8 @@ def _state(web: Web) -> tuple[int, int]:
     return len(queue), queue.failed_job_registry.get_job_count(cleanup=False)
 
 
-def test_retry_all_failed_jobs_after_a_dry_run_with_a_reason(web: Web) -> None:
-    ids = _failed_jobs(web, 3)
+def test_retry_all_failed_jobs_after_a_dry_run_with_a_reason(web: Web, redis_url: str) -> None:
+    ids = _failed_jobs(web, redis_url, 3)
     since = max([e.id for e in web.store.audit.page(limit=1).items] or [0])
     ask = {"action": "retry", "filter": {"queue": MAINTENANCE_QUEUE}}
     dry = web.client.post("/api/v1/bulk/jobs", json=ask)
@@ -119,8 +120,8 @@ def test_retry_all_failed_jobs_after_a_dry_run_with_a_reason(web: Web) -> None:
     page = web.client.get(f"/jobs/bulk?queue={MAINTENANCE_QUEUE}")
     assert page.status_code == 200 and "3</strong> failed jobs would be put back" in page.text
     queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
-    late = queue.enqueue("tests.rq_jobs.fails", "mem_late")
-    SimpleWorker([queue], connection=web.redis, serializer=SERIALIZER).work(burst=True)
+    late = enqueue_failing(queue, "mem_late")
+    work(web.store, redis_url, web.redis, queue)
     refused = web.client.post("/api/v1/bulk/jobs", json={**ask, "confirm": body["confirm"]})
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "selection_changed"
     assert _state(web) == (0, 4)
@@ -137,8 +138,10 @@ def test_retry_all_failed_jobs_after_a_dry_run_with_a_reason(web: Web) -> None:
     }
 
 
-def test_a_single_job_retry_takes_a_reason_from_the_api_and_the_form(web: Web) -> None:
-    first, second = _failed_jobs(web, 2)
+def test_a_single_job_retry_takes_a_reason_from_the_api_and_the_form(
+    web: Web, redis_url: str
+) -> None:
+    first, second = _failed_jobs(web, redis_url, 2)
     retried = web.client.post(f"/api/v1/jobs/{first}/retry", json={"reason": "flaky network"})
     assert retried.status_code == 200 and retried.json()["state"] == "queued"
     token = web.csrf(f"/jobs/{second}")
@@ -154,8 +157,10 @@ def _job_keys(web: Web, job_id: str) -> int:
     return int(web.redis.exists(f"rq:job:{job_id}", f"rq:results:{job_id}"))
 
 
-def test_discard_all_failed_jobs_after_a_dry_run_unreadable_ones_too(web: Web) -> None:
-    ids = _failed_jobs(web, 2)
+def test_discard_all_failed_jobs_after_a_dry_run_unreadable_ones_too(
+    web: Web, redis_url: str
+) -> None:
+    ids = _failed_jobs(web, redis_url, 2)
     queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
     # A failed job whose data is not engram's JSON: never retried, but discarded.
     web.redis.hset("rq:job:planted", mapping={"data": b"\x80\x04garbage", "origin": queue.name})
@@ -183,8 +188,10 @@ def test_discard_all_failed_jobs_after_a_dry_run_unreadable_ones_too(web: Web) -
     }
 
 
-def test_a_single_discard_asks_first_and_refuses_a_job_that_did_not_fail(web: Web) -> None:
-    first, second = _failed_jobs(web, 2)
+def test_a_single_discard_asks_first_and_refuses_a_job_that_did_not_fail(
+    web: Web, redis_url: str
+) -> None:
+    first, second = _failed_jobs(web, redis_url, 2)
     asked = web.client.get(f"/jobs/{first}/discard")
     assert asked.status_code == 200 and "This cannot be undone" in asked.text
     assert _state(web) == (0, 2)  # asking changed nothing
@@ -192,7 +199,7 @@ def test_a_single_discard_asks_first_and_refuses_a_job_that_did_not_fail(web: We
     assert done.status_code == 200 and done.json()["id"] == first
     assert _state(web) == (0, 1) and _job_keys(web, first) == 0
     queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
-    waiting = queue.enqueue("tests.rq_jobs.fails", "mem_waiting")
+    waiting = enqueue_failing(queue, "mem_waiting")
     refused = web.client.post(f"/api/v1/jobs/{waiting.id}/discard", json={})
     assert refused.status_code == 422 and "only a failed job" in refused.json()["error"]["message"]
     assert len(queue) == 1 and _job_keys(web, waiting.id) == 1  # still queued, untouched
@@ -201,3 +208,62 @@ def test_a_single_discard_asks_first_and_refuses_a_job_that_did_not_fail(web: We
     [entry] = [e for e in web.store.audit.page(limit=10).items if e.target == first]
     assert (entry.action, entry.detail["reason"]) == ("job.discard", "a test job")
     assert _job_keys(web, second) == 2  # the other failed job is untouched: data, results
+
+
+def test_a_bulk_retry_leaves_a_listed_job_that_did_not_fail_and_does_all_it_showed(
+    web: Web, redis_url: str
+) -> None:
+    """A job among the failed ones whose own state is another (here: queued again by
+    hand, still listed) is left by the dry run, with why; the confirm retries every job
+    the dry run took, all of them, and touches that one not."""
+    first, second, third = _failed_jobs(web, redis_url, 3)
+    web.redis.hset(f"rq:job:{second}", "status", "finished")
+    ask = {"action": "retry", "filter": {"queue": MAINTENANCE_QUEUE}}
+    dry = web.client.post("/api/v1/bulk/jobs", json=ask).json()
+    assert dry["count"] == 2 and sorted(j["id"] for j in dry["items"]) == sorted([first, third])
+    assert (dry["left"], dry["left_why"]) == ([second], {second: "finished, not failed"})
+    page = web.client.get(f"/jobs/bulk?queue={MAINTENANCE_QUEUE}").text
+    assert "2</strong> failed jobs would be put back" in page
+    assert f"{second}</a>: finished, not failed" in page
+    done = web.client.post("/api/v1/bulk/jobs", json={**ask, "confirm": dry["confirm"]})
+    assert done.status_code == 200, done.text
+    assert (done.json()["skipped"], done.json()["left"]) == ([], [second])
+    queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
+    assert sorted(queue.get_job_ids()) == sorted([first, third])
+    assert queue.failed_job_registry.get_job_ids(cleanup=False) == [second]  # untouched
+    # A discard takes every job listed among the failed ones, as one discard does.
+    discard = web.client.post("/api/v1/bulk/jobs", json={**ask, "action": "discard"}).json()
+    assert (discard["count"], discard["left"]) == (1, [])
+
+
+def test_a_job_that_changed_while_a_bulk_retry_went_on_is_skipped_and_said(
+    web: Web, redis_url: str
+) -> None:
+    """The confirm plans again and acts on each job in turn; one the single retry then
+    refuses (here: listed in this queue's failed jobs, its hash names another queue, so
+    it is in none of that queue's) is skipped and reported, and the others are done."""
+    first, second = _failed_jobs(web, redis_url, 2)
+    web.redis.hset(f"rq:job:{second}", "origin", REDACTION_QUEUE)
+    ask = {"action": "retry", "filter": {"queue": MAINTENANCE_QUEUE}}
+    dry = web.client.post("/api/v1/bulk/jobs", json=ask).json()
+    assert dry["count"] == 2
+    done = web.client.post("/api/v1/bulk/jobs", json={**ask, "confirm": dry["confirm"]})
+    assert done.status_code == 200, done.text
+    assert done.json()["skipped"] == [
+        {"id": second, "reason": f"job {second} is no longer in the failed jobs"}
+    ]
+    queue = Queue(MAINTENANCE_QUEUE, connection=web.redis, serializer=SERIALIZER)
+    assert queue.get_job_ids() == [first]
+    assert [e.target for e in web.store.audit.page(limit=1).items] == [first]
+
+    # The form says the same, above what a retry would take now.
+    web.redis.hset(f"rq:job:{first}", "status", "failed")  # listed again, failed again
+    web.redis.zadd(queue.failed_job_registry.key, {first: 9e12})
+    web.redis.lrem(queue.key, 0, first)
+    token = web.csrf(f"/jobs/bulk?queue={MAINTENANCE_QUEUE}")
+    dry = web.client.post("/api/v1/bulk/jobs", json=ask).json()
+    form = {"csrf": token, "queue": MAINTENANCE_QUEUE, "action": "retry", "why": "again"}
+    posted = web.client.post("/jobs/bulk", data={**form, "count": "2", "digest": dry["digest"]})
+    assert posted.status_code == 200, posted.text
+    assert "1 of the 2 confirmed were retried; 1 changed" in posted.text
+    assert f"{second}</a>: job {second} is no longer in the failed jobs" in posted.text

@@ -62,7 +62,7 @@ def _seed(store: Store, client: redis.Redis) -> None:
         "error": json.dumps({"code": "invalid_request", "message": "bad"}), "deliveries": 1,
         "at_ms": 1, "op": "{}",
     })  # fmt: skip
-    Queue(jobs_keys.MAINTENANCE_QUEUE, connection=client).enqueue("tests.rq_jobs.fails", "mem_x")
+    Queue(jobs_keys.MAINTENANCE_QUEUE, connection=client).enqueue("jobs.prune.prune_job", "mem_x")
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")

@@ -1,6 +1,7 @@
 """Job data in Redis is untrusted: the jobs pages and the jobs API (``web.rqjobs``) read
 it as JSON only. A planted pickle that would create a file when unpickled creates
-nothing, and its job shows as "unreadable"; engram's own jobs name their function."""
+nothing, and its job shows as "unreadable"; engram's own jobs name their function. A
+JSON job of any other function is unreadable too: never retried, one or in bulk."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rq import Queue
 
 from jobs import keys, prune, queues
 from tests.helpers import Planted
+from tests.rq_jobs import enqueue_failing, work
 from tests.web_fixtures import Web
 from web import rqjobs
 
@@ -97,3 +100,55 @@ def test_planted_pickles_are_never_unpickled_and_show_as_unreadable(
     assert real.startswith("prune-history-")
     assert queues.fetch(web.redis, "planted-failed") is None
     assert not planted.exists()
+
+
+def _plant_failed_json(web: Web, function: str, *args: Any) -> str:
+    """A failed job in JSON, as RQ would leave one, naming ``function``: its id."""
+    queue = Queue(QUEUE, connection=web.redis, serializer=queues.SERIALIZER)
+    job = queue.enqueue(function, *args)
+    web.redis.lrem(queue.key, 0, job.id)
+    web.redis.hset(job.key, "status", "failed")
+    web.redis.zadd(queue.failed_job_registry.key, {job.id: 9_999_999_999})
+    return str(job.id)
+
+
+def test_a_failed_job_of_another_function_is_never_retried_nor_run(
+    web: Web, redis_url: str, tmp_path: Path
+) -> None:
+    bait = tmp_path / "made"
+    queue = Queue(QUEUE, connection=web.redis, serializer=queues.SERIALIZER)
+    web.redis.delete(queue.key, queue.failed_job_registry.key)
+    foreign = _plant_failed_json(web, "os.makedirs", str(bait))
+    own = enqueue_failing(queue, "mem_1").id
+    work(web.store, redis_url, web.redis, queue)  # the engram job fails for real
+    listed = web.client.get(f"/api/v1/jobs?queue={QUEUE}&state=failed").json()["items"]
+    assert {j["id"]: j["function"] for j in listed} == {
+        foreign: "unreadable",
+        own: "jobs.prune.prune_job",
+    }
+    assert "unreadable" in web.client.get(f"/jobs/{foreign}").text
+
+    # One at a time: the API and the form refuse it; it stays among the failed jobs.
+    refused = web.client.post(f"/api/v1/jobs/{foreign}/retry", json={})
+    assert refused.status_code == 422 and "unreadable" in refused.json()["error"]["message"]
+    form = web.client.post(f"/jobs/{foreign}/retry", data={"csrf": web.csrf(f"/jobs/{own}")})
+    assert form.status_code == 422
+    # In bulk: left, and why; the confirm retries the engram job only.
+    ask = {"action": "retry", "filter": {"queue": QUEUE}}
+    dry = web.client.post("/api/v1/bulk/jobs", json=ask).json()
+    assert (dry["count"], [j["id"] for j in dry["items"]]) == (1, [own])
+    assert (dry["left"], dry["left_why"]) == ([foreign], {foreign: "unreadable"})
+    page = web.client.get(f"/jobs/bulk?queue={QUEUE}").text
+    assert f"{foreign}</a>: unreadable" in page
+    done = web.client.post("/api/v1/bulk/jobs", json={**ask, "confirm": dry["confirm"]})
+    assert done.status_code == 200 and done.json()["skipped"] == []
+    assert queue.get_job_ids() == [own]
+    assert web.redis.zscore(queue.failed_job_registry.key, foreign) is not None
+
+    # Whatever now takes the queue (a plain RQ worker here: no check of its own) never
+    # meets it.
+    work(web.store, redis_url, web.redis, queue)
+    assert not bait.exists()
+    assert [a.target for a in web.store.audit.page(limit=20).items if a.action == "job.retry"][
+        :1
+    ] == [own]

@@ -228,7 +228,19 @@ _JOBS_BULK_DONE = {
         "digest": {"type": "string"},
         "dry_run": {"type": "boolean"},
         "items": {"type": "array", "items": ref("Job")},
-        "left": {"type": "array", "items": {"type": "string"}},
+        "left": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "The failed jobs the action leaves (a retry: unreadable, or not "
+            "failed by their own state); never acted on.",
+        },
+        "left_why": {"type": "object", "additionalProperties": {"type": "string"}},
+        "skipped": {
+            "type": "array",
+            "items": obj({"id": {"type": "string"}, "reason": {"type": "string"}}),
+            "description": "Confirmed: the jobs taken that changed in between and were not "
+            "acted on (every other one was).",
+        },
         "confirm": _SEEN,
     },
     "required": ["action", "filter", "count", "digest", "dry_run"],
@@ -484,10 +496,11 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/bulk/jobs": {
         "post": _op(
-            "Retry (the readable ones) or discard every failed job of a queue: without "
-            "confirm a dry run (count, the first "
-            "20, and the confirm to send back); with it, the action, refused (409 "
-            "selection_changed) if the failed jobs changed",
+            "Retry (the readable ones that failed) or discard every failed job of a queue: "
+            "without confirm a dry run (count, the first 20, the ones left and why, and the "
+            "confirm to send back); with it, the action on every job the dry run took, "
+            "refused (409 selection_changed) if they changed; a job that changed while the "
+            "action went on is skipped and listed",
             {"200": _json(_JOBS_BULK_DONE, "The dry run, or what was done.")},
             body=_JOBS_BULK,
             errors=("400", "401", "403", "409", "413", "415", "422", "503"),

@@ -68,14 +68,30 @@ def job_bulk(request: Request, body: Any) -> Response:
     bulk = jobs.plan(request, found.get("queue"), action)
     seen = {"count": bulk.count, "digest": bulk.digest}
     answer = {"action": bulk.action, "filter": {"queue": bulk.queue}, **seen}
+    left = [j.id for j, _ in bulk.left]
+    left_why = {j.id: reason for j, reason in bulk.left}
     if f.get("confirm") is None:
         items = [job_json(j) for j in bulk.taken[:20]]
-        left = [j.id for j in bulk.left]
         return JSONResponse(
-            {**answer, "dry_run": True, "items": items, "left": left, "confirm": seen}
+            {
+                **answer,
+                "dry_run": True,
+                "items": items,
+                "left": left,
+                "left_why": left_why,
+                "confirm": seen,
+            }
         )
-    jobs.apply(request, bulk, f.get("confirm"), why)
-    return JSONResponse({**answer, "dry_run": False})
+    skipped = jobs.apply(request, bulk, f.get("confirm"), why)
+    return JSONResponse(
+        {
+            **answer,
+            "dry_run": False,
+            "left": left,
+            "left_why": left_why,
+            "skipped": [{"id": s.id, "reason": s.reason} for s in skipped],
+        }
+    )
 
 
 def dead_letter_list(request: Request) -> Response:

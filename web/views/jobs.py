@@ -136,12 +136,14 @@ BULK_ACTIONS = ("retry", "discard")
 @dataclass(frozen=True, slots=True)
 class JobBulk:
     """What retrying or discarding a queue's failed jobs would do: the jobs it takes,
-    and the failed jobs it leaves (a retry leaves the unreadable ones: they never run)."""
+    exactly those the action on one job accepts, and the ones it leaves with why (a
+    retry leaves the unreadable ones, which never run, and the ones listed among the
+    failed jobs whose own state is another)."""
 
     action: str
     queue: str
     taken: list[rqjobs.JobRow]
-    left: list[rqjobs.JobRow]
+    left: list[tuple[rqjobs.JobRow, str]]
 
     @property
     def count(self) -> int:
@@ -150,6 +152,14 @@ class JobBulk:
     @property
     def digest(self) -> str:
         return rqjobs.digest([j.id for j in self.taken])
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A job a confirmed bulk action took but did not act on: it changed in between."""
+
+    id: str
+    reason: str
 
 
 def plan(request: Request, queue: object, action: object = "retry") -> JobBulk:
@@ -165,23 +175,30 @@ def plan(request: Request, queue: object, action: object = "retry") -> JobBulk:
         raise InvalidRequestError(
             f"more than {rqjobs.MAX_BULK} failed jobs: {action} fewer at a time"
         )
-    if action == "discard":
+    if action == "discard":  # a discard takes every job listed among the failed ones
         return JobBulk("discard", queue, found, [])
-    readable = [j for j in found if j.readable]
-    return JobBulk("retry", queue, readable, [j for j in found if not j.readable])
+    verdicts = [(j, rqjobs.not_retried(j)) for j in found]
+    taken = [j for j, why in verdicts if why is None]
+    return JobBulk("retry", queue, taken, [(j, why) for j, why in verdicts if why is not None])
 
 
-def apply(request: Request, bulk: JobBulk, seen: Any, why: str | None) -> int:
+def apply(request: Request, bulk: JobBulk, seen: Any, why: str | None) -> list[Skipped]:
     """Retry or discard the jobs of ``bulk`` if they are those its dry run saw (count
-    and digest)."""
+    and digest), else nothing. A job that changed since ``bulk`` was planned (a moment
+    ago: another operator, a worker) is skipped, not an error halfway through: the
+    jobs skipped, and why."""
     seen = seen if isinstance(seen, Mapping) else {}
     if seen.get("count") != bulk.count or seen.get("digest") != bulk.digest:
         raise SelectionChangedError(
             f"{bulk.count} failed jobs match now, not the ones the dry run showed: look again"
         )
+    skipped = []
     for job in bulk.taken:
-        _act(request, bulk.action, job.id, why, bulk.count)
-    return bulk.count
+        try:
+            _act(request, bulk.action, job.id, why, bulk.count)
+        except (InvalidRequestError, NotFoundError) as exc:
+            skipped.append(Skipped(job.id, exc.message))
+    return skipped
 
 
 def bulk_page(request: Request) -> Response:
@@ -194,11 +211,25 @@ def bulk_page(request: Request) -> Response:
 
 
 def bulk(request: Request, form: dict[str, str]) -> Response:
+    """The confirmed action; then the queue's failed jobs, or, if some jobs were
+    skipped, which and why, above what a bulk action would take now."""
     count = form.get("count", "")
     seen = {"count": int(count) if count.isdigit() else None, "digest": form.get("digest")}
     done = plan(request, form.get("queue"), form.get("action") or "retry")
-    apply(request, done, seen, why_of(form.get("why")))
-    return RedirectResponse(f"/jobs?queue={path_quote(done.queue)}&state=failed", 303)
+    skipped = apply(request, done, seen, why_of(form.get("why")))
+    if not skipped:
+        return RedirectResponse(f"/jobs?queue={path_quote(done.queue)}&state=failed", 303)
+    now = plan(request, done.queue, done.action)
+    return web_of(request).render.page(
+        request,
+        "jobs.html",
+        "_bulk.html",
+        kind="jobs",
+        bulk=now,
+        preview=now.taken[:20],
+        done=done,
+        skipped=skipped,
+    )
 
 
 def get_job(request: Request) -> rqjobs.JobRow:
