@@ -145,7 +145,8 @@ def cmd_metrics(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
-    """Exit 0 when a worker on this host is beating (a container's health check)."""
+    """Exit 0 when a worker on this host is beating (a container's health check). Forgets
+    whose redaction is held (``redactions_held``) are shown, not counted against it."""
     import socket
 
     from worker.membership import live_workers
@@ -159,8 +160,30 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
         ]
     finally:
         client.close()
-    print(json.dumps({"live_workers_on_this_host": len(here)}))
+    report: dict[str, Any] = {"live_workers_on_this_host": len(here)}
+    held = _held_redactions(settings)
+    if held is not None:
+        report["redactions_held"] = held
+    print(json.dumps(report))
     return 0 if here else 1
+
+
+def _held_redactions(settings: Settings) -> dict[str, Any] | None:
+    """The forgets whose deleted rows something still holds (a standby's snapshot, a
+    replication slot, a prepared transaction), if any and if the database answers
+    within 2 s: the health check is the workers', and never waits on it."""
+    from store.write import forgets
+
+    url = runtime.configured_or_published(settings, "database_url")
+    if url is None:
+        return None
+    try:
+        with psycopg.connect(url, connect_timeout=2, autocommit=True) as conn:
+            count, reason = forgets.held(conn)
+    except psycopg.Error as exc:
+        log.debug("held redactions not read", extra={"error": type(exc).__name__})
+        return None
+    return {"forgets": count, "held_by": reason} if count else None
 
 
 def cmd_valkey_cli(settings: Settings, args: argparse.Namespace) -> int:

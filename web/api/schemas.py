@@ -326,6 +326,12 @@ SCHEMAS: dict[str, Schema] = {
             "revisions": nullable({"type": "array", "items": {"type": "integer"}}),
             "already_forgotten": nullable({"type": "boolean"}),
             "redaction": nullable({"enum": ["pending", "complete", "failed", "none"]}),
+            "redaction_reason": nullable(
+                {
+                    "type": "string",
+                    "description": "Content-free: why it failed, or what holds it pending.",
+                }
+            ),
             "model_calls": {"type": "integer", "minimum": 0},
             "requested_by": nullable({"type": "string"}),
             "replays": {"type": "integer", "minimum": 0},
