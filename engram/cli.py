@@ -146,8 +146,9 @@ def cmd_metrics(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     """Exit 0 when a worker on this host is beating (a container's health check). Also
-    says how many entries wait in streams no worker reads (``layout.stranded``): a
-    restart cannot help them, so they leave the exit code alone."""
+    says how many entries wait in streams no worker reads (``layout.stranded``), and the
+    forgets whose redaction is held (``redactions_held``): a restart cannot help either,
+    so they leave the exit code alone."""
     import socket
 
     from worker import layout
@@ -163,13 +164,34 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
         stranded = layout.stranded(client, settings.worker.partitions)
     finally:
         client.close()
-    report = {
+    report: dict[str, Any] = {
         "live_workers_on_this_host": len(here),
         "stranded_entries": sum(n for _, n in stranded),
         "stranded_streams": [stream for stream, _ in stranded],
     }
+    held = _held_redactions(settings)
+    if held is not None:
+        report["redactions_held"] = held
     print(json.dumps(report))
     return 0 if here else 1
+
+
+def _held_redactions(settings: Settings) -> dict[str, Any] | None:
+    """The forgets whose deleted rows something still holds (a standby's snapshot, a
+    replication slot, a prepared transaction), if any and if the database answers
+    within 2 s: the health check is the workers', and never waits on it."""
+    from store.write import forgets
+
+    url = runtime.configured_or_published(settings, "database_url")
+    if url is None:
+        return None
+    try:
+        with psycopg.connect(url, connect_timeout=2, autocommit=True) as conn:
+            count, reason = forgets.held(conn)
+    except psycopg.Error as exc:
+        log.debug("held redactions not read", extra={"error": type(exc).__name__})
+        return None
+    return {"forgets": count, "held_by": reason} if count else None
 
 
 def cmd_valkey_cli(settings: Settings, args: argparse.Namespace) -> int:

@@ -13,6 +13,11 @@
    retried after ``ENGRAM_REDACTION_RETRY`` pauses, running only the listeners
    that have not succeeded yet. Then every forget's receipt, and the reply a
    producer may read again, say ``complete`` or, after the last retry, ``failed``.
+   A listener that is held (``RedactionHeldError``: the postgres listener while a
+   standby's snapshot, a replication slot or a prepared transaction keeps the
+   deleted row versions) has not failed: the forget stays ``pending``, its reason
+   naming the holders, through the retries and after them, until a hand-over by
+   the sweeper (4, not counted) finds them gone.
 4. A forget still ``pending`` long after its commit with no redaction job in
    sight (its worker died before handing it over, or its job was lost with
    Redis) is handed over again by the sweeper (``sweep``).
@@ -45,6 +50,7 @@ from rq.job_lifecycle import record_job_failure
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
 from store import ForgetEvent
+from store.errors import RedactionHeldError, held_by
 from store.values import Redaction
 from store.write import forgets
 from worker import keys as stream_keys
@@ -147,13 +153,20 @@ def redact(events: list[dict[str, Any]]) -> dict[str, Any]:
     job = get_current_job()
     batch = [event_json.from_dict(e) for e in events]
     done = set(job.meta.get("done", ())) if job is not None else set()
-    failed = []
+    failed: list[str] = []
+    held: list[str] = []
     for listener in build(ctx):
         if listener.name in done:
             continue
         try:
             listener(batch)
             done.add(listener.name)
+        except RedactionHeldError as exc:  # not a failure: it finishes once they are gone
+            held.extend(h for h in exc.holders if h not in held)
+            log.warning(
+                "forget listener held",
+                extra={"listener": listener.name, "held_by": exc.message, "events": len(batch)},
+            )
         except Exception as exc:  # later listeners still run; the forget stands
             failed.append(listener.name)
             log.error(
@@ -167,13 +180,24 @@ def redact(events: list[dict[str, Any]]) -> dict[str, Any]:
     if job is not None:
         job.meta["done"] = sorted(done)
         job.save_meta()
-    if failed and not queues.is_final_attempt(job):
-        raise JobFailedError(f"forget listeners failed: {', '.join(failed)}; will retry")
-    status: Redaction = "failed" if failed else "complete"
-    finish(ctx, batch, status, f"listeners failed: {', '.join(failed)}" if failed else None)
+    held_reason = held_by(held) if held else None
+    if held_reason is not None:
+        _record(ctx, batch, "pending", held_reason)  # says what it waits for meanwhile
+    if (failed or held) and not queues.is_final_attempt(job):
+        raise JobFailedError(
+            f"forget listeners failed or held: {', '.join(failed) or 'none failed'}; will retry"
+        )
     if failed:
+        reason = "; ".join(filter(None, [f"listeners failed: {', '.join(failed)}", held_reason]))
+        finish(ctx, batch, "failed", reason)
         raise JobFailedError(f"forget listeners failed for good: {', '.join(failed)}")
-    return {"events": len(batch), "redaction": status}
+    if held_reason is not None:
+        # Its retries spent: the sweeper hands it over again, uncounted, until the
+        # holders are gone (``sweep``).
+        log.warning("redaction held", extra={"events": len(batch), "held_by": held_reason})
+        return {"events": len(batch), "redaction": "pending", "held_by": held_reason}
+    finish(ctx, batch, "complete")
+    return {"events": len(batch), "redaction": "complete"}
 
 
 def finish(
@@ -181,6 +205,13 @@ def finish(
 ) -> None:
     """Record the redaction status (and why it failed: content-free) on the forgets'
     receipts and in their replies."""
+    _record(ctx, batch, status, reason)
+    log.info("redaction finished", extra={"events": len(batch), "redaction": status})
+
+
+def _record(
+    ctx: JobContext, batch: Sequence[ForgetEvent], status: Redaction, reason: str | None
+) -> None:
     op_ids = [e.operation_id for e in batch]
     forgets.set_redaction(ctx.store.pool, op_ids, status, reason)
     missing = [op for op in op_ids if not _update_reply(ctx.streams_client, op, status, reason)]
@@ -190,7 +221,6 @@ def finish(
         time.sleep(_REPLY_GRACE_S)
         for op_id in missing:
             _update_reply(ctx.streams_client, op_id, status, reason)
-    log.info("redaction finished", extra={"events": len(batch), "redaction": status})
 
 
 def sweep(ctx: JobContext) -> int:
@@ -202,7 +232,7 @@ def sweep(ctx: JobContext) -> int:
     stalled = forgets.pending(ctx.store.pool, cutoff, limit=MAX_EVENTS)
     if not stalled:
         return 0
-    again = _count_handover(ctx, [event_json.to_dict(e) for e in stalled])
+    again = _count_handover(ctx, [event_json.to_dict(e) for e in stalled], count_held=False)
     if again:
         pipe = client.pipeline(transaction=False)
         for event in again:
@@ -238,9 +268,13 @@ def _lost(ctx: JobContext, job_id: str) -> bool:
     return True
 
 
-def _count_handover(ctx: JobContext, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _count_handover(
+    ctx: JobContext, events: list[dict[str, Any]], *, count_held: bool = True
+) -> list[dict[str, Any]]:
     """Count one more hand-over of each pending forget; the events to hand over
-    again. A forget handed over ``max_handovers`` times already ends ``failed``."""
+    again. A forget handed over ``max_handovers`` times already ends ``failed``.
+    Without ``count_held``, a held forget's hand-over is not counted (its job was not
+    lost: it ended held)."""
     by_op = {e["operation_id"]: e for e in events}
     limit = ctx.settings.redaction.max_handovers
     reason = (
@@ -248,7 +282,7 @@ def _count_handover(ctx: JobContext, events: list[dict[str, Any]]) -> list[dict[
         "died or its job was lost each time"
     )
     again, failed = forgets.hand_over_again(
-        ctx.store.pool, list(by_op), max_handovers=limit, reason=reason
+        ctx.store.pool, list(by_op), max_handovers=limit, reason=reason, count_held=count_held
     )
     for op_id in failed:
         _update_reply(ctx.streams_client, op_id, "failed", reason)

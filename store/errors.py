@@ -129,6 +129,31 @@ class SchemaVersionError(EngramError):
     status = 500
 
 
+class RedactionHeldError(EngramError):
+    """A forget's deleted row versions cannot leave the tables yet: something still
+    holds the xmin horizon before it (``holders``, content-free: a standby's snapshot,
+    a replication slot, a prepared transaction, an open transaction). Not a failure:
+    the redaction finishes once they are gone."""
+
+    code = "redaction_held"
+    status = 503
+
+    def __init__(self, holders: list[str]) -> None:
+        super().__init__(held_by(holders))
+        self.holders = tuple(holders)
+
+
+def held_by(holders: list[str] | tuple[str, ...]) -> str:
+    """The reason a held redaction shows (receipt, reply, dashboard, ``engram health``):
+    the first few holders, and how many more."""
+    shown = "; ".join(holders[:_HOLDERS_SHOWN])
+    more = len(holders) - _HOLDERS_SHOWN
+    return f"held by {shown}" + (f"; and {more} more" if more > 0 else "")
+
+
+_HOLDERS_SHOWN = 5
+
+
 ERRORS_BY_CODE: dict[str, type[EngramError]] = {
     cls.code: cls
     for cls in (

@@ -32,10 +32,23 @@ _READY_S = 60.0
 
 
 class Replica:
-    """A hot standby of ``primary``, in ``folder``; ``start()``ed and ``stop()``ped here."""
+    """A hot standby of ``primary``, in ``folder``; ``start()``ed and ``stop()``ped here.
 
-    def __init__(self, primary: EmbeddedPostgres, folder: Path) -> None:
+    ``settings`` are the standby's own (``hot_standby_feedback``...); with ``slot``, the
+    base backup creates that physical replication slot on the primary and the standby
+    streams through it (whoever passes one drops it: it outlives the standby)."""
+
+    def __init__(
+        self,
+        primary: EmbeddedPostgres,
+        folder: Path,
+        *,
+        settings: dict[str, str] | None = None,
+        slot: str | None = None,
+    ) -> None:
         self.primary = primary
+        self.settings = dict(settings or {})
+        self.slot = slot
         self.data_dir = folder / "data"
         self.socket_dir = folder / "run"
         self.log_file = folder / "replica.log"
@@ -61,6 +74,7 @@ class Replica:
                 str(BIN / "pg_basebackup"),
                 *("-D", str(self.data_dir), "-h", str(primary_socket), "-U", "postgres"),
                 *("-R", "-X", "stream", "-c", "fast"),
+                *(("-C", "-S", self.slot) if self.slot else ()),
             ],
             check=True,
             capture_output=True,
@@ -107,6 +121,7 @@ class Replica:
                     str(BIN / "postgres"),
                     *("-D", str(self.data_dir), "-k", str(self.socket_dir), "-h", ""),
                     *("-c", "hot_standby=on", "-c", "log_min_messages=warning"),
+                    *(a for k, v in self.settings.items() for a in ("-c", f"{k}={v}")),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -5,7 +5,9 @@ forgotten record, the operations that ever wrote it (their stream entries and
 dead letters may still hold its text), the forgets still waiting for their
 listeners, and a way to record how the listeners did (and how many times a
 forget was handed to them again, when its job was lost). ``vacuum`` removes the
-dead row versions a forget leaves behind in the tables it deleted from.
+dead row versions a forget leaves behind in the tables it deleted from, once
+nothing holds them (``horizon``); until then the forget stays ``pending``, with
+what holds it as its reason.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from ..errors import RedactionHeldError
 from ..rows import scope_from_key
 from ..session import ForgetEvent
 from ..values import Redaction
+from . import horizon
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +78,8 @@ def pending(pool: Any, committed_before: datetime, limit: int = 1000) -> list[Fo
 def set_redaction(
     pool: Any, operation_ids: Sequence[str], status: Redaction, reason: str | None = None
 ) -> int:
-    """Record how the listeners of these forgets did, and why when they failed
-    (content-free); returns how many receipts changed."""
+    """Record how the listeners of these forgets did, and why when they failed or, still
+    ``pending``, are held (content-free); returns how many receipts changed."""
     with pool.connection() as conn:
         cur = conn.execute(
             "UPDATE engram_receipts SET redaction = %s, redaction_reason = %s"
@@ -86,25 +90,48 @@ def set_redaction(
     return count
 
 
+def held(conn: Any) -> tuple[int, str | None]:
+    """How many forgets are held (still ``pending``, with the reason their holders gave),
+    and the reason of the latest one."""
+    row = conn.execute(
+        "SELECT count(*), (array_agg(redaction_reason ORDER BY committed_at DESC))[1]"
+        " FROM engram_receipts WHERE redaction = 'pending' AND kind = 'forget'"
+        " AND redaction_reason IS NOT NULL"
+    ).fetchone()
+    return (int(row[0]), row[1]) if row else (0, None)
+
+
 def hand_over_again(
-    pool: Any, operation_ids: Sequence[str], *, max_handovers: int, reason: str
+    pool: Any,
+    operation_ids: Sequence[str],
+    *,
+    max_handovers: int,
+    reason: str,
+    count_held: bool = True,
 ) -> tuple[list[str], list[str]]:
     """Count one more hand-over of these pending forgets, in one transaction:
     (those to hand over again, those that had reached ``max_handovers`` and are now
-    ``failed`` with ``reason``). Forgets no longer pending are in neither."""
+    ``failed`` with ``reason``). Forgets no longer pending are in neither.
+
+    A held forget (pending with the reason its holders gave, ``set_redaction``) whose
+    job ended is handed over again until they are gone: with ``count_held`` off (the
+    sweeper's), that hand-over is not counted, as no job was lost."""
     ids = list(operation_ids)
+    counted = "(%(count_held)s OR redaction_reason IS NULL)"
+    params = {"ids": ids, "max": max_handovers, "reason": reason, "count_held": count_held}
     with pool.connection() as conn, conn.transaction():
         failed = conn.execute(
-            "UPDATE engram_receipts SET redaction = 'failed', redaction_reason = %s"
-            " WHERE operation_id = ANY(%s) AND kind = 'forget' AND redaction = 'pending'"
-            " AND redaction_handovers >= %s RETURNING operation_id",
-            (reason, ids, max_handovers),
+            "UPDATE engram_receipts SET redaction = 'failed', redaction_reason = %(reason)s"
+            " WHERE operation_id = ANY(%(ids)s) AND kind = 'forget' AND redaction = 'pending'"
+            f" AND redaction_handovers >= %(max)s AND {counted} RETURNING operation_id",
+            params,
         ).fetchall()
         again = conn.execute(
-            "UPDATE engram_receipts SET redaction_handovers = redaction_handovers + 1"
-            " WHERE operation_id = ANY(%s) AND kind = 'forget' AND redaction = 'pending'"
+            "UPDATE engram_receipts SET redaction_handovers = redaction_handovers"
+            f" + CASE WHEN {counted} THEN 1 ELSE 0 END"
+            " WHERE operation_id = ANY(%(ids)s) AND kind = 'forget' AND redaction = 'pending'"
             " RETURNING operation_id",
-            (ids,),
+            params,
         ).fetchall()
     return [r[0] for r in again], [r[0] for r in failed]
 
@@ -113,32 +140,31 @@ def vacuum(pool: Any, *, wait_s: float = 60.0, record_ids: Sequence[str] = ()) -
     """VACUUM the tables a forget touches, indexes included, to remove the row versions
     of every forget committed before the call; returns when the VACUUM began.
 
-    VACUUM keeps the row versions an open snapshot may still read, so it first waits
-    until no transaction that began before the call is still open (``TimeoutError``
-    after ``wait_s``). Then the vectors still stored for any of ``record_ids`` that is
+    VACUUM keeps the row versions a snapshot anywhere may still read, so it first waits
+    until nothing holds the xmin horizon before the call (``horizon.holders``: open
+    transactions, a standby's snapshot through hot_standby_feedback, replication slots,
+    prepared transactions), and raises ``RedactionHeldError`` naming them after
+    ``wait_s``. Then the vectors still stored for any of ``record_ids`` that is
     forgotten (tombstoned) are deleted: a writer whose snapshot predated the forget
     could have stored one (``embeddings._put`` holds the scopes against that; this is
     the second line), and once those transactions are over no new one can read the
     record to store one. Then the forgets' deleted row versions are gone from the heap
     and the indexes (``INDEX_CLEANUP ON``: never skipped for having few dead rows), and
     the full-text index's pending list is merged, and the tables' statistics are taken
-    again from what is left (ANALYZE's samples may have held the text). What may
-    remain in the data files is described in ``docs/jobs.md``."""
+    again from what is left (ANALYZE's samples may have held the text). The holders are
+    looked at again after the VACUUM: one that came meanwhile (a standby reconnecting
+    with an old snapshot) may have kept the rows, and that too raises
+    ``RedactionHeldError``. What may remain in the data files is described in
+    ``docs/jobs.md``."""
     deadline = time.monotonic() + wait_s
     with pool.connection() as conn:
         row = conn.execute("SELECT clock_timestamp()").fetchone()
         assert row is not None
         called: datetime = row[0]
-        while True:
-            older = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL AND xact_start < %s",
-                (called,),
-            ).fetchone()
-            if not older or older[0] == 0:
-                break
+        before = horizon.limit(conn)
+        while held := horizon.holders(conn, before):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{older[0]} transactions older than the forgets are still open")
+                raise RedactionHeldError(held)
             time.sleep(0.2)
         strays = delete_stray_vectors(conn, record_ids)
         if strays:
@@ -146,6 +172,8 @@ def vacuum(pool: Any, *, wait_s: float = 60.0, record_ids: Sequence[str] = ()) -
         # ANALYZE too: the planner's statistics keep sample values and words of the
         # tables (pg_statistic), which may be the forgotten text's.
         conn.execute(f"VACUUM (INDEX_CLEANUP ON, ANALYZE) {', '.join(FORGET_TABLES)}")
+        if held := horizon.holders(conn, before):
+            raise RedactionHeldError(held)
     return called
 
 

@@ -327,6 +327,12 @@ SCHEMAS: dict[str, Schema] = {
             "revisions": nullable({"type": "array", "items": {"type": "integer"}}),
             "already_forgotten": nullable({"type": "boolean"}),
             "redaction": nullable({"enum": ["pending", "complete", "failed", "none"]}),
+            "redaction_reason": nullable(
+                {
+                    "type": "string",
+                    "description": "Content-free: why it failed, or what holds it pending.",
+                }
+            ),
             "model_calls": {"type": "integer", "minimum": 0},
             "proposed": {
                 "type": "array",

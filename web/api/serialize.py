@@ -89,6 +89,7 @@ def receipt_json(item: ReceiptItem) -> dict[str, Any]:
         "revisions": list(r.forgotten_revisions or ()) if forget else None,
         "already_forgotten": bool(r.already_forgotten) if forget else None,
         "redaction": r.redaction if forget else None,
+        "redaction_reason": r.redaction_reason if forget else None,
         "model_calls": r.model_calls,
         "proposed": [p.as_dict() for p in r.proposed],
         "requested_by": r.requested_by,
