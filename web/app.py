@@ -137,7 +137,11 @@ def routes() -> list[BaseRoute]:
         route("/jobs/{job_id}/discard", get=jobs.confirm_discard, post=form_endpoint(jobs.discard)),
         route("/audit", get=audit.audit_page),
         route("/tokens", get=tokens.token_list, post=form_endpoint(tokens.create)),
-        route("/tokens/{name:id}/revoke", post=form_endpoint(tokens.revoke)),
+        route(
+            "/tokens/{name:id}/revoke",
+            get=tokens.token_page,  # the page holds the confirmation
+            post=form_endpoint(tokens.revoke),
+        ),
         route("/tokens/{name:id}", get=tokens.token_page),
         route("/pause/partition", post=form_endpoint(pause.pause_partition_form)),
         route("/resume/partition/{partition}", post=form_endpoint(pause.resume_partition_form)),

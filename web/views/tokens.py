@@ -13,6 +13,7 @@ from jobs.settings import parse_duration
 from store.errors import InvalidRequestError, NotFoundError
 from store.tokens import CAPABILITIES, check_name
 
+from ..errors import BadRequestError
 from ..params import Query
 from ..render import path_quote
 from ..state import operator_of, web_of
@@ -61,7 +62,7 @@ def create(request: Request, form: dict[str, str]) -> Response:
 def token_page(request: Request) -> Response:
     Query.of(request)  # takes none
     web = web_of(request)
-    name = request.path_params["name"]
+    name = _name(request)
     token = web.services.store.tokens.get(name)
     if token is None:
         raise NotFoundError(f"no token {name}")
@@ -74,8 +75,16 @@ def token_page(request: Request) -> Response:
     )
 
 
+def _name(request: Request) -> str:
+    """A token's name from the path: malformed, the URL is (400)."""
+    try:
+        return check_name(request.path_params["name"])
+    except InvalidRequestError as exc:
+        raise BadRequestError(exc.message) from None
+
+
 def revoke(request: Request, form: dict[str, str]) -> Response:
-    name = request.path_params["name"]
+    name = _name(request)
     tokens = web_of(request).services.store.tokens
     if tokens.get(name) is None:
         raise NotFoundError(f"no token {name}")
