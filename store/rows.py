@@ -23,7 +23,9 @@ RECEIPT_COLUMNS = """
     c.model_calls, c.requested_by, c.replays, c.last_replayed_at, c.redaction_reason, c.proposed,
     coalesce((SELECT json_agg(json_build_array(rr.record_id, rr.revision, rr.status)
                               ORDER BY rr.record_id, rr.revision)
-              FROM engram_receipt_records rr WHERE rr.operation_id = c.operation_id), '[]')
+              FROM engram_receipt_records rr WHERE rr.operation_id = c.operation_id), '[]'),
+    EXISTS (SELECT 1 FROM engram_vouched_operations vo
+            WHERE vo.operation_id = c.operation_id AND vo.requested_by = c.requested_by)
 """
 
 _scope_cache: dict[str, Scope] = {}
@@ -106,6 +108,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         redaction_reason,
         proposed,
         refs,
+        authenticated,
     ) = row[:RECEIPT_WIDTH]
     return Receipt(
         operation_id=op_id,
@@ -126,6 +129,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         proposed=tuple(Proposal.from_dict(p) for p in proposed or ()),
         replays=replays,
         last_replayed_at=last_replayed_at,
+        authenticated=authenticated,
     )
 
 

@@ -214,6 +214,10 @@ class Receipt:
     requested_by: str | None = None  # who asked, when the producer said (the audit trail)
     # What the operation's model proposed and the store did not apply (``Proposal``).
     proposed: tuple[Proposal, ...] = ()
+    # Whether ``requested_by`` is authenticated: the server that verified a scoped token
+    # vouched for this operation before enqueueing it (store.tokens); else it is claimed.
+    # Known when the receipt is read back from the database.
+    authenticated: bool = field(default=False, compare=False)
     # How many times this receipt answered a repeat of its operation, and when last:
     # bookkeeping about the receipt, not part of it (a replay equals the original).
     replays: int = field(default=0, compare=False)
@@ -249,6 +253,8 @@ class Receipt:
             out["requested_by"] = self.requested_by
         if self.proposed:
             out["proposed"] = [p.as_dict() for p in self.proposed]
+        if self.authenticated:
+            out["authenticated"] = True
         if self.replays:
             out["replays"] = self.replays
             out["last_replayed_at"] = (
@@ -283,6 +289,7 @@ class Receipt:
             "model_calls": int(data.get("model_calls", 0)),
             "requested_by": data.get("requested_by"),
             "proposed": tuple(Proposal.from_dict(p) for p in data.get("proposed") or ()),
+            "authenticated": data.get("authenticated") is True,
             "replays": int(data.get("replays") or 0),
             "last_replayed_at": datetime.fromisoformat(data["last_replayed_at"])
             if data.get("last_replayed_at")

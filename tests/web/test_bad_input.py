@@ -31,6 +31,7 @@ BAD_PATH = {
     "job_id": ["a.b", "j" * 129, "%00", "a%20b"],
     "partition": ["abc", "-1", "1.5", "9" * 25, "%00"],
     "generation_id": ["abc", "0", "-1", "1.5", "9" * 25, "%00", str(2**31)],
+    "name": ["%00", "%20%20", "n" * 65, "a%0Ab", "%20a"],
 }
 FORGED_CURSORS = [
     "!!!",
@@ -76,6 +77,8 @@ FORM_ROUTES = {
     "/resume/jobs",
     "/login",
     "/logout",
+    "/tokens",
+    "/tokens/{name:id}/revoke",
 }
 
 
@@ -123,7 +126,8 @@ class World:
                 "SELECT (SELECT count(*) FROM engram_receipts),"
                 " (SELECT count(*) FROM engram_records), (SELECT count(*) FROM engram_forgotten),"
                 " (SELECT count(*) FROM engram_audit), (SELECT count(*) FROM engram_scopes),"
-                " (SELECT sum(revision) FROM engram_scopes)"
+                " (SELECT sum(revision) FROM engram_scopes),"
+                " (SELECT count(*) FROM engram_tokens WHERE revoked_at IS NULL)"
             ).fetchone()
         redis = self.web.redis
         queue = Queue("default", connection=redis)
@@ -158,8 +162,15 @@ def world(web: Web) -> Iterator[World]:
             "job_id": failed.id,
             "partition": "1",
             "generation_id": str(web.store.embeddings.all()[0].id),
+            "name": _token(web),
         },
     )
+
+
+def _token(web: Web) -> str:
+    if web.store.tokens.get("agent-matrix") is None:
+        web.store.tokens.create("agent-matrix", {"user_id": "matrix"}, by="test")
+    return "agent-matrix"
 
 
 def send(world: World, endpoint: Endpoint, url: str, **kwargs: Any) -> Any:

@@ -93,6 +93,7 @@ def receipt_json(item: ReceiptItem) -> dict[str, Any]:
         "model_calls": r.model_calls,
         "proposed": [p.as_dict() for p in r.proposed],
         "requested_by": r.requested_by,
+        "authenticated": r.authenticated,
         "replays": r.replays,
         "last_replayed_at": time_json(r.last_replayed_at),
         "stream_entry": r.stream_entry,
