@@ -19,6 +19,7 @@ from .models.llm_client import LLMConfig, OpenAICompatibleLLM
 from .models.tools import MemoryTools, memory_tools, tool_definitions
 from .read.cursors import InvalidCursorError
 from .read.listed import GenerationItem, ReceiptItem, RecordItem, ScopeRow, Tombstone
+from .read.metadata_filter import MetadataFilter
 from .read.paging import Page
 from .read.receipt_filter import ReceiptFilter
 from .session import ForgetEvent, ForgetListener, Session
@@ -70,6 +71,7 @@ __all__ = [
     "LLMConfig",
     "Link",
     "MemoryTools",
+    "MetadataFilter",
     "ModelOutputError",
     "ModelUnavailableError",
     "NotFoundError",

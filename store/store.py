@@ -22,6 +22,7 @@ from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
 from .models.llm import LLM
 from .read.browse import Browse
 from .read.cursors import Cursors
+from .read.metadata_filter import MetadataFilter
 from .read.recall import HNSW_SETTINGS, RecallContext, recall, recall_context
 from .read.routing import ReadRoute, parse_position
 from .rows import (
@@ -309,8 +310,11 @@ class Store:
         limit: int = 50,
         offset: int = 0,
         after: str | None = None,
+        metadata: MetadataFilter | None = None,
+        kinds: Sequence[str] | None = None,
     ) -> list[Record]:
-        """A page of a scope's current records, most recently changed first."""
+        """A page of a scope's current records, most recently changed first; with
+        ``metadata``, those whose current metadata meets it; with ``kinds``, of those kinds."""
         params = {
             "key": Scope.of(scope).key,
             "retracted": include_retracted,
@@ -318,12 +322,36 @@ class Store:
             "limit": limit,
             "offset": offset,
         }
+        where, extra = _current_filters(metadata, kinds)
+        params.update(extra)
+        statement = _RECORDS.format(where=where)
 
         def read() -> list[Record]:
             with self.reads.connection() as conn:
-                return _with_superseded_by(conn, conn.execute(_RECORDS, params).fetchall())
+                return _with_superseded_by(conn, conn.execute(statement, params).fetchall())
 
         return self.reads.run(read, after=after)
+
+    def metadata_values(
+        self,
+        scope: Scope | Mapping[str, Any],
+        path: Sequence[str],
+        *,
+        metadata: MetadataFilter | None = None,
+        kinds: Sequence[str] | None = None,
+        after: str | None = None,
+    ) -> list[Any]:
+        """The distinct values at ``path`` of the metadata of a scope's live records (active,
+        not expired) that meet ``metadata`` and are of ``kinds``; a record without one
+        gives none."""
+        where, params = _current_filters(metadata, kinds)
+        params.update(key=Scope.of(scope).key, path=list(path))
+
+        def read() -> list[Any]:
+            with self.reads.connection() as conn:
+                return conn.execute(_VALUES.format(where=where), params).fetchall()
+
+        return [row[0] for row in self.reads.run(read, after=after)]
 
     def get(
         self,
@@ -367,9 +395,11 @@ class Store:
         include_retracted: bool = False,
         recorded_as_of: datetime | None = None,
         after: str | None = None,
+        metadata: MetadataFilter | None = None,
     ) -> list[Hit]:
         """Hybrid search in one scope; with ``after`` (a receipt's ``position``), over
-        the scope as of that commit or later."""
+        the scope as of that commit or later; with ``metadata``, among the records whose
+        current metadata meets it."""
         scope = Scope.of(scope)
         if text is not None:
             check_string(text, "recall text", max_chars=MAX_TEXT_CHARS)
@@ -403,6 +433,7 @@ class Store:
             kind=kind,
             include_retracted=include_retracted,
             recorded_as_of=recorded_as_of,
+            metadata=metadata,
         )
 
         def search() -> list[Hit]:
@@ -428,8 +459,27 @@ _RECORDS = f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
     JOIN engram_scopes s ON s.id = r.scope_id
     JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
     WHERE s.key = %(key)s AND (%(retracted)s OR r.status = 'active')
-      AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now())
+      AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now()) AND {{where}}
     ORDER BY r.updated_at DESC, r.id LIMIT %(limit)s OFFSET %(offset)s"""
+
+_VALUES = """SELECT DISTINCT v.metadata #> %(path)s::text[] FROM engram_records r
+    JOIN engram_scopes s ON s.id = r.scope_id
+    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+    WHERE s.key = %(key)s AND r.status = 'active'
+      AND (r.expires_at IS NULL OR r.expires_at > now())
+      AND v.metadata #> %(path)s::text[] IS NOT NULL AND {where}"""
+
+
+def _current_filters(
+    metadata: MetadataFilter | None, kinds: Sequence[str] | None
+) -> tuple[str, dict[str, Any]]:
+    """The metadata and kind filters on current revisions ``v``, as SQL."""
+    where, params = (metadata or MetadataFilter()).sql("v.metadata")
+    if kinds is not None:
+        where += " AND v.kind = ANY(%(kinds)s)"
+        params["kinds"] = list(kinds)
+    return where, params
+
 
 _RECORD = f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
     JOIN engram_scopes s ON s.id = r.scope_id

@@ -41,6 +41,7 @@ from ..rows import REVISION_COLUMNS, record_from_row
 from ..values import Generation, Hit
 from ..vectors.vector_indexes import indexed
 from ..write.writer import GENERIC_PLANS
+from .metadata_filter import MetadataFilter
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,7 @@ class RecallQuery:
     recorded_as_of: datetime | None
     hnsw: bool = False  # the (generation, scope) pair has an approximate index (settled rows)
     superseded_by: bool = True  # read each hit's ``superseded_by``
+    metadata: MetadataFilter | None = None  # only records whose current metadata meets it
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ class RecallContext:
         include_retracted: bool = False,
         recorded_as_of: datetime | None = None,
         superseded_by: bool = True,
+        metadata: MetadataFilter | None = None,
     ) -> RecallQuery:
         """A recall in this context's scope (which must exist)."""
         assert self.scope_id is not None
@@ -90,6 +93,7 @@ class RecallContext:
             recorded_as_of=recorded_as_of,
             hnsw=self.hnsw,
             superseded_by=superseded_by,
+            metadata=metadata,
         )
 
 
@@ -233,7 +237,8 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
 
 
 def _filters(q: RecallQuery) -> tuple[str, dict[str, Any]]:
-    """Status, expiry and kind filters on rows ``c`` with status/expires_at/kind."""
+    """Status, expiry, kind and metadata filters on rows ``c`` with
+    record_id/status/expires_at/kind."""
     clauses = []
     params: dict[str, Any] = {"at": q.recorded_as_of}
     if not q.include_retracted:
@@ -242,6 +247,15 @@ def _filters(q: RecallQuery) -> tuple[str, dict[str, Any]]:
     if q.kind is not None:
         clauses.append("c.kind = %(kind)s")
         params["kind"] = q.kind
+    if q.metadata is not None and q.metadata.conditions:
+        # Both lists take their candidates among these records only, so a filter never
+        # leaves a list short of the hits it could have had.
+        where, filtered = q.metadata.sql("m.metadata")
+        clauses.append(
+            "c.record_id IN (SELECT m.record_id FROM engram_revisions m"
+            f" WHERE m.scope_id = %(scope)s AND m.current AND {where})"
+        )
+        params.update(filtered)
     return " AND ".join(clauses), params
 
 

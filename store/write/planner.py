@@ -531,8 +531,14 @@ class _Step:
                 )
             ]
         current = self._existing(
-            r.id, r.expected_revision, creating_conflicts=True, only_inferred=r.only_inferred
+            r.id,
+            r.expected_revision,
+            creating_conflicts=True,
+            only_inferred=r.only_inferred,
+            revive=True,
         )
+        # A revived record (it had expired) lives again: for ttl_ms, or for good.
+        keep = None if current.expired(self.at) else current.expires_at
         text = r.text if r.text is not None else current.text
         links = r.links if r.links is not None else current.links
         updated = replace(
@@ -545,7 +551,7 @@ class _Step:
             links=links,
             sources=_joined(current.sources, r.sources or ()),
             status="active",
-            expires_at=self._expires(r.ttl_ms, keep=current.expires_at),
+            expires_at=self._expires(r.ttl_ms, keep=keep),
         )
         if _same_content(updated, current):
             return []
@@ -573,12 +579,18 @@ class _Step:
         *,
         creating_conflicts: bool,
         only_inferred: bool | None = None,
+        revive: bool = False,
     ) -> Current:
         if creating_conflicts and record_id in self.state.forgotten:
             raise RevisionConflictError(
                 f"record {record_id} was forgotten", expected=expected, actual=None
             )
         current = self._live(record_id)
+        expired = self.records.get(record_id)
+        if current is None and revive and expired is not None and expected == expired.revision:
+            # An expired record counts as absent, unless the revise names the revision it
+            # expired at: that revise revives it (a key written again after its TTL).
+            current = expired
         if current is None:
             raise NotFoundError(f"no record {record_id} in this scope")
         if only_inferred and current.origin == "asserted":

@@ -214,6 +214,22 @@ def test_ttl_hides_a_record_from_reads_but_keeps_its_history(store: Store, scope
         mem.revise(short.id, text="still in a meeting")
 
 
+def test_a_revise_naming_the_revision_an_expired_record_ended_at_revives_it(
+    store: Store, scope: dict
+) -> None:
+    """A key written again after its TTL (the LangGraph store's put): the revise that
+    names the expired revision revives the record, for good unless it sets a TTL."""
+    mem = store.session(scope)
+    short = mem.remember("Ada is in a meeting.", ttl_ms=100).records[0]
+    wait_until(lambda: mem.get(short.id) is None, timeout=10, what="the record to expire")
+    with pytest.raises(NotFoundError):  # another revision than the one it ended at
+        mem.revise(short.id, text="Ada is free.", expected_revision=2)
+    revived = mem.revise(short.id, text="Ada is free.", expected_revision=1).records[0]
+    assert (revived.revision, revived.expires_at) == (2, None)
+    assert mem.get(short.id).text == "Ada is free."  # type: ignore[union-attr]
+    assert [h.record.id for h in mem.recall("free")] == [short.id]
+
+
 def test_superseded_by_is_computed_on_read(store: Store, scope: dict) -> None:
     mem = store.session(scope)
     old = mem.remember("The office is on floor 2.").records[0]
