@@ -41,6 +41,7 @@ from . import (
 )
 from .args import positive_int
 from .database import command_database, wait_for_store
+from .mcp import cli as mcp_cli
 
 log = logging.getLogger("engram")
 
@@ -215,6 +216,7 @@ _COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
     jobs_cli.register,
     pause_cli.register,
     repartition.register,
+    mcp_cli.register,
 )
 
 
