@@ -23,6 +23,7 @@ from .read.paging import Page
 from .read.receipt_filter import ReceiptFilter
 from .session import ForgetEvent, ForgetListener, Session
 from .store import ScopeSummary, Store
+from .tokens import Grant, Tokens
 from .values import (
     Fence,
     Generation,
@@ -60,6 +61,7 @@ __all__ = [
     "ForgetListener",
     "Generation",
     "GenerationItem",
+    "Grant",
     "HashingEmbedder",
     "Hit",
     "InvalidCursorError",
@@ -91,6 +93,7 @@ __all__ = [
     "Session",
     "Source",
     "Store",
+    "Tokens",
     "Tombstone",
     "Usage",
     "WordLlamaEmbedder",

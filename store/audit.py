@@ -34,6 +34,8 @@ ACTIONS = (
     "partition.resume",
     "jobs.pause",
     "jobs.resume",
+    "token.create",
+    "token.revoke",
 )
 
 
@@ -52,6 +54,41 @@ _COLUMNS = "id, at, requested_by, action, target, detail"
 MAX_ATTEMPTS = 50
 
 
+Detail = Mapping[str, int | float | bool | str | None]
+
+
+def checked(
+    requested_by: str, action: str, target: str, detail: Detail | None
+) -> dict[str, int | float | bool | str | None]:
+    """The row's detail, once its action, names and detail are known to be content-free."""
+    if action not in ACTIONS:
+        raise InvalidRequestError(f"audit action must be one of {', '.join(ACTIONS)}")
+    check_string(requested_by, "requested_by", max_chars=MAX_ID_CHARS)
+    check_string(target, "audit target", max_chars=MAX_ID_CHARS)
+    plain = dict(detail or {})
+    for key, value in plain.items():
+        if not isinstance(value, int | float | bool | None) and not (
+            isinstance(value, str) and len(value) <= MAX_ID_CHARS
+        ):
+            raise InvalidRequestError(f"audit detail {key!r} must be an id, number or flag")
+    return plain
+
+
+def insert(
+    conn: Any, requested_by: str, action: str, target: str, detail: Detail | None = None
+) -> AuditEntry:
+    """Write one row on ``conn``, inside whatever transaction the caller holds (a token's
+    creation and its audit row commit together)."""
+    plain = checked(requested_by, action, target, detail)
+    row = conn.execute(
+        "INSERT INTO engram_audit (requested_by, action, target, detail)"
+        f" VALUES (%s, %s, %s, %s) RETURNING {_COLUMNS}",
+        (requested_by, action, target, Jsonb(plain)),
+    ).fetchone()
+    assert row is not None
+    return AuditEntry(*row)
+
+
 class Audit:
     def __init__(self, pool: Any, cursors: Cursors) -> None:
         self.pool = pool
@@ -62,26 +99,10 @@ class Audit:
         requested_by: str,
         action: str,
         target: str,
-        detail: Mapping[str, int | float | bool | str | None] | None = None,
+        detail: Detail | None = None,
     ) -> AuditEntry:
-        if action not in ACTIONS:
-            raise InvalidRequestError(f"audit action must be one of {', '.join(ACTIONS)}")
-        check_string(requested_by, "requested_by", max_chars=MAX_ID_CHARS)
-        check_string(target, "audit target", max_chars=MAX_ID_CHARS)
-        plain = dict(detail or {})
-        for key, value in plain.items():
-            if not isinstance(value, int | float | bool | None) and not (
-                isinstance(value, str) and len(value) <= MAX_ID_CHARS
-            ):
-                raise InvalidRequestError(f"audit detail {key!r} must be an id, number or flag")
         with self.pool.connection() as conn:
-            row = conn.execute(
-                "INSERT INTO engram_audit (requested_by, action, target, detail)"
-                f" VALUES (%s, %s, %s, %s) RETURNING {_COLUMNS}",
-                (requested_by, action, target, Jsonb(plain)),
-            ).fetchone()
-        assert row is not None
-        return AuditEntry(*row)
+            return insert(conn, requested_by, action, target, detail)
 
     def retries_of(self, operation_id: str, *, limit: int = MAX_ATTEMPTS) -> list[AuditEntry]:
         """The retries of an operation's dead letters, oldest first: what each letter

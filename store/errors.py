@@ -124,6 +124,14 @@ class FencedError(EngramError):
         self.fences = fences
 
 
+class TokenNameTakenError(EngramError):
+    """A scoped token of that name exists, live or revoked: a name stays with the
+    token that had it (receipts and the audit name it), so a new token needs its own."""
+
+    code = "token_name_taken"
+    status = 409
+
+
 class SchemaVersionError(EngramError):
     code = "schema_version"
     status = 500

@@ -16,14 +16,16 @@ REVISION_COLUMNS = """
 """
 
 # How many columns RECEIPT_COLUMNS selects: a query may select more after them.
-RECEIPT_WIDTH = 17
+RECEIPT_WIDTH = 18
 RECEIPT_COLUMNS = """
     c.operation_id, c.kind, s.key, c.scope_revision, c.committed_at, c.redacted,
     c.forgotten_revisions, c.already_forgotten, c.redaction, c.stream_entry, c.error,
     c.model_calls, c.requested_by, c.replays, c.last_replayed_at, c.redaction_reason,
     coalesce((SELECT json_agg(json_build_array(rr.record_id, rr.revision, rr.status)
                               ORDER BY rr.record_id, rr.revision)
-              FROM engram_receipt_records rr WHERE rr.operation_id = c.operation_id), '[]')
+              FROM engram_receipt_records rr WHERE rr.operation_id = c.operation_id), '[]'),
+    EXISTS (SELECT 1 FROM engram_vouched_operations vo
+            WHERE vo.operation_id = c.operation_id AND vo.requested_by = c.requested_by)
 """
 
 _scope_cache: dict[str, Scope] = {}
@@ -105,6 +107,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         last_replayed_at,
         redaction_reason,
         refs,
+        authenticated,
     ) = row[:RECEIPT_WIDTH]
     return Receipt(
         operation_id=op_id,
@@ -124,6 +127,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
         requested_by=requested_by,
         replays=replays,
         last_replayed_at=last_replayed_at,
+        authenticated=authenticated,
     )
 
 

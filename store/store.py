@@ -32,6 +32,7 @@ from .rows import (
     superseded_by,
 )
 from .session import ForgetListener, Session
+from .tokens import Tokens
 from .values import Hit, Receipt, Record, Scope, check_string
 from .vectors.embedders import (
     Embedder,
@@ -79,6 +80,8 @@ class Store:
         self.cursors = Cursors(cursor_key or secrets.token_bytes(32))
         self.browse = Browse(self.reads, self.cursors)
         self.audit = Audit(pool, self.cursors)
+        # Scoped access tokens and the log of what each read (always the primary's).
+        self.tokens = Tokens(pool)
 
     @classmethod
     def connect(

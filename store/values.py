@@ -185,6 +185,10 @@ class Receipt:
     error: dict[str, Any] | None = None  # a refusal: committed nothing
     model_calls: int = 0  # the model calls the operation made (a replay makes none more)
     requested_by: str | None = None  # who asked, when the producer said (the audit trail)
+    # Whether ``requested_by`` is authenticated: the server that verified a scoped token
+    # vouched for this operation before enqueueing it (store.tokens); else it is claimed.
+    # Known when the receipt is read back from the database.
+    authenticated: bool = field(default=False, compare=False)
     # How many times this receipt answered a repeat of its operation, and when last:
     # bookkeeping about the receipt, not part of it (a replay equals the original).
     replays: int = field(default=0, compare=False)
@@ -218,6 +222,8 @@ class Receipt:
             out["error"] = self.error
         if self.requested_by is not None:
             out["requested_by"] = self.requested_by
+        if self.authenticated:
+            out["authenticated"] = True
         if self.replays:
             out["replays"] = self.replays
             out["last_replayed_at"] = (
@@ -251,6 +257,7 @@ class Receipt:
             "error": data.get("error"),
             "model_calls": int(data.get("model_calls", 0)),
             "requested_by": data.get("requested_by"),
+            "authenticated": data.get("authenticated") is True,
             "replays": int(data.get("replays") or 0),
             "last_replayed_at": datetime.fromisoformat(data["last_replayed_at"])
             if data.get("last_replayed_at")

@@ -36,6 +36,8 @@ def prune_operations(pool: Any, older_than: datetime) -> int:
     with pool.connection() as conn:
         cur = conn.execute("DELETE FROM engram_receipts WHERE committed_at < %s", (older_than,))
         count: int = cur.rowcount
+        # What vouched for those operations' requesters goes with them.
+        conn.execute("DELETE FROM engram_vouched_operations WHERE at < %s", (older_than,))
     log.warning(
         "pruned receipts: these operation ids no longer deduplicate",
         extra={"count": count, "older_than": older_than.isoformat()},
