@@ -65,11 +65,19 @@ async def stdio_session(
 
 
 @contextlib.asynccontextmanager
-async def http_session(url: str, token: str | None) -> AsyncIterator[ClientSession]:
-    """A session on ``url`` (``.../mcp``) with ``Authorization: Bearer token``."""
+async def http_session(
+    url: str, token: str | None, statuses: list[int] | None = None
+) -> AsyncIterator[ClientSession]:
+    """A session on ``url`` (``.../mcp``) with ``Authorization: Bearer token``; the HTTP
+    status of each answer goes into ``statuses`` (the SDK's errors do not say it)."""
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+
+    async def note(response: httpx2.Response) -> None:
+        if statuses is not None:
+            statuses.append(response.status_code)
+
     async with (
-        httpx2.AsyncClient(headers=headers, timeout=30) as client,
+        httpx2.AsyncClient(headers=headers, timeout=30, event_hooks={"response": [note]}) as client,
         streamable_http_client(url, http_client=client) as (read, write),
         ClientSession(read, write) as session,
     ):

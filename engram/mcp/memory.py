@@ -14,13 +14,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import anyio.to_thread
 import redis
 
-from store import Embedder, Hit, Receipt, Record, Scope, Store
+from store import Embedder, Grant, Hit, Receipt, Record, Scope, Store
 from store.errors import (
     EmbedderUnavailableError,
     EmbeddingMismatchError,
@@ -47,30 +47,24 @@ SENT_KEPT = 10_000
 BACKLOG_SCAN = 10_000
 
 
-class Grant(Protocol):
-    """What a verified token may do (``store.tokens.Grant``)."""
-
-    @property
-    def token_id(self) -> int: ...
-    @property
-    def name(self) -> str: ...
-
-    def allows(self, capability: str) -> bool: ...
-
-
-ReadLog = Callable[[Any, str, list[tuple[str, int]]], None]
-
-
 @dataclass(frozen=True, slots=True)
 class Access:
     """Who is calling, and on what: the one scope every tool acts on (``--scope``, or the
-    token's), the session a derived operation id is bound to, the actor written on
-    receipts, and the token's grant (None over stdio)."""
+    token's), the session a derived operation id is bound to, and the token's grant
+    (None over stdio). A token's writes name it (``token:NAME``) as their authenticated
+    actor; stdio's name no one (the local user runs the server)."""
 
     scope: Scope
     session: str
-    actor: str | None = None
     grant: Grant | None = None
+
+    @classmethod
+    def of_grant(cls, grant: Grant, session: str) -> Access:
+        return cls(Scope.of(grant.scope), session, grant)
+
+    @property
+    def actor(self) -> str | None:
+        return self.grant.actor if self.grant is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +83,11 @@ class Memory:
         *,
         embedder: Embedder | EmbedderResolver | None,
         wait_s: float,
-        read_log: ReadLog | None = None,
     ) -> None:
         self.store = store
         self.producer = producer
         self.embedder = embedder
         self.wait_s = wait_s
-        self.read_log = read_log
         self._sent: OrderedDict[str, str] = OrderedDict()
 
     # -- writes -----------------------------------------------------------------------
@@ -202,6 +194,11 @@ class Memory:
         *,
         record_id: str | None = None,
     ) -> Answer:
+        grant = access.grant
+        if grant is not None:
+            # The server's word that this token asked: its receipt shows the token's
+            # name as authenticated, not claimed (store.tokens).
+            await anyio.to_thread.run_sync(self.store.tokens.vouch, grant, op_id)
         pending = await anyio.to_thread.run_sync(send)
         self._note_sent(op_id, access.scope)
         try:
@@ -296,23 +293,25 @@ class Memory:
         )
 
     async def _log_reads(self, access: Access, tool: str, records: Iterable[Record]) -> None:
-        if access.grant is None or self.read_log is None:
+        """What a token's read returned, content-free (over stdio there is no token)."""
+        grant = access.grant
+        if grant is None:
             return
         returned = [(r.id, r.revision) for r in records]
-        grant, log = access.grant, self.read_log
-        await anyio.to_thread.run_sync(lambda: log(grant, tool, returned))
+        await anyio.to_thread.run_sync(self.store.tokens.log_reads, grant, tool, returned)
 
     # -- an operation's state ---------------------------------------------------------
 
     async def operation(self, access: Access, args: contract.Operation) -> Answer:
-        data = await anyio.to_thread.run_sync(self._operation, access.scope, args.operation_id)
+        data = await anyio.to_thread.run_sync(self._operation, access, args.operation_id)
         return Answer(f"operation {args.operation_id}: {data['state']}", data)
 
-    def _operation(self, scope: Scope, op_id: str) -> dict[str, Any]:
-        """Committed or refused (its receipt, in this scope only), failed (a reply
-        with an error, to an operation this process sent for this scope), queued (in
-        this scope's partition stream), else not found: the same answer as for an id
-        another scope used."""
+    def _operation(self, access: Access, op_id: str) -> dict[str, Any]:
+        """Committed or refused (its receipt, in this scope only), failed (a reply with
+        an error, to an operation this token, or this process over stdio, sent), queued
+        (in this scope's partition stream), else not found: the same answer as for an
+        id another scope used."""
+        scope = access.scope
         receipt = self.store.receipt(op_id)
         if receipt is not None:
             if receipt.scope.key != scope.key:
@@ -323,15 +322,20 @@ class Memory:
                 "operation_id": op_id,
                 "receipt": receipt_json(receipt),
             }
-        if self._sent.get(op_id) == scope.key:
+        if self._sent_by(access, op_id):
             reply = self.producer.results([op_id]).get(op_id)
             if isinstance(reply, EngramError):
                 return {"state": "failed", "operation_id": op_id, "error": reply.to_dict()}
         if self._queued(scope, op_id):
             return {"state": "queued", "operation_id": op_id}
         if self.store.receipt(op_id) is not None:  # committed while the streams were read
-            return self._operation(scope, op_id)
+            return self._operation(access, op_id)
         raise _no_operation(op_id)
+
+    def _sent_by(self, access: Access, op_id: str) -> bool:
+        if access.grant is not None:
+            return self.store.tokens.made(access.grant, op_id)
+        return self._sent.get(op_id) == access.scope.key
 
     def _queued(self, scope: Scope, op_id: str) -> bool:
         client = self.producer.client
