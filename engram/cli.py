@@ -35,6 +35,7 @@ from . import (
     pause_cli,
     reads,
     repartition,
+    tokens_cli,
     transfer,
     web_cli,
     wiring,
@@ -216,6 +217,7 @@ _COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
     jobs_cli.register,
     pause_cli.register,
     repartition.register,
+    tokens_cli.register,
     mcp_cli.register,
 )
 

@@ -5,7 +5,8 @@
 - ``receipts``: receipts of committed operations (``Store.prune_operations``).
   Off by default: an operation whose receipt is gone no longer deduplicates (a
   redelivery is applied again), and the store logs a warning saying so;
-- ``dead-letters``: entries of ``engram:dead`` (``XTRIM MINID``).
+- ``dead-letters``: entries of ``engram:dead`` (``XTRIM MINID``);
+- ``token-reads``: the scoped tokens' read log (``Store.tokens.prune_reads``).
 
 ``run`` prunes now and reports counts (the CLI, the dashboard); ``enqueue``
 hands the same work to a jobs worker; ``prune_job`` is the RQ job the
@@ -34,7 +35,7 @@ from .settings import Retention
 
 log = logging.getLogger(__name__)
 
-WHAT = ("history", "receipts", "dead-letters")
+WHAT = ("history", "receipts", "dead-letters", "token-reads")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,7 @@ def window_s(retention: Retention, what: str) -> float | None:
         "history": retention.history_s,
         "receipts": retention.receipts_s,
         "dead-letters": retention.dead_letters_s,
+        "token-reads": retention.token_reads_s,
     }[what]
 
 
@@ -82,7 +84,7 @@ def run(
     """Prune each of ``what`` now, older than its retention window, or than
     ``older_than_s`` instead (``client``: the streams' Redis, for the dead letters).
 
-    ``what`` left out means all three, but then a window that is off stays off,
+    ``what`` left out means all of them, but then a window that is off stays off,
     ``older_than_s`` or not: receipts are the store's dedupe memory, and pruning
     them is something to ask for by name."""
     report = []
@@ -103,6 +105,10 @@ def _prune(store: Store, client: redis.Redis, what: str, cutoff: datetime) -> in
         return store.prune_history(cutoff)
     if what == "receipts":
         return store.prune_operations(cutoff)
+    if what == "token-reads":
+        removed = store.tokens.prune_reads(cutoff)
+        log.info("pruned the read log", extra={"count": removed, "older_than": cutoff.isoformat()})
+        return removed
     removed = int(
         client.xtrim(
             stream_keys.DEAD_LETTERS, minid=f"{int(cutoff.timestamp() * 1000)}-0", approximate=False

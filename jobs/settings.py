@@ -21,12 +21,15 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 @dataclass(frozen=True, slots=True)
 class Retention:
-    """How long history, receipts and dead letters are kept; None keeps them."""
+    """How long history, receipts, dead letters and the scoped tokens' read log are
+    kept; None keeps them."""
 
     history_s: float | None = 30 * 86400
     # Off by default: a pruned receipt no longer deduplicates its operation id.
     receipts_s: float | None = None
     dead_letters_s: float | None = 14 * 86400
+    # The read log (store.tokens): who read which record revision, content-free.
+    token_reads_s: float | None = 90 * 86400
     every_s: float = 3600.0
 
 
@@ -100,6 +103,7 @@ class JobsSettings:
                 history_s=duration(env, "ENGRAM_RETAIN_HISTORY", "30d"),
                 receipts_s=duration(env, "ENGRAM_RETAIN_RECEIPTS", "off"),
                 dead_letters_s=duration(env, "ENGRAM_RETAIN_DEAD_LETTERS", "14d"),
+                token_reads_s=duration(env, "ENGRAM_RETAIN_TOKEN_READS", "90d"),
                 every_s=duration(env, "ENGRAM_PRUNE_EVERY", "1h") or 3600.0,
             ),
             redaction=Redaction(

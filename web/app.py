@@ -35,8 +35,9 @@ from .config import WebConfig
 from .csrf import Csrf
 from .endpoints import action_endpoint, form_endpoint, json_endpoint
 from .errors import BadRequestError, MethodNotAllowedError
-from .middleware import AccessLog, Failsafe, Gate, SecurityHeaders, wants_json
+from .middleware import CHALLENGE, AccessLog, Failsafe, Gate, SecurityHeaders, wants_json
 from .render import Renderer
+from .scoped import for_tokens, refuse_unless_marked
 from .services import Services
 from .state import WebState, web_of
 from .views import (
@@ -51,6 +52,7 @@ from .views import (
     receipts,
     records,
     scopes,
+    tokens,
 )
 
 STATIC = Path(__file__).parent / "static"
@@ -81,6 +83,7 @@ def route(path: str, **by_method: View) -> Route:
 
     async def endpoint(request: Request) -> Any:
         view = views[request.method if request.method != "HEAD" else "GET"]
+        refuse_unless_marked(request, view)
         if inspect.iscoroutinefunction(view):
             return await view(request)
         return await run_in_threadpool(view, request)
@@ -133,6 +136,9 @@ def routes() -> list[BaseRoute]:
         route("/jobs/{job_id}/retry", post=form_endpoint(jobs.retry)),
         route("/jobs/{job_id}/discard", get=jobs.confirm_discard, post=form_endpoint(jobs.discard)),
         route("/audit", get=audit.audit_page),
+        route("/tokens", get=tokens.token_list, post=form_endpoint(tokens.create)),
+        route("/tokens/{name:id}/revoke", post=form_endpoint(tokens.revoke)),
+        route("/tokens/{name:id}", get=tokens.token_page),
         route("/pause/partition", post=form_endpoint(pause.pause_partition_form)),
         route("/resume/partition/{partition}", post=form_endpoint(pause.resume_partition_form)),
         route("/pause/jobs", post=form_endpoint(pause.pause_jobs_form)),
@@ -143,14 +149,16 @@ def routes() -> list[BaseRoute]:
         route("/metrics", get=overview.prometheus),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
         # -- the JSON API (described by /api/v1/openapi.json) --
-        route("/api/v1/openapi.json", get=openapi),
-        route("/api/v1/operations", post=api_ops.enqueue),  # reads its body, waits async
-        route("/api/v1/operations/{operation_id:id}", get=api_ops.operation),
+        # A scoped token reaches the views marked ``for_tokens`` (on its own scope, with
+        # its capabilities: web.scoped); every other route refuses it.
+        route("/api/v1/openapi.json", get=for_tokens(openapi)),
+        route("/api/v1/operations", post=for_tokens(api_ops.enqueue)),  # waits async
+        route("/api/v1/operations/{operation_id:id}", get=for_tokens(api_ops.operation)),
         route("/api/v1/receipts", get=api_ops.receipts),
-        route("/api/v1/receipts/{operation_id:id}", get=api_ops.receipt),
-        route("/api/v1/records/{record_id:id}", get=api_reads.record),
-        route("/api/v1/history/{record_id:id}", get=api_reads.history),
-        route("/api/v1/recall", post=json_endpoint(api_reads.recall)),
+        route("/api/v1/receipts/{operation_id:id}", get=for_tokens(api_ops.receipt)),
+        route("/api/v1/records/{record_id:id}", get=for_tokens(api_reads.record)),
+        route("/api/v1/history/{record_id:id}", get=for_tokens(api_reads.history)),
+        route("/api/v1/recall", post=for_tokens(json_endpoint(api_reads.recall))),
         route("/api/v1/find", get=api_reads.find),
         route("/api/v1/scopes", get=api_reads.scopes),
         route("/api/v1/scopes/{scope_id}", get=api_reads.scope),
@@ -205,7 +213,7 @@ def create_app(config: WebConfig, services: Services) -> Starlette:
             Middleware(AccessLog),
             Middleware(SecurityHeaders),
             Middleware(Failsafe),
-            Middleware(Gate, auth=auth, hosts=config.hosts),
+            Middleware(Gate, auth=auth, hosts=config.hosts, tokens=services.store.tokens),
         ],
         exception_handlers={EngramError: engram_error, HTTPException: http_error},
     )
@@ -244,5 +252,11 @@ def http_error(request: Request, exc: Exception) -> Response:
 
 def error_page(request: Request, exc: EngramError) -> Response:
     if wants_json(request.scope):
-        return JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
-    return web_of(request).render.page(request, "error.html", status_code=exc.status, error=exc)
+        response: Response = JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
+    else:
+        response = web_of(request).render.page(
+            request, "error.html", status_code=exc.status, error=exc
+        )
+    if exc.status == 401:
+        response.headers["www-authenticate"] = CHALLENGE
+    return response

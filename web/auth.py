@@ -8,6 +8,12 @@ token and get a session cookie signed with a key derived from the token (so
 changing the token ends every session). Tokens and signatures are compared
 in constant time. The operator's name goes on what they ask for: the
 receipt of a forget, the audit row of a retry.
+
+A scoped token (``Authorization: Bearer egt_...``, store.tokens) is never an
+operator, whatever else is configured: it acts on its own scope through the
+routes that take one (``web.scoped``), and every other route refuses it. The
+gate verifies it once per request; ``grant_of`` and ``require_grant`` hand its
+grant to the views and to whatever else is mounted (``/mcp``).
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from typing import Literal
 
 from starlette.requests import HTTPConnection
 
+from store.tokens import TOKEN_PREFIX, Grant, Tokens
+
 from .config import WebConfig
-from .errors import BadRequestError
+from .errors import BadRequestError, UnauthorizedError
 
 SESSION_COOKIE = "engram_session"
 OPERATOR_HEADER = "x-engram-operator"
@@ -114,6 +122,49 @@ class Authenticator:
 
     def _sign(self, payload: str) -> str:
         return _b64(hmac.new(self.keys.session, payload.encode(), hashlib.sha256).digest())
+
+
+# -- scoped tokens ------------------------------------------------------------------
+
+
+def presented_token(conn: HTTPConnection) -> str | None:
+    """The scoped token a request presents (an ``egt_`` bearer), or None."""
+    bearer = _bearer(conn.headers.get("authorization"))
+    return bearer if bearer and bearer.startswith(TOKEN_PREFIX) else None
+
+
+def verify_bearer(tokens: Tokens, conn: HTTPConnection) -> Grant:
+    """The grant of the request's ``egt_`` bearer; ``UnauthorizedError`` (401) without
+    one, or for a made-up, revoked or expired one. Reads the database: run it on a
+    thread. (The gate calls it for every request presenting a token; a mounted app
+    behind the gate reads its answer with ``require_grant``.)"""
+    secret = presented_token(conn)
+    grant = tokens.verify(secret) if secret is not None else None
+    if grant is None:
+        raise UnauthorizedError(
+            "this needs a live scoped token: send Authorization: Bearer egt_..."
+            if secret is None
+            else "this token is unknown, revoked or expired"
+        )
+    return grant
+
+
+def grant_of(conn: HTTPConnection) -> Grant | None:
+    """The verified scoped token this request presented (the gate put it there), or
+    None for an operator's request."""
+    grant: Grant | None = conn.scope.get("state", {}).get("grant")
+    return grant
+
+
+def require_grant(conn: HTTPConnection) -> Grant:
+    """The request's verified scoped token, or ``UnauthorizedError`` (401): for what
+    only a scoped token may use (``/mcp``), an operator included."""
+    grant = grant_of(conn)
+    if grant is None:
+        raise UnauthorizedError(
+            "this needs a scoped token: send Authorization: Bearer egt_... (engram tokens create)"
+        )
+    return grant
 
 
 def _bearer(header: str | None) -> str | None:

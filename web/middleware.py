@@ -15,14 +15,16 @@ from urllib.parse import quote
 import psycopg
 import psycopg_pool
 import redis
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from store.errors import EngramError
+from store.tokens import Tokens
 
-from .auth import Authenticator
+from .auth import Authenticator, presented_token, verify_bearer
 from .csrf import check_same_origin
 from .errors import BadRequestError, UnauthorizedError, UnavailableError
 
@@ -56,6 +58,8 @@ SECURITY_HEADERS = {
 }
 # Paths anyone may fetch: the load balancer's probe, the login page and its assets.
 PUBLIC_PREFIXES = ("/healthz", "/static/", "/login")
+# What a 401 answers with: how to authenticate.
+CHALLENGE = 'Bearer realm="engram"'
 
 
 class HttpLayer:
@@ -115,7 +119,7 @@ class AccessLog(HttpLayer):
             await self.app(scope, receive, on_start(send, response.append))
         finally:
             state: MutableMapping[str, Any] = scope.get("state", {})
-            operator = state.get("operator")
+            operator, grant = state.get("operator"), state.get("grant")
             access_log.info(
                 "request",
                 extra={
@@ -123,7 +127,9 @@ class AccessLog(HttpLayer):
                     "path": quote(scope["path"])[:300],
                     "status": response[0]["status"] if response else 500,
                     "ms": round((time.perf_counter() - started) * 1000, 1),
-                    "operator": operator.name if operator is not None else None,
+                    "operator": operator.name
+                    if operator is not None
+                    else (grant.actor if grant is not None else None),
                 },
             )
 
@@ -162,11 +168,19 @@ class Gate(HttpLayer):
     """Who is asking (``Authenticator``), and refuse what they may not do: a Host this
     dashboard does not answer to (a DNS-rebinding page reaching a loopback dashboard),
     anything but the public paths without signing in (a page redirects to the login
-    form, the API answers 401), and a change asked for by another site."""
+    form, the API answers 401), and a change asked for by another site.
 
-    def __init__(self, app: ASGIApp, auth: Authenticator, hosts: tuple[str, ...]) -> None:
+    A request presenting a scoped token (``egt_``) is that token's and no operator's,
+    even where everyone else is the operator ``local``: its grant is verified here
+    (401 if it is made up, revoked or expired), and the routes decide what it may
+    reach (``web.scoped``)."""
+
+    def __init__(
+        self, app: ASGIApp, auth: Authenticator, hosts: tuple[str, ...], tokens: Tokens
+    ) -> None:
         super().__init__(app)
         self.auth = auth
+        self.tokens = tokens
         self.hosts = None if "*" in hosts else {h.lower() for h in hosts}
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -178,11 +192,27 @@ class Gate(HttpLayer):
             await error_response(scope, exc)(scope, receive, send)
             return
         path = scope["path"]
+        if presented_token(conn) is not None:
+            await self._scoped(conn, scope, receive, send)
+            return
         operator = self.auth.identify(conn)
         if operator is None and not path.startswith(PUBLIC_PREFIXES):
             await _sign_in_first(scope)(scope, receive, send)
             return
         scope.setdefault("state", {})["operator"] = operator
+        await self.app(scope, receive, send)
+
+    async def _scoped(
+        self, conn: HTTPConnection, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        state = scope.setdefault("state", {})
+        state["operator"] = None  # never an operator, whatever else would apply
+        if not scope["path"].startswith(PUBLIC_PREFIXES):
+            try:
+                state["grant"] = await run_in_threadpool(verify_bearer, self.tokens, conn)
+            except EngramError as exc:
+                await error_response(scope, exc)(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
     def _check_host(self, conn: HTTPConnection) -> None:
@@ -203,9 +233,14 @@ def wants_json(scope: Scope) -> bool:
 
 def error_response(scope: Scope, exc: EngramError) -> Response:
     """The error as JSON (the API) or a plain page (before the app could render one)."""
+    response: Response
     if wants_json(scope):
-        return JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
-    return Response(f"{exc.status}: {exc.message}\n", exc.status, media_type="text/plain")
+        response = JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
+    else:
+        response = Response(f"{exc.status}: {exc.message}\n", exc.status, media_type="text/plain")
+    if exc.status == 401:
+        response.headers["www-authenticate"] = CHALLENGE
+    return response
 
 
 def _sign_in_first(scope: Scope) -> Response:
@@ -217,7 +252,6 @@ def _sign_in_first(scope: Scope) -> Response:
                 "or sign in at /login"
             ),
         )
-        response.headers["www-authenticate"] = 'Bearer realm="engram"'
         return response
     path = scope["path"]
     return RedirectResponse(f"/login?next={quote(path, safe='/')}", status_code=303)

@@ -53,7 +53,9 @@ def _function_name(func: Any) -> str:
 
 # Every schedule there can be (each retention on), for their job ids and functions.
 _SCHEDULES = (
-    schedule.retention_schedules(Retention(history_s=1, receipts_s=1, dead_letters_s=1))
+    schedule.retention_schedules(
+        Retention(history_s=1, receipts_s=1, dead_letters_s=1, token_reads_s=1)
+    )
     + schedule.upkeep_schedules()
 )
 # The functions engram enqueues: the ones a list can be filtered by.

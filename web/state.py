@@ -9,7 +9,7 @@ from typing import TypeVar, cast
 
 from starlette.requests import Request
 
-from .auth import Authenticator, Operator
+from .auth import Authenticator, Operator, grant_of
 from .config import WebConfig
 from .csrf import Csrf
 from .render import Renderer
@@ -54,6 +54,13 @@ class WebState:
 def web_of(request: Request) -> WebState:
     state: WebState = request.app.state.web
     return state
+
+
+def actor_of(request: Request) -> str:
+    """The name what this request asks for goes under: the scoped token's
+    (``token:NAME``, authenticated) or the operator's."""
+    grant = grant_of(request)
+    return grant.actor if grant is not None else operator_of(request).name
 
 
 def operator_of(request: Request) -> Operator:

@@ -55,7 +55,7 @@ def test_run_prunes_each_past_its_window_and_reports_counts(
     cutoff = report["history"].older_than
     assert cutoff is not None and abs((datetime.now(UTC) - cutoff).total_seconds() - 30 * DAY) < 60
     # Nothing more the second time.
-    assert [p.removed for p in prune.run(fresh_store, redis_client, retention)] == [0, 0, 0]
+    assert [p.removed for p in prune.run(fresh_store, redis_client, retention)] == [0, 0, 0, 0]
 
 
 def test_receipts_are_kept_by_default_and_a_pruned_one_no_longer_deduplicates(
@@ -99,7 +99,9 @@ def test_a_prune_can_name_its_own_window_and_a_bad_name_is_refused(
 
 def test_schedules_enqueue_once_per_slot_whoever_asks(redis_client: redis.Redis) -> None:
     schedules = schedule.retention_schedules(
-        Retention(history_s=DAY, receipts_s=None, dead_letters_s=DAY, every_s=60)
+        Retention(
+            history_s=DAY, receipts_s=None, dead_letters_s=DAY, token_reads_s=None, every_s=60
+        )
     )
     assert [s.name for s in schedules] == ["prune-history", "prune-dead-letters"]
     now = 1_800_000_000.0
@@ -125,3 +127,19 @@ def test_a_prune_job_runs_on_a_jobs_worker_and_returns_its_counts(
     assert job is not None and job.state == "finished" and job.id.startswith("prune-history-")
     assert job.function == "jobs.prune.prune_job"
     assert job.result[0]["removed"] == 2 and job.result[0]["what"] == "history"
+
+
+def test_the_read_log_is_pruned_past_its_own_window(
+    fresh_store: Store, redis_client: redis.Redis
+) -> None:
+    _, grant = fresh_store.tokens.create("agent-pruned", {"user_id": "p"}, by="test")
+    fresh_store.tokens.log_reads(grant, "get", [("old", 1), ("old", 2)])
+    with fresh_store.pool.connection() as conn:
+        conn.execute("UPDATE engram_token_reads SET at = now() - interval '100 days'")
+    fresh_store.tokens.log_reads(grant, "recall", [("new", 1)])
+    assert JobsSettings.from_env({}).retention.token_reads_s == 90 * DAY
+    kept = Retention(token_reads_s=None)
+    assert prune.run(fresh_store, redis_client, kept, ["token-reads"])[0].removed == 0
+    [pruned] = prune.run(fresh_store, redis_client, Retention(), ["token-reads"])
+    assert pruned.removed == 2
+    assert [e.record_id for e in fresh_store.tokens.reads_by_token("agent-pruned")] == ["new"]

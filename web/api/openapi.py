@@ -108,8 +108,14 @@ def _json(schema: Schema, description: str) -> Schema:
 
 _ERRORS = {
     "400": "A malformed path, query or body (code invalid_request).",
-    "401": "The dashboard's token is needed (code unauthorized).",
-    "403": "A cross-site request (code forbidden).",
+    "401": (
+        "The dashboard's token is needed, or the scoped token sent is unknown, revoked or "
+        "expired (code unauthorized)."
+    ),
+    "403": (
+        "A cross-site request, or a scoped token on a route that is the operator's or "
+        "without the capability asked for (code forbidden)."
+    ),
     "404": "Not found (code not_found).",
     "409": (
         "A revision or operation conflict, or an asserted record a model may not change "
@@ -142,7 +148,8 @@ def _op(
     body_required: bool = True,
 ) -> Schema:
     responses = dict(ok)
-    for code in errors:
+    # Any route refuses a scoped token that may not use it (web.scoped).
+    for code in sorted({*errors, "403"}):
         responses[code] = _json(ref("Error"), _ERRORS[code])
     out: Schema = {"summary": summary, "responses": responses}
     if parameters:
@@ -614,7 +621,13 @@ DOCUMENT: dict[str, Any] = {
             "token": {
                 "type": "http",
                 "scheme": "bearer",
-                "description": "ENGRAM_DASHBOARD_TOKEN; not needed on loopback without one.",
+                "description": (
+                    "ENGRAM_DASHBOARD_TOKEN (the operator; not needed on loopback without "
+                    "one), or a scoped token (egt_..., engram tokens create): it reaches its "
+                    "own scope's records, history, recall, operations and receipts only, "
+                    "within its capabilities, and takes its scope from the token (a body "
+                    "may leave scope out, or repeat it; another scope's is not found)."
+                ),
             }
         },
     },

@@ -11,16 +11,18 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from store import Operation
+from store import Operation, Scope
 from store.errors import EngramError, InvalidRequestError, NotFoundError
-from store.write.operations import Forget, new_operation_id
+from store.write.operations import OPERATION_KINDS, Forget, new_operation_id
 from worker import Pending, StreamReceipt, WaitTimeout
 
+from ..auth import grant_of
 from ..bodies import read_json, why_of
 from ..params import Query, ident
 from ..render import path_quote
-from ..state import operator_of, web_of
-from ..views.receipts import RECEIPT_FILTERS, operation_state, receipt_filter
+from ..scoped import capable, hide_unless_own, own_scope
+from ..state import actor_of, web_of
+from ..views.receipts import RECEIPT_FILTERS, operation_state, receipt_filter, unknown_operation
 from ..views.records import audit_forget
 from .serialize import page_json, receipt_json
 
@@ -68,9 +70,17 @@ def _enqueue(request: Request, body: Any) -> tuple[float | None, Pending, dict[s
     why = why_of(body.pop("reason", None))
     if why is not None and body.get("kind") != "forget":
         raise InvalidRequestError("reason goes with a forget only (kept in the audit trail)")
+    grant = grant_of(request)
+    if grant is not None:  # its own scope, whatever the body says; only what it may do
+        kind = body.get("kind")
+        if isinstance(kind, str) and kind in OPERATION_KINDS:
+            capable(request, kind)
+        body["scope"] = own_scope(grant, _scope_given(body))
     op = Operation.from_dict(
-        {"operation_id": new_operation_id(), **body, "requested_by": operator_of(request).name}
+        {"operation_id": new_operation_id(), **body, "requested_by": actor_of(request)}
     )
+    if grant is not None:  # before it is on a stream: its receipt will say who, verified
+        web.services.store.tokens.vouch(grant, op.operation_id)
     pending = web.services.producer.enqueue(op)
     if isinstance(op.request, Forget):
         audit_forget(request, op.request.id, op.operation_id, why)
@@ -82,6 +92,16 @@ def _enqueue(request: Request, body: Any) -> tuple[float | None, Pending, dict[s
         "status_url": f"/api/v1/operations/{path_quote(op.operation_id)}",
     }
     return wait, pending, accepted
+
+
+def _scope_given(body: dict[str, Any]) -> Any:
+    """The body's scope, if any: a token's request may leave it out, or repeat its own."""
+    given = body.get("scope")
+    if given is None or isinstance(given, Scope):
+        return given
+    if not isinstance(given, dict):
+        raise InvalidRequestError("operation.scope must be an object")
+    return Scope.of(given)
 
 
 async def _wait(pending: Pending, wait_s: float) -> StreamReceipt | None:
@@ -102,8 +122,13 @@ async def _wait(pending: Pending, wait_s: float) -> StreamReceipt | None:
 
 
 def operation(request: Request) -> Response:
+    """A token sees the operations it asked for, and those its scope's receipts record."""
     Query.of(request)  # takes none
     op_id = ident(request.path_params["operation_id"], "operation id")
+    grant = capable(request, "operation")
+    if grant is not None and not web_of(request).services.store.tokens.made(grant, op_id):
+        item = web_of(request).services.store.browse.receipt(op_id)
+        hide_unless_own(grant, item.receipt.scope if item else None, unknown_operation(op_id))
     state = operation_state(request, op_id)
     return JSONResponse(
         {
@@ -126,7 +151,10 @@ def receipts(request: Request) -> Response:
 def receipt(request: Request) -> Response:
     Query.of(request)  # takes none
     op_id = ident(request.path_params["operation_id"], "operation id")
+    grant = capable(request, "operation")
     item = web_of(request).services.store.browse.receipt(op_id)
+    unknown = NotFoundError(f"no receipt for operation {op_id}")
     if item is None:
-        raise NotFoundError(f"no receipt for operation {op_id}")
+        raise unknown
+    hide_unless_own(grant, item.receipt.scope, unknown)
     return JSONResponse(receipt_json(item))

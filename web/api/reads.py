@@ -25,6 +25,7 @@ from store.write.validation import Fields
 
 from ..errors import BadRequestError
 from ..params import Query, ident, integer, parse_time
+from ..scoped import capable, hide_unless_own, log_reads, own_scope
 from ..state import web_of
 from ..views.find import FIND_BY, find_records
 from ..views.scopes import SCOPE_TABS
@@ -49,17 +50,23 @@ RECALL_FIELDS = (
 def record(request: Request) -> Response:
     """``?after=``: a receipt's position; the record as of that commit or later."""
     q = Query.of(request, "after")
+    grant = capable(request, "get")
     store = web_of(request).services.store
     record_id = ident(request.path_params["record_id"], "record id")
+    unknown = NotFoundError(f"no record {record_id}")
     with store.reads.after(_after(q)):
         item = store.browse.record(record_id)
         tombstone = store.browse.tombstone(record_id) if item is None else None
     if item is None:
         if tombstone is not None:
+            row = store.browse.scope(tombstone.scope_id) if grant is not None else None
+            hide_unless_own(grant, row.scope if row else None, unknown)
             raise NotFoundError(
                 f"record {record_id} was forgotten by operation {tombstone.operation_id}"
             )
-        raise NotFoundError(f"no record {record_id}")
+        raise unknown
+    hide_unless_own(grant, item.record.scope, unknown)
+    log_reads(request, grant, "get", [(item.record.id, item.record.revision)])
     return JSONResponse(record_json(item))
 
 
@@ -77,15 +84,20 @@ def history(request: Request) -> Response:
     """Oldest first, as before paging: a record of up to ``MAX_PAGE_SIZE`` revisions
     still comes whole by default; ``next`` pages on."""
     q = Query.of(request, "cursor", "limit", "after")
+    grant = capable(request, "history")
     store = web_of(request).services.store
     record_id = ident(request.path_params["record_id"], "record id")
     limit = q.integer("limit", minimum=1, maximum=MAX_PAGE_SIZE) or MAX_PAGE_SIZE
+    unknown = NotFoundError(f"no record {record_id}")
     with store.reads.after(_after(q)):
         page = store.browse.history_page(
             record_id, cursor=q.cursor(), limit=limit, newest_first=False
         )
     if not page.items and q.cursor() is None:
-        raise NotFoundError(f"no record {record_id}")
+        raise unknown
+    for revision in page.items:  # one record's revisions: one scope
+        hide_unless_own(grant, revision.scope, unknown)
+    log_reads(request, grant, "history", [(r.id, r.revision) for r in page.items])
     return JSONResponse(
         {
             "record_id": record_id,
@@ -98,8 +110,13 @@ def history(request: Request) -> Response:
 def recall(request: Request, body: Any) -> Response:
     """Recall in one scope. A POST: the query text stays out of URLs and logs."""
     services = web_of(request).services
+    grant = capable(request, "recall")
     f = Fields(body, "recall", RECALL_FIELDS)
-    scope = Scope.of(f.get("scope"))
+    given = f.get("scope")
+    if grant is None:
+        scope = Scope.of(given)
+    else:  # its own scope, never the request's; the body may leave it out
+        scope = Scope.of(own_scope(grant, Scope.of(given) if given is not None else None))
     top_k = f.integer("top_k", minimum=1, maximum=100)
     include_retracted = f.get("include_retracted")
     if include_retracted is not None and not isinstance(include_retracted, bool):
@@ -126,6 +143,7 @@ def recall(request: Request, body: Any) -> Response:
         embedder = None  # the dashboard has no embedder for the active generation
         hits = services.store.recall(scope, text, **arguments)
     kept = above(hits, cutoff)
+    log_reads(request, grant, "recall", [(h.record.id, h.record.revision) for h in kept])
     return JSONResponse(
         {
             "hits": [hit_json(h, rank) for rank, h in enumerate(kept, 1)],

@@ -328,6 +328,12 @@ SCHEMAS: dict[str, Schema] = {
             "redaction": nullable({"enum": ["pending", "complete", "failed", "none"]}),
             "model_calls": {"type": "integer", "minimum": 0},
             "requested_by": nullable({"type": "string"}),
+            "authenticated": {
+                "type": "boolean",
+                "description": "Whether requested_by is authenticated (a scoped token's "
+                "name, token:NAME, vouched for by the server that verified it) rather "
+                "than claimed by the producer.",
+            },
             "replays": {"type": "integer", "minimum": 0},
             "last_replayed_at": nullable(TIME),
             "stream_entry": nullable({"type": "string"}),

@@ -91,6 +91,7 @@ def receipt_json(item: ReceiptItem) -> dict[str, Any]:
         "redaction": r.redaction if forget else None,
         "model_calls": r.model_calls,
         "requested_by": r.requested_by,
+        "authenticated": r.authenticated,
         "replays": r.replays,
         "last_replayed_at": time_json(r.last_replayed_at),
         "stream_entry": r.stream_entry,

@@ -107,8 +107,12 @@ def operation_state(request: Request, op_id: str) -> OperationState:
         known = _settled_state(request, op_id)
         if known is not None:
             return known
-        raise NotFoundError(f"no operation {op_id}: no receipt, no reply, not queued")
+        raise unknown_operation(op_id)
     return OperationState(op_id, "waiting", None, None)
+
+
+def unknown_operation(op_id: str) -> NotFoundError:
+    return NotFoundError(f"no operation {op_id}: no receipt, no reply, not queued")
 
 
 def _settled_state(request: Request, op_id: str) -> OperationState | None:

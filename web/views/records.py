@@ -15,7 +15,7 @@ from ..bodies import why_of
 from ..diff import history_diffs
 from ..params import Query, ident
 from ..render import path_quote
-from ..state import operator_of, web_of
+from ..state import actor_of, operator_of, web_of
 
 RECEIPTS_SHOWN = 20
 HISTORY_SHOWN = 20  # revisions on a page of a record's history
@@ -39,6 +39,7 @@ def record_page(request: Request) -> Response:
             scope=browse.scope(tombstone.scope_id),
             receipts=receipts,
             asked=web.services.store.audit.about(record_id),
+            readers=web.services.store.tokens.reads_of_record(record_id),
         )
     # A page of the history, newest first; the revision past it is what its last one
     # changed from. Each diff is bounded (web.diff), so the page is too.
@@ -58,6 +59,7 @@ def record_page(request: Request) -> Response:
         asked_by=browse.asked_by([r.operation_id for r in history.items]),
         backlinks=browse.linked_from(record_id, item.scope_id),
         receipts=receipts,
+        readers=web.services.store.tokens.reads_of_record(record_id),
     )
 
 
@@ -113,5 +115,5 @@ def audit_forget(request: Request, record_id: str, operation_id: str, why: str |
     if why is not None:
         detail["reason"] = why
     web_of(request).services.store.audit.record(
-        operator_of(request).name, "record.forget", record_id, detail
+        actor_of(request), "record.forget", record_id, detail
     )
