@@ -42,6 +42,7 @@ from . import (
 )
 from .args import positive_int
 from .database import command_database, wait_for_store
+from .mcp import cli as mcp_cli
 
 log = logging.getLogger("engram")
 
@@ -248,6 +249,7 @@ _COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
     pause_cli.register,
     repartition.register,
     tokens_cli.register,
+    mcp_cli.register,
 )
 
 

@@ -3,7 +3,9 @@
 It finds PostgreSQL and Redis as the other commands do (DATABASE_URL and
 REDIS_URL, else the run file of an ``engram up`` on this ENGRAM_HOME), binds
 127.0.0.1 unless told otherwise, and refuses any other address without
-ENGRAM_DASHBOARD_TOKEN. ``build`` is what ``engram up`` can serve as well.
+ENGRAM_DASHBOARD_TOKEN. ``build`` is what ``engram up`` can serve as well. With the
+MCP SDK installed (``engram[mcp]``), the same server answers MCP at ``/mcp``, each
+request with a scoped token (``engram.mcp.http``).
 
 The listening socket is bound before the URL is said (``listen``): a port set
 explicitly (``--port``, ENGRAM_DASHBOARD_PORT) and taken is refused; the default
@@ -26,11 +28,13 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from jobs import reembed
 from jobs.settings import JobsSettings
 from store import Store
 from store.errors import ConfigError
+from store.vectors.embedders import EmbedderResolver
 from web import Services, WebConfig, create_app
 from web.auth import Keys
 from worker import runtime
@@ -38,15 +42,18 @@ from worker.producer import Producer
 from worker.settings import Settings
 
 from . import jobs_redis, wiring
+from .mcp.memory import Memory
+from .mcp.settings import McpSettings
 
 log = logging.getLogger("engram.web")
 
 
 @contextlib.contextmanager
-def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> Iterator[Starlette]:
-    """The app on connections to the configured servers, closed on exit. A jobs'
-    Redis that cannot be named (``REDIS_URL`` a cluster, ``ENGRAM_JOBS_REDIS_URL``
-    unset) is a ``ConfigError`` before anything is served."""
+def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> Iterator[ASGIApp]:
+    """The app on connections to the configured servers, closed on exit: the dashboard,
+    and ``/mcp`` beside it when the MCP SDK is installed. A jobs' Redis that cannot be
+    named (``REDIS_URL`` a cluster, ``ENGRAM_JOBS_REDIS_URL`` unset) is a ``ConfigError``
+    before anything is served."""
     jobs_client = jobs_redis.connect(settings)
     client = runtime.connect_redis(runtime.redis_url(settings))
     shared = jobs_redis.jobs_url(settings) == runtime.redis_url(settings)
@@ -82,7 +89,7 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
         default = wiring.load_embedder(settings.embedder, registry) if embedder else None
         wiring.settle(default)
         query_embedder = registry.resolver(default) if default is not None else None
-        yield create_app(
+        app = create_app(
             config,
             Services(
                 store=store,
@@ -94,10 +101,28 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
                 jobs_redis=None if shared else jobs_client,
             ),
         )
+        yield _with_mcp(app, settings, store, producer, query_embedder)
     finally:
         producer.close()
         store.close()
         jobs_client.close()
+
+
+def _with_mcp(
+    app: Starlette,
+    settings: Settings,
+    store: Store,
+    producer: Producer,
+    embedder: EmbedderResolver | None,
+) -> ASGIApp:
+    """``app`` with MCP at ``/mcp`` beside it, or ``app`` alone without the SDK."""
+    try:
+        from .mcp import http
+    except ImportError:
+        log.info("no MCP at /mcp: the SDK is not installed (pip install 'engram[mcp]')")
+        return app
+    memory = Memory(store, producer, embedder=embedder, wait_s=McpSettings.from_env().wait_s)
+    return http.mount(app, memory, model=settings.llm is not None)
 
 
 def port_chosen(port: int | None = None, env: Mapping[str, str] | None = None) -> bool:
@@ -167,7 +192,8 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
                 # X-Forwarded-* believed from the configured TLS proxies only.
                 proxy_headers=bool(config.trusted_proxies),
                 forwarded_allow_ips=list(config.trusted_proxies) or None,
-                lifespan="off",
+                # The MCP session manager's task group lives as long as the server.
+                lifespan="auto",
             )
         )
         # A log line, not a print: under ``engram up`` (which prints the URL in its
