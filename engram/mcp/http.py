@@ -84,6 +84,11 @@ class Doors:
         self.web = web
         self.endpoint = endpoint
 
+    @property
+    def state(self) -> Any:
+        """The dashboard's ``app.state`` (its services), as on the dashboard alone."""
+        return getattr(self.web, "state")  # noqa: B009 (an ASGIApp has no typed state)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)

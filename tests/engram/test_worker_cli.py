@@ -70,7 +70,11 @@ def test_enqueue_waits_and_prints_the_receipt(
         assert code == 1
         assert json.loads(capsys.readouterr().out)["error"]["code"] == "not_found"
         assert main(["health"]) == 0
-        assert json.loads(capsys.readouterr().out) == {"live_workers_on_this_host": 1}
+        assert json.loads(capsys.readouterr().out) == {
+            "live_workers_on_this_host": 1,
+            "stranded_entries": 0,
+            "stranded_streams": [],
+        }
 
         def committed_counted() -> bool:
             # Counters are written about once a second, or as soon as the worker idles.
