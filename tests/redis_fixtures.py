@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import redis
 
+from engram.procs import die_with_parent
 from store import LLM, Embedder, HashingEmbedder, Store
 from worker.partition import ForgetHook
 from worker.runtime import connect_redis
@@ -234,6 +235,7 @@ def spawn(command: str, env: dict[str, str], log_path: Path) -> WorkerProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO,
+            preexec_fn=die_with_parent(),  # SIGTERM if the test run dies, however it dies
         )
     return WorkerProcess(process, log_path)
 
