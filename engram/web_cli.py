@@ -152,7 +152,15 @@ def listen(config: WebConfig, *, chosen: bool) -> tuple[socket.socket, WebConfig
             "the dashboard's default port is taken, serving on a free one",
             extra={"taken": config.port, "port": sock.getsockname()[1]},
         )
+    sock = tcp(sock)
     return sock, dataclasses.replace(config, port=int(sock.getsockname()[1]))
+
+
+def tcp(sock: socket.socket) -> socket.socket:
+    """``sock`` named a TCP socket (``socket.create_server`` leaves its protocol 0).
+    asyncio sets TCP_NODELAY only on connections whose protocol says TCP: without it,
+    a keep-alive request waited for the client's delayed ACK, 40 ms and more each."""
+    return socket.socket(sock.family, sock.type, socket.IPPROTO_TCP, fileno=sock.detach())
 
 
 def inherited(fd: int, config: WebConfig) -> tuple[socket.socket, WebConfig]:

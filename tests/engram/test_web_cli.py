@@ -12,7 +12,7 @@ import httpx
 
 from store import Store
 from tests.redis_fixtures import REPO
-from tests.web_fixtures import TOKEN, Served
+from tests.web_fixtures import TOKEN, Served, free_port
 
 
 def test_any_bind_but_loopback_without_a_token_refuses_to_start(dsn: str, redis_url: str) -> None:
@@ -72,3 +72,36 @@ def test_served_on_all_interfaces_every_call_needs_the_token(
     bearer = {"Authorization": f"Bearer {TOKEN}"}
     assert httpx.get(served.url + "/api/v1/receipts", headers=bearer).status_code == 200
     assert httpx.get(served.url + "/healthz").json()["status"] == "ok"
+
+
+def test_the_dashboards_connections_send_at_once() -> None:
+    """The listening socket says TCP, so asyncio (as uvicorn serves) sets TCP_NODELAY on
+    each connection: a response's head and body leave at once, not the body after the
+    client's delayed ACK (40 ms and more a keep-alive request, before)."""
+    import asyncio
+    import socket
+
+    from engram.web_cli import listen
+    from web.config import WebConfig
+
+    sock, config = listen(WebConfig(host="127.0.0.1", port=free_port()), chosen=True)
+    assert sock.proto == socket.IPPROTO_TCP
+    nodelay: list[int] = []
+
+    async def serve() -> None:
+        def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = writer.get_extra_info("socket")
+            nodelay.append(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(accepted, sock=sock)
+        async with server:
+            _, writer = await asyncio.open_connection("127.0.0.1", config.port)
+            for _ in range(100):
+                if nodelay:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+
+    asyncio.run(serve())
+    assert nodelay and nodelay[0] != 0
