@@ -1,7 +1,39 @@
-"""The worker's defaults, in one place. Each can be overridden through ``Settings``."""
+"""The worker's defaults, in one place.
 
-# Partition streams. Changing the count while operations are queued sends a
-# scope's later operations to another stream: drain the streams first.
+These are read from the environment, once, by ``Settings.from_env``
+(``worker.settings``), each from its variable:
+
+- ``PARTITIONS``: ``ENGRAM_PARTITIONS`` (the count of layout epoch 0; once
+  ``engram repartition`` has run, the layout in Redis wins);
+- ``BATCH_SIZE``: ``ENGRAM_BATCH_SIZE``;
+- ``BLOCK_MS``: ``ENGRAM_BLOCK_MS``;
+- ``LINGER_MS``: ``ENGRAM_LINGER_MS``;
+- ``LEASE_TTL_MS``: ``ENGRAM_LEASE_TTL_MS``;
+- ``LEASE_MARGIN_MS``: ``ENGRAM_LEASE_MARGIN_MS`` (unset, it is also at most a
+  fifth of the lease TTL);
+- ``MAX_DELIVERIES``: ``ENGRAM_MAX_DELIVERIES``;
+- ``REPLY_TTL_S``: ``ENGRAM_REPLY_TTL_S``;
+- ``DB_POOL_SIZE``: ``ENGRAM_DB_POOL_SIZE``;
+- ``UP_WORKERS``: ``ENGRAM_WORKERS``;
+- ``LLM_CONCURRENCY``: ``ENGRAM_LLM_CONCURRENCY``;
+- ``LLM_DEADLINE_S``: ``ENGRAM_LLM_DEADLINE_S``;
+- ``LLM_MAX_HELD``: ``ENGRAM_LLM_MAX_HELD``.
+
+The others are read by no variable:
+
+- ``STREAM_MAX_LEN`` is only a default: a ``Producer`` (and the dead-letter retry)
+  takes ``stream_max_len``;
+- ``MAX_PARTITIONS``, ``LINGER_BELOW``, ``STRAY_CHECK_S``, ``BACKOFF_MIN_S``,
+  ``BACKOFF_MAX_S``, ``MAX_ENTRY_BYTES``, ``RATE_INTERVAL_S``, ``RATE_TTL_S`` and
+  ``METRICS_FLUSH_S`` are fixed: changing one is changing the code.
+
+``tests/test_architecture.py`` checks both lists against this module and against
+``Settings.from_env``.
+"""
+
+# Partition streams. Changing ENGRAM_PARTITIONS while operations are queued (and no
+# layout is in Redis yet) sends a scope's later operations to another stream: drain
+# the streams first, or switch online with ``engram repartition`` (``layout``).
 PARTITIONS = 16
 # The most partition streams a layout may have (``ENGRAM_PARTITIONS``, ``engram
 # repartition P``): every worker tick, producer layout and dashboard poll loops over
