@@ -67,6 +67,7 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
                     (f"{would}forgotten again", result.reapplied),
                     (f"{would}tombstoned (never in this database)", result.tombstoned),
                     ("refused", result.failed),
+                    ("erased from the files (VACUUM)", result.erased),
                     ("damaged ledger lines", result.damaged_lines),
                 ]
             )

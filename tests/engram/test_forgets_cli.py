@@ -59,6 +59,7 @@ def test_replay_after_a_pg_dump_restore_reapplies_the_later_forgets_once(
         "reapplied": 2,
         "tombstoned": 0,
         "failed": 0,
+        "erased": 0,
         "damaged_lines": 0,
         "dry_run": True,
     }
@@ -67,7 +68,7 @@ def test_replay_after_a_pg_dump_restore_reapplies_the_later_forgets_once(
         assert conn.execute("SELECT count(*) FROM engram_forgotten").fetchone()[0] == 1
 
     code, out, _ = run(capsys, "forgets", "replay", "--json")
-    assert code == 0 and json.loads(out)["reapplied"] == 2
+    assert code == 0 and json.loads(out)["reapplied"] == json.loads(out)["erased"] == 2
     with psycopg.connect(restored) as conn:
         gone = conn.execute("SELECT record_id FROM engram_forgotten ORDER BY record_id").fetchall()
         assert sorted(r[0] for r in gone) == sorted(ids[:3])

@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from store import ForgetEvent, HashingEmbedder, Operation, Store
+from store import ForgetEvent, HashingEmbedder, Operation, Store, ledger_replay
 from store.errors import EngramError, LedgerUnavailableError
 from store.ledger import ForgetLedger, LedgerEntry
 from store.ledger_replay import REPLAY_BY, check, replay
@@ -169,3 +169,29 @@ def test_replay_on_a_restored_dump_reapplies_exactly_the_later_forgets(
 
         again = replay(restored, ledger)
         assert (again.already_forgotten, again.reapplied, again.tombstoned) == (4, 0, 0)
+
+
+def test_a_replay_killed_before_its_vacuum_is_finished_by_the_next_run(
+    fresh_store: Store, fresh_dsn: str, ledger: ForgetLedger
+) -> None:
+    scope = {"user_id": "kai"}
+    mem = fresh_store.session(scope, embedder=HashingEmbedder(64))
+    ids = [mem.remember(f"Kai's quokkafluff {i}.").records[0].id for i in range(2)]
+    entries = [LedgerEntry(rid, scope, f"forget-{rid}", _now()) for rid in ids]
+    ledger.append(entries)
+    # The replay's commit step alone, as a run killed right after it leaves it.
+    ledger_replay._forget(fresh_store, entries)
+
+    def states() -> list[str]:
+        with psycopg.connect(fresh_dsn) as conn:
+            rows = conn.execute(
+                "SELECT redaction FROM engram_receipts WHERE operation_id = ANY(%s)",
+                ([e.operation_id for e in entries],),
+            ).fetchall()
+        return sorted(r[0] for r in rows)
+
+    assert states() == ["pending", "pending"]
+    done = replay(fresh_store, ledger)
+    assert (done.already_forgotten, done.reapplied, done.erased) == (2, 0, 2)
+    assert states() == ["complete", "complete"]
+    assert replay(fresh_store, ledger).erased == 0
