@@ -1,20 +1,25 @@
 """A forget whose jobs worker is SIGKILLed between the forget's commit and its ledger
 append: the forget stays ``pending``, the next jobs worker appends it, and only then is
-its redaction ``complete``. Real ``engram jobs`` processes, killed for real."""
+its redaction ``complete``. Real ``engram jobs`` processes, killed for real. And the
+jobs' schedule appends the forgets that never reached a redaction job."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from rq.job import JobStatus
 
-from store import Store
+from jobs import queues, schedule
+from store import HashingEmbedder, Store
 from store.ledger import ForgetLedger
+from tests import jobs_fixtures
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST, wait_until
 from worker import Producer
@@ -93,3 +98,23 @@ def test_a_forget_killed_before_its_ledger_append_is_in_the_ledger_before_comple
         forget.operation_id,
     )
     assert b"wombatstone" not in b"".join(p.read_bytes() for p in ledger.files())
+
+
+def test_the_schedule_appends_the_forgets_that_never_reached_a_redaction_job(
+    fresh_store: Store, fresh_dsn: str, redis_url: str, tmp_path: Path
+) -> None:
+    # Forgotten through a Store with no ledger (as with no listener configured, the
+    # forget never goes to a redaction job).
+    mem = fresh_store.session(SCOPE, embedder=HashingEmbedder(64))
+    record = mem.remember(SECRET).records[0].id
+    mem.forget(record)
+    ledger = ForgetLedger(tmp_path / "ledger")
+    with Store.connect(fresh_dsn, migrate=False, ledger=ledger) as jobs_store:
+        ctx = jobs_fixtures.context(jobs_store, redis_url)
+        [repair] = [s for s in schedule.upkeep_schedules() if s.name == "repair-forget-ledger"]
+        [job_id] = schedule.enqueue_due(ctx.client, [repair], time.time())
+        jobs_fixtures.run_burst(ctx, redis_url)
+        job = queues.fetch(ctx.client, job_id)
+        assert job is not None and job.get_status() == JobStatus.FINISHED
+    [entry] = ledger.entries()
+    assert (entry.record_id, entry.scope) == (record, SCOPE)
