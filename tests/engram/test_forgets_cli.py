@@ -5,12 +5,14 @@ check finds what the ledger lacks and repairs it; bad input changes nothing."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from engram.cli import main
+from engram.forgets_cli import since_arg
 from store import HashingEmbedder, Store
 from store.ledger import ForgetLedger
 from store.server import EmbeddedPostgres
@@ -106,3 +108,11 @@ def test_a_bad_since_is_refused_and_changes_nothing(
     Store.connect(fresh_dsn).close()
     code, _, err = run(capsys, "forgets", "replay", "--since", "last tuesday")
     assert code == 2 and "--since" in err
+
+
+def test_since_takes_a_time_or_a_duration_back() -> None:
+    now = datetime(2026, 12, 4, 12, tzinfo=UTC)
+    assert since_arg("36h", now) == now - timedelta(hours=36)
+    assert since_arg("2026-12-01T10:00:00", now) == datetime(2026, 12, 1, 10, tzinfo=UTC)
+    assert since_arg("2026-12-01T10:00:00+02:00", now) == datetime(2026, 12, 1, 8, tzinfo=UTC)
+    assert since_arg(None) is None

@@ -4,7 +4,7 @@ repair against the tombstones, and replay on a database restored from a dump."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -195,3 +195,15 @@ def test_a_replay_killed_before_its_vacuum_is_finished_by_the_next_run(
     assert (done.already_forgotten, done.reapplied, done.erased) == (2, 0, 2)
     assert states() == ["complete", "complete"]
     assert replay(fresh_store, ledger).erased == 0
+
+
+def test_since_reads_only_the_later_forgets(ledger: ForgetLedger) -> None:
+    now = _now()
+    ledger.append(
+        LedgerEntry(rid, {"user_id": "u"}, f"op-{rid}", now - timedelta(hours=hours))
+        for rid, hours in (("old", 48), ("recent", 1))
+    )
+    assert [e.record_id for e in ledger.entries(since=now - timedelta(hours=2))] == ["recent"]
+    naive = (now - timedelta(hours=2)).replace(tzinfo=None)  # read as UTC
+    assert [e.record_id for e in ledger.entries(since=naive)] == ["recent"]
+    assert list(ledger.entries(since=now + timedelta(days=2))) == []  # its file skipped
