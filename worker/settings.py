@@ -71,6 +71,8 @@ class Settings:
     # Replicas that must hold an entry before an enqueue returns (WAIT); 0: none.
     wait_replicas: int = 0
     llm: LLMConfig | None = None  # ENGRAM_LLM_URL and the rest (``LLMConfig.from_env``)
+    # The forget ledger's directory (ENGRAM_FORGET_LEDGER_DIR); None: ``home/ledger``.
+    forget_ledger_dir: Path | None = None
 
     __repr__ = masked_repr
 
@@ -109,7 +111,15 @@ class Settings:
             ),
             wait_replicas=_int(env, "ENGRAM_WAIT_REPLICAS", 0),
             llm=LLMConfig.from_env(env),
+            forget_ledger_dir=Path(env["ENGRAM_FORGET_LEDGER_DIR"])
+            if env.get("ENGRAM_FORGET_LEDGER_DIR")
+            else None,
         )
+
+    @property
+    def ledger_dir(self) -> Path:
+        """Where the forget ledger is kept (store.ledger): outside the database."""
+        return self.forget_ledger_dir or self.home / "ledger"
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
