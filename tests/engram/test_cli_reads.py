@@ -166,3 +166,23 @@ def test_dead_letters_list_show_retry_discard(
         assert (code, out) == (1, "") and "not_found" in err
     code, out, err = run(capsys, "dead-letters", "show", "not-an-id")
     assert code == 2 and "invalid_request" in err
+
+
+def test_recall_follows_the_active_generation_not_engram_embedder(
+    ada: str,
+    scope: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a re-embedding the store's active model is not ENGRAM_EMBEDDER's: recall
+    without --embedder queries with the active generation's model, as the API does
+    (issue 29, item 4: it said embedding_mismatch until --embedder was passed)."""
+    monkeypatch.setenv("ENGRAM_EMBEDDER", "hashing:32")  # the store's generation: 64 dims
+    argv = ["recall", "Where does Ada live? Paris", "--scope", json.dumps(scope), "--json"]
+    code, out, err = run(capsys, *argv)
+    assert (code, err) == (0, "")
+    hits = json.loads(out)
+    assert hits[0]["record"]["id"] == ada and hits[0]["match"] == "hybrid"
+    # Named on the command line, a model that is not the active one is still refused.
+    code, out, err = run(capsys, *argv, "--embedder", "hashing:32")
+    assert code == 1 and out == "" and "embedding_mismatch" in err
