@@ -511,6 +511,11 @@ SCHEMAS: dict[str, Schema] = {
             "job_id": nullable({"type": "string"}),
             "message": nullable({"type": "string"}),
             "superseded_by": nullable({"type": "integer"}),
+            "retrying": {
+                "type": "boolean",
+                "description": "A slice failed and is tried again later: message says why "
+                "and when.",
+            },
         }
     ),
     "Generation": obj(
