@@ -240,6 +240,8 @@ class ProgressView:
 
     @property
     def eta(self) -> str:
+        if self.retrying and self.live:
+            return "unknown (retrying)"  # the rate measured before it failed means nothing
         return duration(self.eta_s) if self.eta_s is not None else "unknown"
 
     def as_dict(self) -> dict[str, Any]:

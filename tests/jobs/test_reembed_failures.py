@@ -11,19 +11,23 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 from starlette.testclient import TestClient
 
 from jobs import reembed
 from jobs.progress import Progress, generation_status, progress_of
+from jobs.settings import Reembed
 from store import HashingEmbedder, Store
 from store.values import Generation
+from store.vectors.registry import EmbedderRegistry, parse_plugins
 from tests.embedder_faults import BREAKS_WITH, FAULTY_PLUGINS
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST, REPO, wait_until
-from tests.web_fixtures import BASE_URL, make_app
+from tests.web_fixtures import BASE_URL, Browser, Served, make_app
 from worker.runtime import connect_redis
 
 CAUSE = f"RuntimeError: {BREAKS_WITH}"
@@ -97,7 +101,7 @@ def test_a_retrying_reembed_shows_its_errors_in_the_cli_and_on_the_overview(
     with reembed_cli(breaking, log) as cli:
         retrying = wait_until(
             lambda: (p := _progress(fresh_store)) is not None and p.retrying and p,
-            timeout=60,
+            timeout=180,
             what="the failed slice to wait for its retry",
         )
         assert retrying.state in ("running", "waiting") and retrying.errors >= 1
@@ -105,7 +109,7 @@ def test_a_retrying_reembed_shows_its_errors_in_the_cli_and_on_the_overview(
         # The command says so, not "pass 1 waiting" for as long as the retry waits.
         line = wait_until(
             lambda: next((x for x in log.read_text().splitlines() if "retrying" in x), None),
-            timeout=30,
+            timeout=60,
             what="engram reembed to print the retry",
         )
         assert re.search(r"pass \d retrying · \d+ errors? · ", line), line
@@ -128,7 +132,7 @@ def test_a_retrying_reembed_shows_its_errors_in_the_cli_and_on_the_overview(
         generation = _breaking_generation(fresh_store)
         assert generation is not None
         reembed.cancel(fresh_store, generation.id, requested_by="test", why=None)
-        assert cli.wait(30) == 1  # the command ends with the cancel
+        assert cli.wait(60) == 1  # the command ends with the cancel
 
 
 def test_a_failed_reembed_reads_failed_in_its_status_and_its_badge(
@@ -139,7 +143,7 @@ def test_a_failed_reembed_reads_failed_in_its_status_and_its_badge(
     breaking = {**breaking, "ENGRAM_REEMBED_RETRY": "off"}
     log = tmp_path / "reembed.out"
     with reembed_cli(breaking, log) as cli:
-        assert cli.wait(120) == 1
+        assert cli.wait(300) == 1
     assert f"engram: reembed failed: {CAUSE}" in log.read_text()
     generation = _breaking_generation(fresh_store)
     assert generation is not None and generation.status == "pending"
@@ -157,4 +161,60 @@ def test_a_failed_reembed_reads_failed_in_its_status_and_its_badge(
         overview = http.get("/").text
         assert "reembed failed" in overview and CAUSE in overview
         assert 'badge pending">pending' not in overview
+    client.close()
+
+
+SCREENSHOTS = REPO / "docs" / "screenshots"
+
+
+def test_a_person_sees_a_retrying_reembed_on_the_overview_and_generations(
+    fresh_store: Store,
+    fresh_dsn: str,
+    redis_url: str,
+    breaking: dict[str, str],
+    serve_web: Callable[..., Served],
+    browser: Browser,
+) -> None:
+    """In a real Chromium, served by ``engram web``: the overview card says the reembed
+    is retrying, how many errors and why, where it said "reembed waiting: 0/54, ETA
+    unknown"; its generation's row says ``reembed retrying`` with the cause."""
+    client = connect_redis(redis_url)
+    registry = EmbedderRegistry(parse_plugins(FAULTY_PLUGINS))
+    started = reembed.start(
+        fresh_store,
+        client,
+        registry,
+        "breaks",
+        requested_by="test",
+        settings=replace(Reembed(), batch_size=5, retry_s=(600,)),
+    )
+    wait_until(
+        lambda: (p := _progress(fresh_store)) is not None and p.retrying,
+        timeout=180,
+        what="the failed slice to wait for its retry",
+    )
+    served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
+    page = browser.page
+    SCREENSHOTS.mkdir(exist_ok=True)
+    for width in (1280, 390):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.goto(served.url + "/")
+        card = page.locator(".reembed-progress")
+        expect(card).to_contain_text("reembed retrying: 10 / 20")
+        expect(card).to_contain_text("ETA unknown (retrying)")
+        expect(card).to_contain_text("error")
+        expect(page.locator(".reembed-trouble")).to_contain_text(CAUSE)
+        expect(page.locator(".reembed-trouble")).to_contain_text("retrying in 600 s")
+        page.locator(".card", has=card).screenshot(
+            path=str(SCREENSHOTS / f"overview-reembed-retrying-{width}.png")
+        )
+        page.goto(served.url + "/generations")
+        row = page.locator(f"#progress-{started.generation_id}")
+        expect(row).to_contain_text("reembed retrying")
+        expect(row).to_contain_text(CAUSE)
+        page.screenshot(
+            path=str(SCREENSHOTS / f"generations-reembed-retrying-{width}.png"), full_page=True
+        )
+    assert [m for m in browser.console if "Refused to" in m or "pageerror" in m] == []
+    reembed.cancel(fresh_store, started.generation_id, requested_by="test", why=None)
     client.close()
