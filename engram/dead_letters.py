@@ -50,12 +50,12 @@ def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
             _when(x.at_ms),
             x.partition,
             x.reason,
-            x.error.get("code"),
+            x.code,
             x.operation_id,
         ]
         for x in letters
     ]
-    print(table(("id", "at", "partition", "reason", "error", "operation"), rows), end="")
+    print(table(("id", "at", "partition", "reason", "code", "operation"), rows), end="")
     if letters and len(letters) < total:
         print(f"{len(letters)} of {total}; older: --before {letters[-1].id}")
     return exits.OK

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
-from jobs.progress import Progress, bar
+from jobs.progress import Progress, bar, trouble
 from store import Store
 
 
@@ -16,7 +16,7 @@ def follow(store: Store, generation_id: int, poll_s: float = 0.5) -> int:
     with how it ended on stderr (``engram: reembed failed: <root cause>``, cancelled by
     whom, superseded by which generation)."""
     tty = sys.stdout.isatty()
-    shown = ""
+    shown = said = ""
     printed_at = 0.0
     while True:
         generation = store.embeddings.get(generation_id)
@@ -26,14 +26,17 @@ def follow(store: Store, generation_id: int, poll_s: float = 0.5) -> int:
             print(f"engram: reembed {status}: generation {generation_id}", file=sys.stderr)
             return 0 if status == "active" else 1
         if progress is not None:
-            line = bar(progress)
+            line, news = bar(progress), trouble(progress)
             if tty:
                 sys.stdout.write(f"\r{line}\033[K")
                 sys.stdout.flush()
-            elif line != shown and (progress.finished or time.monotonic() - printed_at >= 5):
+            elif line != shown and (
+                # A failure or a retry is said at once; progress every 5 s at most.
+                progress.finished or news != said or time.monotonic() - printed_at >= 5
+            ):
                 print(line, flush=True)
                 printed_at = time.monotonic()
-            shown = line
+            shown, said = line, news
             if progress.finished:
                 if tty:
                     print()

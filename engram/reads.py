@@ -8,9 +8,10 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from store import Scope
+from store import Embedder, Scope
 from store.errors import NotFoundError
 from store.portable import record_as_dict
+from store.vectors.embedders import EmbedderResolver
 from worker.settings import Settings
 
 from . import exits, wiring
@@ -64,7 +65,7 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_recall(settings: Settings, args: argparse.Namespace) -> int:
     scope = _scope(args)
-    embedder = wiring.load_embedder(args.embedder or settings.embedder)
+    embedder = _query_embedder(settings, args.embedder)
     with open_store(settings, "engram recall") as store:
         hits = store.recall(
             scope,
@@ -83,6 +84,16 @@ def cmd_recall(settings: Settings, args: argparse.Namespace) -> int:
     rows = [[h.score, h.match, h.record.id, h.record.revision, h.record.text] for h in hits]
     print(table(("score", "match", "id", "rev", "text"), rows), end="")
     return exits.OK
+
+
+def _query_embedder(settings: Settings, spec: str | None) -> Embedder | EmbedderResolver:
+    """``--embedder`` when given (a model the active generation must match); else the
+    active generation's model, ``ENGRAM_EMBEDDER`` only before the store has one: the
+    reader follows a re-embedding as the API, the dashboard and the workers do."""
+    if spec is not None:
+        return wiring.load_embedder(spec)
+    registry = wiring.registry(settings)
+    return registry.resolver(wiring.load_embedder(settings.embedder, registry))
 
 
 def cmd_receipts(settings: Settings, args: argparse.Namespace) -> int:
@@ -153,7 +164,9 @@ def register(sub: Any) -> None:
     recall.add_argument("--kind", default=None)
     recall.add_argument("--include-retracted", action="store_true")
     recall.add_argument(
-        "--embedder", default=None, help="default: ENGRAM_EMBEDDER, as the workers use"
+        "--embedder",
+        default=None,
+        help="default: the active generation's model (ENGRAM_EMBEDDER before the store has one)",
     )
     _after_arg(recall)
 

@@ -11,6 +11,8 @@ renamed):
 ``total``         current revisions in the store
 ``skipped``       vectors not stored because their record moved on meanwhile
 ``errors``        batches or slices that failed (and were tried again)
+``retrying``      a slice failed and is tried again later (``message`` says why, and
+                  when): the re-embedding is not stalled, it is failing
 ``rate_per_s``    records handled per second in the last slice
 ``eta_s``         seconds left at that rate (null when unknown)
 ``started_at``, ``updated_at``   ISO 8601, UTC
@@ -69,6 +71,7 @@ class Progress:
     embed_s: float = 0.0  # time spent in the embedder, all slices together
     store_s: float = 0.0  # time spent listing records and storing vectors
     superseded_by: int | None = None
+    retrying: bool = False  # a slice failed; RQ runs it again after a pause
 
     @classmethod
     def queued(
@@ -100,6 +103,7 @@ class Progress:
                 embed_s=float(data.get("embed_s", 0.0)),
                 store_s=float(data.get("store_s", 0.0)),
                 superseded_by=None if superseded_by is None else int(superseded_by),
+                retrying=data.get("retrying") is True,
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -166,16 +170,27 @@ def eta(left: int, rate_per_s: float) -> float | None:
 
 
 def bar(progress: Progress, width: int = 30) -> str:
-    """One line for a terminal: ``[#####.....] 1,234/5,000 25% 250.0/s ETA 15s``."""
+    """One line for a terminal: ``[#####.....] 1,234/5,000 25% 250.0/s ETA 15s``, then
+    what went wrong while it runs (``· 3 errors · RuntimeError: ...; retrying in 30 s``)."""
     total = max(progress.total, 1)
     share = min(max(progress.done / total, 0.0), 1.0)
     filled = round(share * width)
     eta_text = "-" if progress.eta_s is None else _clock(progress.eta_s)
+    state = "retrying" if progress.retrying and not progress.finished else progress.state
     return (
         f"[{'#' * filled}{'.' * (width - filled)}] {progress.done:,}/{progress.total:,}"
         f" {share:4.0%} {progress.rate_per_s:,.1f}/s ETA {eta_text}"
-        f" pass {progress.pass_} {progress.state}"
+        f" pass {progress.pass_} {state}{trouble(progress)}"
     )
+
+
+def trouble(progress: Progress) -> str:
+    """`` · 3 errors · <why>`` while a live re-embedding fails or retries; else empty
+    (a finished one's outcome is said on its own)."""
+    if progress.finished or not (progress.errors or progress.retrying):
+        return ""
+    errors = f" · {progress.errors} error{'s' if progress.errors != 1 else ''}"
+    return errors + (f" · {progress.message}" if progress.message else "")
 
 
 def _clock(seconds: float) -> str:
@@ -206,10 +221,16 @@ class ProgressView:
     job_id: str | None
     message: str | None = None
     superseded_by: int | None = None
+    retrying: bool = False
 
     @property
     def live(self) -> bool:
         return self.state in LIVE_STATES
+
+    @property
+    def shown_state(self) -> str:
+        """The state a page names: ``retrying`` for a live one whose slice failed."""
+        return "retrying" if self.retrying and self.live else self.state
 
     @property
     def percent(self) -> float | None:
@@ -219,6 +240,8 @@ class ProgressView:
 
     @property
     def eta(self) -> str:
+        if self.retrying and self.live:
+            return "unknown (retrying)"  # the rate measured before it failed means nothing
         return duration(self.eta_s) if self.eta_s is not None else "unknown"
 
     def as_dict(self) -> dict[str, Any]:
@@ -237,7 +260,17 @@ class ProgressView:
             "job_id": self.job_id,
             "message": self.message,
             "superseded_by": self.superseded_by,
+            "retrying": self.retrying,
         }
+
+
+def generation_status(status: str, progress: ProgressView | None) -> str:
+    """The status a page shows for a generation: a pending one whose re-embedding
+    failed is ``failed`` (still pending in the store: it waits for a new ``reembed``
+    or a cancel), never ``pending`` beside a "reembed failed" badge."""
+    if status == "pending" and progress is not None and progress.state == "failed":
+        return "failed"
+    return status
 
 
 def progress_of(raw: Mapping[str, Any] | None) -> ProgressView | None:
@@ -262,6 +295,7 @@ def progress_of(raw: Mapping[str, Any] | None) -> ProgressView | None:
         job_id=_text(raw.get("job_id")),
         message=_text(raw.get("message"), MAX_MESSAGE_CHARS),
         superseded_by=superseded_by,
+        retrying=raw.get("retrying") is True,
     )
 
 

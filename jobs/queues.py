@@ -221,3 +221,15 @@ def status(client: redis.Redis, job_id: str) -> JobStatus | None:
 def is_final_attempt(job: Job | None) -> bool:
     """True when a failure of this run is not retried (no retries, or none left)."""
     return job is None or not job.retries_left
+
+
+def retry_note(job: Job | None) -> str:
+    """``retrying in 30 s (2 retries left)``: when a failure of this run is tried again
+    (RQ's count, before it takes this retry off)."""
+    if job is None or not job.retries_left:
+        return "not retried"
+    left = job.retries_left - 1
+    return (
+        f"retrying in {job.get_retry_interval()} s "
+        f"({left} more {'retry' if left == 1 else 'retries'} after that)"
+    )

@@ -234,7 +234,15 @@ class _Slice:
     def _work(self, known: Progress, embedder: Embedder, lease: JobLease) -> dict[str, Any]:
         deadline = time.monotonic() + self.settings.slice_s
         done, total = self.embeddings.counts(self.generation_id)
-        p = known.at("running", now(), done=done, total=total, job_id=self.job_id, message=None)
+        p = known.at(
+            "running",
+            now(),
+            done=done,
+            total=total,
+            job_id=self.job_id,
+            message=None,
+            retrying=False,
+        )
         self._save(p)
         saved_at = handled = 0.0
         started = time.monotonic()
@@ -366,13 +374,15 @@ class _Slice:
             known = Progress.from_dict(generation.progress) if generation else None
         if known is None:
             return
-        final = queues.is_final_attempt(get_current_job())
+        job = get_current_job()
+        final = queues.is_final_attempt(job)
         self._save(
             known.at(
                 "failed" if final else known.state,
                 now(),
                 errors=known.errors + 1,
-                message=cause + ("" if final else "; retrying"),
+                message=cause if final else f"{cause}; {queues.retry_note(job)}",
+                retrying=not final,
             )
         )
 

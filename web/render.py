@@ -17,6 +17,7 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
+from jobs.progress import generation_status
 from store.values import Scope
 
 from .csrf import Csrf
@@ -48,6 +49,8 @@ class Renderer:
             qs=query_string,
             number=number,
         )
+        # A generation's status as its re-embedding's outcome allows (``jobs.progress``).
+        self.env.globals["generation_status"] = generation_status
 
     def page(
         self,

@@ -22,6 +22,7 @@ from store.vectors.embedders import EmbedderResolver
 from store.write.reconcile import Decision
 
 from . import keys
+from .causes import Cause, cause_of, strings_in
 from .defaults import BACKOFF_MIN_S
 from .outcomes import Outcomes
 from .partition import Item, Partition, partitions_of
@@ -45,11 +46,16 @@ TRANSIENT_REDIS = (
 
 # Waits out a passing outage of ``server`` (or stops the consumer): the next delay.
 WaitOut = Callable[..., float]
-Failed = list[tuple[Partition, Entry, str]]
+Failed = list[tuple[Partition, Entry, Cause]]
 
 
 class Unappliable(Exception):
-    """``store.execute`` raised something that is neither a passing failure nor a fence."""
+    """``store.execute`` raised something that is neither a passing failure nor a fence;
+    ``cause`` says what, fit to show (``worker.causes``)."""
+
+    def __init__(self, cause: Cause) -> None:
+        super().__init__(cause.detail)
+        self.cause = cause
 
 
 def unique_segments(items: Sequence[T], operation_id: Callable[[T], str]) -> list[list[T]]:
@@ -101,7 +107,7 @@ class Committer:
                 try:
                     outcomes += self.execute([item[0]], [item], True, decisions)
                 except Unappliable as exc:
-                    failed.append((item[0], item[1], str(exc)))
+                    failed.append((item[0], item[1], exc.cause))
         return outcomes, failed
 
     def execute(
@@ -144,7 +150,8 @@ class Committer:
             except TRANSIENT_DB as exc:
                 delay = self.wait_out("database", exc, delay, entries=len(items))
             except Exception as exc:
-                raise Unappliable(type(exc).__name__) from exc
+                texts = strings_in([entry.operation.to_dict() for _, entry in items])
+                raise Unappliable(cause_of(exc, texts)) from exc
 
     def _count_fenced(self, partitions: int) -> None:
         """The store refused a commit of ours: worth a counter of its own, best effort."""

@@ -61,6 +61,7 @@ from store import LLM, Embedder, Store
 from store.vectors.embedders import EmbedderResolver
 
 from . import groups, keys, pause
+from .causes import Cause
 from .cluster import is_cluster
 from .committer import TRANSIENT_DB, TRANSIENT_REDIS, Committer
 from .defaults import (
@@ -468,7 +469,7 @@ class Consumer(threading.Thread):
         self._finish(outcomes, sorted_.dead, started, released)
 
     def _model_failures(
-        self, released: Released, failed: list[tuple[Partition, Entry, str]]
+        self, released: Released, failed: list[tuple[Partition, Entry, Cause]]
     ) -> Outcomes:
         """Operations whose model phase failed are answered with its error (nothing was
         committed); one whose phase raised something unexpected is dead-lettered."""
@@ -501,6 +502,8 @@ class Consumer(threading.Thread):
                     "operation_id": d.operation_id,
                     "reason": d.reason,
                     "code": d.error.code,
+                    # Why, content-free: the cause's code and its error's type and message.
+                    **d.error.details(),
                     "deliveries": d.deliveries,
                 },
             )

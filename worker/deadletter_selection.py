@@ -47,7 +47,7 @@ class Match:
 
     reason: str | None = None
     partition: int | None = None
-    code: str | None = None  # the error's code
+    code: str | None = None  # the letter's code (``DeadLetter.code``), or its error's
     kind: str | None = None  # the operation's kind, as ``kind_of`` reads it
     since_ms: int | None = None
     until_ms: int | None = None
@@ -64,7 +64,7 @@ class Match:
         return (
             (self.reason is None or letter.reason == self.reason)
             and (self.partition is None or letter.partition == self.partition)
-            and (self.code is None or letter.error.get("code") == self.code)
+            and (self.code is None or self.code in (letter.code, letter.error.get("code")))
             and (self.since_ms is None or letter.at_ms >= self.since_ms)
             and (self.until_ms is None or letter.at_ms < self.until_ms)
             and (self.kind is None or kind_of(letter) == self.kind)

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from store.errors import EngramError, InvalidRequestError, NotFoundError
+from store.errors import (
+    EmbedderUnavailableError,
+    EngramError,
+    InvalidRequestError,
+    ModelOutputError,
+    ModelUnavailableError,
+    NotFoundError,
+)
 
 from . import cluster, keys, layout, streams
 from .defaults import STREAM_MAX_LEN
@@ -32,6 +39,15 @@ MALFORMED = "malformed"  # not a valid operation for its partition
 DELIVERIES = "deliveries"  # delivered too many times without a commit
 FAILED = "failed"  # its commit raised an unexpected error on its own
 REASONS = (MALFORMED, DELIVERIES, FAILED)
+
+TOO_MANY_DELIVERIES = "too_many_deliveries"
+
+# A letter of a failed commit written before causes named its error's class only.
+_APPLIED = re.compile(r"could not be applied \(([A-Za-z_][A-Za-z0-9_]{0,63})\)")
+_LEGACY = {
+    cls.__name__: cls.code
+    for cls in (EmbedderUnavailableError, ModelUnavailableError, ModelOutputError)
+}
 
 # An operator's why for a retry or discard: free text, kept in the audit row.
 MAX_WHY_CHARS = 200
@@ -52,6 +68,29 @@ class DeadLetter:
     malformed: bool = False
     epoch: int = 0  # the layout epoch of ``partition`` (``layout``)
 
+    @property
+    def code(self) -> str:
+        """What stopped it, as a code that tells the causes apart: the error's ``cause``
+        (``invalid_json``, ``too_many_deliveries``, ``embedder_unavailable``...), else its
+        ``code``, read back as well as it can be from a letter written before causes."""
+        cause = self.error.get("cause")
+        if isinstance(cause, str) and cause:
+            return cause[:64]
+        code = self.error.get("code")
+        code = code[:64] if isinstance(code, str) else ""
+        if code == "dead_lettered" and self.reason == DELIVERIES:
+            return TOO_MANY_DELIVERIES
+        if code == "dead_lettered" and self.reason == FAILED:
+            found = _APPLIED.search(str(self.error.get("message", "")))
+            return _LEGACY.get(found.group(1), code) if found else code
+        return code
+
+    @property
+    def detail(self) -> str | None:
+        """The root cause: its error's type and content-free message, when it was kept."""
+        detail = self.error.get("detail")
+        return detail if isinstance(detail, str) and detail else None
+
     def as_dict(self) -> dict[str, Any]:
         """The letter as JSON, one shape for the API and the CLI."""
         at = datetime.fromtimestamp(self.at_ms / 1000, tz=UTC)
@@ -61,6 +100,8 @@ class DeadLetter:
             "entry": self.entry_id,
             "operation_id": self.operation_id,
             "reason": self.reason,
+            "code": self.code,
+            "detail": self.detail,
             "error": self.error,
             "deliveries": self.deliveries,
             "at_ms": self.at_ms,
@@ -180,11 +221,10 @@ def home_partition(letter: DeadLetter, now: Epoch) -> int | None:
 def attempt(letter: DeadLetter) -> dict[str, str | int]:
     """What a retry should remember of the letter it removes (for the audit row): why it
     was dead-lettered, after how many deliveries, with which error code."""
-    code = letter.error.get("code")
     return {
         "dead_reason": letter.reason,
         "deliveries": letter.deliveries,
-        "error_code": code[:64] if isinstance(code, str) else "",
+        "error_code": letter.code,
     }
 
 

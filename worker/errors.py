@@ -51,10 +51,53 @@ class PartitionRetiredError(EngramError):
 
 
 class DeadLetteredError(EngramError):
-    """The operation was moved to the dead-letter stream without being applied."""
+    """The operation was moved to the dead-letter stream without being applied.
+
+    ``cause`` is the code that tells why (``too_many_deliveries``, the code of the
+    error its commit raised: ``embedder_unavailable``, ``database_error``...) and
+    ``detail`` that error's type and content-free message (``worker.causes``)."""
 
     code = "dead_lettered"
     status = 500
+
+    def __init__(self, message: str, *, cause: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.detail = detail
+
+    def details(self) -> dict[str, Any]:
+        return {
+            **({"cause": self.cause} if self.cause else {}),
+            **({"detail": self.detail} if self.detail else {}),
+        }
+
+
+class MalformedEntryError(InvalidRequestError):
+    """A stream entry that is not a valid operation for its partition: refused as
+    ``invalid_request`` (what a waiting producer gets back), with the ``cause`` that
+    says what was wrong (``MALFORMED_CAUSES``)."""
+
+    def __init__(self, message: str, *, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+    def details(self) -> dict[str, Any]:
+        return {"cause": self.cause}
+
+
+# What was wrong with a malformed entry, as a dead letter's code names it.
+MALFORMED_CAUSES = (
+    "invalid_entry",  # its fields are not exactly ``op``, or could not be read at all
+    "not_utf8",
+    "too_large",
+    "invalid_json",
+    "unknown_field",  # the operation has a field no operation has
+    "missing_field",  # operation_id, kind, scope or request is missing
+    "invalid_scope",
+    "unknown_kind",
+    "invalid_request",  # the request itself: a field of the wrong type, a text too long...
+    "wrong_partition",  # a valid operation on a partition its scope does not belong to
+)
 
 
 class WaitTimeout(EngramError, TimeoutError):
@@ -82,8 +125,18 @@ _WORKER_ERRORS: dict[str, type[EngramError]] = {
 def error_from_dict(data: dict[str, Any]) -> EngramError:
     """Rebuild a typed error, the queue's or the store's, from ``to_dict()`` output."""
     cls = _WORKER_ERRORS.get(str(data.get("code")))
+    if cls is DeadLetteredError:
+        cause, detail = data.get("cause"), data.get("detail")
+        return DeadLetteredError(
+            str(data.get("message", cls.code)),
+            cause=cause if isinstance(cause, str) else "",
+            detail=detail if isinstance(detail, str) else "",
+        )
     if cls is not None:
         return cls(str(data.get("message", cls.code)))
+    cause = data.get("cause")
+    if data.get("code") == InvalidRequestError.code and cause in MALFORMED_CAUSES:
+        return MalformedEntryError(str(data.get("message", "")), cause=str(cause))
     return _store_error_from_dict(data)
 
 
@@ -93,6 +146,7 @@ __all__ = [
     "EngramError",
     "FencedError",
     "InvalidRequestError",
+    "MalformedEntryError",
     "NotFoundError",
     "OperationConflictError",
     "PartitionRetiredError",

@@ -39,6 +39,7 @@ from store.write.prepare import Prepared
 from store.write.reconcile import Decision
 from store.write.waves import held_back, next_wave
 
+from .causes import Cause, cause_of, strings_in
 from .defaults import BACKOFF_MAX_S
 from .protocol import Entry
 
@@ -76,7 +77,7 @@ class Released:
     items: list[Item] = field(default_factory=list)
     decisions: dict[str, Decision] = field(default_factory=dict)
     failures: list[tuple[Item, EngramError]] = field(default_factory=list)
-    broken: list[tuple[Item, str]] = field(default_factory=list)
+    broken: list[tuple[Item, Cause]] = field(default_factory=list)
     calls: list[ModelCall] = field(default_factory=list)
 
 
@@ -227,7 +228,7 @@ class ModelPhase:
             head.retry_at = now + BACKOFF_MAX_S
             return False
         except Exception as exc:
-            out.broken.append((head.item, type(exc).__name__))
+            out.broken.append((head.item, cause_of(exc, strings_in(op.to_dict()))))
             return True
         out.calls += prepared.calls
         if prepared.error is not None:

@@ -20,9 +20,10 @@ from store import Operation, Scope, WriteResult
 from store.errors import EngramError, InvalidRequestError
 from store.limits import MAX_ID_CHARS
 from store.values import Receipt, check_string
+from store.write.operations import OPERATION_KINDS
 
 from .defaults import MAX_ENTRY_BYTES
-from .errors import error_from_dict
+from .errors import MalformedEntryError, error_from_dict
 
 OP_FIELD = "op"
 
@@ -78,7 +79,9 @@ def decode_entry(
     except Exception as exc:  # a case the checks below did not foresee: still this entry's
         return Malformed(
             eid,
-            InvalidRequestError(f"the entry could not be read ({type(exc).__name__})"),
+            MalformedEntryError(
+                f"the entry could not be read ({type(exc).__name__})", cause="invalid_entry"
+            ),
             raw_op(fields),
             None,
         )
@@ -91,8 +94,9 @@ def _decode(
     if names != [OP_FIELD]:
         return Malformed(
             eid,
-            InvalidRequestError(
-                f"a stream entry has exactly one field, {OP_FIELD!r}; got {names[:8]}"
+            MalformedEntryError(
+                f"a stream entry has exactly one field, {OP_FIELD!r}; got {names[:8]}",
+                cause="invalid_entry",
             ),
             None,
             None,
@@ -101,11 +105,15 @@ def _decode(
     try:
         raw = _text(value)
     except UnicodeDecodeError:
-        return Malformed(eid, InvalidRequestError("the op field is not UTF-8"), None, None)
+        return Malformed(
+            eid, MalformedEntryError("the op field is not UTF-8", cause="not_utf8"), None, None
+        )
     if len(raw.encode()) > MAX_ENTRY_BYTES:
         return Malformed(
             eid,
-            InvalidRequestError(f"the op field is larger than {MAX_ENTRY_BYTES} bytes"),
+            MalformedEntryError(
+                f"the op field is larger than {MAX_ENTRY_BYTES} bytes", cause="too_large"
+            ),
             raw,
             None,
         )
@@ -114,14 +122,19 @@ def _decode(
     except json.JSONDecodeError as exc:
         return Malformed(
             eid,
-            InvalidRequestError(f"the op field is not valid JSON (at character {exc.pos})"),
+            MalformedEntryError(
+                f"the op field is not valid JSON (at character {exc.pos})", cause="invalid_json"
+            ),
             raw,
             None,
         )
     except (ValueError, RecursionError) as exc:  # an integer too long, nesting too deep
         return Malformed(
             eid,
-            InvalidRequestError(f"the op field cannot be read as JSON ({type(exc).__name__})"),
+            MalformedEntryError(
+                f"the op field cannot be read as JSON ({type(exc).__name__})",
+                cause="invalid_json",
+            ),
             raw,
             None,
         )
@@ -129,19 +142,38 @@ def _decode(
     try:
         op = Operation.from_dict(data)
     except InvalidRequestError as exc:
-        return Malformed(eid, exc, raw, op_id)
+        return Malformed(eid, MalformedEntryError(exc.message, cause=refusal(data)), raw, op_id)
     expected = partition_of(op.scope, partitions)
     if expected != partition:
         return Malformed(
             eid,
-            InvalidRequestError(
+            MalformedEntryError(
                 f"operation {op.operation_id} belongs to partition {expected} of {partitions}, "
-                f"not {partition}: its scope's order could not be kept"
+                f"not {partition}: its scope's order could not be kept",
+                cause="wrong_partition",
             ),
             raw,
             op.operation_id,
         )
     return Entry(eid, op)
+
+
+def refusal(data: object) -> str:
+    """What was wrong with JSON that ``Operation.from_dict`` refused (``MALFORMED_CAUSES``):
+    looked at in the order it checks, so the first fault found names it."""
+    if not isinstance(data, dict):
+        return "invalid_request"
+    if set(data) - {"operation_id", "kind", "scope", "request", "requested_by"}:
+        return "unknown_field"
+    if any(data.get(name) is None for name in ("operation_id", "kind", "scope")):
+        return "missing_field"
+    if not isinstance(data["kind"], str) or data["kind"] not in OPERATION_KINDS:
+        return "unknown_kind"
+    try:
+        Scope.of(data["scope"])
+    except InvalidRequestError:
+        return "invalid_scope"
+    return "invalid_request"
 
 
 def _operation_id(data: object) -> str | None:

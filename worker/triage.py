@@ -15,6 +15,7 @@ from typing import Any
 from store.errors import EngramError
 
 from . import deadletters
+from .causes import Cause
 from .errors import DeadLetteredError
 from .partition import Item, Partition
 from .protocol import Entry, Malformed, decode_entry, raw_op
@@ -53,9 +54,9 @@ class Triage:
     raws: dict[EntryKey, str | None] = field(default_factory=dict)  # the good ones' op
     deliveries: dict[EntryKey, int] = field(default_factory=dict)  # the claimed ones'
 
-    def failed(self, failed: list[tuple[Partition, Entry, str]]) -> None:
-        """Entries no commit could take (with what was raised) join the dead."""
-        for p, entry, raised in failed:
+    def failed(self, failed: list[tuple[Partition, Entry, Cause]]) -> None:
+        """Entries no commit could take (with the cause of what was raised) join the dead."""
+        for p, entry, cause in failed:
             key = (p.number, entry.entry_id)
             op_id = entry.operation.operation_id
             self.dead.append(
@@ -65,7 +66,11 @@ class Triage:
                     op_id,
                     self.raws.get(key),
                     deadletters.FAILED,
-                    DeadLetteredError(f"operation {op_id} could not be applied ({raised})"),
+                    DeadLetteredError(
+                        f"operation {op_id} could not be applied: {cause.detail}",
+                        cause=cause.code,
+                        detail=cause.detail,
+                    ),
                     self.deliveries.get(key, 1),
                 )
             )
@@ -101,7 +106,8 @@ def triage(
                 op_id = item.operation.operation_id
                 reason, raw = deadletters.DELIVERIES, raw_op(fields or {})
                 error = DeadLetteredError(
-                    f"operation {op_id} was delivered {count} times without being committed"
+                    f"operation {op_id} was delivered {count} times without being committed",
+                    cause=deadletters.TOO_MANY_DELIVERIES,
                 )
             else:
                 out.good.append((p, item))

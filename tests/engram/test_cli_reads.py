@@ -13,7 +13,7 @@ from store import HashingEmbedder, Store
 from store.errors import InvalidRequestError
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST
-from worker import deadletters, keys
+from worker import DeadLetteredError, deadletters, keys
 from worker.protocol import partition_of
 
 
@@ -166,3 +166,59 @@ def test_dead_letters_list_show_retry_discard(
         assert (code, out) == (1, "") and "not_found" in err
     code, out, err = run(capsys, "dead-letters", "show", "not-an-id")
     assert code == 2 and "invalid_request" in err
+
+
+def test_recall_follows_the_active_generation_not_engram_embedder(
+    ada: str,
+    scope: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a re-embedding the store's active model is not ENGRAM_EMBEDDER's: recall
+    without --embedder queries with the active generation's model, as the API does
+    (issue 29, item 4: it said embedding_mismatch until --embedder was passed)."""
+    monkeypatch.setenv("ENGRAM_EMBEDDER", "hashing:32")  # the store's generation: 64 dims
+    argv = ["recall", "Where does Ada live? Paris", "--scope", json.dumps(scope), "--json"]
+    code, out, err = run(capsys, *argv)
+    assert (code, err) == (0, "")
+    hits = json.loads(out)
+    assert hits[0]["record"]["id"] == ada and hits[0]["match"] == "hybrid"
+    # Named on the command line, a model that is not the active one is still refused.
+    code, out, err = run(capsys, *argv, "--embedder", "hashing:32")
+    assert code == 1 and out == "" and "embedding_mismatch" in err
+
+
+@pytest.mark.usefixtures("store")  # show reads the earlier attempts from the audit
+def test_dead_letters_list_and_show_say_why(
+    redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29, item 3: the code column tells the causes apart, and ``show`` gives the
+    root cause, not ``dead_lettered`` for every failed letter."""
+    redis_client.delete(keys.DEAD_LETTERS)
+    pipe = redis_client.pipeline()
+    deadletters.add(
+        pipe,
+        partition=0,
+        entry_id="1-1",
+        operation_id="op:nox",
+        raw="{}",
+        reason=deadletters.FAILED,
+        error=DeadLetteredError(
+            "operation op:nox could not be applied: EmbedderUnavailableError: "
+            "onnxruntime is missing",
+            cause="embedder_unavailable",
+            detail="EmbedderUnavailableError: onnxruntime is missing",
+        ),
+        deliveries=1,
+    )
+    [dead_id] = [x.decode() for x in pipe.execute()]
+    code, out, _ = run(capsys, "dead-letters", "list")
+    header, row = out.splitlines()[:2]
+    assert code == 0 and header.split()[-2:] == ["code", "operation"]
+    assert row.split()[-2:] == ["embedder_unavailable", "op:nox"]
+    code, out, _ = run(capsys, "dead-letters", "show", dead_id)
+    assert "\ncode          embedder_unavailable\n" in out
+    assert "\ndetail        EmbedderUnavailableError: onnxruntime is missing\n" in out
+    code, out, _ = run(capsys, "dead-letters", "show", dead_id, "--json")
+    shown = json.loads(out)
+    assert (shown["code"], shown["error"]["code"]) == ("embedder_unavailable", "dead_lettered")

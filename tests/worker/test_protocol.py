@@ -20,7 +20,15 @@ from store.errors import (
 )
 from worker import keys, metrics
 from worker.committer import unique_segments
-from worker.errors import DeadLetteredError, QueueFullError, WaitTimeout, error_from_dict
+from worker.defaults import MAX_ENTRY_BYTES
+from worker.errors import (
+    MALFORMED_CAUSES,
+    DeadLetteredError,
+    MalformedEntryError,
+    QueueFullError,
+    WaitTimeout,
+    error_from_dict,
+)
 from worker.membership import first_choice, share
 from worker.protocol import (
     Entry,
@@ -135,6 +143,41 @@ def test_no_entry_is_more_than_malformed(fields: dict[bytes, bytes], message: st
     decoded = decode_entry("9-0", fields, partition=partition_of({"user_id": "a"}, 4), partitions=4)
     assert isinstance(decoded, Malformed)
     assert message in decoded.error.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "cause"),
+    [
+        ({b"op": b"{this is not json"}, "invalid_json"),
+        ({b"op": b"[" * 100_000 + b"]" * 100_000}, "invalid_json"),
+        ({b"op": b"\xff\xfe"}, "not_utf8"),
+        ({b"op": b"x" * (MAX_ENTRY_BYTES + 1)}, "too_large"),
+        ({b"\xff\xfe": b"{}"}, "invalid_entry"),
+        ({b"op": b"{}", b"extra": b"1"}, "invalid_entry"),
+        ({b"op": b"[1, 2]"}, "invalid_request"),
+        ({b"op": b'{"kind":"remember","scope":{"user_id":"a"},"request":{}}'}, "missing_field"),
+        ({b"op": _op_json('{"text":"x"}', scope="null")}, "missing_field"),
+        ({b"op": _op_json('{"text":"x"}', scope='{"colour":"red"}')}, "invalid_scope"),
+        ({b"op": _op_json('{"text":"x"}', scope='{"user_id":"\\ud800"}')}, "invalid_scope"),
+        ({b"op": _op_json('{"text":"x"}').replace(b'"remember"', b'"fly"')}, "unknown_kind"),
+        ({b"op": _op_json('{"text":"x"}').replace(b'"kind"', b'"hue":1,"kind"')}, "unknown_field"),
+        ({b"op": _op_json('{"text":3}')}, "invalid_request"),
+        ({b"op": _op_json('{"text":"' + "x" * 40_000 + '"}')}, "invalid_request"),
+        ({b"op": _op_json('{"text":"x"}', scope='{"user_id":"zed"}')}, "wrong_partition"),
+    ],
+)  # fmt: skip
+def test_a_malformed_entry_says_what_was_wrong(fields: dict[bytes, bytes], cause: str) -> None:
+    """Each fault has its own cause, kept in the refusal a waiting producer gets back
+    (still an ``invalid_request``) and in the dead letter (issue 29, item 3: every
+    malformed letter said ``invalid_request``)."""
+    a = partition_of({"user_id": "a"}, 64)
+    assert partition_of({"user_id": "zed"}, 64) != a
+    decoded = decode_entry("9-0", fields, partition=a, partitions=64)
+    assert isinstance(decoded, Malformed) and isinstance(decoded.error, InvalidRequestError)
+    assert decoded.error.to_dict()["code"] == "invalid_request"
+    assert decoded.error.to_dict()["cause"] == cause and cause in MALFORMED_CAUSES
+    back = error_from_dict(decoded.error.to_dict())
+    assert isinstance(back, MalformedEntryError) and back.cause == cause
 
 
 def test_a_refusal_goes_to_a_reply_key_only_if_its_operation_id_is_valid_text() -> None:

@@ -192,8 +192,12 @@ def test_a_poison_entry_is_dead_lettered_and_the_entries_after_it_commit(
     assert failed.operation_id == "p:2" and failed.error["code"] == "dead_lettered"
     assert json.loads(failed.op or "")["request"]["text"] == "POISON for the embedder"
     assert "POISON" not in failed.error["message"]
+    # Its cause: the embedder's error, whose message quotes no text, kept.
+    assert failed.code == "unexpected_error" and "POISON" not in (failed.detail or "")
+    assert failed.detail == "ValueError: this embedder cannot embed that text"
     malformed = letters[deadletters.MALFORMED]
     assert malformed.op == "{this is not json" and malformed.error["code"] == "invalid_request"
+    assert malformed.code == "invalid_json"
     assert store.scope_revision(scope) == 2
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from store import Operation
 from store.errors import RevisionConflictError
 from worker import deadletters
+from worker.causes import Cause
 from worker.leases import Lease
 from worker.outcomes import Outcomes, acknowledged, batch_stats
 from worker.partition import Partition
@@ -81,7 +82,7 @@ def test_an_entry_no_commit_could_take_is_dead_with_its_op_and_deliveries() -> N
     op, fields = _entry("breaks the batch")
     out = _sort([Read(p, [("5-0", fields)], {"5-0": 2})])
     [(q, entry)] = out.good
-    out.failed([(q, entry, "DataError")])
+    out.failed([(q, entry, Cause("database_error", "DataError (SQLSTATE 22P02)"))])
     [d] = out.dead
     assert (d.reason, d.operation_id, d.raw, d.deliveries) == (
         deadletters.FAILED,
@@ -89,7 +90,8 @@ def test_an_entry_no_commit_could_take_is_dead_with_its_op_and_deliveries() -> N
         fields["op"],
         2,
     )
-    assert "DataError" in d.error.message
+    assert "DataError (SQLSTATE 22P02)" in d.error.message
+    assert d.error.to_dict()["cause"] == "database_error"
 
 
 def test_outcomes_count_and_acknowledge_every_answered_entry() -> None:

@@ -180,7 +180,7 @@ _LETTER_CODE = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
 _LETTER_FILTERS = [
     _query("reason", {"enum": ["malformed", "deliveries", "failed"]}, "Why it was dead-lettered."),
     _query("partition", {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
-    _query("code", _LETTER_CODE, "Its error's code."),
+    _query("code", _LETTER_CODE, "Its code (what was wrong), or its error's own."),
     _query("kind", {"enum": list(OPERATION_KINDS)}, "The kind of the operation it holds."),
     _query("since", TIME, "Dead-lettered at or after (UTC when no zone is given)."),
     _query("until", TIME, "Dead-lettered before."),

@@ -511,6 +511,11 @@ SCHEMAS: dict[str, Schema] = {
             "job_id": nullable({"type": "string"}),
             "message": nullable({"type": "string"}),
             "superseded_by": nullable({"type": "integer"}),
+            "retrying": {
+                "type": "boolean",
+                "description": "A slice failed and is tried again later: message says why "
+                "and when.",
+            },
         }
     ),
     "Generation": obj(
@@ -564,6 +569,18 @@ SCHEMAS: dict[str, Schema] = {
             "entry": {"type": "string"},
             "operation_id": nullable({"type": "string"}),
             "reason": {"type": "string"},
+            "code": {
+                "type": "string",
+                "description": "What was wrong, a code that tells the causes apart "
+                "(invalid_json, too_many_deliveries, embedder_unavailable...).",
+            },
+            "detail": nullable(
+                {
+                    "type": "string",
+                    "description": "A failed commit's root cause: its error's class and "
+                    "content-free message (a database error: class and SQLSTATE).",
+                }
+            ),
             "error": {"type": "object"},
             "deliveries": {"type": "integer"},
             "at_ms": {"type": "integer"},
