@@ -314,7 +314,10 @@ def test_the_overview_shows_streams_workers_rate_and_dead_letters(
             },
         )
         # A worker row: host, pid, the partitions it holds (once it has beaten with them).
-        row = r'<td class="num">\d+</td><td class="mono">[\d,]+</td>'
+        row = (
+            r'<td class="num" data-label="pid">\d+</td>'
+            r'<td class="mono" data-label="partitions">[\d, ]+</td>'
+        )
 
         bar = r'<rect class="committed" x="[\d.]+" y="[\d.]+" width="[\d.]+" height="[\d.]+">'
 
