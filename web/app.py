@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 from starlette.applications import Starlette
@@ -273,13 +274,25 @@ def http_error(request: Request, exc: Exception) -> Response:
     return response
 
 
+def back_of(request: Request) -> str | None:
+    """The page of this site the refused request came from (its form, its link): where
+    an error page sends the operator back to, the form's filter in its query kept."""
+    referer = urlsplit(request.headers.get("referer", ""))
+    if (referer.scheme, referer.netloc) != (request.url.scheme, request.url.netloc):
+        return None
+    back = referer.path + (f"?{referer.query}" if referer.query else "")
+    same_site = back.startswith("/") and back[1:2] not in ("/", "\\")  # not //elsewhere
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return back if same_site and back != here else None
+
+
 def error_page(request: Request, exc: EngramError) -> Response:
     response: Response
     if wants_json(request.scope):
         response = JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
     else:
         response = web_of(request).render.page(
-            request, "error.html", status_code=exc.status, error=exc
+            request, "error.html", status_code=exc.status, error=exc, back=back_of(request)
         )
     if isinstance(exc, StatementTimeoutError):
         response.headers["retry-after"] = str(exc.retry_after_s)

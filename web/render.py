@@ -9,11 +9,13 @@ JavaScript and updates in place with it.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import jinja2
+from markupsafe import Markup, escape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
@@ -48,6 +50,8 @@ class Renderer:
             clip=clip,
             qs=query_string,
             number=number,
+            bidi=bidi_visible,
+            memory=memory_text,
         )
         # A generation's status as its re-embedding's outcome allows (``jobs.progress``).
         self.env.globals["generation_status"] = generation_status
@@ -124,3 +128,43 @@ def number(value: int | float | None) -> str:
     if isinstance(value, float) and not value.is_integer():
         return f"{value:,.1f}"
     return f"{int(value):,}"
+
+
+# The bidirectional controls (embeddings, overrides, isolates, marks): invisible, and
+# U+202E (RIGHT-TO-LEFT OVERRIDE) in memory text would show it, and what follows it on
+# the line, reversed (a known spoofing trick). They are shown as what they are.
+BIDI_CONTROLS = {
+    "\u061c": "ALM",
+    "\u200e": "LRM",
+    "\u200f": "RLM",
+    "\u202a": "LRE",
+    "\u202b": "RLE",
+    "\u202c": "PDF",
+    "\u202d": "LRO",
+    "\u202e": "RLO",
+    "\u2066": "LRI",
+    "\u2067": "RLI",
+    "\u2068": "FSI",
+    "\u2069": "PDI",
+}
+_BIDI = re.compile("[" + "".join(BIDI_CONTROLS) + "]")
+
+
+def bidi_visible(value: object) -> Markup:
+    """``value`` escaped, each bidirectional control in it replaced by a visible marker
+    (``⟨RLO⟩``), so no character of the data can reorder what the page shows."""
+
+    def marker(found: re.Match[str]) -> str:
+        char = found[0]
+        return (
+            f'<span class="bidi-control" title="U+{ord(char):04X}, a bidirectional control">'
+            f"\u27e8{BIDI_CONTROLS[char]}\u27e9</span>"
+        )
+
+    return Markup(_BIDI.sub(marker, str(escape(value))))
+
+
+def memory_text(value: object) -> Markup:
+    """Memory text as a page shows it: its bidi controls visible, and isolated
+    (``<bdi>``) so a right-to-left text cannot reorder the page around it."""
+    return Markup('<bdi class="memory">') + bidi_visible(value) + Markup("</bdi>")

@@ -99,17 +99,32 @@ class EmbedderRegistry:
         return [*BUILTIN_NAMES, *self.plugins]
 
     def check_registered(self, spec: str) -> str:
-        """``spec`` if it is a registered name (``wordllama[:DIMS]``, ``minilm``,
-        ``hashing[:DIMS]``, a configured name), else ``UnregisteredModelError``. Pure:
-        imports nothing, calls nothing."""
-        match = _REGISTERED_SPEC.fullmatch(spec.strip()) if isinstance(spec, str) else None
+        """``spec`` as a registered name (``wordllama[:DIMS]``, ``minilm``,
+        ``hashing[:DIMS]``, a configured name; in any case, ``MiniLM`` is ``minilm``),
+        else ``UnregisteredModelError`` naming the names there are. Pure: imports
+        nothing, calls nothing."""
+        given = spec.strip() if isinstance(spec, str) else ""
+        match = _REGISTERED_SPEC.fullmatch(given.lower())
         name, dims = (match[1], match[2]) if match else ("", None)
         if not match or name not in self.names() or (dims is not None and name not in _SIZED):
             raise UnregisteredModelError(
-                f"model must be one of the registered embedders ({', '.join(self.names())};"
-                " wordllama and hashing take :DIMS), not a module path"
+                f"{self._refusal(given)}: use one of the registered embedders, "
+                f"{self.described_names()}"
             )
-        return spec.strip()
+        return given.lower()
+
+    def described_names(self) -> str:
+        """The names a request may ask for, as a person reads them."""
+        return ", ".join(f"{n}[:DIMS]" if n in _SIZED else n for n in self.names())
+
+    def _refusal(self, given: str) -> str:
+        name, sep, _ = given.lower().partition(":")
+        if sep and name in self.names():
+            sized = name in _SIZED
+            return f"{name!r} takes :DIMS, a number" if sized else f"{name!r} takes no :DIMS"
+        if _is_dotted(given):
+            return f"{given!r} is a module path, which only the command line may name"
+        return f"no embedder is registered as {given!r}" if given else "no model named"
 
     def create(self, spec: str) -> Embedder:
         """A new embedder for ``spec`` (see the module's docstring); no model is loaded yet."""

@@ -46,6 +46,10 @@ def test_discard_all_matching_after_the_dry_run(
     page.get_by_label("Why").fill("replayed by hand after the outage")
     page.get_by_role("button", name="Discard these 2").click()
     expect(page.locator("h1")).to_have_text("Dead letters")
+    expect(page.locator("#bulk h2")).to_have_text("Discarded 2 dead letters")  # not "None."
+    expect(page.locator("#bulk")).to_contain_text("replayed by hand after the outage")
+    browser.shot("bulk-done")
+    page.get_by_role("link", name="the dead letters this filter matches now").click()
     expect(page.locator("#dead-letter-list")).to_contain_text("None.")
     assert [i.decode() for i, _ in client.xrange(keys.DEAD_LETTERS)] == [ids["c"]]  # type: ignore[union-attr]
     page.get_by_role("link", name="Audit").first.click()

@@ -89,7 +89,12 @@ def test_the_registry_tells_names_from_module_paths() -> None:
     registry = EmbedderRegistry({"mine": "tests.web.test_reembed_models:side_effect"})
     for name in ("wordllama", "wordllama:64", "minilm", "hashing", "hashing:32", "mine", " minilm"):
         assert registry.check_registered(name) == name.strip()
-    for bad in [*MODULE_PATHS, "minilm:8", "mine:8", "os", "", "a.b:1", "hashing:x", "Hashing"]:
-        with pytest.raises(UnregisteredModelError):
+    # A name in any case is that name (what an operator types from the docs: MiniLM).
+    for name, meant in (("MiniLM", "minilm"), ("Hashing:32", "hashing:32"), ("MINE", "mine")):
+        assert registry.check_registered(name) == meant
+    for bad in [*MODULE_PATHS, "minilm:8", "mine:8", "os", "", "a.b:1", "hashing:x", "Os:GetPid"]:
+        with pytest.raises(UnregisteredModelError) as refused:
             registry.check_registered(bad)
+        # The refusal names what there is to ask for.
+        assert "wordllama[:DIMS], minilm, hashing[:DIMS], mine" in refused.value.message
     assert CALLED == []

@@ -17,7 +17,7 @@ from store.errors import InvalidRequestError, NotFoundError
 from store.write.operations import OPERATION_KINDS
 from worker import deadletter_selection as selection
 from worker import deadletters
-from worker.deadletter_selection import Bulk, Match
+from worker.deadletter_selection import Bulk, Match, SelectionChangedError
 from worker.deadletters import DeadLetter
 from worker.layout import Epoch
 from worker.producer import Producer
@@ -185,24 +185,43 @@ def bulk_page(request: Request) -> Response:
     """The dry run: how many letters, and which, an action on the filter would take."""
     q = Query.of(request, "action", *selection.MATCH_FIELDS)
     action = q.choice("action", selection.BULK_ACTIONS) or "discard"
-    bulk = plan(request, action, match_of(request, q.params))
+    return _dry_run(request, plan(request, action, match_of(request, q.params)))
+
+
+def _dry_run(request: Request, bulk: Bulk, status_code: int = 200, **refused: Any) -> Response:
     return web_of(request).render.page(
         request,
         "dead_letters.html",
         "_bulk.html",
+        status_code=status_code,
         bulk=bulk,
         preview=bulk.taken[:PREVIEW],
         filter_query=filter_query(bulk.match),
+        why=refused.get("why", ""),
+        refused=refused.get("refused"),
     )
 
 
 def bulk(request: Request, form: dict[str, str]) -> Response:
+    """The confirmed action, then what was done (each letter, and where to follow it).
+    Refused because the matching letters changed since the dry run: the dry run of
+    what matches now, with the filter and the why as typed, to confirm again."""
     count = form.get("count", "")
     seen = {"count": int(count) if count.isdigit() else None, "digest": form.get("digest")}
     done = plan(request, form.get("action", ""), match_of(request, form))
-    apply(request, done, seen, why_of(form.get("why")))
-    query = filter_query(done.match)
-    return RedirectResponse("/dead-letters" + (f"?{query}" if query else ""), 303)
+    try:
+        apply(request, done, seen, why_of(form.get("why")))
+    except SelectionChangedError as exc:
+        return _dry_run(request, done, exc.status, why=form.get("why", ""), refused=exc)
+    return web_of(request).render.page(
+        request,
+        "dead_letters.html",
+        "_bulk_done.html",
+        kind="dead letters",
+        done=done,
+        why=why_of(form.get("why")),
+        filter_query=filter_query(done.match),
+    )
 
 
 def confirm_discard(request: Request) -> Response:

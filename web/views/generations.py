@@ -3,19 +3,22 @@ failed, superseded or cancelled), starting one and cancelling a pending one."""
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from jobs import reembed
 from jobs.progress import progress_of
 from store import Generation
-from store.errors import NotFoundError
+from store.errors import EngramError, InvalidRequestError, NotFoundError
 from store.limits import MAX_ID_CHARS
 from store.values import check_string
 from store.vectors.embeddings import GenerationNotPendingError
 
+from .. import rqjobs
 from ..bodies import why_of
-from ..errors import UnavailableError
+from ..errors import BadRequestError, UnavailableError
 from ..params import Query, integer
 from ..state import operator_of, web_of
 
@@ -23,7 +26,19 @@ MAX_GENERATION_ID = 2**31 - 1  # a serial
 
 
 def generation_list(request: Request) -> Response:
-    q = Query.of(request, "cursor", "limit")
+    started = Query.of(request, "cursor", "limit", "started").params.get("started")
+    if started is None:
+        return _list_page(request)
+    try:  # the job the redirect after a start names, said above the list
+        return _list_page(request, started=rqjobs.check_job_id(started))
+    except InvalidRequestError as exc:
+        raise BadRequestError(exc.message) from None
+
+
+def _list_page(request: Request, *, status_code: int = 200, **asked: object) -> Response:
+    """The generations, and the reembed form: filled with what was ``asked`` (the
+    model and why typed, the refusal and what to do next) when a start was refused."""
+    q = Query.of(request, "cursor", "limit", "started")
     web = web_of(request)
     page = web.services.store.browse.generations(cursor=q.cursor(), limit=q.limit())
     rows = [(g, progress_of(g.generation.progress)) for g in page.items]
@@ -31,17 +46,27 @@ def generation_list(request: Request) -> Response:
         request,
         "generations.html",
         "_generations.html",
+        status_code=status_code,
         page=page,
         rows=rows,
         live=any(p is not None and p.live for _, p in rows),
         can_reembed=web.services.start_reembed is not None,
+        model_names=web.services.embedders.described_names(),
+        asked={"model": "", "why": "", "refused": None, "started": None, **asked},
     )
 
 
 def start_reembed(request: Request, form: dict[str, str]) -> Response:
-    job_id = start(request, form.get("model", ""), why_of(form.get("why")))
-    del job_id  # the generations page shows it, with the progress
-    return RedirectResponse("/generations", status_code=303)
+    """Start a reembed, then the generations page saying so; refused, the same page
+    with the form as typed, why, and what to ask for instead."""
+    model, why = form.get("model", ""), form.get("why", "")
+    try:
+        job_id = start(request, model, why_of(why))
+    except EngramError as exc:
+        if exc.status >= 500 and not isinstance(exc, UnavailableError):
+            raise
+        return _list_page(request, status_code=exc.status, model=model, why=why, refused=exc)
+    return RedirectResponse(f"/generations?started={quote(job_id, safe='')}", status_code=303)
 
 
 def start(request: Request, model: object, why: str | None = None) -> str:

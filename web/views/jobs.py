@@ -204,31 +204,44 @@ def apply(request: Request, bulk: JobBulk, seen: Any, why: str | None) -> list[S
 def bulk_page(request: Request) -> Response:
     """The dry run: which failed jobs of a queue a bulk retry or discard would take."""
     q = Query.of(request, "queue", "action")
-    bulk = plan(request, q.params.get("queue"), q.params.get("action") or "retry")
-    return web_of(request).render.page(
-        request, "jobs.html", "_bulk.html", kind="jobs", bulk=bulk, preview=bulk.taken[:20]
+    return _dry_run(
+        request, plan(request, q.params.get("queue"), q.params.get("action") or "retry")
     )
 
 
-def bulk(request: Request, form: dict[str, str]) -> Response:
-    """The confirmed action; then the queue's failed jobs, or, if some jobs were
-    skipped, which and why, above what a bulk action would take now."""
-    count = form.get("count", "")
-    seen = {"count": int(count) if count.isdigit() else None, "digest": form.get("digest")}
-    done = plan(request, form.get("queue"), form.get("action") or "retry")
-    skipped = apply(request, done, seen, why_of(form.get("why")))
-    if not skipped:
-        return RedirectResponse(f"/jobs?queue={path_quote(done.queue)}&state=failed", 303)
-    now = plan(request, done.queue, done.action)
+def _dry_run(request: Request, bulk: JobBulk, status_code: int = 200, **refused: Any) -> Response:
     return web_of(request).render.page(
         request,
         "jobs.html",
         "_bulk.html",
+        status_code=status_code,
         kind="jobs",
-        bulk=now,
-        preview=now.taken[:20],
+        bulk=bulk,
+        preview=bulk.taken[:20],
+        why=refused.get("why", ""),
+        refused=refused.get("refused"),
+    )
+
+
+def bulk(request: Request, form: dict[str, str]) -> Response:
+    """The confirmed action, then what was done: the jobs, each skipped one and why, and
+    where to go next. Refused because the failed jobs changed since the dry run: the
+    dry run of the jobs now, with the why as typed, to confirm again."""
+    count = form.get("count", "")
+    seen = {"count": int(count) if count.isdigit() else None, "digest": form.get("digest")}
+    done = plan(request, form.get("queue"), form.get("action") or "retry")
+    try:
+        skipped = apply(request, done, seen, why_of(form.get("why")))
+    except SelectionChangedError as exc:
+        return _dry_run(request, done, exc.status, why=form.get("why", ""), refused=exc)
+    return web_of(request).render.page(
+        request,
+        "jobs.html",
+        "_bulk_done.html",
+        kind="jobs",
         done=done,
         skipped=skipped,
+        why=why_of(form.get("why")),
     )
 
 
