@@ -28,6 +28,7 @@ from worker import logs, metrics, runtime, valkey
 from worker.settings import Settings
 
 from . import (
+    backup_cli,
     dead_letters,
     enqueue,
     exits,
@@ -250,6 +251,7 @@ _COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
     repartition.register,
     tokens_cli.register,
     mcp_cli.register,
+    backup_cli.register,
 )
 
 
