@@ -21,6 +21,7 @@ import redis
 
 from store import Store
 from store.errors import ConfigError
+from store.ledger import ForgetLedger
 from store.server import EmbeddedPostgres
 from store.server import data_dir as postgres_dir
 from worker.runtime import configured_or_published, connect_redis, redis_url
@@ -91,14 +92,23 @@ def open_store(settings: Settings, command: str, *, connections: int = 2) -> Ite
         yield store
 
 
-def wait_for_store(dsn: str, pool_size: int, *, read_dsn: str | None = None) -> Store:
+def wait_for_store(
+    dsn: str,
+    pool_size: int,
+    *,
+    read_dsn: str | None = None,
+    ledger: ForgetLedger | None = None,
+) -> Store:
     """The store of a long-running process (a worker, the jobs), once PostgreSQL answers:
     it may start before the database, or during an outage (retried with back-off).
-    ``read_dsn`` (DATABASE_READ_URL): its replica, which need not answer yet."""
+    ``read_dsn`` (DATABASE_READ_URL): its replica, which need not answer yet. ``ledger``:
+    where its forgets are appended (the jobs' redaction, store.ledger)."""
     delay = 1.0
     while True:
         try:
-            return Store.connect(dsn, migrate=False, max_connections=pool_size, read_dsn=read_dsn)
+            return Store.connect(
+                dsn, migrate=False, max_connections=pool_size, read_dsn=read_dsn, ledger=ledger
+            )
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             log.warning(
                 "database unavailable, will retry",

@@ -15,6 +15,7 @@ from jobs.context import JobContext
 from jobs.settings import JobsSettings, parse_duration
 from store import Embedder, Store
 from store.errors import InvalidRequestError
+from store.ledger import ForgetLedger
 from store.vectors.embedders import EmbedderResolver
 from worker import runtime
 from worker.settings import Settings
@@ -204,6 +205,7 @@ def _context(settings: Settings) -> JobContext:
             runtime.database_url(settings),
             settings.db_pool_size,
             read_dsn=settings.database_read_url,
+            ledger=ForgetLedger(settings.ledger_dir),
         ),
         client=client,
         registry=wiring.registry(settings),

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -51,6 +52,7 @@ from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
 from store import ForgetEvent
 from store.errors import RedactionHeldError, held_by
+from store.ledger import LedgerEntry
 from store.values import Redaction
 from store.write import forgets
 from worker import keys as stream_keys
@@ -63,6 +65,9 @@ from .listeners import build
 
 log = logging.getLogger(__name__)
 
+# The redaction's first step, before the listeners (in the job's ``done`` like theirs).
+LEDGER = "ledger"
+_KILL_BEFORE_LEDGER = "ENGRAM_TEST_KILL_BEFORE_LEDGER"
 # Forget events one redaction job takes at most.
 MAX_EVENTS = 1000
 # How long a redaction waits, once, for forgets' replies not there yet (see ``finish``).
@@ -155,6 +160,13 @@ def redact(events: list[dict[str, Any]]) -> dict[str, Any]:
     done = set(job.meta.get("done", ())) if job is not None else set()
     failed: list[str] = []
     held: list[str] = []
+    if LEDGER not in done:
+        try:
+            to_ledger(ctx, batch)
+            done.add(LEDGER)
+        except Exception as exc:  # not complete without it: retried like a listener
+            failed.append(LEDGER)
+            log.error("forget ledger append failed", extra={"error": type(exc).__name__})
     for listener in build(ctx):
         if listener.name in done:
             continue
@@ -198,6 +210,37 @@ def redact(events: list[dict[str, Any]]) -> dict[str, Any]:
         return {"events": len(batch), "redaction": "pending", "held_by": held_reason}
     finish(ctx, batch, "complete")
     return {"events": len(batch), "redaction": "complete"}
+
+
+def to_ledger(ctx: JobContext, batch: Sequence[ForgetEvent]) -> None:
+    """Append the batch's forgets to the forget ledger (store.ledger), durably, before any
+    of them may be ``complete``: a crash before this leaves them pending, and their
+    redaction (this job, or the hand-over after it) runs again."""
+    ledger = ctx.store.ledger
+    if ledger is None:
+        return
+    _crash_point_for_tests()
+    at = forgets.committed_at(ctx.store.pool, [e.operation_id for e in batch])
+    now = datetime.now(UTC)
+    ledger.append(
+        LedgerEntry(
+            record_id=e.record_id,
+            scope=e.scope.as_dict(),
+            operation_id=e.operation_id,
+            at=at.get(e.operation_id, now),
+        )
+        for e in batch
+    )
+
+
+def _crash_point_for_tests() -> None:
+    """Tests only: with ``ENGRAM_TEST_KILL_BEFORE_LEDGER`` naming a file that exists,
+    remove it and die at once (SIGKILL), between a forget's commit and its ledger
+    append; once, so that the forget's next hand-over goes through."""
+    marker = os.environ.get(_KILL_BEFORE_LEDGER)
+    if marker and os.path.exists(marker):
+        os.unlink(marker)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def finish(

@@ -212,3 +212,10 @@ class ConfigError(EngramError):
 
     code = "not_configured"
     status = 503
+
+
+class LedgerUnavailableError(ConfigError):
+    """The forget ledger's directory cannot be written (a missing mount, a full disk, no
+    rights): nothing was appended, so the forgets it was given are not ``complete``."""
+
+    code = "ledger_unavailable"

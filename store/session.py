@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .errors import EngramError
+from .ledger import LedgerEntry
 from .limits import DEFAULT_TOP_K
 from .models.llm import LLM
 from .values import Hit, Link, Record, ReembedResult, Scope, Source, WriteResult
@@ -192,6 +193,9 @@ class Session:
 
     def forget(self, record_id: str, *, operation_id: str | None = None) -> WriteResult:
         result = self._run("forget", forget_request(record_id), operation_id)
+        if self.store.ledger is not None and (result.revisions or result.already_forgotten):
+            # Before the listeners, and before its redaction may say ``complete``.
+            self.store.ledger.append([ledger_entry(self.scope, record_id, result)])
         if result.receipt.redaction in (None, "none") or not self.on_forget:
             return result
         status = run_forget_listeners(
@@ -242,6 +246,16 @@ class Session:
         if result.activated:
             self.embedder = embedder
         return result
+
+
+def ledger_entry(scope: Scope, record_id: str, result: WriteResult) -> LedgerEntry:
+    """What the forget ledger keeps of a committed forget."""
+    return LedgerEntry(
+        record_id=record_id,
+        scope=scope.as_dict(),
+        operation_id=result.receipt.operation_id,
+        at=result.receipt.committed_at,
+    )
 
 
 def run_forget_listeners(listeners: Sequence[ForgetListener], event: ForgetEvent) -> str:

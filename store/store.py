@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool
 from . import backup, migrations
 from .audit import Audit
 from .errors import InvalidRequestError, SchemaVersionError
+from .ledger import ForgetLedger
 from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
 from .models.llm import LLM
 from .read.browse import Browse
@@ -70,6 +71,7 @@ class Store:
         cursor_key: bytes | None = None,
         read_pool: ConnectionPool[Any] | None = None,
         admin_statement_timeout_s: float | None = None,
+        ledger: ForgetLedger | None = None,
     ) -> None:
         self.pool = pool  # the primary's: every write, and whatever a write reads
         # The reads that need not see the primary (recall, get, history, the dashboard's
@@ -87,6 +89,10 @@ class Store:
         self.audit = Audit(pool, self.cursors)
         # Scoped access tokens and the log of what each read (always the primary's).
         self.tokens = Tokens(pool)
+        # Where this process's forgets are appended before their redaction is complete
+        # (``store.ledger``); None: not by this process (``engram forgets check --repair``
+        # appends them later).
+        self.ledger = ledger
 
     @classmethod
     def connect(
@@ -100,6 +106,7 @@ class Store:
         statement_timeout_s: float | None = None,
         admin_statement_timeout_s: float | None = None,
         restoring: bool = False,
+        ledger: ForgetLedger | None = None,
     ) -> Store:
         """Open a pool on ``dsn``; apply migrations first unless told not to.
 
@@ -146,6 +153,7 @@ class Store:
             cursor_key=cursor_key,
             read_pool=read_pool,
             admin_statement_timeout_s=admin_statement_timeout_s if statement_timeout_s else None,
+            ledger=ledger,
         )
 
     def close(self) -> None:

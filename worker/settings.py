@@ -75,6 +75,8 @@ class Settings:
     backup_dir: Path | None = None
     # How many base backups (``7``) or how old (``14d``, ``36h``) ``engram backup`` keeps.
     backup_keep: str = defaults.BACKUP_KEEP
+    # The forget ledger's directory (ENGRAM_FORGET_LEDGER_DIR); None: ``home/ledger``.
+    forget_ledger_dir: Path | None = None
 
     __repr__ = masked_repr
 
@@ -115,7 +117,15 @@ class Settings:
             llm=LLMConfig.from_env(env),
             backup_dir=Path(env["ENGRAM_BACKUP_DIR"]) if env.get("ENGRAM_BACKUP_DIR") else None,
             backup_keep=env.get("ENGRAM_BACKUP_KEEP") or defaults.BACKUP_KEEP,
+            forget_ledger_dir=Path(env["ENGRAM_FORGET_LEDGER_DIR"])
+            if env.get("ENGRAM_FORGET_LEDGER_DIR")
+            else None,
         )
+
+    @property
+    def ledger_dir(self) -> Path:
+        """Where the forget ledger is kept (store.ledger): outside the database."""
+        return self.forget_ledger_dir or self.home / "ledger"
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

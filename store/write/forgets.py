@@ -75,6 +75,17 @@ def pending(pool: Any, committed_before: datetime, limit: int = 1000) -> list[Fo
     ]
 
 
+def committed_at(pool: Any, operation_ids: Sequence[str]) -> dict[str, datetime]:
+    """When these forgets committed, by operation id (those whose receipt is still there)."""
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT operation_id, committed_at FROM engram_receipts"
+            " WHERE operation_id = ANY(%s) AND kind = 'forget'",
+            (list(operation_ids),),
+        ).fetchall()
+    return {op_id: at for op_id, at in rows}
+
+
 def set_redaction(
     pool: Any, operation_ids: Sequence[str], status: Redaction, reason: str | None = None
 ) -> int:
