@@ -218,6 +218,8 @@ def test_a_restore_killed_during_its_replay_serves_nothing_and_the_next_run_fini
     try:
         dsn = f"postgresql://postgres@/postgres?host={home.resolve() / 'by-hand'}"
         assert _pending(dsn), "the kill landed after the replay: make the replay longer"
+        with pytest.raises(RestorePendingError):
+            Store.connect(dsn)
         for command in (["worker"], ["web", "--port", "0"]):
             ran = subprocess.run(
                 [sys.executable, "-m", "engram", *command],
@@ -232,8 +234,6 @@ def test_a_restore_killed_during_its_replay_serves_nothing_and_the_next_run_fini
                 timeout=120,
             )
             assert ran.returncode != 0 and "restore_pending" in ran.stderr, ran.stderr
-        with pytest.raises(RestorePendingError):
-            Store.connect(dsn)
     finally:
         by_hand.send_signal(signal.SIGINT)
         by_hand.wait(timeout=60)
