@@ -10,16 +10,12 @@ the server itself once ``engram up`` runs with ``ENGRAM_BACKUP_DIR`` set."""
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from store import Store
 from store import backup as backups
 from store.errors import ConfigError
-from store.ledger import ForgetLedger
-from store.ledger_replay import replay
 from worker.settings import Settings
 
 from . import exits
@@ -27,8 +23,6 @@ from .args import json_flag
 from .database import command_database
 from .output import fields, print_json, table
 from .restore import run_restore
-
-log = logging.getLogger(__name__)
 
 
 def _dir(settings: Settings, args: argparse.Namespace) -> Path:
@@ -86,17 +80,8 @@ def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
     return exits.OK
 
 
-def ledger_replay(store: Store, settings: Settings) -> int:
-    """Every forget of the ledger the restored database does not know, applied: how
-    many records were forgotten again (their text was in the restored database)."""
-    result = replay(store, ForgetLedger(settings.ledger_dir))
-    if result.failed:
-        log.warning("ledger forgets refused by the restored store", extra=result.as_dict())
-    return result.reapplied
-
-
 def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
-    report = run_restore(settings, Path(args.source), args.to, replayer=ledger_replay)
+    report = run_restore(settings, Path(args.source), args.to)
     if args.json:
         print_json(report.as_dict())
         return exits.OK

@@ -17,10 +17,11 @@ step safe to run again:
 4. The marker table (``engram_restore_pending``) is created: from here the database
    itself refuses every store but the restore's (``Store.connect``), wherever it
    is started.
-5. The ledger is replayed (``store.ledger.replay``): each forget the restored
-   database does not know is applied. When any was, the freed text is rewritten
-   out of the tables' files (``VACUUM FULL``: nothing else runs) and the WAL that
-   held it removed (segments switched and checkpointed, not recycled).
+5. The ledger is replayed (``store.ledger_replay.replay``): each forget the restored
+   database does not know is applied. When the ledger lists any forget, the freed
+   space that may still hold a forgotten text is rewritten out of the tables'
+   files (``VACUUM FULL``: nothing else runs), and the WAL that held it removed
+   (segments switched and checkpointed, not recycled).
 6. The marker is dropped, the server stopped, ``restore.json`` removed.
 
 A restore killed anywhere is finished by running it again: it starts over from
@@ -37,7 +38,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -50,6 +51,8 @@ from store import Store
 from store import backup as backups
 from store.errors import ConfigError
 from store.home import check_socket_path
+from store.ledger import ForgetLedger
+from store.ledger_replay import replay
 from store.server import data_dir as postgres_dir
 from worker.settings import Settings
 
@@ -62,10 +65,6 @@ COMMAND = "engram restore"
 SOCKET_DIR = "restore-run"
 LOG_FILE = "restore.log"
 _READY_S = 600.0  # recovery replays the archive: up to this long
-
-
-# Replays the ledger into a store: (store, settings) -> forgets applied.
-Replayer = Callable[[Store, Settings], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +87,7 @@ class RestoreReport:
         }
 
 
-def run_restore(
-    settings: Settings, source: Path, to: str | None, *, replayer: Replayer
-) -> RestoreReport:
+def run_restore(settings: Settings, source: Path, to: str | None) -> RestoreReport:
     if settings.database_url:
         raise ConfigError(
             "engram restore restores the embedded home's PostgreSQL; DATABASE_URL is set:"
@@ -108,9 +105,11 @@ def run_restore(
             _mark(dsn, info, target)
             r0 = time.monotonic()
             with Store.connect(dsn, restoring=True, max_connections=2) as store:
-                replayed = replayer(store, settings)
+                result = replay(store, ForgetLedger(settings.ledger_dir))
             replay_s = time.monotonic() - r0
-            _scrub(dsn, replayed)
+            if result.failed:
+                log.warning("ledger forgets the restored store refused", extra=result.as_dict())
+            _scrub(dsn, result.in_ledger > 0)
             _unmark(dsn)
         (home / backups.RESTORE_STATE).unlink()
         _fsync_dir(home)
@@ -119,7 +118,7 @@ def run_restore(
     return RestoreReport(
         backup=info.label,
         target=_target_text(target),
-        replayed=replayed,
+        replayed=result.reapplied,
         set_aside=str(aside) if aside else None,
         seconds=round(time.monotonic() - t0, 3),
         replay_seconds=round(replay_s, 3),
@@ -253,11 +252,13 @@ def _mark(dsn: str, info: backups.BackupInfo, target: datetime | str | None) -> 
         conn.execute("CHECKPOINT")
 
 
-def _scrub(dsn: str, replayed: int) -> None:
-    """After a replay that forgot something: the tables rewritten without the freed
-    space that still held the text, and the WAL that held it removed."""
+def _scrub(dsn: str, forgets: bool) -> None:
+    """With any forget in the ledger: the tables rewritten without the freed space that
+    may still hold a forgotten text (the replay's, or a forget the recovery replayed
+    from the archive: either leaves the bytes in the pages until overwritten). Then
+    the WAL that held them removed."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        if replayed:
+        if forgets:
             conn.execute("VACUUM FULL")
         for _ in range(2):
             conn.execute("CHECKPOINT")

@@ -31,6 +31,7 @@ from store.server import data_dir as postgres_dir
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.helpers import marker_text, rows_containing
 from tests.redis_fixtures import REPO, wait_until
+from tests.web_fixtures import free_port
 
 SCOPE = {"user_id": "backup-test"}
 
@@ -123,8 +124,10 @@ def test_a_restore_brings_back_the_backup_but_keeps_the_forgets_made_since(
 ) -> None:
     secret, kept_text, later_text = marker_text(1), marker_text(2), marker_text(3)
     h = open_home(home, opened)
-    x = h.mem.remember(f"X: {secret}", operation_id="op-x").records[0]
+    # Y first: X's row then lies below Y's in their pages, where the freed space
+    # keeps its bytes after a VACUUM (nothing moves over them).
     h.mem.remember(f"Y: {kept_text}", operation_id="op-y")
+    x = h.mem.remember(f"X: {secret}", operation_id="op-x").records[0]
     close_home(opened)
     assert engram("backup") == 0
 
@@ -220,7 +223,7 @@ def test_a_restore_killed_during_its_replay_serves_nothing_and_the_next_run_fini
         assert _pending(dsn), "the kill landed after the replay: make the replay longer"
         with pytest.raises(RestorePendingError):
             Store.connect(dsn)
-        for command in (["worker"], ["web", "--port", "0"]):
+        for command in (["worker"], ["web", "--port", str(free_port())]):
             ran = subprocess.run(
                 [sys.executable, "-m", "engram", *command],
                 env={
