@@ -54,6 +54,8 @@ RESTORE_PENDING_TABLE = "engram_restore_pending"
 # home's server does not start (store.server), whatever else the database says.
 RESTORE_STATE = "restore.json"
 ARCHIVE_TIMEOUT_S = 60
+# A partial base backup older than this is one a killed backup or prune left.
+PARTIAL_AGE_S = 86_400
 _KEEP = re.compile(r"^\s*(\d+)\s*([dh]?)\s*$")
 _SEGMENT = re.compile(r"^[0-9A-F]{24}$")
 
@@ -256,9 +258,9 @@ def prune(backup_dir: Path, keep: str, *, now: datetime | None = None) -> list[s
         Path(b.path).rename(partial)
         shutil.rmtree(partial)
     for folder in (Path(backup_dir) / BASE).glob("*" + PARTIAL):
-        if not removed and folder.stat().st_mtime > time.time() - 86400:
-            continue  # maybe a backup under way
-        shutil.rmtree(folder, ignore_errors=True)
+        # Left by a backup or a prune that was killed; a younger one may be under way.
+        if folder.stat().st_mtime < time.time() - PARTIAL_AGE_S:
+            shutil.rmtree(folder, ignore_errors=True)
     if kept:
         prune_wal(backup_dir, kept[0].start_wal)
     return [b.label for b in removed]
