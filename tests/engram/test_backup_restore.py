@@ -216,14 +216,19 @@ def test_a_restore_killed_during_its_replay_serves_nothing_and_the_next_run_fini
     with pytest.raises(RestorePendingError):
         EmbeddedPostgres(home)
     assert engram("migrate") != 0
-    # ... and a server started on its folder by hand is refused by every worker and web.
+    # ... and a server started on its folder by hand is refused by the workers, the web
+    # (dashboard and API) and the MCP server.
     by_hand = _start_by_hand(home)
     try:
         dsn = f"postgresql://postgres@/postgres?host={home.resolve() / 'by-hand'}"
         assert _pending(dsn), "the kill landed after the replay: make the replay longer"
         with pytest.raises(RestorePendingError):
             Store.connect(dsn)
-        for command in (["worker"], ["web", "--port", str(free_port())]):
+        for command in (
+            ["worker"],
+            ["web", "--port", str(free_port())],
+            ["mcp", "--scope", '{"user_id": "u"}'],
+        ):
             ran = subprocess.run(
                 [sys.executable, "-m", "engram", *command],
                 env={
@@ -232,6 +237,7 @@ def test_a_restore_killed_during_its_replay_serves_nothing_and_the_next_run_fini
                     "DATABASE_URL": dsn,
                     "REDIS_URL": redis_url,
                 },
+                stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
                 timeout=120,
