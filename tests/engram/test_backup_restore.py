@@ -344,3 +344,21 @@ def test_backup_list_and_retention_keep_the_newest_and_the_wal_they_need(
     monkeypatch.setenv("ENGRAM_BACKUP_KEEP", "forever")
     assert engram("backup") != 0
     assert [b.label for b in backups.list_backups(backup_dir(home))] == [newest.label]
+
+
+def test_archiving_follows_engram_backup_dir_at_each_start(home: Path) -> None:
+    def archive_mode(server: EmbeddedPostgres) -> str:
+        with psycopg.connect(server.dsn()) as conn:
+            return str(conn.execute("SHOW archive_mode").fetchone()[0])  # type: ignore[index]
+
+    server = EmbeddedPostgres(home, backup_dir=backup_dir(home))
+    try:
+        assert archive_mode(server) == "on"  # restarted once to take it
+        assert (backup_dir(home) / "wal").is_dir()
+    finally:
+        server.stop()
+    server = EmbeddedPostgres(home)  # ENGRAM_BACKUP_DIR unset since
+    try:
+        assert archive_mode(server) == "off"
+    finally:
+        server.stop()
