@@ -334,8 +334,10 @@ def place(info: BackupInfo, data_dir: Path) -> None:
     if data_dir.exists():
         raise ConfigError(f"{data_dir} exists: a restore copies into a new folder")
     shutil.copytree(info.path, data_dir, symlinks=True)
-    (data_dir / INFO_FILE).unlink(missing_ok=True)
-    (data_dir / "postmaster.pid").unlink(missing_ok=True)
+    # Ours, and the source server's: its pid file, and the library's list of the
+    # processes that used it (store.server), which name none of this one's.
+    for name in (INFO_FILE, "postmaster.pid", ".handle_pids.json"):
+        (data_dir / name).unlink(missing_ok=True)
     (data_dir / "recovery.signal").write_text("")
     data_dir.chmod(0o700)
     give_to_server(data_dir, recursive=True)
