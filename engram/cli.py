@@ -32,6 +32,7 @@ from . import (
     dead_letters,
     enqueue,
     exits,
+    forgets_cli,
     jobs_cli,
     pause_cli,
     reads,
@@ -250,6 +251,7 @@ _COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
     pause_cli.register,
     repartition.register,
     tokens_cli.register,
+    forgets_cli.register,
     mcp_cli.register,
     backup_cli.register,
 )

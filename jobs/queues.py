@@ -43,6 +43,7 @@ LIVE = (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED, JobStatus.STA
 # ``enqueue`` takes no other, so a new job function that is not here fails at once.
 FUNCTIONS = (
     "jobs.redaction.redact",
+    "jobs.redaction.repair_ledger_job",
     "jobs.reembed.run_slice",
     "jobs.prune.prune_job",
     "jobs.indexes.index_large_scopes_job",

@@ -50,7 +50,7 @@ from rq.job import Job, JobStatus
 from rq.job_lifecycle import record_job_failure
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
-from store import ForgetEvent
+from store import ForgetEvent, ledger_replay
 from store.errors import RedactionHeldError, held_by
 from store.ledger import LedgerEntry
 from store.values import Redaction
@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 # The redaction's first step, before the listeners (in the job's ``done`` like theirs).
 LEDGER = "ledger"
 _KILL_BEFORE_LEDGER = "ENGRAM_TEST_KILL_BEFORE_LEDGER"
+# How often the forget ledger is checked against the tombstones and repaired.
+LEDGER_REPAIR_EVERY_S = 3600.0
 # Forget events one redaction job takes at most.
 MAX_EVENTS = 1000
 # How long a redaction waits, once, for forgets' replies not there yet (see ``finish``).
@@ -231,6 +233,20 @@ def to_ledger(ctx: JobContext, batch: Sequence[ForgetEvent]) -> None:
         )
         for e in batch
     )
+
+
+@content_free("repair-forget-ledger")
+def repair_ledger_job() -> dict[str, Any]:
+    """The schedule's job: append to the forget ledger the tombstones it lacks (forgets
+    that never reached a redaction job: no listener configured, a ``Store`` without a
+    ledger, or appended on another host's ledger); what the check found."""
+    ctx = current()
+    if ctx.store.ledger is None:
+        return {}
+    found = ledger_replay.check(ctx.store, ctx.store.ledger, repair=True)
+    if found.damaged_lines:
+        log.error("forget ledger lines damaged", extra={"lines": found.damaged_lines})
+    return found.as_dict()
 
 
 def _crash_point_for_tests() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from . import indexes, keys, prune, queues
+from . import indexes, keys, prune, queues, redaction
 from .settings import Retention
 
 log = logging.getLogger(__name__)
@@ -45,12 +45,19 @@ def retention_schedules(retention: Retention) -> list[Schedule]:
 
 def upkeep_schedules() -> list[Schedule]:
     """What always runs: HNSW indexes for the scopes that grew large, the settling of
-    the vectors written into them since, and the deletion
-    of what retired generations left."""
+    the vectors written into them since, the deletion
+    of what retired generations left, and the forget ledger's repair (the tombstones it
+    lacks, appended: store.ledger)."""
     return [
         Schedule("index-large-scopes", indexes.INDEX_EVERY_S, indexes.index_large_scopes_job, ()),
         Schedule("settle-fresh-vectors", indexes.SETTLE_EVERY_S, indexes.settle_fresh_job, ()),
         Schedule("purge-retired-vectors", indexes.INDEX_EVERY_S, indexes.purge_retired_job, ()),
+        Schedule(
+            "repair-forget-ledger",
+            redaction.LEDGER_REPAIR_EVERY_S,
+            redaction.repair_ledger_job,
+            (),
+        ),
     ]
 
 

@@ -76,6 +76,8 @@ class LedgerEntry:
                 return None
             scope = Scope.of(data["scope"]).as_dict()
             at = datetime.fromisoformat(data["at"])
+            if at.tzinfo is None:
+                return None
             if not isinstance(data["id"], str) or not isinstance(data["op"], str):
                 return None
         except (ValueError, TypeError, InvalidRequestError):
@@ -148,6 +150,8 @@ class ForgetLedger:
         """The ledger's files, oldest first (those of days before ``since`` left out)."""
         if not self.directory.is_dir():
             return []
+        if since is not None and since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
         first = since.astimezone(UTC).date() if since is not None else date.min
         found = []
         for path in self.directory.iterdir():
@@ -159,8 +163,10 @@ class ForgetLedger:
     def entries(
         self, since: datetime | None = None, scan: Scan | None = None
     ) -> Iterator[LedgerEntry]:
-        """Every good entry, in the order appended (``at`` >= ``since`` only); damaged
-        lines are skipped, and counted in ``scan`` when given."""
+        """Every good entry, in the order appended (``at`` >= ``since`` only; a naive
+        ``since`` is UTC); damaged lines are skipped, and counted in ``scan`` when given."""
+        if since is not None and since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
         for path in self.files(since):
             if scan is not None:
                 scan.files += 1

@@ -9,7 +9,8 @@ reads as a replay and a second run finds it done. A record the database never ha
 (its backup predates it) gets the tombstone alone, so that a redelivered old
 operation can never create it. Then the deleted row versions leave the tables'
 pages (``forgets.vacuum``, the full-text index rebuilt), and the replayed forgets
-say ``redaction: complete``. Idempotent: a second run finds every id forgotten.
+say ``redaction: complete``. Idempotent: a second run finds every id forgotten, and
+finishes the erasure of replayed forgets a killed run left ``pending``.
 
 ``check`` compares the tombstones with the ledger: tombstones the ledger lacks (a
 forget committed by a process that had no ledger, or before there was one; appended
@@ -51,6 +52,7 @@ class ReplayResult:
     reapplied: int  # the database had the record: forgotten again now
     tombstoned: int  # the database never had it: a tombstone alone
     failed: int  # refused by the store (an id another scope holds): see the log
+    erased: int  # replayed forgets whose rows left the files in this run (VACUUM)
     damaged_lines: int  # ledger lines skipped, torn or damaged
     dry_run: bool
 
@@ -103,14 +105,17 @@ def replay(
         reapplied += sum(1 for e in done if e.record_id in present)
         tombstoned += _tombstone(store, [e for e in done if e.record_id not in present])
         forgotten_again += [e.operation_id for e in done if e.record_id in present]
-    if forgotten_again:
-        _erase(store, [e.record_id for e in wanted.values()], forgotten_again, vacuum_wait_s)
+    # With those a replay killed before its VACUUM left pending: this run finishes them.
+    to_erase = [] if dry_run else sorted({*forgotten_again, *_unfinished(store)})
+    if to_erase:
+        _erase(store, [e.record_id for e in wanted.values()], to_erase, vacuum_wait_s)
     result = ReplayResult(
         in_ledger=len(wanted),
         already_forgotten=already,
         reapplied=reapplied,
         tombstoned=tombstoned,
         failed=failed,
+        erased=len(to_erase),
         damaged_lines=scan.damaged,
         dry_run=dry_run,
     )
@@ -193,6 +198,18 @@ def _tombstone(store: Store, entries: Sequence[LedgerEntry]) -> int:
 
 def _scope_key(entry: LedgerEntry) -> str:
     return Scope.of(entry.scope).key
+
+
+def _unfinished(store: Store) -> list[str]:
+    """Replayed forgets still ``pending``: committed by a replay that did not get to
+    its VACUUM (killed, or held)."""
+    with store.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT operation_id FROM engram_receipts WHERE kind = 'forget'"
+            " AND requested_by = %s AND redaction = 'pending'",
+            (REPLAY_BY,),
+        ).fetchall()
+    return [r[0] for r in rows]
 
 
 def _erase(store: Store, record_ids: list[str], operation_ids: list[str], wait_s: float) -> None:

