@@ -28,6 +28,7 @@ from worker import logs, metrics, runtime, valkey
 from worker.settings import Settings
 
 from . import (
+    backup_cli,
     dead_letters,
     enqueue,
     exits,
@@ -252,6 +253,7 @@ _COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
     tokens_cli.register,
     forgets_cli.register,
     mcp_cli.register,
+    backup_cli.register,
 )
 
 

@@ -65,7 +65,7 @@ def command_database(settings: Settings, command: str, *, create: bool = False) 
                 raise
             time.sleep(0.2)
     try:
-        server = EmbeddedPostgres(settings.home)
+        server = EmbeddedPostgres(settings.home, backup_dir=settings.backup_dir)
         if server.pid:
             session.record(ProcessRecord.of("postgres", server.pid, stop_signal=signal.SIGINT))
         try:

@@ -69,7 +69,9 @@ def _answer(wait: Any, where: dict[str, Any], timeout_s: float) -> int:
         print(
             f"engram: no reply for {op_id} within {timeout_s:g}s. It is enqueued and is applied "
             "once a worker takes it (is `engram up` or `engram worker` running?). "
-            f"Wait again with: engram wait {_quoted(op_id)} --timeout 60",
+            f"Wait again with: engram wait {_quoted(op_id)} --timeout 60. Sent before a"
+            " restore of the database, it may have been lost: it then has no receipt"
+            f" (engram receipts --refused --operation-id {_quoted(op_id)} prints none).",
             file=sys.stderr,
         )
         return exits.PENDING

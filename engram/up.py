@@ -106,7 +106,7 @@ def run_up(
             listener, dashboard = web_cli.listen(dashboard, chosen=web_cli.port_chosen())
         database_url = settings.database_url
         if database_url is None:
-            postgres = EmbeddedPostgres(settings.home)
+            postgres = EmbeddedPostgres(settings.home, backup_dir=settings.backup_dir)
             _record(session, "postgres", postgres.pid, signal.SIGINT, 90.0)
             database_url = postgres.dsn()
             watches.append(

@@ -197,6 +197,15 @@ def error_from_dict(data: dict[str, Any]) -> EngramError:
     return cls(message)
 
 
+class RestorePendingError(EngramError):
+    """A restore has not finished re-applying the forget ledger to this database: nothing
+    may read or write it until ``engram restore`` runs to its end (a forgotten record's
+    text could still be in it)."""
+
+    code = "restore_pending"
+    status = 503
+
+
 class ConfigError(EngramError):
     """Something engram needs is not configured, or configured wrong: no URL and no
     ``engram up`` running, or a dashboard that cannot start as set up."""

@@ -29,7 +29,9 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
+from . import backup
 from . import home as homes
+from .errors import RestorePendingError
 from .processes import process_in_pid_file
 
 log = logging.getLogger(__name__)
@@ -48,9 +50,21 @@ class EmbeddedPostgres:
 
     Started on construction (or reused if already running on that folder),
     stopped by ``stop()``. It listens on a Unix socket only, in that folder.
+
+    With ``backup_dir`` (``ENGRAM_BACKUP_DIR``), it archives every WAL segment there
+    (``store.backup``); without, it archives nothing. A restore that has not run to
+    its end (its state file in the home) stops it from starting at all
+    (``RestorePendingError``): the database may still hold what the ledger forgot.
     """
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, *, backup_dir: Path | None = None) -> None:
+        pending = Path(home) / backup.RESTORE_STATE
+        if pending.exists():
+            raise RestorePendingError(
+                f"a restore into ENGRAM_HOME {Path(home).resolve()} has not finished"
+                f" ({pending}): run `engram restore` again to finish it"
+            )
+        self.backup_dir = Path(backup_dir).resolve() if backup_dir is not None else None
         self.data_dir = data_dir(home)
         homes.check_socket_path(self.data_dir / SOCKET_FILE, "PostgreSQL")
         homes.make_private(self.data_dir.parent)
@@ -93,13 +107,38 @@ class EmbeddedPostgres:
         and filling each new 16 MB segment with zeros before use stalled every
         commit for about 60 ms once a second under a steady write load (measured
         with bench/bench_worker.py). Commits are still flushed to disk (fsync and
-        synchronous_commit stay on); a segment is only no longer written twice."""
-        import psycopg
+        synchronous_commit stay on); a segment is only no longer written twice.
 
+        WAL archiving as ``backup_dir`` says (``store.backup.archive_settings``):
+        ``archive_mode`` takes effect only at a start, so a change restarts the server."""
+        import psycopg
+        from psycopg import sql
+
+        if self.backup_dir is not None:
+            backup.prepare_dir(self.backup_dir)
+        wanted = {"wal_init_zero": "off", **backup.archive_settings(self.backup_dir)}
+        changed = []
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
-            if conn.execute("SHOW wal_init_zero").fetchone() != ("off",):
-                conn.execute("ALTER SYSTEM SET wal_init_zero = off")
+            for name, value in wanted.items():
+                row = conn.execute(
+                    "SELECT setting FROM pg_settings WHERE name = %s", (name,)
+                ).fetchone()
+                if row is not None and row[0] != value:
+                    conn.execute(
+                        sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                            sql.Identifier(name), sql.Literal(value)
+                        )
+                    )
+                    changed.append(name)
+            if changed:
                 conn.execute("SELECT pg_reload_conf()")
+        if "archive_mode" in changed:
+            log.info(
+                "restarting PostgreSQL: WAL archiving changed",
+                extra={"archive_mode": wanted["archive_mode"]},
+            )
+            self.stop()
+            self._start()
 
     def dsn(self, database: str = "postgres") -> str:
         return str(self._server.get_uri(database))

@@ -15,7 +15,7 @@ from pgvector.psycopg import register_vector
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
-from . import migrations
+from . import backup, migrations
 from .audit import Audit
 from .errors import InvalidRequestError, SchemaVersionError
 from .ledger import ForgetLedger
@@ -105,6 +105,7 @@ class Store:
         read_dsn: str | None = None,
         statement_timeout_s: float | None = None,
         admin_statement_timeout_s: float | None = None,
+        restoring: bool = False,
         ledger: ForgetLedger | None = None,
     ) -> Store:
         """Open a pool on ``dsn``; apply migrations first unless told not to.
@@ -119,8 +120,16 @@ class Store:
         cancelled past it (PostgreSQL's ``statement_timeout``, set at connection start:
         ``psycopg.errors.QueryCanceled``), but the long maintenance a caller may set off
         (``Embeddings.purge_retired``, ``counts``), which runs under
-        ``admin_statement_timeout_s`` instead (None: unbounded)."""
+        ``admin_statement_timeout_s`` instead (None: unbounded).
+
+        A database a restore has not finished with (``store.backup``'s marker) is
+        refused (``RestorePendingError``): every worker, the dashboard, the API and
+        the MCP server open their store here, so none serves it. Only the restore's
+        own replay opens it (``restoring``)."""
         with psycopg.connect(dsn) as conn:
+            if not restoring:
+                backup.check_not_pending(conn)
+                conn.rollback()  # the check's transaction: the migrations start afresh
             if migrate:
                 migrations.migrate(conn)
             else:

@@ -106,3 +106,6 @@ RATE_TTL_S = 3_600
 # stops): they lag its receipts by about this long, and a small cycle pays no
 # Redis commands for them.
 METRICS_FLUSH_S = 1.0
+# The base backups ``engram backup`` keeps (a count, or an age such as 14d or 36h;
+# the archived WAL older than the oldest kept goes with the rest).
+BACKUP_KEEP = "7"

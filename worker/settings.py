@@ -71,6 +71,10 @@ class Settings:
     # Replicas that must hold an entry before an enqueue returns (WAIT); 0: none.
     wait_replicas: int = 0
     llm: LLMConfig | None = None  # ENGRAM_LLM_URL and the rest (``LLMConfig.from_env``)
+    # Where base backups and the WAL archive go (docs/backups.md); None: no archiving.
+    backup_dir: Path | None = None
+    # How many base backups (``7``) or how old (``14d``, ``36h``) ``engram backup`` keeps.
+    backup_keep: str = defaults.BACKUP_KEEP
     # The forget ledger's directory (ENGRAM_FORGET_LEDGER_DIR); None: ``home/ledger``.
     forget_ledger_dir: Path | None = None
 
@@ -111,6 +115,8 @@ class Settings:
             ),
             wait_replicas=_int(env, "ENGRAM_WAIT_REPLICAS", 0),
             llm=LLMConfig.from_env(env),
+            backup_dir=Path(env["ENGRAM_BACKUP_DIR"]) if env.get("ENGRAM_BACKUP_DIR") else None,
+            backup_keep=env.get("ENGRAM_BACKUP_KEEP") or defaults.BACKUP_KEEP,
             forget_ledger_dir=Path(env["ENGRAM_FORGET_LEDGER_DIR"])
             if env.get("ENGRAM_FORGET_LEDGER_DIR")
             else None,

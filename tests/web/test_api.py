@@ -41,6 +41,8 @@ def test_enqueue_answers_202_then_the_operation_can_be_followed(
     typo = web.client.get("/api/v1/operations/api:2")
     assert typo.status_code == 404 and typo.json()["error"]["code"] == "not_found"
     assert "api:2" in typo.json()["error"]["message"]
+    # Lost to a restore reads the same: the producer is told it may have been.
+    assert "maybe lost to a restore" in typo.json()["error"]["message"]
     with start_worker(web.store):
         wait_until(lambda: web.client.get(body["status_url"]).json()["state"] == "committed")
     state = web.client.get(body["status_url"]).json()
@@ -136,7 +138,8 @@ def test_receipts_records_history_and_tombstones(web: Web) -> None:
     assert forget["revisions"] == [1] and forget["redaction"] == "none"
     one = web.client.get(f"/api/v1/receipts/{forget['operation_id']}").json()
     assert one == forget
-    assert web.client.get("/api/v1/receipts/never-sent").status_code == 404
+    lost = web.client.get("/api/v1/receipts/never-sent")
+    assert lost.status_code == 404 and "maybe lost to a restore" in lost.json()["error"]["message"]
 
     scopes = web.client.get("/api/v1/scopes?user_id=api-reader&exact=true").json()["items"]
     assert [(s["id"], s["records"], s["forgotten"]) for s in scopes] == [(sid, 1, 1)]

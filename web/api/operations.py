@@ -153,7 +153,7 @@ def receipt(request: Request) -> Response:
     op_id = ident(request.path_params["operation_id"], "operation id")
     grant = capable(request, "operation")
     item = web_of(request).services.store.browse.receipt(op_id)
-    unknown = NotFoundError(f"no receipt for operation {op_id}")
+    unknown = NotFoundError(f"no receipt for operation {op_id} (maybe lost to a restore)")
     if item is None:
         raise unknown
     hide_unless_own(grant, item.receipt.scope, unknown)

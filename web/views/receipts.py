@@ -73,7 +73,7 @@ def receipt_page(request: Request) -> Response:
     op_id = ident(request.path_params["operation_id"], "operation id")
     item = web_of(request).services.store.browse.receipt(op_id)
     if item is None:
-        raise NotFoundError(f"no receipt for operation {op_id}")
+        raise NotFoundError(f"no receipt for operation {op_id} (maybe lost to a restore)")
     return web_of(request).render.page(request, "receipt.html", item=item, receipt=item.receipt)
 
 
@@ -112,7 +112,10 @@ def operation_state(request: Request, op_id: str) -> OperationState:
 
 
 def unknown_operation(op_id: str) -> NotFoundError:
-    return NotFoundError(f"no operation {op_id}: no receipt, no reply, not queued")
+    return NotFoundError(
+        f"no operation {op_id}: no receipt, no reply, not queued"
+        " (never sent, or maybe lost to a restore)"
+    )
 
 
 def _settled_state(request: Request, op_id: str) -> OperationState | None:

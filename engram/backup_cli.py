@@ -1,0 +1,128 @@
+"""``engram backup [list|prune]`` and ``engram restore --from DIR [--to TIME]``
+(docs/backups.md).
+
+``engram backup`` takes a base backup of the database engram uses (the home's
+embedded server, started for the command if ``engram up`` is not running; or
+``DATABASE_URL``'s, given replication rights) into ``ENGRAM_BACKUP_DIR`` (or
+``--dir``), then prunes per ``ENGRAM_BACKUP_KEEP``. The WAL archive is filled by
+the server itself once ``engram up`` runs with ``ENGRAM_BACKUP_DIR`` set."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from store import backup as backups
+from store.errors import ConfigError
+from worker.settings import Settings
+
+from . import exits
+from .args import json_flag
+from .database import command_database
+from .output import fields, print_json, table
+from .restore import run_restore
+
+
+def _dir(settings: Settings, args: argparse.Namespace) -> Path:
+    chosen = args.dir or settings.backup_dir
+    if chosen is None:
+        raise ConfigError("no backup folder: set ENGRAM_BACKUP_DIR, or pass --dir")
+    return Path(chosen)
+
+
+def cmd_backup(settings: Settings, args: argparse.Namespace) -> int:
+    folder = _dir(settings, args)
+    backups.parse_keep(settings.backup_keep)  # a bad setting stops us before the backup
+    with command_database(settings, "engram backup", create=False) as dsn:
+        info = backups.base_backup(dsn, folder, keep=settings.backup_keep)
+    if args.json:
+        print_json(info.as_dict())
+        return exits.OK
+    sys.stdout.write(
+        fields(
+            [
+                ("backup", info.label),
+                ("path", info.path),
+                ("size", f"{info.size_bytes / 1e6:.1f} MB"),
+                ("seconds", info.seconds),
+            ]
+        )
+    )
+    return exits.OK
+
+
+def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
+    found = backups.list_backups(_dir(settings, args))
+    if args.json:
+        print_json([b.as_dict() for b in found])
+        return exits.OK
+    sys.stdout.write(
+        table(
+            ("BACKUP", "FINISHED", "SIZE", "FIRST WAL", "PATH"),
+            (
+                (b.label, b.finished_at, f"{b.size_bytes / 1e6:.1f} MB", b.start_wal, b.path)
+                for b in found
+            ),
+        )
+    )
+    return exits.OK
+
+
+def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
+    removed = backups.prune(_dir(settings, args), settings.backup_keep)
+    if args.json:
+        print_json({"removed": removed})
+    else:
+        names = f": {', '.join(removed)}" if removed else ""
+        print(f"removed {len(removed)} base backup(s){names}")
+    return exits.OK
+
+
+def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
+    report = run_restore(settings, Path(args.source), args.to)
+    if args.json:
+        print_json(report.as_dict())
+        return exits.OK
+    sys.stdout.write(fields(list(report.as_dict().items())))
+    return exits.OK
+
+
+def _also_here(parser: argparse.ArgumentParser) -> None:
+    """``--dir`` and ``--json`` after the subcommand too (before it, they are backup's)."""
+    parser.add_argument("--dir", default=argparse.SUPPRESS, help="default: ENGRAM_BACKUP_DIR")
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+
+
+def register(sub: Any) -> None:
+    backup = sub.add_parser(
+        "backup", help="take a base backup into ENGRAM_BACKUP_DIR; list: the backups there"
+    )
+    backup.add_argument("--dir", default=None, help="default: ENGRAM_BACKUP_DIR")
+    json_flag(backup)
+    backup.set_defaults(run=cmd_backup)
+    what = backup.add_subparsers(dest="what")
+    listing = what.add_parser("list", help="the base backups, oldest first")
+    _also_here(listing)
+    listing.set_defaults(run=cmd_list)
+    prune = what.add_parser("prune", help="apply ENGRAM_BACKUP_KEEP now (backup does it too)")
+    _also_here(prune)
+    prune.set_defaults(run=cmd_prune)
+    restore = sub.add_parser(
+        "restore",
+        help="the home's database back to a backup or a time, the forget ledger re-applied",
+    )
+    restore.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        help="a backup folder (ENGRAM_BACKUP_DIR: its newest fitting backup) or one backup",
+    )
+    restore.add_argument(
+        "--to",
+        default=None,
+        help="an ISO 8601 time (UTC unless it says), or latest; default: the backup itself",
+    )
+    json_flag(restore)
+    restore.set_defaults(run=cmd_restore)

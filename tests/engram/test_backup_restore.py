@@ -1,0 +1,364 @@
+"""``engram backup`` and ``engram restore`` on real homes: the embedded PostgreSQL with
+WAL archiving into ENGRAM_BACKUP_DIR, base backups, a restore that keeps every forget
+of the ledger (re-applied before anything serves), point-in-time recovery, a restore
+SIGKILLed during its replay and finished by the next run, and retention."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from engram.cli import main
+from engram.home import UP, HomeLock
+from store import HashingEmbedder, Operation, Store
+from store import backup as backups
+from store.errors import RestorePendingError
+from store.ledger import ForgetLedger, LedgerEntry
+from store.server import EmbeddedPostgres
+from store.server import data_dir as postgres_dir
+from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
+from tests.helpers import marker_text, rows_containing
+from tests.redis_fixtures import REPO, wait_until
+from tests.web_fixtures import free_port
+
+SCOPE = {"user_id": "backup-test"}
+
+
+@pytest.fixture
+def home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A home of its own (short: the sockets' paths), its backups beside it; every
+    server on it stopped and both removed after the test."""
+    top = Path(tempfile.mkdtemp(prefix="eb-"))
+    home = top / "h"
+    home.mkdir()
+    monkeypatch.setenv("ENGRAM_HOME", str(home))
+    monkeypatch.setenv("ENGRAM_BACKUP_DIR", str(top / "bk"))
+    for name in ("DATABASE_URL", "REDIS_URL", "ENGRAM_BACKUP_KEEP", "ENGRAM_FORGET_LEDGER_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    yield home
+    EmbeddedPostgres.stop_stale(home)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def backup_dir(home: Path) -> Path:
+    return home.parent / "bk"
+
+
+class Home:
+    """The home's server with archiving on, and a store whose forgets go to the ledger."""
+
+    def __init__(self, home: Path) -> None:
+        self.server = EmbeddedPostgres(home, backup_dir=backup_dir(home))
+        self.store = Store.connect(self.server.dsn(), ledger=ForgetLedger(home / "ledger"))
+        self.mem = self.store.session(SCOPE, embedder=HashingEmbedder(64))
+
+    def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.server.dsn(), autocommit=True) as conn:
+            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+    def archive_now(self) -> None:
+        """Close the current WAL segment and wait until the server has archived it."""
+        [(segment,)] = self.sql("SELECT pg_walfile_name(pg_switch_wal())")
+        wait_until(
+            lambda: (backup_dir(self.server.data_dir.parent) / "wal" / segment).exists(),
+            timeout=30,
+            what=f"segment {segment} archived",
+        )
+
+    def texts(self) -> list[str]:
+        return sorted(r.text for r in self.store.records(SCOPE))
+
+    def close(self) -> None:
+        self.store.close()
+        self.server.stop()
+
+
+@pytest.fixture
+def opened(home: Path) -> Iterator[list[Home]]:
+    """Homes opened by a test; closed after it, whatever happened."""
+    made: list[Home] = []
+    yield made
+    for h in made:
+        h.close()
+
+
+def open_home(home: Path, opened: list[Home]) -> Home:
+    h = Home(home)
+    opened.append(h)
+    return h
+
+
+def close_home(opened: list[Home]) -> None:
+    opened.pop().close()
+
+
+def engram(*argv: str) -> int:
+    return main(list(argv))
+
+
+def file_hits(folder: Path, needles: list[bytes]) -> list[str]:
+    """The files under ``folder`` whose bytes hold any of ``needles``."""
+    hits = []
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            if any(n in data for n in needles):
+                hits.append(str(path.relative_to(folder)))
+    return hits
+
+
+def test_a_restore_brings_back_the_backup_but_keeps_the_forgets_made_since(
+    home: Path, opened: list[Home]
+) -> None:
+    secret, kept_text, later_text = marker_text(1), marker_text(2), marker_text(3)
+    h = open_home(home, opened)
+    # Y first: X's row then lies below Y's in their pages, where the freed space
+    # keeps its bytes after a VACUUM (nothing moves over them).
+    h.mem.remember(f"Y: {kept_text}", operation_id="op-y")
+    x = h.mem.remember(f"X: {secret}", operation_id="op-x").records[0]
+    close_home(opened)
+    assert engram("backup") == 0
+
+    h = open_home(home, opened)
+    h.mem.forget(x.id, operation_id="forget-x")
+    assert [e.record_id for e in ForgetLedger(home / "ledger").entries()] == [x.id]
+    h.mem.remember(f"Z: {later_text}", operation_id="op-z")
+    h.archive_now()
+    close_home(opened)
+
+    assert engram("restore", "--from", str(backup_dir(home))) == 0
+
+    # Before anything serves it: the restored files hold X nowhere (the restore ended
+    # with checkpoints and a shutdown), in text or as the index's lower-case lexeme.
+    needles = [secret.encode(), secret.lower().encode()]
+    assert file_hits(postgres_dir(home), needles) == []
+    h = open_home(home, opened)
+    with psycopg.connect(h.server.dsn()) as conn:
+        assert rows_containing(conn, secret) == []
+        assert rows_containing(conn, later_text) == []  # Z came after the backup
+        assert rows_containing(conn, kept_text) != []
+    assert h.texts() == [f"Y: {kept_text}"]
+    assert h.store.receipt("op-z") is None  # Z's producer finds no receipt
+    forget = h.store.receipt("forget-x")
+    assert forget is not None and forget.redaction == "complete"
+    assert h.sql(f"SELECT to_regclass('{backups.RESTORE_PENDING_TABLE}')") == [(None,)]
+    assert not (home / backups.RESTORE_STATE).exists()
+    assert len(list(home.glob("postgres.before-restore-*"))) == 1
+
+
+def test_a_restore_to_a_time_between_two_writes_has_only_the_first(
+    home: Path, opened: list[Home]
+) -> None:
+    first, second = marker_text(4), marker_text(5)
+    h = open_home(home, opened)
+    close_home(opened)
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    h.mem.remember(first, operation_id="op-t1")
+    # After the first commit, before the second: the server's own clock.
+    [(between,)] = h.sql("SELECT clock_timestamp()")
+    h.mem.remember(second, operation_id="op-t2")
+    h.archive_now()
+    close_home(opened)
+
+    assert engram("restore", "--from", str(backup_dir(home)), "--to", between.isoformat()) == 0
+
+    h = open_home(home, opened)
+    assert h.texts() == [first]
+    assert h.store.receipt("op-t1") is not None and h.store.receipt("op-t2") is None
+
+
+def test_a_restore_killed_during_its_replay_serves_nothing_and_the_next_run_finishes_it(
+    home: Path, opened: list[Home], redis_url: str
+) -> None:
+    secret = marker_text(6)
+    h = open_home(home, opened)
+    ops = [Operation.build("remember", SCOPE, {"text": f"{secret} {i}"}) for i in range(3000)]
+    ids = [r.records[0].id for r in h.store.execute(ops, HashingEmbedder(64))]  # type: ignore[union-attr]
+    h.mem.remember("kept", operation_id="op-kept")
+    close_home(opened)
+    assert engram("backup") == 0
+    # Forgets made after the backup, as their ledger lines (the forgets themselves
+    # would only take longer to make here).
+    at = datetime.now(UTC)
+    ForgetLedger(home / "ledger").append(
+        [LedgerEntry(rid, SCOPE, f"forget-{i}", at) for i, rid in enumerate(ids)]
+    )
+
+    restore = subprocess.Popen(
+        [sys.executable, "-m", "engram", "restore", "--from", str(backup_dir(home))],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    private = f"postgresql://postgres@/postgres?host={home.resolve() / 'restore-run'}"
+    try:
+        wait_until(lambda: _replay_begun(private), timeout=300, what="the replay begun")
+    finally:
+        restore.send_signal(signal.SIGKILL)
+        restore.wait()
+    # The home is free once the watchdog stopped what the restore started.
+    wait_until(lambda: _free(home), timeout=120, what="the home free")
+
+    # Nothing serves meanwhile: the home's server does not start...
+    with pytest.raises(RestorePendingError):
+        EmbeddedPostgres(home)
+    assert engram("migrate") != 0
+    # ... and a server started on its folder by hand is refused by the workers, the web
+    # (dashboard and API) and the MCP server.
+    by_hand = _start_by_hand(home)
+    try:
+        dsn = f"postgresql://postgres@/postgres?host={home.resolve() / 'by-hand'}"
+        assert _pending(dsn), "the kill landed after the replay: make the replay longer"
+        with pytest.raises(RestorePendingError):
+            Store.connect(dsn)
+        for command in (
+            ["worker"],
+            ["web", "--port", str(free_port())],
+            ["mcp", "--scope", '{"user_id": "u"}'],
+        ):
+            ran = subprocess.run(
+                [sys.executable, "-m", "engram", *command],
+                env={
+                    **os.environ,
+                    "PYTHONPATH": str(REPO),
+                    "DATABASE_URL": dsn,
+                    "REDIS_URL": redis_url,
+                },
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert ran.returncode != 0 and "restore_pending" in ran.stderr, ran.stderr
+    finally:
+        by_hand.send_signal(signal.SIGINT)
+        by_hand.wait(timeout=60)
+
+    assert engram("restore", "--from", str(backup_dir(home))) == 0
+    assert not (home / backups.RESTORE_STATE).exists()
+    assert file_hits(postgres_dir(home), [secret.encode(), secret.lower().encode()]) == []
+    h = open_home(home, opened)
+    assert h.texts() == ["kept"]
+    # Only one database was set aside: the one there before the first run.
+    assert len(list(home.glob("postgres.before-restore-*"))) == 1
+
+
+def _free(home: Path) -> bool:
+    lock = HomeLock(home)
+    if not lock.acquire("test"):
+        return False
+    lock.release()
+    return True
+
+
+def _replay_begun(dsn: str) -> bool:
+    try:
+        return _pending(dsn)
+    except psycopg.OperationalError:
+        return False
+
+
+def _pending(dsn: str) -> bool:
+    with psycopg.connect(dsn, connect_timeout=2, autocommit=True) as conn:
+        return backups.restore_pending(conn) is not None
+
+
+def _start_by_hand(home: Path) -> subprocess.Popen[bytes]:
+    """The restored folder's server, started as an operator might (not through engram)."""
+    sockets = home.resolve() / "by-hand"
+    sockets.mkdir(exist_ok=True)
+    backups.give_to_server(sockets)
+    proc = subprocess.Popen(
+        [
+            str(backups.pg_bin("postgres")),
+            *("-D", str(postgres_dir(home)), "-k", str(sockets), "-h", ""),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        user=backups.server_user(),
+    )
+    dsn = f"postgresql://postgres@/postgres?host={sockets}"
+    wait_until(lambda: _answers(dsn), timeout=60, what="the server started by hand")
+    return proc
+
+
+def _answers(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=2):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+def test_restore_refuses_a_home_engram_up_holds_and_changes_nothing(home: Path) -> None:
+    h = Home(home)
+    h.close()
+    assert engram("backup") == 0
+    before = sorted(p.name for p in home.iterdir())
+    lock = HomeLock(home)
+    assert lock.acquire(UP)
+    try:
+        assert engram("restore", "--from", str(backup_dir(home))) != 0
+    finally:
+        lock.release()
+    assert sorted(p.name for p in home.iterdir()) == before
+
+
+def test_backup_list_and_retention_keep_the_newest_and_the_wal_they_need(
+    home: Path, opened: list[Home], monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    h = open_home(home, opened)
+    h.archive_now()
+    close_home(opened)
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    h.mem.remember("between the backups")
+    h.archive_now()
+    close_home(opened)
+    monkeypatch.setenv("ENGRAM_BACKUP_KEEP", "1")
+    capsys.readouterr()
+    assert engram("backup", "--json") == 0
+    newest = backups.BackupInfo(**json.loads(capsys.readouterr().out))
+
+    listed = backups.list_backups(backup_dir(home))
+    assert [b.label for b in listed] == [newest.label]
+    assert engram("backup", "list") == 0
+    assert newest.label in capsys.readouterr().out
+    segments = [p.name for p in (backup_dir(home) / "wal").iterdir() if len(p.name) == 24]
+    assert segments and min(segments)[8:] >= newest.start_wal[8:]
+
+    # A bad retention setting is refused before anything is taken or removed.
+    monkeypatch.setenv("ENGRAM_BACKUP_KEEP", "forever")
+    assert engram("backup") != 0
+    assert [b.label for b in backups.list_backups(backup_dir(home))] == [newest.label]
+
+
+def test_archiving_follows_engram_backup_dir_at_each_start(home: Path) -> None:
+    def archive_mode(server: EmbeddedPostgres) -> str:
+        with psycopg.connect(server.dsn()) as conn:
+            return str(conn.execute("SHOW archive_mode").fetchone()[0])  # type: ignore[index]
+
+    server = EmbeddedPostgres(home, backup_dir=backup_dir(home))
+    try:
+        assert archive_mode(server) == "on"  # restarted once to take it
+        assert (backup_dir(home) / "wal").is_dir()
+    finally:
+        server.stop()
+    server = EmbeddedPostgres(home)  # ENGRAM_BACKUP_DIR unset since
+    try:
+        assert archive_mode(server) == "off"
+    finally:
+        server.stop()
