@@ -17,7 +17,8 @@ These are read from the environment, once, by ``Settings.from_env``
 - ``UP_WORKERS``: ``ENGRAM_WORKERS``;
 - ``LLM_CONCURRENCY``: ``ENGRAM_LLM_CONCURRENCY``;
 - ``LLM_DEADLINE_S``: ``ENGRAM_LLM_DEADLINE_S``;
-- ``LLM_MAX_HELD``: ``ENGRAM_LLM_MAX_HELD``.
+- ``LLM_MAX_HELD``: ``ENGRAM_LLM_MAX_HELD``;
+- ``BACKUP_KEEP``: ``ENGRAM_BACKUP_KEEP``.
 
 The others are read by no variable:
 
