@@ -62,6 +62,14 @@ class Pause:
     def encode(self) -> str:
         return json.dumps({"by": self.by, "at_ms": self.at_ms, "reason": self.reason})
 
+    def describe(self) -> str:
+        """Who, since when and why, for a message: ``by ada since 2026-12-04 21:30:05
+        UTC (reindex)``. Read from Redis: what is not printable is shown as a space."""
+        at = self.at
+        since = f" since {at:%Y-%m-%d %H:%M:%S} UTC" if at else ""
+        why = f" ({_printable(self.reason)})" if self.reason else ""
+        return f"by {_printable(self.by)}{since}{why}"
+
     @classmethod
     def decode(cls, raw: bytes | str | None) -> Pause:
         """Whatever is stored; something unreadable is a pause by ``unknown``."""
@@ -242,6 +250,10 @@ def release(client: redis.Redis, audit: Audit, who: str, partition: int | None) 
         was = resume_partition(client, partition)
         audit.record(who, "partition.resume", str(partition), {"was_paused": was})
     return was
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else " " for c in text)[:MAX_REASON_CHARS]
 
 
 def _int(value: bytes | str) -> int | None:
