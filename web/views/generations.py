@@ -13,6 +13,7 @@ from store.errors import NotFoundError
 from store.limits import MAX_ID_CHARS
 from store.values import check_string
 from store.vectors.embeddings import GenerationNotPendingError
+from worker import pause
 
 from ..bodies import why_of
 from ..errors import UnavailableError
@@ -35,6 +36,8 @@ def generation_list(request: Request) -> Response:
         rows=rows,
         live=any(p is not None and p.live for _, p in rows),
         can_reembed=web.services.start_reembed is not None,
+        # A live reembed waits while the jobs are paused: its row says so.
+        jobs_paused=pause.jobs_paused(web.services.jobs),
     )
 
 
