@@ -37,14 +37,16 @@ def test_no_job_starts_once_the_pause_is_acknowledged(
 ) -> None:
     client = connect_redis(redis_url)
     jobs_processes(database_url=dsn, redis_url=redis_url)
-    [rq_worker] = wait_until(lambda: Worker.all(connection=client), what="the jobs worker")
+    [rq_worker] = wait_until(
+        lambda: Worker.all(connection=client), timeout=30, what="the jobs worker"
+    )
 
     def idle() -> bool:
         rq_worker.refresh()
         queued = sum(len(queues.queue(client, q)) for q in jobs_keys.QUEUES)
         return rq_worker.get_state() == "idle" and queued == 0
 
-    wait_until(idle, what="the jobs worker idle")
+    wait_until(idle, timeout=30, what="the jobs worker idle")
     # Idle, it is blocked reading the queues: a job enqueued now reaches it at once,
     # though the jobs are paused. It must not run it.
     held = pause.Pause.now("tester", "upgrade")
@@ -61,7 +63,7 @@ def test_no_job_starts_once_the_pause_is_acknowledged(
             else None
         )
 
-    state = wait_until(settled, what="the pause acknowledged (or the job run)")
+    state = wait_until(settled, timeout=30, what="the pause acknowledged (or the job run)")
     assert state == "acknowledged" and queues.status(client, during) == "queued"
     assert queues.queue(client, jobs_keys.MAINTENANCE_QUEUE).job_ids == [during]
     # Acknowledged: a job enqueued now waits too, while the worker looks again and
@@ -75,12 +77,13 @@ def test_no_job_starts_once_the_pause_is_acknowledged(
             beats.append(rq_worker.last_heartbeat)
         return len(beats) >= 4
 
-    wait_until(beats_seen, what="the worker's beats")
+    wait_until(beats_seen, timeout=30, what="the worker's beats")
     assert [queues.status(client, j) for j in (during, after)] == ["queued", "queued"]
     assert acknowledged(client, held)
     pause.resume_jobs(client)
     wait_until(
         lambda: [queues.status(client, j) for j in (during, after)] == ["finished"] * 2,
+        timeout=30,
         what="both jobs run once resumed",
     )
     assert [r["paused"] for r in runner.pause_reports(client)] == [None]

@@ -88,7 +88,7 @@ def test_the_page_a_retry_redirects_to_ends_on_committed(
         return bool(workers) and not pause.not_yet_seen(number, workers)
 
     try:
-        wait_until(pause_seen, what="the worker holding the pause")
+        wait_until(pause_seen, timeout=30, what="the worker holding the pause")
         served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
         page = browser.page
         shown: list[str] = []

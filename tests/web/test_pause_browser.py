@@ -32,8 +32,10 @@ def test_the_overview_says_when_each_pause_is_in_effect(
     client = connect_redis(redis_url)
     worker_processes(database_url=fresh_dsn, redis_url=redis_url)
     jobs_processes(database_url=fresh_dsn, redis_url=redis_url)
-    wait_until(lambda: live_workers(client, FAST.lease_ttl_ms), what="the stream worker")
-    wait_until(lambda: runner.pause_reports(client), what="the jobs worker")
+    wait_until(
+        lambda: live_workers(client, FAST.lease_ttl_ms), timeout=30, what="the stream worker"
+    )
+    wait_until(lambda: runner.pause_reports(client), timeout=30, what="the jobs worker")
     served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
     page = browser.page
     try:
