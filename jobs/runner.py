@@ -115,8 +115,10 @@ class JobsWorker(SimpleWorker):
         self.set_state(before)
 
     def _report(self, held: pause.Pause | None) -> None:
+        """Held: said at each look (the hash may have been written anew meanwhile);
+        none: the field deleted once."""
         at = None if held is None else held.at_ms
-        if at != self._reported:
+        if held is not None or at != self._reported:
             pause.report_jobs(self.connection, self.key, held)
             self._reported = at
 
