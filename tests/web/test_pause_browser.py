@@ -67,7 +67,8 @@ def test_the_overview_says_when_each_pause_is_in_effect(
 
 def test_a_pause_not_yet_seen_names_the_workers_and_the_job_in_hand(web: Web) -> None:
     """A stream worker that has not reported the pause yet, and a jobs worker in the
-    middle of a job: the overview says whom it waits for, and what is still running."""
+    middle of a job: the overview (and GET /api/v1/paused) says whom it waits for, and
+    what is still running."""
     web.redis.zadd(keys.WORKERS, {"w-slow": now_ms()})
     web.redis.hset(keys.worker("w-slow"), mapping={"host": "h", "pid": "1", "paused": ""})
     busy = Worker([queues.queue(web.redis, q) for q in jobs_keys.QUEUES], connection=web.redis)
@@ -81,6 +82,14 @@ def test_a_pause_not_yet_seen_names_the_workers_and_the_job_in_hand(web: Web) ->
         assert "Waiting for 1 of 1 worker to see it" in page and "w-slow" in page
         assert "Waiting for 1 of 1 jobs worker to see it" in page
         assert f'still running: <a class="mono" href="/jobs/{job.id}">' in page
+        listed = web.client.get("/api/v1/paused").json()
+        [part] = listed["partitions"]
+        assert (part["in_effect"], part["waiting_for"]) == (False, ["w-slow"])
+        jobs = listed["jobs"]
+        assert (jobs["in_effect"], jobs["waiting_for"]) == (False, [busy.name])
+        assert jobs["running"] == [job.id]
+        web.redis.hset(keys.worker("w-slow"), "paused", "2")
+        assert web.client.get("/api/v1/paused").json()["partitions"][0]["in_effect"] is True
     finally:
         pause.resume_jobs(web.redis)
         pause.resume_partition(web.redis, 2)
