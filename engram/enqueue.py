@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from store import Operation
 from store.errors import EngramError
-from worker import runtime
+from worker import pause, runtime
 from worker.errors import WaitTimeout
 from worker.producer import Producer
 from worker.settings import Settings
@@ -44,7 +45,12 @@ def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
         if args.wait is None:
             _print(where)
             return exits.OK
-        return _answer(lambda: pending.wait(args.wait), where, args.wait)
+        return _answer(
+            lambda: pending.wait(args.wait),
+            where,
+            args.wait,
+            lambda: _held(producer, pending.partition),
+        )
 
 
 def cmd_wait(settings: Settings, args: argparse.Namespace) -> int:
@@ -60,15 +66,33 @@ def _producer(settings: Settings) -> Producer:
     return Producer.from_url(runtime.redis_url(settings), partitions=settings.worker.partitions)
 
 
-def _answer(wait: Any, where: dict[str, Any], timeout_s: float) -> int:
+def _held(producer: Producer, partition: int) -> str | None:
+    """Why no worker takes the operation, when Redis says: its partition is paused."""
+    held = pause.paused_partitions(producer.client).get(partition)
+    if held is None:
+        return None
+    return (
+        f"Its partition {partition} is paused {held.describe()}: it is applied once the "
+        f"partition is resumed (engram resume partition {partition})."
+    )
+
+
+def _answer(
+    wait: Any,
+    where: dict[str, Any],
+    timeout_s: float,
+    why_waiting: Callable[[], str | None] = lambda: None,
+) -> int:
     op_id = where["operation_id"]
     try:
         receipt = wait()
     except WaitTimeout:
         _print({**where, "status": "pending"})
+        why = why_waiting() or (
+            "It is applied once a worker takes it (is `engram up` or `engram worker` running?)."
+        )
         print(
-            f"engram: no reply for {op_id} within {timeout_s:g}s. It is enqueued and is applied "
-            "once a worker takes it (is `engram up` or `engram worker` running?). "
+            f"engram: no reply for {op_id} within {timeout_s:g}s. It is enqueued. {why} "
             f"Wait again with: engram wait {_quoted(op_id)} --timeout 60. Sent before a"
             " restore of the database, it may have been lost: it then has no receipt"
             f" (engram receipts --refused --operation-id {_quoted(op_id)} prints none).",

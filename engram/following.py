@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 from jobs.progress import Progress, bar, trouble
 from store import Store
 
 
-def follow(store: Store, generation_id: int, poll_s: float = 0.5) -> int:
+def follow(
+    store: Store,
+    generation_id: int,
+    poll_s: float = 0.5,
+    why_waiting: Callable[[], str | None] = lambda: None,
+) -> int:
     """Print the progress bar until the re-embedding is over; 0 once it is active, else 1
     with how it ended on stderr (``engram: reembed failed: <root cause>``, cancelled by
-    whom, superseded by which generation)."""
+    whom, superseded by which generation). While it is under way, ``why_waiting`` says
+    what holds it back, if anything (the jobs paused): the bar's line ends with it."""
     tty = sys.stdout.isatty()
     shown = said = ""
     printed_at = 0.0
@@ -27,6 +34,9 @@ def follow(store: Store, generation_id: int, poll_s: float = 0.5) -> int:
             return 0 if status == "active" else 1
         if progress is not None:
             line, news = bar(progress), trouble(progress)
+            why = None if progress.finished else why_waiting()
+            if why:
+                line = f"{line} · {why}"
             if tty:
                 sys.stdout.write(f"\r{line}\033[K")
                 sys.stdout.flush()

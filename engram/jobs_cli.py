@@ -17,7 +17,7 @@ from store import Embedder, Store
 from store.errors import InvalidRequestError
 from store.ledger import ForgetLedger
 from store.vectors.embedders import EmbedderResolver
-from worker import runtime
+from worker import pause, runtime
 from worker.settings import Settings
 
 from . import jobs_redis, wiring
@@ -91,12 +91,24 @@ def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
         print(f"re-embedding generation {started.generation_id}: job {started.job_id}{joined}")
         if not runner.live_workers(client):
             print("no `engram jobs` worker is running: it starts when one does", file=sys.stderr)
+        held = jobs_waiting(client)
+        if held:
+            print(f"engram: reembed {held}", file=sys.stderr)
         if args.detach:
             return 0
-        return follow(store, started.generation_id)
+        return follow(store, started.generation_id, why_waiting=lambda: jobs_waiting(client))
     finally:
         store.close()
         client.close()
+
+
+def jobs_waiting(client: Any) -> str | None:
+    """``waiting: jobs are paused by ada since ... (why)`` while the jobs are paused (no
+    slice of a re-embedding runs), else None."""
+    held = pause.jobs_paused(client)
+    if held is None:
+        return None
+    return f"waiting: jobs are paused {held.describe()}; `engram resume jobs` resumes them"
 
 
 def _cancel(settings: Settings, args: argparse.Namespace) -> int:

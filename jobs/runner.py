@@ -32,7 +32,10 @@ from typing import Any
 import redis
 from rq import SimpleWorker, Worker
 from rq.scheduler import RQScheduler
-from rq.worker import BaseWorker
+from rq.suspension import is_suspended
+from rq.worker import BaseWorker, WorkerStatus
+
+from worker import pause
 
 from . import keys, queues, redaction, reembed, schedule
 from .context import JobContext, install
@@ -47,28 +50,77 @@ WORKER_TTL_S = 60
 # The longest an idle jobs worker waits for a job before it looks again at whether
 # the jobs are paused.
 DEQUEUE_WAIT_S = 5
+# How often a paused jobs worker looks whether the jobs were resumed.
+SUSPENSION_CHECK_S = 0.5
 
 
 class JobsWorker(SimpleWorker):
-    """RQ's in-process worker; a stop request also reaches a long job (``stopping``)."""
+    """RQ's in-process worker; a stop request also reaches a long job (``stopping``).
+
+    A pause of the jobs (RQ's suspension, ``worker.pause``) is looked at right before
+    each job starts, and acknowledged in the worker's hash while it is held."""
 
     stopping: threading.Event | None = None
+    _reported: int | None = None  # the at_ms of the pause last reported held
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> Any:
-        """RQ looks at its suspension (a pause of the jobs) only before it waits for a
-        job, and an idle worker's wait lasts until a job comes: it would take the first
-        job enqueued after a pause. So the wait is taken in turns of
-        ``DEQUEUE_WAIT_S``, with RQ's own check of the suspension between them."""
-        if timeout is None or max_idle_time is not None:  # burst, or an idle limit
-            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        """RQ looks at its suspension only before it waits for a job, and an idle
+        worker's wait lasts until a job comes: it would take the first job enqueued
+        after a pause. So the wait is taken in turns of ``DEQUEUE_WAIT_S``, with the
+        suspension looked at between them, and a job taken once the jobs are paused
+        (the pause came during the wait) goes back to the front of its queue, not run."""
+        waits = timeout is not None and max_idle_time is None  # not burst, no idle limit
         while not self._stop_requested:
-            self.check_for_suspension(burst=False)
-            found = super().dequeue_job_and_maintain_ttl(DEQUEUE_WAIT_S, DEQUEUE_WAIT_S)
-            if found is not None:
+            if waits:
+                self.check_for_suspension(burst=False)
+                found = super().dequeue_job_and_maintain_ttl(DEQUEUE_WAIT_S, DEQUEUE_WAIT_S)
+                if found is None:
+                    continue
+            else:
+                found = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            if found is None or not self._put_back_if_paused(*found):
                 return found
+            if not waits:
+                return None  # burst: the queues are left as they are until resumed
         return None
+
+    def _put_back_if_paused(self, job: Any, queue: Any) -> bool:
+        if not is_suspended(self.connection):
+            return False
+        queue.push_job_id(job.id, at_front=True)
+        log.info("job put back: the jobs are paused", extra={"job_id": job.id})
+        return True
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's wait while the jobs are paused, which also says so in the worker's
+        hash (``pause.report_jobs``): from then on it starts no job until resumed."""
+        held = pause.jobs_paused(self.connection)
+        if held is None or burst:
+            self._report(None)
+            super().check_for_suspension(burst)
+            return
+        before = self.get_state()
+        self.set_state(WorkerStatus.SUSPENDED)
+        while held is not None and not self._stop_requested:
+            self._report(held)
+            self.heartbeat()
+            if self.stopping is not None:
+                self.stopping.wait(SUSPENSION_CHECK_S)
+            else:
+                time.sleep(SUSPENSION_CHECK_S)
+            held = pause.jobs_paused(self.connection)
+        self._report(None)
+        self.set_state(before)
+
+    def _report(self, held: pause.Pause | None) -> None:
+        """Held: said at each look (the hash may have been written anew meanwhile);
+        none: the field deleted once."""
+        at = None if held is None else held.at_ms
+        if held is not None or at != self._reported:
+            pause.report_jobs(self.connection, self.key, held)
+            self._reported = at
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         if self.stopping is not None:
@@ -120,6 +172,18 @@ def run(ctx: JobContext, rq_client: redis.Redis, *, burst: bool = False) -> int:
             thread.join(timeout=10)
         ticker.close()
     return 0
+
+
+def pause_reports(client: redis.Redis) -> list[dict[str, str | None]]:
+    """Each live jobs worker's name, the pause of the jobs it holds (``paused``: the
+    pause's ``at_ms``, as ``worker.pause.report_jobs`` writes it) and the job in its
+    hands (``job``), for ``worker.pause.jobs_not_yet_seen``."""
+    found = []
+    for w in live_workers(client):
+        seen = client.hget(w.key, pause.JOBS_SEEN_FIELD)
+        paused = seen.decode(errors="replace") if isinstance(seen, bytes) else seen
+        found.append({"name": w.name, "paused": paused, "job": w.get_current_job_id()})
+    return found
 
 
 def live_workers(client: redis.Redis, *, here_only: bool = False) -> list[BaseWorker]:

@@ -16,7 +16,7 @@ REVISION_COLUMNS = """
 """
 
 # How many columns RECEIPT_COLUMNS selects: a query may select more after them.
-RECEIPT_WIDTH = 19
+RECEIPT_WIDTH = 19  # the columns RECEIPT_COLUMNS names
 RECEIPT_COLUMNS = """
     c.operation_id, c.kind, s.key, c.scope_revision, c.committed_at, c.redacted,
     c.forgotten_revisions, c.already_forgotten, c.redaction, c.stream_entry, c.error,

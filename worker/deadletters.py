@@ -167,7 +167,11 @@ def count(client: redis.Redis) -> int:
 
 # Move a dead letter back onto a partition stream, in one step: XADD the op as sent,
 # then XDEL the letter, unless the letter is gone, the stream is at its cap or a
-# repartition closed it (KEYS[3], as for the producers: ``layout``).
+# repartition closed it (KEYS[3], as for the producers: ``layout``). The reply the
+# failed delivery left (KEYS[4], when the letter names its operation) goes in the same
+# step: the operation is waiting again, and whoever reads its reply (the dashboard's
+# operation page, a producer's ``wait``) must not take the first delivery's failure
+# for the retry's outcome.
 _RETRY = f"""
 local found = redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1])
 if #found == 0 then return false end
@@ -179,6 +183,7 @@ if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[3]) then
 end
 local id = redis.call('XADD', KEYS[1], '*', '{OP_FIELD}', ARGV[2])
 redis.call('XDEL', KEYS[2], ARGV[1])
+if ARGV[4] == '1' then redis.call('DEL', KEYS[4]) end
 return id
 """
 
@@ -188,6 +193,8 @@ return id
 # a replay. An XDEL that finds the letter gone (a redaction deleted it, a discard, another
 # retry) takes the entry back (``_take_back``): a redaction that deleted the letter before
 # this retry added its entry may have read the stream already, and would leave it there.
+# The failed delivery's reply stays (a third slot): the operation page sees the entry in
+# the backlog and follows the retry all the same (``web.views.receipts``).
 
 
 def home_partition(letter: DeadLetter, now: Epoch) -> int | None:
@@ -281,8 +288,18 @@ def requeue(
                 _take_back(client, stream, _s(new_id))
                 return None
         else:
+            reply = keys.reply(letter.operation_id or "")
             new_id = client.eval(
-                _RETRY, 3, stream, keys.DEAD_LETTERS, closed, dead_id, letter.op, stream_max_len
+                _RETRY,
+                4,
+                stream,
+                keys.DEAD_LETTERS,
+                closed,
+                reply,
+                dead_id,
+                letter.op,
+                stream_max_len,
+                "1" if letter.operation_id else "0",
             )
     except redis.ResponseError as exc:
         if str(exc).startswith(layout.MOVED):

@@ -10,8 +10,13 @@ what they saw in their hash (field ``paused``), so whoever paused can tell when 
 pause is in effect.
 
 The jobs queues pause with RQ's own suspension (``rq.suspension``), which an RQ
-worker checks before it waits for a job; engram's jobs worker waits in turns of a
-few seconds (``jobs.runner.JobsWorker``), so an idle one sees it soon.
+worker checks before it waits for a job; engram's jobs worker looks again right
+before it starts each job it took (a job taken after the pause goes back to the
+front of its queue) and, while it holds the pause, says so in its RQ worker hash
+(field ``JOBS_SEEN_FIELD``: the pause's ``at_ms``). Once every live jobs worker
+says so (``jobs_not_yet_seen`` is empty), no job starts until the jobs are resumed;
+until then a worker left in it may still be running the job in hand
+(``jobs.runner.JobsWorker``).
 """
 
 from __future__ import annotations
@@ -56,6 +61,14 @@ class Pause:
 
     def encode(self) -> str:
         return json.dumps({"by": self.by, "at_ms": self.at_ms, "reason": self.reason})
+
+    def describe(self) -> str:
+        """Who, since when and why, for a message: ``by ada since 2026-12-04 21:30:05
+        UTC (reindex)``. Read from Redis: what is not printable is shown as a space."""
+        at = self.at
+        since = f" since {at:%Y-%m-%d %H:%M:%S} UTC" if at else ""
+        why = f" ({_printable(self.reason)})" if self.reason else ""
+        return f"by {_printable(self.by)}{since}{why}"
 
     @classmethod
     def decode(cls, raw: bytes | str | None) -> Pause:
@@ -177,6 +190,27 @@ def resume_jobs(client: redis.Redis) -> bool:
     return was
 
 
+# The field of an RQ worker's hash in which an engram jobs worker says which pause of
+# the jobs it holds (the pause's ``at_ms``; absent when it holds none).
+JOBS_SEEN_FIELD = "engram_paused"
+
+
+def report_jobs(client: redis.Redis, worker_key: str, held: Pause | None) -> None:
+    """What a jobs worker holds, in its RQ worker hash (``worker_key``): ``held``, a
+    pause it saw with no job in hand (it starts none until resumed), or None."""
+    if held is None:
+        client.hdel(worker_key, JOBS_SEEN_FIELD)
+    else:
+        client.hset(worker_key, JOBS_SEEN_FIELD, str(held.at_ms))
+
+
+def jobs_not_yet_seen(held: Pause, workers: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The names of ``workers`` (live jobs workers, as ``jobs.runner.pause_reports``
+    describes them) that do not yet hold the pause ``held``: the pause is in effect
+    once this is empty."""
+    return [str(w.get("name")) for w in workers if w.get("paused") != str(held.at_ms)]
+
+
 def jobs_paused(client: redis.Redis) -> Pause | None:
     """Who paused the jobs, or ``None``; a suspension made elsewhere (``rq suspend``)
     is a pause by ``rq``."""
@@ -216,6 +250,10 @@ def release(client: redis.Redis, audit: Audit, who: str, partition: int | None) 
         was = resume_partition(client, partition)
         audit.record(who, "partition.resume", str(partition), {"was_paused": was})
     return was
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else " " for c in text)[:MAX_REASON_CHARS]
 
 
 def _int(value: bytes | str) -> int | None:

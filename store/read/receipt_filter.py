@@ -64,7 +64,10 @@ def receipt_clauses(f: ReceiptFilter) -> tuple[list[str], dict[str, Any]]:
         clauses.append(
             "c.operation_id IN (SELECT operation_id FROM engram_receipt_records"
             " WHERE record_id = %(rid)s UNION ALL"
-            " SELECT operation_id FROM engram_forgotten WHERE record_id = %(rid)s)"
+            " SELECT operation_id FROM engram_forgotten WHERE record_id = %(rid)s UNION ALL"
+            # A refusal touched no record: its request names the one it was about.
+            " SELECT operation_id FROM engram_receipts"
+            " WHERE error IS NOT NULL AND request ->> 'id' = %(rid)s)"
         )
         params["rid"] = f.record_id
     if f.record_prefix is not None:

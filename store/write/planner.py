@@ -205,13 +205,14 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
         try:
             writes, extra = step.run()
         except EngramError as error:
-            # The refusal is kept (content-free) so a redelivery answers the same.
+            # The refusal is kept (content-free) so a redelivery answers the same, and
+            # found by the record it named.
             plan.receipts.append(
                 ReceiptRow(
                     operation_id=op.operation_id,
                     kind=op.kind,
                     request_digest=digest,
-                    request=None,
+                    request=refused_request(op),
                     scope_revision=plan.scope_revision,
                     committed_at=at,
                     refs=[],
@@ -634,3 +635,11 @@ def _same_content(a: Current, b: Current) -> bool:
         and a.status == b.status
         and a.expires_at == b.expires_at
     )
+
+
+def refused_request(op: Operation) -> dict[str, str] | None:
+    """What a refusal keeps of its request: only the id of the record it named (a
+    revise, retract or forget), as every receipt keeps ids, never text; so the
+    receipts of a record list the refusals about it (migration 016)."""
+    named = op.request.to_dict().get("id")
+    return {"id": named} if isinstance(named, str) else None

@@ -183,4 +183,5 @@ def test_a_refusal_is_kept_so_a_redelivery_answers_the_same() -> None:
     assert isinstance(first, RevisionConflictError)
     assert isinstance(again, (RevisionConflictError, Replayed))
     [receipt] = plan.receipts
-    assert receipt.error is not None and receipt.request is None  # content-free
+    # Content-free: of its request, only the id of the record it named.
+    assert receipt.error is not None and receipt.request == {"id": "mem_ada"}

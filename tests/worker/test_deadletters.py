@@ -14,7 +14,9 @@ from store.errors import EngramError
 from tests.redis_fixtures import FAST, InProcessWorker
 from worker import Producer, QueueFullError, deadletters, keys
 from worker import deadletter_selection as selection
-from worker.protocol import encode_entry, partition_of
+from worker.errors import DeadLetteredError
+from worker.protocol import encode_entry, encode_reply, partition_of
+from worker.replies import send_reply
 
 
 def _letter(client: redis.Redis, op: Operation | None, *, raw: str | None = None) -> str:
@@ -73,6 +75,30 @@ def test_a_retried_letter_is_committed_and_a_discarded_one_is_gone(
     assert deadletters.discard(redis_client, other) is True
     assert deadletters.discard(redis_client, other) is False
     assert deadletters.count(redis_client) == 0
+
+
+def test_a_retry_takes_away_the_failed_delivery_s_reply(
+    store: Store,
+    redis_client: redis.Redis,
+    start_worker: Callable[..., InProcessWorker],
+    scope: dict[str, str],
+    redis_url: str,
+) -> None:
+    """The failed delivery answered the operation (as a worker does when it dead-letters
+    one); once retried, its reply is the retry's to give: a producer waiting on it gets
+    the receipt, not the first delivery's failure."""
+    op = Operation.build("remember", scope, {"text": "Retried, then committed."}, "dl:retry:2")
+    dead_id = _letter(redis_client, op)
+    pipe = redis_client.pipeline(transaction=False)
+    send_reply(pipe, op.operation_id, encode_reply(DeadLetteredError("no"), "5-0"), 60)
+    pipe.execute()
+    with Producer.from_url(redis_url, partitions=FAST.partitions) as p:
+        assert isinstance(p.results([op.operation_id])[op.operation_id], DeadLetteredError)
+        assert deadletters.retry(redis_client, dead_id) is not None
+        assert p.results([op.operation_id]) == {}
+        with start_worker(store):
+            receipt = p.wait(op.operation_id, timeout=20)
+    assert receipt.records and receipt.error is None
 
 
 def test_a_letter_without_an_operation_or_a_full_partition_is_refused(

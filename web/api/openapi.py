@@ -294,11 +294,22 @@ _RESUMED = obj(
     },
     optional=("partition",),
 )
+_PAUSE_SEEN: dict[str, Schema] = {
+    "in_effect": {
+        "type": "boolean",
+        "description": "Every live worker it concerns has seen it (none: true).",
+    },
+    "waiting_for": {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": "The live workers yet to see it (ids; a jobs worker's name).",
+    },
+}
 _PAUSED_STATE = obj(
     {
         "partitions": {
             "type": "array",
-            "items": obj({"partition": {"type": "integer"}, **_PAUSE}),
+            "items": obj({"partition": {"type": "integer"}, **_PAUSE, **_PAUSE_SEEN}),
         },
         "jobs": obj(
             {
@@ -306,7 +317,14 @@ _PAUSED_STATE = obj(
                 "by": nullable({"type": "string"}),
                 "at": nullable(TIME),
                 "reason": {"type": "string"},
-            }
+                **_PAUSE_SEEN,
+                "running": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Jobs still in the hands of the workers yet to see it.",
+                },
+            },
+            optional=("in_effect", "waiting_for", "running"),
         ),
     }
 )

@@ -5,6 +5,7 @@ for a pause) and ``GET /api/v1/paused``."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -39,8 +40,23 @@ def with_reason(view: Callable[[Request, str], Response]) -> Endpoint:
 
 
 def paused(request: Request) -> Response:
+    """What is paused, and whether each pause is in effect (every live worker it
+    concerns has seen it; ``pause.seen``)."""
     Query.of(request)  # takes none
-    return JSONResponse(pause.state(request).as_dict())
+    state = pause.state(request)
+    seen = pause.seen(request, state)
+    body = state.as_dict()
+    for entry in body["partitions"]:
+        body_seen(entry, seen[str(entry["partition"])])
+    if state.jobs is not None:
+        body_seen(body["jobs"], seen["jobs"])
+        body["jobs"]["running"] = list(seen["jobs"].running)
+    return JSONResponse(body)
+
+
+def body_seen(entry: dict[str, Any], seen: pause.Seen) -> None:
+    entry["in_effect"] = seen.in_effect
+    entry["waiting_for"] = list(seen.waiting)
 
 
 def partition_pause(request: Request, reason: str) -> Response:

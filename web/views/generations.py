@@ -15,6 +15,7 @@ from store.errors import EngramError, InvalidRequestError, NotFoundError
 from store.limits import MAX_ID_CHARS
 from store.values import check_string
 from store.vectors.embeddings import GenerationNotPendingError
+from worker import pause
 
 from .. import rqjobs
 from ..bodies import why_of
@@ -53,6 +54,8 @@ def _list_page(request: Request, *, status_code: int = 200, **asked: object) -> 
         can_reembed=web.services.start_reembed is not None,
         model_names=web.services.embedders.described_names(),
         asked={"model": "", "why": "", "refused": None, "started": None, **asked},
+        # A live reembed waits while the jobs are paused: its row says so.
+        jobs_paused=pause.jobs_paused(web.services.jobs),
     )
 
 

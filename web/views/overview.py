@@ -47,6 +47,7 @@ def overview(request: Request) -> Response:
     )
     vectors = web.costly.get("vectors", now_s, lambda: vector_counts(services.store))
     current = [g for g in services.store.embeddings.all() if g.status in ("active", "pending")]
+    paused = pause.state(request)
     return web.render.page(
         request,
         "overview.html",
@@ -56,7 +57,9 @@ def overview(request: Request) -> Response:
         day=ops_chart(bucketed(minutes), interval_s=DAY_COLUMN_S),
         lags=lag_rows(samples, {s.partition: s.lag for s in pipeline.streams}, now_s),
         generations=[(g, vectors.get(g.id), progress_of(g.progress)) for g in current],
-        paused=pause.state(request),
+        paused=paused,
+        # Which workers have seen each pause: when it is in effect.
+        seen=pause.seen(request, paused),
         # The epoch the workers serve: what a pause names (``worker.layout``).
         partition_count=layout.read(services.redis, config.partitions).serving.partitions,
         # Entries in a replaced epoch's streams, which no worker reads (names, counts).

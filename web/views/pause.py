@@ -4,12 +4,16 @@ audit row under the operator signed in."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import redis
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from jobs.runner import pause_reports
 from store.errors import NotFoundError
 from worker import layout, pause
+from worker.membership import live_workers
 from worker.pause import Pause, PausedState
 
 from ..errors import BadRequestError
@@ -19,6 +23,38 @@ from ..state import operator_of, web_of
 def state(request: Request) -> PausedState:
     services = web_of(request).services
     return pause.paused(services.redis, services.jobs)
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """Whether a pause is in effect: the live workers it concerns, the ids of those yet
+    to see it and, for the jobs, the jobs still in the hands of those."""
+
+    workers: int
+    waiting: tuple[str, ...]
+    running: tuple[str, ...] = ()
+
+    @property
+    def in_effect(self) -> bool:
+        return not self.waiting
+
+
+def seen(request: Request, paused: PausedState) -> dict[str, Seen]:
+    """For each pause of ``paused``, keyed by its partition's number (``"jobs"`` for
+    the jobs), which live workers have seen it (``worker.pause``)."""
+    services, config = web_of(request).services, web_of(request).config
+    found: dict[str, Seen] = {}
+    if paused.partitions:
+        workers = live_workers(services.redis, config.lease_ttl_ms)
+        for number in paused.partitions:
+            waiting = pause.not_yet_seen(number, workers)
+            found[str(number)] = Seen(len(workers), tuple(waiting))
+    if paused.jobs is not None:
+        reports = pause_reports(services.jobs)
+        waiting = pause.jobs_not_yet_seen(paused.jobs, reports)
+        running = tuple(str(r["job"]) for r in reports if r["name"] in waiting and r["job"])
+        found["jobs"] = Seen(len(reports), tuple(waiting), running)
+    return found
 
 
 def pause_partition(request: Request, number: int, reason: str) -> Pause:

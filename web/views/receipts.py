@@ -83,6 +83,9 @@ class OperationState:
     state: str  # waiting | committed | refused | failed
     item: ReceiptItem | None
     error: EngramError | None
+    # Waiting again: an earlier delivery failed (this error), and the operation was
+    # enqueued again (a dead letter retried) since.
+    earlier: EngramError | None = None
 
     @property
     def done(self) -> bool:
@@ -94,21 +97,29 @@ class OperationState:
 
 def operation_state(request: Request, op_id: str) -> OperationState:
     """``NotFoundError`` for an id with no receipt, no reply and no entry in the
-    backlog: one never sent (or mistyped) would otherwise wait forever."""
+    backlog: one never sent (or mistyped) would otherwise wait forever.
+
+    A failure is final for one delivery, not for the operation: while the operation is
+    in the backlog again (its dead letter retried), it is waiting, and the page goes on
+    following it."""
     known = _settled_state(request, op_id)
-    if known is not None:
+    if known is not None and known.state != "failed":
         return known
-    producer = web_of(request).services.producer
-    backlog = find(
-        producer.client, op_id, layout.live_streams(producer.client, producer.partitions)
-    )
+    backlog = _backlog(request, op_id)
+    if backlog is Backlog.FOUND:
+        return OperationState(op_id, "waiting", None, None, earlier=known.error if known else None)
+    # It may have committed (its entry deleted) while the streams were read.
+    again = _settled_state(request, op_id)
+    if again is not None:
+        return again
     if backlog is Backlog.ABSENT:
-        # It may have committed (its entry deleted) while the streams were read.
-        known = _settled_state(request, op_id)
-        if known is not None:
-            return known
         raise unknown_operation(op_id)
     return OperationState(op_id, "waiting", None, None)
+
+
+def _backlog(request: Request, op_id: str) -> Backlog:
+    producer = web_of(request).services.producer
+    return find(producer.client, op_id, layout.live_streams(producer.client, producer.partitions))
 
 
 def unknown_operation(op_id: str) -> NotFoundError:

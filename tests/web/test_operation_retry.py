@@ -1,0 +1,110 @@
+"""An operation's page follows its latest delivery: once its dead letter is retried, the
+first delivery's failure is not the operation's outcome, and the page waits (and polls)
+until the retry commits. In a real headless Chromium too, with a real worker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+from playwright.sync_api import expect
+
+from store import Operation, Store
+from tests.redis_fixtures import FAST, InProcessWorker, WorkerProcess, wait_until
+from tests.web_fixtures import Browser, Served, Web
+from worker import deadletters, keys, pause
+from worker.errors import DeadLetteredError
+from worker.membership import live_workers
+from worker.protocol import encode_entry, encode_reply, partition_of
+from worker.replies import send_reply
+from worker.runtime import connect_redis
+
+
+def dead_lettered(client: redis.Redis, op: Operation) -> str:
+    """A letter, and the failure reply its delivery left, as a worker writes both."""
+    pipe = client.pipeline(transaction=False)
+    deadletters.add(
+        pipe,
+        partition=partition_of(op.scope, FAST.partitions),
+        entry_id="5-0",
+        operation_id=op.operation_id,
+        raw=encode_entry(op)["op"],
+        reason=deadletters.FAILED,
+        error=DeadLetteredError("the embedder was down"),
+        deliveries=1,
+    )
+    send_reply(pipe, op.operation_id, encode_reply(DeadLetteredError("no"), "5-0"), 60)
+    dead_id: bytes = pipe.execute()[0]
+    return dead_id.decode()
+
+
+def test_a_failed_reply_left_by_the_first_delivery_is_not_the_outcome_of_a_retry(
+    web: Web,
+    scope: dict[str, str],
+    start_worker: Callable[..., InProcessWorker],
+) -> None:
+    op = Operation.build("remember", scope, {"text": "Committed on its retry."}, "op:retry:1")
+    dead_id = dead_lettered(web.redis, op)
+    assert web.client.get(f"/api/v1/operations/{op.operation_id}").json()["state"] == "failed"
+    assert deadletters.retry(web.redis, dead_id) is not None
+    # A retry that could not take the reply with it (on a Redis Cluster the reply is in
+    # another slot): the entry in the backlog says a delivery is still to come.
+    send_reply(web.redis, op.operation_id, encode_reply(DeadLetteredError("no"), "5-0"), 60)
+    assert web.client.get(f"/api/v1/operations/{op.operation_id}").json()["state"] == "waiting"
+    page = web.client.get(f"/operations/{op.operation_id}")
+    assert "Enqueued again" in page.text and 'hx-trigger="every 1s"' in page.text
+    with start_worker(web.store):
+        wait_until(
+            lambda: (
+                web.client.get(f"/api/v1/operations/{op.operation_id}").json()["state"]
+                == "committed"
+            ),
+            what="the retry committed",
+        )
+    assert "badge committed" in web.client.get(f"/operations/{op.operation_id}").text
+
+
+def test_the_page_a_retry_redirects_to_ends_on_committed(
+    serve_web: Callable[..., Served],
+    worker_processes: Callable[..., WorkerProcess],
+    fresh_store: Store,
+    fresh_dsn: str,
+    redis_url: str,
+    browser: Browser,
+) -> None:
+    client = connect_redis(redis_url)
+    client.delete(keys.DEAD_LETTERS)
+    scope = {"user_id": "retried-in-chromium"}
+    number = partition_of(scope, FAST.partitions)
+    op = Operation.build("remember", scope, {"text": "It committed on its retry."}, "op:retry:2")
+    dead_id = dead_lettered(client, op)
+    # Its partition paused, and the worker seen to hold the pause: the retry waits in
+    # the stream until the page has shown it waiting.
+    pause.pause_partition(client, number, pause.Pause.now("tester", "hold the retry"))
+    worker_processes(database_url=fresh_dsn, redis_url=redis_url)
+
+    def pause_seen() -> bool:
+        workers = live_workers(client, FAST.lease_ttl_ms)
+        return bool(workers) and not pause.not_yet_seen(number, workers)
+
+    try:
+        wait_until(pause_seen, timeout=30, what="the worker holding the pause")
+        served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
+        page = browser.page
+        shown: list[str] = []
+        mine = f"/operations/{op.operation_id}"
+        page.on("response", lambda r: shown.append(r.text()) if mine in r.url else None)
+        page.goto(f"{served.url}/dead-letters/{dead_id}")
+        page.get_by_role("button", name=f"Retry on partition {number}").click()
+        expect(page.locator("h1")).to_contain_text(op.operation_id)
+        expect(page.locator("#operation .badge")).to_have_text("waiting")
+        browser.shot("operation-retried-waiting")
+        pause.resume_partition(client, number)
+        expect(page.locator("#operation .badge")).to_have_text("committed", timeout=30_000)
+        browser.shot("operation-retried-committed")
+    finally:
+        pause.resume_partition(client, number)
+        client.close()
+    # Every answer the page had, the redirect's and each poll's: none said failed.
+    assert shown and not [html for html in shown if "badge failed" in html]
+    assert fresh_store.browse.receipt(op.operation_id) is not None
