@@ -1,6 +1,7 @@
 """``engram dead-letters list|show|retry|discard``: the entries workers could not apply,
 one at a time or every one a filter matches (``--all``: a dry run, then ``--confirm``).
-Each retry or discard is written to the audit trail with who (``cli:<os user>``) and why."""
+Each retry or discard is written to the audit trail with who (``--by``, else
+``cli:<os user>``) and why (``--reason``)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from .output import fields, print_json, table
 PREVIEW = 20  # letters a dry run lists
 
 
-def _who() -> str:
-    return f"cli:{getpass.getuser()}"[:200]
+def _who(args: argparse.Namespace) -> str:
+    return str(args.by or f"cli:{getpass.getuser()}"[:200])
 
 
 def _when(at_ms: int) -> datetime:
@@ -96,7 +97,7 @@ def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
         # A valid operation goes to the partition its scope belongs to; anything else as sent.
         now = layout.read(client, settings.worker.partitions).current
         home = deadletters.home_partition(letter, now)
-        new_id = deadletters.retry_audited(client, store.audit, _who(), letter, home, why)
+        new_id = deadletters.retry_audited(client, store.audit, _who(args), letter, home, why)
         where = letter.partition if home is None else home
     print_json({"retried": args.id, "partition": where, "entry": new_id})
     return exits.OK
@@ -110,7 +111,7 @@ def cmd_discard(settings: Settings, args: argparse.Namespace) -> int:
         letter = deadletters.get(client, deadletters.check_id(_one(args)))
         if letter is None:
             raise _missing(args.id)
-        deadletters.discard_audited(client, store.audit, _who(), letter, why)
+        deadletters.discard_audited(client, store.audit, _who(args), letter, why)
     print_json({"discarded": args.id})
     return exits.OK
 
@@ -137,7 +138,7 @@ def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
         count, _, digest = args.confirm.partition(":")
         bulk.check(int(count) if count.isdigit() else None, digest)
         with open_store(settings, "engram dead-letters") as store:
-            selection.apply_bulk(client, store.audit, _who(), bulk, why)
+            selection.apply_bulk(client, store.audit, _who(args), bulk, why)
     print_json({"action": action, "filter": match.as_dict(), "done": bulk.count})
     return exits.OK
 
@@ -156,6 +157,7 @@ def _dry_run(bulk: Bulk, seen: str) -> dict[str, Any]:
 def _actions(parser: Any, verb: str) -> None:
     parser.add_argument("id", nargs="?", default=None)
     parser.add_argument("--reason", default=None, help="why (kept in the audit trail)")
+    parser.add_argument("--by", default=None, help="who, in the audit trail (cli:<login>)")
     parser.add_argument(
         "--all",
         action="store_true",
