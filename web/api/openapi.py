@@ -184,6 +184,12 @@ _LETTER_FILTERS = [
     _query("kind", {"enum": list(OPERATION_KINDS)}, "The kind of the operation it holds."),
     _query("since", TIME, "Dead-lettered at or after (UTC when no zone is given)."),
     _query("until", TIME, "Dead-lettered before."),
+    _query("operation_id", string(), "Of this operation id (exactly)."),
+    _query("record_id", string(), "Its operation names this record (request.id, exactly)."),
+    *[
+        _query(f, string(MAX_SCOPE_VALUE_CHARS), f"Its operation's scope has this {f}.")
+        for f in SCOPE_FIELDS
+    ],
 ]
 _BULK_FILTER = {
     "type": "object",
@@ -195,6 +201,12 @@ _BULK_FILTER = {
         "kind": nullable({"enum": [*OPERATION_KINDS, ""]}),
         "since": nullable({"anyOf": [TIME, {"const": ""}]}),
         "until": nullable({"anyOf": [TIME, {"const": ""}]}),
+        "operation_id": nullable({"anyOf": [string(), {"const": ""}]}),
+        "record_id": nullable({"anyOf": [string(), {"const": ""}]}),
+        **{
+            f: nullable({"anyOf": [string(MAX_SCOPE_VALUE_CHARS), {"const": ""}]})
+            for f in SCOPE_FIELDS
+        },
     },
     "additionalProperties": False,
 }
