@@ -149,6 +149,9 @@ def _given(value: Any, name: str) -> str | None:
     return value
 
 
+_MAX_PARTITION = 2**63 - 1  # a query's bound (the API's document says so)
+
+
 def _partition(partition: Any) -> int | None:
     if isinstance(partition, float) and partition.is_integer():
         partition = int(partition)  # JSON's 1.0 is an integer
@@ -157,6 +160,8 @@ def _partition(partition: Any) -> int | None:
     if isinstance(partition, str) and partition != "":
         if not partition.isascii() or not partition.isdigit() or len(partition) > 19:
             raise InvalidRequestError("partition must be a whole number")
+        if int(partition) > _MAX_PARTITION:
+            raise InvalidRequestError(f"partition must be between 0 and {_MAX_PARTITION}")
         return int(partition)
     if partition not in (None, ""):
         raise InvalidRequestError("partition is a number")
