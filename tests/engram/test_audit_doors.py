@@ -273,3 +273,16 @@ def test_every_audited_action_has_a_door_in_the_table() -> None:
     from store.audit import ACTIONS
 
     assert {action for action, *_ in CASES} == set(ACTIONS)
+
+
+def test_the_overview_offers_a_why_for_each_pause_and_resume(doors: Doors) -> None:
+    """The dashboard's door has a Why box on each form, not only on the partition's."""
+    pause.pause_partition(doors.redis, 1, pause.Pause.now("setup"))
+    html = doors.http.get("/").text
+    for action in ("/pause/partition", "/pause/jobs", "/resume/partition/1"):
+        form = html[html.index(f'action="{action}"') :]
+        assert 'name="reason"' in form[: form.index("</form>")], action
+    pause.pause_jobs(doors.redis, pause.Pause.now("setup"))
+    html = doors.http.get("/").text
+    form = html[html.index('action="/resume/jobs"') :]
+    assert 'name="reason"' in form[: form.index("</form>")]
