@@ -1,6 +1,9 @@
 """``engram dead-letters list|show|retry|discard``: the entries workers could not apply,
 one at a time or every one a filter matches (``--all``: a dry run, then ``--confirm``).
-Each retry or discard is written to the audit trail with who (``cli:<os user>``) and why."""
+``list`` and ``--all`` take the dashboard's filter (reason, partition, error code,
+kind, time; operation id, record id, scope fields), read by the same selection logic.
+Each retry or discard is written to the audit trail with who (``--by``, else
+``cli:<os user>``) and why (``--reason``)."""
 
 from __future__ import annotations
 
@@ -12,21 +15,23 @@ from typing import Any
 
 from store.audit import AuditEntry
 from store.errors import InvalidRequestError, NotFoundError
+from store.values import SCOPE_FIELDS
+from store.write.operations import OPERATION_KINDS
 from worker import deadletter_selection as selection
 from worker import deadletters, layout
 from worker.deadletter_selection import Bulk, Match
 from worker.settings import Settings
 
 from . import exits
-from .args import json_flag, positive_int
+from .args import json_flag, json_value, positive_int
 from .database import open_redis, open_store
 from .output import fields, print_json, table
 
 PREVIEW = 20  # letters a dry run lists
 
 
-def _who() -> str:
-    return f"cli:{getpass.getuser()}"[:200]
+def _who(args: argparse.Namespace) -> str:
+    return str(args.by or f"cli:{getpass.getuser()}"[:200])
 
 
 def _when(at_ms: int) -> datetime:
@@ -38,8 +43,10 @@ def _missing(dead_id: str) -> NotFoundError:
 
 
 def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
+    match = _match(args)
+    before = deadletters.check_id(args.before) if args.before is not None else None
     with open_redis(settings) as client:
-        letters = deadletters.page(client, before=args.before, count=args.limit)
+        letters = selection.matching(client, match, before=before, limit=args.limit)
         total = deadletters.count(client)
     if args.json:
         print_json({"total": total, "dead_letters": [x.as_dict() for x in letters]})
@@ -56,8 +63,10 @@ def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
         for x in letters
     ]
     print(table(("id", "at", "partition", "reason", "code", "operation"), rows), end="")
-    if letters and len(letters) < total:
+    if letters and len(letters) == args.limit and len(letters) < total:
         print(f"{len(letters)} of {total}; older: --before {letters[-1].id}")
+    elif match != Match():
+        print(f"{len(letters)} of {total} match the filter")
     return exits.OK
 
 
@@ -75,6 +84,11 @@ def cmd_show(settings: Settings, args: argparse.Namespace) -> int:
         print_json({**data, "earlier_attempts": [_attempt(e) for e in earlier]})
         return exits.OK
     data["error"] = json.dumps(letter.error, ensure_ascii=False)
+    # ``malformed`` says the letter's own fields are garbage, not why it was dead-lettered
+    # (its reason, which may be ``malformed`` too): said once, in words, when so.
+    unreadable = data.pop("malformed")
+    if unreadable:
+        data["letter"] = "unreadable: its own fields are missing or garbage (discard it)"
     print(fields(list(data.items())), end="")
     for e in earlier:
         print(f"earlier attempt: {json.dumps(_attempt(e), ensure_ascii=False)}")
@@ -96,7 +110,7 @@ def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
         # A valid operation goes to the partition its scope belongs to; anything else as sent.
         now = layout.read(client, settings.worker.partitions).current
         home = deadletters.home_partition(letter, now)
-        new_id = deadletters.retry_audited(client, store.audit, _who(), letter, home, why)
+        new_id = deadletters.retry_audited(client, store.audit, _who(args), letter, home, why)
         where = letter.partition if home is None else home
     print_json({"retried": args.id, "partition": where, "entry": new_id})
     return exits.OK
@@ -110,15 +124,38 @@ def cmd_discard(settings: Settings, args: argparse.Namespace) -> int:
         letter = deadletters.get(client, deadletters.check_id(_one(args)))
         if letter is None:
             raise _missing(args.id)
-        deadletters.discard_audited(client, store.audit, _who(), letter, why)
+        deadletters.discard_audited(client, store.audit, _who(args), letter, why)
     print_json({"discarded": args.id})
     return exits.OK
 
 
 def _one(args: argparse.Namespace) -> str:
-    if args.id is None or args.filter_reason is not None or args.partition is not None:
+    if args.id is None or _match(args) != Match():
         raise InvalidRequestError("name one dead letter, or pass --all (with its filters)")
     return str(args.id)
+
+
+def _match(args: argparse.Namespace) -> Match:
+    """The filter the options give, read as the dashboard and the API read theirs
+    (``selection.match_from``)."""
+    scope: dict[str, Any] = {}
+    if args.scope is not None:
+        scope = json_value(args.scope, "--scope")
+        if not isinstance(scope, dict) or set(scope) - set(SCOPE_FIELDS):
+            raise InvalidRequestError(f"--scope is a JSON object of {', '.join(SCOPE_FIELDS)}")
+    return selection.match_from(
+        {
+            "reason": args.filter_reason,
+            "partition": args.partition,
+            "code": args.code,
+            "kind": args.kind,
+            "since": args.since,
+            "until": args.until,
+            "operation_id": args.operation,
+            "record_id": args.record,
+            **scope,
+        }
+    )
 
 
 def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
@@ -127,7 +164,7 @@ def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
     if args.id is not None:
         raise InvalidRequestError("--all takes no id")
     why = deadletters.check_why(args.reason)
-    match = Match(args.filter_reason, args.partition)
+    match = _match(args)
     with open_redis(settings) as client:
         bulk = selection.plan(client, action, match, partitions=settings.worker.partitions)
         seen = f"{bulk.count}:{bulk.digest}"
@@ -137,7 +174,7 @@ def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
         count, _, digest = args.confirm.partition(":")
         bulk.check(int(count) if count.isdigit() else None, digest)
         with open_store(settings, "engram dead-letters") as store:
-            selection.apply_bulk(client, store.audit, _who(), bulk, why)
+            selection.apply_bulk(client, store.audit, _who(args), bulk, why)
     print_json({"action": action, "filter": match.as_dict(), "done": bulk.count})
     return exits.OK
 
@@ -156,25 +193,48 @@ def _dry_run(bulk: Bulk, seen: str) -> dict[str, Any]:
 def _actions(parser: Any, verb: str) -> None:
     parser.add_argument("id", nargs="?", default=None)
     parser.add_argument("--reason", default=None, help="why (kept in the audit trail)")
+    parser.add_argument("--by", default=None, help="who, in the audit trail (cli:<login>)")
     parser.add_argument(
         "--all",
         action="store_true",
         help=f"{verb} every letter the filter matches: a dry run unless --confirm",
     )
-    parser.add_argument(
-        "--filter-reason",
-        choices=deadletters.REASONS,
-        default=None,
-        help="with --all: only letters of this reason",
-    )
-    parser.add_argument(
-        "--partition", type=int, default=None, help="with --all: only letters of this partition"
-    )
+    _filters(parser, "with --all: only letters ")
     parser.add_argument(
         "--confirm",
         default=None,
         metavar="COUNT:DIGEST",
         help="with --all: what the dry run printed",
+    )
+
+
+def _filters(parser: Any, only: str) -> None:
+    """The filter's options: those of the dashboard's list and the API's ``filter``."""
+    parser.add_argument(
+        "--filter-reason",
+        choices=deadletters.REASONS,
+        default=None,
+        help=only + "dead-lettered for this reason",
+    )
+    parser.add_argument("--partition", type=int, default=None, help=only + "of this partition")
+    parser.add_argument("--code", default=None, help=only + "whose error has this code")
+    parser.add_argument(
+        "--kind", choices=OPERATION_KINDS, default=None, help=only + "of this operation kind"
+    )
+    parser.add_argument(
+        "--since", default=None, metavar="TIME", help=only + "added at or after (ISO 8601, UTC)"
+    )
+    parser.add_argument("--until", default=None, metavar="TIME", help=only + "added before")
+    parser.add_argument(
+        "--operation", default=None, metavar="ID", help=only + "of this operation id"
+    )
+    parser.add_argument(
+        "--record", default=None, metavar="ID", help=only + "whose operation names this record"
+    )
+    parser.add_argument(
+        "--scope",
+        default=None,
+        help=only + 'whose operation\'s scope has these fields, e.g. \'{"user_id": "ada"}\'',
     )
 
 
@@ -184,6 +244,7 @@ def register(sub: Any) -> None:
     listing = actions.add_parser("list", help="dead letters, newest first")
     listing.add_argument("--before", default=None, metavar="ID", help="only older than this one")
     listing.add_argument("--limit", type=positive_int, default=50)
+    _filters(listing, "only letters ")
     json_flag(listing)
     listing.set_defaults(run=cmd_list)
     show = actions.add_parser("show", help="one dead letter, with the operation as sent")

@@ -5,6 +5,7 @@ their forget hook is ``jobs_redis.forget_hook``, with where the jobs live)."""
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import sys
@@ -14,15 +15,15 @@ from jobs import prune, reembed, runner
 from jobs.context import JobContext
 from jobs.settings import JobsSettings, parse_duration
 from store import Embedder, Store
-from store.errors import InvalidRequestError
 from store.ledger import ForgetLedger
 from store.vectors.embedders import EmbedderResolver
 from worker import pause, runtime
+from worker.deadletters import check_why
 from worker.settings import Settings
 
 from . import jobs_redis, wiring
 from .args import positive_int
-from .database import wait_for_store
+from .database import open_store, wait_for_store
 from .following import follow
 
 log = logging.getLogger(__name__)
@@ -74,19 +75,27 @@ def cmd_jobs_health(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
     if args.cancel is not None:
         return _cancel(settings, args)
-    if args.reason is not None:
-        raise InvalidRequestError("--reason goes with --cancel")
+    why = check_why(args.reason)  # refused before anything starts
     client = jobs_redis.connect(settings)
     store = wait_for_store(runtime.database_url(settings), 2)
     try:
+        who = _who(args)
         started = reembed.start(
             store,
             client,
             wiring.registry(settings),
             args.model,
-            requested_by=args.requested_by,
+            requested_by=who,
             settings=JobsSettings.from_env().reembed,
         )
+        # The audit row the dashboard's and the API's start write too.
+        detail: dict[str, str | int | bool] = {"model": args.model}
+        detail["generation"] = started.generation_id
+        if started.already_running:
+            detail["joined"] = True
+        if why is not None:
+            detail["reason"] = why
+        store.audit.record(who, "reembed.start", started.job_id, detail)
         joined = " (joined the one under way)" if started.already_running else ""
         print(f"re-embedding generation {started.generation_id}: job {started.job_id}{joined}")
         if not runner.live_workers(client):
@@ -116,7 +125,7 @@ def _cancel(settings: Settings, args: argparse.Namespace) -> int:
     that is not pending, nothing changed."""
     store = wait_for_store(runtime.database_url(settings), 2)
     try:
-        ended = reembed.cancel(store, args.cancel, requested_by=args.requested_by, why=args.reason)
+        ended = reembed.cancel(store, args.cancel, requested_by=_who(args), why=args.reason)
     finally:
         store.close()
     print(json.dumps({"cancelled": ended.id, "model": ended.model_id, "status": ended.status}))
@@ -126,14 +135,23 @@ def _cancel(settings: Settings, args: argparse.Namespace) -> int:
 _NAME_IT = " (name it to prune it anyway)"
 
 
+def _who(args: argparse.Namespace) -> str:
+    return str(args.requested_by or f"cli:{getpass.getuser()}")
+
+
 def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
+    """Prune by hand (or hand it to a jobs worker): an audit row for each of what is
+    pruned, with who (``--by``) and why (``--reason``)."""
     named = [prune.check(name) for name in args.what]
     older_than_s = parse_duration(args.older_than, "--older-than") if args.older_than else None
+    why = check_why(args.reason)
+    who = _who(args)
     if args.enqueue:
-        with jobs_redis.opened(settings) as jobs_client:
+        with jobs_redis.opened(settings) as jobs_client, open_store(settings, "engram prune") as s:
             targets = named or prune.enabled(JobsSettings.from_env().retention)
             for name in targets:
                 job_id = prune.enqueue(jobs_client, name, older_than_s=older_than_s)
+                s.audit.record(who, "prune.run", name, _reasoned({"job_id": job_id}, why))
                 print(f"prune {name}: job {job_id}")
         return 0
     client = runtime.connect_redis(runtime.redis_url(settings))  # the dead letters'
@@ -143,6 +161,9 @@ def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
             report = prune.run(
                 store, client, JobsSettings.from_env().retention, named, older_than_s=older_than_s
             )
+            for item in report:
+                detail = {"removed": item.removed, "older_than": item.as_dict()["older_than"]}
+                store.audit.record(who, "prune.run", item.what, _reasoned(detail, why))
         finally:
             store.close()
     finally:
@@ -153,6 +174,10 @@ def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
         else:
             print(f"{item.what}: {item.removed} removed (older than {item.older_than.isoformat()})")
     return 0
+
+
+def _reasoned(detail: dict[str, str | int | None], why: str | None) -> dict[str, str | int | None]:
+    return {**detail, "reason": why} if why is not None else detail
 
 
 def cmd_demo_reembed(settings: Settings, args: argparse.Namespace) -> int:
@@ -179,9 +204,13 @@ def register(sub: Any) -> None:
         metavar="GENERATION",
         help="cancel this pending generation: its vectors are deleted, its job stops",
     )
-    re.add_argument("--reason", default=None, help="with --cancel: why (kept in the audit trail)")
+    re.add_argument("--reason", default=None, help="why (kept in the audit trail)")
     re.add_argument(
-        "--requested-by", default="cli", help="recorded with the job or cancel (default: cli)"
+        "--by",
+        "--requested-by",
+        dest="requested_by",
+        default=None,
+        help="who, in the audit trail and on the job (cli:<login>)",
     )
     re.add_argument("--detach", action="store_true", help="print the job id, do not follow it")
     re.set_defaults(run=cmd_reembed)
@@ -193,6 +222,10 @@ def register(sub: Any) -> None:
         "--older-than", default=None, help="e.g. 30d, 12h (default: the configured windows)"
     )
     pr.add_argument("--enqueue", action="store_true", help="hand it to a jobs worker instead")
+    pr.add_argument("--reason", default=None, help="why (kept in the audit trail)")
+    pr.add_argument(
+        "--by", dest="requested_by", default=None, help="who, in the audit trail (cli:<login>)"
+    )
     pr.set_defaults(run=cmd_prune)
     demo = sub.add_parser(
         "demo-reembed", help="re-embed with writes going on (needs `engram up` running)"

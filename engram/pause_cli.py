@@ -59,7 +59,7 @@ def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_resume(settings: Settings, args: argparse.Namespace) -> int:
     number = _partition(settings, args)
     with _redis(settings, number) as client, open_store(settings, "engram resume") as store:
-        was = pause.release(client, store.audit, _who(args), number)
+        was = pause.release(client, store.audit, _who(args), number, args.reason or "")
     what = "jobs" if number is None else f"partition {number}"
     print(f"{what} resumed" if was else f"{what} {'were' if number is None else 'was'} not paused")
     return exits.OK
@@ -94,8 +94,7 @@ def register(sub: Any) -> None:
         part.add_argument("number", type=int, help="the partition, from 0")
         jobs = what.add_parser("jobs", help=f"{name} the jobs queues")
         for p in (part, jobs):
-            if name == "pause":
-                p.add_argument("--reason", default="", help="why (shown on the dashboard)")
+            p.add_argument("--reason", default="", help="why (kept in the audit trail)")
             p.add_argument("--by", default=None, help="who, in the audit trail (cli:<login>)")
             p.set_defaults(run=run)
     listing = sub.add_parser("paused", help="what is paused: partitions and the jobs")

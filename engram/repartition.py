@@ -13,6 +13,7 @@ import redis
 
 from store.audit import Audit
 from worker import layout, runtime
+from worker.deadletters import check_why
 from worker.layout import Layout, RepartitionError
 from worker.membership import live_workers
 from worker.settings import Settings
@@ -62,10 +63,11 @@ def _switch(client: redis.Redis, settings: Settings, args: argparse.Namespace) -
     if found is None:
         _check_workers_agree(client, settings)
     # Refused before the store is opened, and before anything is written.
+    why = check_why(args.reason)
     layout.plan(found or Layout.initial(settings.worker.partitions), target)
     with open_store(settings, "engram repartition") as store:
         before, switching = layout.begin(client, target, settings.worker.partitions)
-        _audit(store.audit, args, before, switching)
+        _audit(store.audit, args, before, switching, why)
     old, new = switching.previous, switching.current
     assert old is not None
     if before == switching:
@@ -100,16 +102,20 @@ def _switch(client: redis.Redis, settings: Settings, args: argparse.Namespace) -
         time.sleep(_POLL_S)
 
 
-def _audit(audit: Audit, args: argparse.Namespace, before: Layout, switching: Layout) -> None:
+def _audit(
+    audit: Audit, args: argparse.Namespace, before: Layout, switching: Layout, why: str | None
+) -> None:
     old, new = switching.previous, switching.current
     assert old is not None
-    detail = {
+    detail: dict[str, int | bool | str] = {
         "from_epoch": old.number,
         "from_partitions": old.partitions,
         "to_epoch": new.number,
         "to_partitions": new.partitions,
         "taken_up": before == switching,  # a switch already under way, run again
     }
+    if why is not None:
+        detail["reason"] = why
     who = args.by or f"cli:{getpass.getuser()}"
     audit.record(who, "layout.repartition", f"epoch {new.number}", detail)
 
@@ -149,4 +155,5 @@ def register(sub: Any) -> None:
         help="return once the switch has begun; the workers finish it",
     )
     cmd.add_argument("--by", default=None, help="who, in the audit trail (cli:<login>)")
+    cmd.add_argument("--reason", default=None, help="why (kept in the audit trail)")
     cmd.set_defaults(run=cmd_repartition)

@@ -15,6 +15,7 @@ from typing import Any
 from jobs.settings import parse_duration
 from store.errors import NotFoundError
 from store.tokens import CAPABILITIES
+from worker.deadletters import check_why
 from worker.settings import Settings
 
 from . import exits
@@ -38,7 +39,9 @@ def cmd_create(settings: Settings, args: argparse.Namespace) -> int:
     can = _capabilities(args.can)
     expires_in_s = parse_duration(args.expires, "--expires") if args.expires else None
     with open_store(settings, "engram tokens create") as store:
-        secret, grant = store.tokens.create(args.name, scope, can, expires_in_s, by=_who(args))
+        secret, grant = store.tokens.create(
+            args.name, scope, can, expires_in_s, by=_who(args), why=check_why(args.reason)
+        )
     expires = grant.expires_at.isoformat() if grant.expires_at else None
     if args.json:
         print_json(
@@ -99,7 +102,7 @@ def cmd_revoke(settings: Settings, args: argparse.Namespace) -> int:
         known = store.tokens.get(args.name)
         if known is None:
             raise NotFoundError(f"no token {args.name}")
-        revoked = store.tokens.revoke(args.name, by=_who(args))
+        revoked = store.tokens.revoke(args.name, by=_who(args), why=check_why(args.reason))
     print(f"token {args.name} revoked" if revoked else f"token {args.name} was revoked already")
     return exits.OK
 
@@ -130,3 +133,4 @@ def register(sub: Any) -> None:
     revoke.set_defaults(run=cmd_revoke)
     for p in (create, revoke):
         p.add_argument("--by", default=None, help="who, in the audit trail (cli:<login>)")
+        p.add_argument("--reason", default=None, help="why (kept in the audit trail)")

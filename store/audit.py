@@ -1,6 +1,8 @@
 """The audit trail of actions that are not memory operations: who retried or
 discarded a dead letter, who started or cancelled a reembed, who retried a job, who
-changed the number of partitions.
+changed the number of partitions, paused or resumed, created or revoked a token,
+pruned by hand. Every door (the CLI, the dashboard, the API) writes one, with who and,
+when given, why (``reason`` in the detail).
 
 A memory operation records who asked on its own receipt (``requested_by``);
 these actions change Redis or start a job, so they get a row here instead.
@@ -38,6 +40,7 @@ ACTIONS = (
     "layout.repartition",
     "token.create",
     "token.revoke",
+    "prune.run",
 )
 
 
@@ -49,6 +52,42 @@ class AuditEntry:
     action: str
     target: str
     detail: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFilter:
+    """Which rows a page shows: of one action, by one asker, about one target, written
+    in a span of time (``since`` at or after, ``until`` before); none: every row."""
+
+    action: str | None = None
+    requested_by: str | None = None
+    target: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.action is not None and self.action not in ACTIONS:
+            raise InvalidRequestError(f"audit action must be one of {', '.join(ACTIONS)}")
+        for name, value in (("requested_by", self.requested_by), ("target", self.target)):
+            if value is not None:
+                check_string(value, name, max_chars=MAX_ID_CHARS)
+
+    def where(self) -> tuple[list[str], dict[str, Any]]:
+        """The SQL conditions and their parameters."""
+        terms: list[str] = []
+        params: dict[str, Any] = {}
+        for column, value, op in (
+            ("action", self.action, "="),
+            ("requested_by", self.requested_by, "="),
+            ("target", self.target, "="),
+            ("at", self.since, ">="),
+            ("at", self.until, "<"),
+        ):
+            if value is not None:
+                name = f"f{len(params)}"
+                terms.append(f"{column} {op} %({name})s")
+                params[name] = value
+        return terms, params
 
 
 _COLUMNS = "id, at, requested_by, action, target, detail"
@@ -125,18 +164,23 @@ class Audit:
         return [AuditEntry(*r) for r in rows]
 
     def page(
-        self, *, cursor: str | None = None, limit: int = DEFAULT_PAGE_SIZE
+        self,
+        *,
+        cursor: str | None = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+        where: AuditFilter | None = None,
     ) -> Page[AuditEntry]:
-        """Newest first."""
+        """Newest first, the rows ``where`` admits (a cursor goes on with the same filter)."""
         limit = check_limit(limit)
-        params: dict[str, Any] = {"n": limit + 1}
-        after = ""
+        terms, params = (where or AuditFilter()).where()
+        params["n"] = limit + 1
         if cursor is not None:
             params["at"], params["id"] = self.cursors.decode(cursor, "audit", (datetime, int))
-            after = "WHERE (at, id) < (%(at)s, %(id)s)"
+            terms.append("(at, id) < (%(at)s, %(id)s)")
+        condition = f"WHERE {' AND '.join(terms)}" if terms else ""
         with self.pool.connection() as conn:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM engram_audit {after} ORDER BY at DESC, id DESC"
+                f"SELECT {_COLUMNS} FROM engram_audit {condition} ORDER BY at DESC, id DESC"
                 " LIMIT %(n)s",
                 params,
             ).fetchall()

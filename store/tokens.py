@@ -197,10 +197,12 @@ class Tokens:
         expires_in_s: float | None = None,
         *,
         by: str,
+        why: str | None = None,
     ) -> tuple[str, Grant]:
         """A new token: the secret (shown once, 'egt_' + 43 url-safe chars) and its grant.
-        Only sha256(secret) is stored; its audit row (``token.create``, by ``by``) commits
-        with it. A taken name: TokenNameTakenError; bad scope/capability: ValidationError."""
+        Only sha256(secret) is stored; its audit row (``token.create``, by ``by``, with
+        ``why``) commits with it. A taken name: TokenNameTakenError; bad scope/capability:
+        ValidationError."""
         check_name(name)
         exact = Scope.of(scope)
         allowed = check_capabilities(can)
@@ -223,13 +225,10 @@ class Tokens:
                     (name, digest(secret), exact.key, names, by, lifetime),
                 ).fetchone()
                 assert row is not None
-                audit.insert(
-                    conn,
-                    by,
-                    "token.create",
-                    ACTOR_PREFIX + name,
-                    {"can": ",".join(names), "expires_at": _iso(row[1])},
-                )
+                detail: dict[str, str | None] = {"can": ",".join(names), "expires_at": _iso(row[1])}
+                if why is not None:
+                    detail["reason"] = why
+                audit.insert(conn, by, "token.create", ACTOR_PREFIX + name, detail)
         except psycopg.errors.UniqueViolation:
             raise TokenNameTakenError(
                 f"a token named {name!r} exists (or existed): choose another name"
@@ -252,7 +251,7 @@ class Tokens:
             return None
         return Grant(row[0], row[1], scope_from_key(row[2]).as_dict(), frozenset(row[3]), row[4])
 
-    def revoke(self, name: str, *, by: str) -> bool:
+    def revoke(self, name: str, *, by: str, why: str | None = None) -> bool:
         """Revoke the live token ``name`` (its audit row, ``token.revoke``, commits with
         it); False when there is none (unknown, or already revoked)."""
         check_name(name)
@@ -263,7 +262,8 @@ class Tokens:
                 (by, name),
             ).fetchone()
             if row is not None:
-                audit.insert(conn, by, "token.revoke", ACTOR_PREFIX + name)
+                detail = {"reason": why} if why is not None else {}
+                audit.insert(conn, by, "token.revoke", ACTOR_PREFIX + name, detail)
         return row is not None
 
     def list(self) -> list[TokenInfo]:

@@ -69,6 +69,17 @@ def test_every_mark_is_known_and_says_why() -> None:
     assert len([b for b in blocks(text) if b.mark is not None]) == len(list(_MARK.finditer(text)))
 
 
+def test_no_example_assumes_the_dashboard_port() -> None:
+    """``up`` serves on a free port when 8700 is taken: an example that reaches the
+    dashboard reads its URL from the run file (``dashboard_url``), as the README says."""
+    text = README.read_text()
+    runnable = [b for b in blocks(text) if b.language in RUNNABLE and b.mark != "skip"]
+    assert [str(b) for b in runnable if ":8700" in b.code] == []
+    reaching = [b for b in runnable if "curl" in b.code or "streamable_http_client" in b.code]
+    assert reaching and all("dashboard_url" in b.code for b in reaching)
+    assert "`dashboard_url`" in text  # and the prose says where to read it
+
+
 @pytest.fixture
 def workdir() -> Iterator[Path]:
     """A fresh folder outside pytest's (the embedded PostgreSQL runs as another user),

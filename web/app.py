@@ -35,7 +35,7 @@ from .api.openapi import openapi
 from .auth import Authenticator
 from .config import WebConfig
 from .csrf import Csrf
-from .endpoints import action_endpoint, form_endpoint, json_endpoint
+from .endpoints import form_endpoint, json_endpoint
 from .errors import BadRequestError, MethodNotAllowedError, StatementTimeoutError
 from .middleware import (
     CHALLENGE,
@@ -187,7 +187,7 @@ def routes() -> list[BaseRoute]:
         route("/api/v1/jobs", get=api_pipeline.job_list),
         # Before the job ids: these two are not jobs.
         route("/api/v1/queues/pause", post=api_pause.with_reason(api_pause.jobs_pause)),
-        route("/api/v1/queues/resume", post=action_endpoint(api_pause.jobs_resume)),
+        route("/api/v1/queues/resume", post=api_pause.with_reason(api_pause.jobs_resume)),
         route("/api/v1/jobs/{job_id}", get=api_pipeline.job),
         route("/api/v1/bulk/jobs", post=json_endpoint(api_pipeline.job_bulk)),
         route("/api/v1/jobs/{job_id}/retry", post=api_pipeline.reasoned(api_pipeline.job_retry)),
@@ -213,7 +213,7 @@ def routes() -> list[BaseRoute]:
         ),
         route(
             "/api/v1/partitions/{partition}/resume",
-            post=action_endpoint(api_pause.partition_resume),
+            post=api_pause.with_reason(api_pause.partition_resume),
         ),
     ]
 

@@ -52,6 +52,7 @@ class Renderer:
             number=number,
             bidi=bidi_visible,
             memory=memory_text,
+            detail_value=detail_value,
         )
         # A generation's status as its re-embedding's outcome allows (``jobs.progress``).
         self.env.globals["generation_status"] = generation_status
@@ -116,6 +117,21 @@ def scope_label(scope: Scope) -> str:
 
 def pretty_json(value: object) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def detail_value(value: object) -> str:
+    """An audit row's detail value as JSON writes it (``null``, ``true``, ``3``), a word
+    as it is, and text that could be read as one of those (or holds spaces) quoted."""
+    if value is None or isinstance(value, bool | int | float):
+        return json.dumps(value)
+    text = str(value)
+    if text in ("", "null", "true", "false") or any(c.isspace() or c == '"' for c in text):
+        return json.dumps(text, ensure_ascii=False)
+    try:
+        float(text)
+    except ValueError:
+        return text
+    return json.dumps(text)
 
 
 def clip(value: str, limit: int = 160) -> str:

@@ -1,10 +1,13 @@
 """Dead letters chosen by a filter, and acted on together.
 
 A page of the dead letters, or a bulk retry or discard, takes the letters a
-``Match`` admits (reason, partition, error code, operation kind, time), read from
-the stream in pages. A bulk action is planned first (``plan``: how many, which,
-where each would go, and a digest of them) and applied only to the letters its dry
-run showed (``Bulk.check``: else ``SelectionChangedError``), one audit row a letter.
+``Match`` admits (reason, partition, error code, operation kind, time; an operation
+id, a record id, scope fields), read from the stream in pages. The dashboard, the API
+and ``engram dead-letters`` read a filter with ``match_from``.
+
+A bulk action is planned first (``plan``: how many, which, where each would go, and a
+digest of them) and applied only to the letters its dry run showed (``Bulk.check``:
+else ``SelectionChangedError``), one audit row a letter.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -20,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from store.errors import EngramError, InvalidRequestError
+from store.limits import MAX_ID_CHARS, MAX_SCOPE_VALUE_CHARS
+from store.values import SCOPE_FIELDS, check_string
 from store.write.operations import OPERATION_KINDS
 
 from . import layout
@@ -43,7 +48,9 @@ MAX_BULK = 1000
 class Match:
     """Which dead letters a page shows or a bulk action takes: those of one reason, one
     partition, one error code, one operation kind, added in a span of time (``since_ms``
-    at or after, ``until_ms`` before); none of them: every letter."""
+    at or after, ``until_ms`` before), of one operation id, about one record id (the
+    operation's ``request.id``), of a scope with these fields (``scope``: pairs, each
+    the letter's scope must hold); none of them: every letter."""
 
     reason: str | None = None
     partition: int | None = None
@@ -51,8 +58,18 @@ class Match:
     kind: str | None = None  # the operation's kind, as ``kind_of`` reads it
     since_ms: int | None = None
     until_ms: int | None = None
+    operation_id: str | None = None
+    record_id: str | None = None
+    scope: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        for name, value in (("operation_id", self.operation_id), ("record_id", self.record_id)):
+            if value is not None:
+                check_string(value, name, max_chars=MAX_ID_CHARS)
+        for field, value in self.scope:
+            if field not in SCOPE_FIELDS:
+                raise InvalidRequestError(f"a scope field is one of {', '.join(SCOPE_FIELDS)}")
+            check_string(value, field, max_chars=MAX_SCOPE_VALUE_CHARS)
         if self.reason is not None and self.reason not in REASONS:
             raise InvalidRequestError(f"reason must be one of {', '.join(REASONS)}")
         if self.code is not None and not _CODE.fullmatch(self.code):
@@ -67,8 +84,24 @@ class Match:
             and (self.code is None or self.code in (letter.code, letter.error.get("code")))
             and (self.since_ms is None or letter.at_ms >= self.since_ms)
             and (self.until_ms is None or letter.at_ms < self.until_ms)
+            and (self.operation_id is None or letter.operation_id == self.operation_id)
             and (self.kind is None or kind_of(letter) == self.kind)
+            and self._searched(letter)
         )
+
+    def _searched(self, letter: DeadLetter) -> bool:
+        """The record id and the scope fields, read from the operation as sent."""
+        if self.record_id is None and not self.scope:
+            return True
+        op = _op_of(letter)
+        if op is None:
+            return False
+        request, scope = op.get("request"), op.get("scope")
+        if self.record_id is not None and not (
+            isinstance(request, dict) and request.get("id") == self.record_id
+        ):
+            return False
+        return all(isinstance(scope, dict) and scope.get(f) == v for f, v in self.scope)
 
     def as_dict(self) -> dict[str, Any]:
         """The filter as the API and the dashboard's links carry it (times in ISO 8601)."""
@@ -79,23 +112,100 @@ class Match:
             "kind": self.kind,
             "since": iso_ms(self.since_ms),
             "until": iso_ms(self.until_ms),
+            # The searches, when given (absent: any).
+            **{k: v for k, v in self._searches().items() if v is not None},
         }
 
+    def _searches(self) -> dict[str, str | None]:
+        return {"operation_id": self.operation_id, "record_id": self.record_id, **dict(self.scope)}
 
-MATCH_FIELDS = ("reason", "partition", "code", "kind", "since", "until")
-_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+SEARCH_FIELDS = ("operation_id", "record_id", *SCOPE_FIELDS)
+MATCH_FIELDS = ("reason", "partition", "code", "kind", "since", "until", *SEARCH_FIELDS)
 
 
-def kind_of(letter: DeadLetter) -> str | None:
-    """The kind of the operation a letter holds, if its op reads as a JSON object with a
-    known kind; a letter whose own fields are garbage, or whose op is not, has none."""
+def match_from(params: Mapping[str, Any]) -> Match:
+    """The filter in ``params`` (a query, a form, a JSON object or the command line's
+    options), each of ``MATCH_FIELDS``; empty or absent: any. ``InvalidRequestError``
+    names what is wrong."""
+    return Match(
+        _given(params.get("reason"), "reason"),
+        _partition(params.get("partition")),
+        code=_given(params.get("code"), "code"),
+        kind=_given(params.get("kind"), "kind"),
+        since_ms=_ms(params.get("since"), "since"),
+        until_ms=_ms(params.get("until"), "until"),
+        operation_id=_given(params.get("operation_id"), "operation_id"),
+        record_id=_given(params.get("record_id"), "record_id"),
+        scope=tuple((f, v) for f in SCOPE_FIELDS if (v := _given(params.get(f), f)) is not None),
+    )
+
+
+def _given(value: Any, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{name} is text")
+    return value
+
+
+_MAX_PARTITION = 2**63 - 1  # a query's bound (the API's document says so)
+
+
+def _partition(partition: Any) -> int | None:
+    if isinstance(partition, float) and partition.is_integer():
+        partition = int(partition)  # JSON's 1.0 is an integer
+    if isinstance(partition, int) and not isinstance(partition, bool) and partition >= 0:
+        return partition
+    if isinstance(partition, str) and partition != "":
+        if not partition.isascii() or not partition.isdigit() or len(partition) > 19:
+            raise InvalidRequestError("partition must be a whole number")
+        if int(partition) > _MAX_PARTITION:
+            raise InvalidRequestError(f"partition must be between 0 and {_MAX_PARTITION}")
+        return int(partition)
+    if partition not in (None, ""):
+        raise InvalidRequestError("partition is a number")
+    return None
+
+
+def _ms(value: Any, name: str) -> int | None:
+    text = _given(value, name)
+    return ms_of(parse_time(text, name)) if text is not None else None
+
+
+def parse_time(value: str, name: str) -> datetime:
+    """ISO 8601; a time without a zone is UTC (what the dashboard's time fields send)."""
+    try:
+        if len(value) > 64:
+            raise ValueError(value)
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequestError(
+            f"{name} must be an ISO 8601 time, e.g. 2026-12-01T09:30"
+        ) from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def _op_of(letter: DeadLetter) -> dict[str, Any] | None:
+    """The operation a letter holds, if it reads as a JSON object (untrusted: only
+    looked at, never run)."""
     if letter.malformed or letter.op is None:
         return None
     try:
         data = json.loads(letter.op)
     except (ValueError, RecursionError):
         return None
-    kind = data.get("kind") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else None
+
+
+_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def kind_of(letter: DeadLetter) -> str | None:
+    """The kind of the operation a letter holds, if its op reads as a JSON object with a
+    known kind; a letter whose own fields are garbage, or whose op is not, has none."""
+    data = _op_of(letter)
+    kind = data.get("kind") if data is not None else None
     return kind if isinstance(kind, str) and kind in OPERATION_KINDS else None
 
 

@@ -81,8 +81,13 @@ class Pause:
 
     @classmethod
     def now(cls, by: str, reason: str = "") -> Pause:
-        printable = "".join(c if c.isprintable() else " " for c in reason)
-        return cls(by, int(time.time() * 1000), printable.strip()[:MAX_REASON_CHARS])
+        return cls(by, int(time.time() * 1000), clean_reason(reason))
+
+
+def clean_reason(reason: str) -> str:
+    """An operator's why for a pause or a resume: printable, at most ``MAX_REASON_CHARS``."""
+    printable = "".join(c if c.isprintable() else " " for c in reason)
+    return printable.strip()[:MAX_REASON_CHARS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +237,7 @@ def paused(client: redis.Redis, jobs_client: redis.Redis | None = None) -> Pause
 def hold(client: redis.Redis, audit: Audit, partition: int | None, pause: Pause) -> None:
     """Pause ``partition`` (``None``: the jobs), then write who and why to the audit
     trail."""
-    detail = {"reason": pause.reason or None}
+    detail = {"reason": pause.reason} if pause.reason else {}
     if partition is None:
         pause_jobs(client, pause)
         audit.record(pause.by, "jobs.pause", "jobs", detail)
@@ -241,19 +246,27 @@ def hold(client: redis.Redis, audit: Audit, partition: int | None, pause: Pause)
         audit.record(pause.by, "partition.pause", str(partition), detail)
 
 
-def release(client: redis.Redis, audit: Audit, who: str, partition: int | None) -> bool:
-    """Resume ``partition`` (``None``: the jobs) and audit it; whether it was paused."""
+def release(
+    client: redis.Redis, audit: Audit, who: str, partition: int | None, why: str = ""
+) -> bool:
+    """Resume ``partition`` (``None``: the jobs) and audit it, with who and why; whether
+    it was paused."""
+    why = clean_reason(why)
     if partition is None:
         was = resume_jobs(client)
-        audit.record(who, "jobs.resume", "jobs", {"was_paused": was})
+        audit.record(who, "jobs.resume", "jobs", _detail(was, why))
     else:
         was = resume_partition(client, partition)
-        audit.record(who, "partition.resume", str(partition), {"was_paused": was})
+        audit.record(who, "partition.resume", str(partition), _detail(was, why))
     return was
 
 
 def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else " " for c in text)[:MAX_REASON_CHARS]
+
+
+def _detail(was: bool, why: str) -> dict[str, bool | str]:
+    return {"was_paused": was, "reason": why} if why else {"was_paused": was}
 
 
 def _int(value: bytes | str) -> int | None:

@@ -202,10 +202,11 @@ def test_engram_reembed_cancel(
     assert main(["reembed", "--cancel", str(active.id), "--reason", "x"]) == 1
     assert "generation_not_pending" in capsys.readouterr().err
     assert main(["reembed", "--cancel", str(gen), "--reason", "y" * 201]) == 2
-    assert main(["reembed", "--model", "hashing:8", "--reason", "why"]) == 2
+    # A start takes a why now (audited): one too long is refused before anything starts.
+    assert main(["reembed", "--model", "hashing:8", "--reason", "z" * 201]) == 2
     assert snapshot(fresh_store) == before
 
-    assert main(["reembed", "--cancel", str(gen), "--reason", "from the shell"]) == 0
+    assert main(["reembed", "--cancel", str(gen), "--reason", "from the shell", "--by", "cli"]) == 0
     assert f'"cancelled": {gen}' in capsys.readouterr().out
     assert fresh_store.embeddings.get(gen).status == "cancelled"  # type: ignore[union-attr]
     entry = fresh_store.audit.page().items[0]

@@ -230,7 +230,7 @@ def test_the_cli_pauses_lists_and_resumes(
     assert sorted(trail) == sorted(
         [
             ("ada", "partition.pause", "2", {"reason": "reindex"}),
-            (me, "jobs.pause", "jobs", {"reason": None}),
+            (me, "jobs.pause", "jobs", {}),
             (me, "partition.resume", "2", {"was_paused": True}),
             (me, "jobs.resume", "jobs", {"was_paused": True}),
         ]

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from store.audit import ACTIONS
 from store.limits import MAX_SCOPE_VALUE_CHARS
 from store.read.find import MAX_FIND_TEXT_CHARS
 from store.read.paging import MAX_PAGE_SIZE
@@ -162,7 +163,6 @@ def _op(
     return out
 
 
-_NO_BODY = {"type": "object", "maxProperties": 0, "description": "Nothing, or {}."}
 # Why an operator retries or discards: kept in the audit row.
 _REASON = {"type": "string", "maxLength": 200}
 _WHY = {
@@ -184,6 +184,12 @@ _LETTER_FILTERS = [
     _query("kind", {"enum": list(OPERATION_KINDS)}, "The kind of the operation it holds."),
     _query("since", TIME, "Dead-lettered at or after (UTC when no zone is given)."),
     _query("until", TIME, "Dead-lettered before."),
+    _query("operation_id", string(), "Of this operation id (exactly)."),
+    _query("record_id", string(), "Its operation names this record (request.id, exactly)."),
+    *[
+        _query(f, string(MAX_SCOPE_VALUE_CHARS), f"Its operation's scope has this {f}.")
+        for f in SCOPE_FIELDS
+    ],
 ]
 _BULK_FILTER = {
     "type": "object",
@@ -195,6 +201,12 @@ _BULK_FILTER = {
         "kind": nullable({"enum": [*OPERATION_KINDS, ""]}),
         "since": nullable({"anyOf": [TIME, {"const": ""}]}),
         "until": nullable({"anyOf": [TIME, {"const": ""}]}),
+        "operation_id": nullable({"anyOf": [string(), {"const": ""}]}),
+        "record_id": nullable({"anyOf": [string(), {"const": ""}]}),
+        **{
+            f: nullable({"anyOf": [string(MAX_SCOPE_VALUE_CHARS), {"const": ""}]})
+            for f in SCOPE_FIELDS
+        },
     },
     "additionalProperties": False,
 }
@@ -266,6 +278,14 @@ _BULK_DONE = {
     },
     "required": ["action", "filter", "count", "digest", "dry_run"],
 }
+
+_AUDIT_FILTERS = [
+    _query("action", {"enum": list(ACTIONS)}, "Rows of this action."),
+    _query("by", string(), "Rows of this asker (exactly)."),
+    _query("target", string(), "Rows about this target (exactly)."),
+    _query("since", TIME, "Written at or after (UTC when no zone is given)."),
+    _query("until", TIME, "Written before."),
+]
 
 # -- pausing (web/api/pause.py) ------------------------------------------------------
 
@@ -588,9 +608,9 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/queues/resume": {
         "post": _op(
-            "Resume the jobs queues",
+            "Resume the jobs queues (why, optionally, for the audit trail)",
             {"200": _json(_RESUMED, "Resumed (was_paused: whether they were).")},
-            body=_NO_BODY,
+            body=_PAUSE_BODY,
             body_required=False,
             errors=_PAUSE_ERRORS,
         )
@@ -608,10 +628,10 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/partitions/{partition}/resume": {
         "post": _op(
-            "Resume a partition",
+            "Resume a partition (why, optionally, for the audit trail)",
             {"200": _json(_RESUMED, "Resumed (was_paused: whether it was).")},
             parameters=[_PARTITION],
-            body=_NO_BODY,
+            body=_PAUSE_BODY,
             body_required=False,
             errors=(*_PAUSE_ERRORS, "404"),
         )
@@ -625,9 +645,10 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/audit": {
         "get": _op(
-            "Who retried, discarded or started what, newest first",
+            "Who retried, discarded, started, paused or revoked what, and why, newest first;"
+            " filtered by action, who asked, target and time",
             {"200": _json(ref("AuditEntryPage"), "A page.")},
-            parameters=_PAGING,
+            parameters=[*_AUDIT_FILTERS, *_PAGING],
             errors=("400", "401", "503"),
         )
     },

@@ -1,6 +1,6 @@
 """The API of pausing: ``POST /api/v1/partitions/{n}/pause|resume``, ``POST
-/api/v1/queues/pause|resume`` (a JSON body: ``{}``, nothing, or ``{"reason": "..."}``
-for a pause) and ``GET /api/v1/paused``."""
+/api/v1/queues/pause|resume`` (a JSON body: ``{}``, nothing, or ``{"reason": "..."}``:
+why, kept in the audit row) and ``GET /api/v1/paused``."""
 
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ from ..views import pause
 
 
 def with_reason(view: Callable[[Request, str], Response]) -> Endpoint:
-    """A pause: ``{}``, no body, or ``{"reason": "..."}`` (up to 200 characters)."""
+    """A pause or a resume: ``{}``, no body, or ``{"reason": "..."}`` (up to 200
+    characters, kept in the audit row)."""
 
     async def endpoint(request: Request) -> Response:
         body = await read_json(request, web_of(request).config.max_json_bytes, empty={})
         if not isinstance(body, dict) or set(body) - {"reason"}:
-            raise InvalidRequestError('a pause takes {} or {"reason": "..."}')
+            raise InvalidRequestError('a pause or resume takes {} or {"reason": "..."}')
         reason = body.get("reason", "")
         if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
             raise InvalidRequestError(
@@ -66,10 +67,10 @@ def partition_pause(request: Request, reason: str) -> Response:
     return JSONResponse({"partition": number, "paused": True, **held.as_dict()})
 
 
-def partition_resume(request: Request) -> Response:
+def partition_resume(request: Request, reason: str) -> Response:
     Query.of(request)  # takes none
     number = pause.number_in_path(request)
-    was = pause.resume_partition(request, number)
+    was = pause.resume_partition(request, number, reason)
     return JSONResponse({"partition": number, "paused": False, "was_paused": was})
 
 
@@ -79,6 +80,6 @@ def jobs_pause(request: Request, reason: str) -> Response:
     return JSONResponse({"paused": True, **held.as_dict()})
 
 
-def jobs_resume(request: Request) -> Response:
+def jobs_resume(request: Request, reason: str) -> Response:
     Query.of(request)  # takes none
-    return JSONResponse({"paused": False, "was_paused": pause.resume_jobs(request)})
+    return JSONResponse({"paused": False, "was_paused": pause.resume_jobs(request, reason)})

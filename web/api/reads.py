@@ -27,6 +27,7 @@ from ..errors import BadRequestError
 from ..params import Query, ident, integer, parse_time
 from ..scoped import capable, hide_unless_own, log_reads, own_scope
 from ..state import web_of
+from ..views.audit import AUDIT_FILTERS, audit_filter_of
 from ..views.find import FIND_BY, find_records
 from ..views.scopes import SCOPE_TABS
 from .serialize import (
@@ -200,8 +201,11 @@ def generations(request: Request) -> Response:
 
 
 def audit(request: Request) -> Response:
-    q = Query.of(request, "cursor", "limit")
-    page = web_of(request).services.store.audit.page(cursor=q.cursor(), limit=q.limit())
+    q = Query.of(request, "cursor", "limit", *AUDIT_FILTERS)
+    where = audit_filter_of(q)
+    page = web_of(request).services.store.audit.page(
+        cursor=q.cursor(), limit=q.limit(), where=where
+    )
     return JSONResponse(page_json(page, audit_json))
 
 

@@ -40,6 +40,10 @@ def string(max_length: int = MAX_ID_CHARS, **more: Any) -> Schema:
     }
 
 
+# A memory's text (store/limits.py): longer is refused, 422 invalid_request.
+_TEXT = string(MAX_TEXT_CHARS, description=f"At most {MAX_TEXT_CHARS:,} characters.")
+
+
 def nullable(schema: Schema) -> Schema:
     return {"anyOf": [schema, {"type": "null"}]}
 
@@ -174,7 +178,7 @@ def _request(required: tuple[str, ...], **properties: Schema) -> Schema:
 _REQUESTS: dict[str, Schema] = {
     "remember": _request(
         ("text",),
-        text=string(MAX_TEXT_CHARS),
+        text=_TEXT,
         kind=_KIND,
         importance=_IMPORTANCE,
         metadata=_METADATA,
@@ -218,7 +222,7 @@ _REQUESTS: dict[str, Schema] = {
     "revise": _request(
         ("id",),
         id=string(),
-        text=nullable(string(MAX_TEXT_CHARS)),
+        text=nullable(_TEXT),
         kind=_KIND,
         importance=_IMPORTANCE,
         metadata=_METADATA,
@@ -399,7 +403,7 @@ SCHEMAS: dict[str, Schema] = {
         "description": "A field set to null is absent. Without text: the latest records.",
         "properties": {
             "scope": _SCOPE,
-            "text": nullable(string(MAX_TEXT_CHARS)),
+            "text": nullable(_TEXT),
             "top_k": nullable({"type": "integer", "minimum": 1, "maximum": MAX_TOP_K}),
             "kind": nullable(string(MAX_KIND_CHARS)),
             "include_retracted": nullable({"type": "boolean"}),

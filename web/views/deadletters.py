@@ -14,6 +14,7 @@ from starlette.responses import RedirectResponse, Response
 
 from store.audit import AuditEntry
 from store.errors import InvalidRequestError, NotFoundError
+from store.values import SCOPE_FIELDS
 from store.write.operations import OPERATION_KINDS
 from worker import deadletter_selection as selection
 from worker import deadletters
@@ -24,7 +25,7 @@ from worker.producer import Producer
 
 from ..bodies import why_of
 from ..errors import BadRequestError
-from ..params import Query, integer, parse_time
+from ..params import Query
 from ..render import path_quote
 from ..state import operator_of, web_of
 
@@ -35,46 +36,12 @@ MAX_READ = 5_000  # letters a filtered page reads at most
 
 def match_of(request: Request, params: Mapping[str, Any]) -> Match:
     """The filter in ``params`` (a query, a form or a JSON object): a reason, a partition,
-    an error code, an operation kind, a span of time."""
-    reason, code, kind = params.get("reason"), params.get("code"), params.get("kind")
-    if reason not in (None, "") and reason not in deadletters.REASONS:
-        raise BadRequestError(f"reason must be one of {', '.join(deadletters.REASONS)}")
-    if kind not in (None, "") and kind not in OPERATION_KINDS:
-        raise BadRequestError(f"kind must be one of {', '.join(OPERATION_KINDS)}")
+    an error code, an operation kind, a span of time; an operation id, a record id, scope
+    fields (``selection.match_from``, which the CLI reads its options with too)."""
     try:
-        return Match(
-            reason or None,
-            _partition(params.get("partition")),
-            code=_text(code, "code") or None,
-            kind=kind or None,
-            since_ms=_ms(params.get("since"), "since"),
-            until_ms=_ms(params.get("until"), "until"),
-        )
+        return selection.match_from(params)
     except InvalidRequestError as exc:
         raise BadRequestError(exc.message) from None
-
-
-def _partition(partition: Any) -> int | None:
-    if isinstance(partition, float) and partition.is_integer():
-        partition = int(partition)  # JSON's 1.0 is an integer
-    if isinstance(partition, int) and not isinstance(partition, bool) and partition >= 0:
-        return partition
-    if isinstance(partition, str) and partition != "":
-        return integer(partition, "partition", minimum=0)
-    if partition not in (None, ""):
-        raise BadRequestError("partition is a number")
-    return None
-
-
-def _text(value: Any, name: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise BadRequestError(f"{name} is text")
-
-
-def _ms(value: Any, name: str) -> int | None:
-    text = _text(value, name)
-    return selection.ms_of(parse_time(text, name)) if text else None
 
 
 def plan(request: Request, action: str, match: Match) -> Bulk:
@@ -106,7 +73,8 @@ def filter_query(match: Match) -> str:
 def form_values(match: Match) -> dict[str, str]:
     """The filter as the list's form shows it (times in UTC, as a datetime-local field
     takes them)."""
-    values = {k: "" if v is None else str(v) for k, v in match.as_dict().items()}
+    values = dict.fromkeys(MATCH_FIELDS, "")
+    values.update({k: "" if v is None else str(v) for k, v in match.as_dict().items()})
     for name, at_ms in (("since", match.since_ms), ("until", match.until_ms)):
         if at_ms is not None:
             spec = "seconds" if at_ms % 1000 == 0 else "milliseconds"
@@ -178,6 +146,7 @@ def letter_list(request: Request) -> Response:
         filter_query=filter_query(match),
         reasons=deadletters.REASONS,
         kinds=OPERATION_KINDS,
+        scope_fields=SCOPE_FIELDS,
     )
 
 

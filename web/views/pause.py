@@ -62,17 +62,17 @@ def pause_partition(request: Request, number: int, reason: str) -> Pause:
     return _hold(request, number, reason)
 
 
-def resume_partition(request: Request, number: int) -> bool:
+def resume_partition(request: Request, number: int, why: str = "") -> bool:
     check(request, number)
-    return _release(request, number)
+    return _release(request, number, why)
 
 
 def pause_jobs(request: Request, reason: str) -> Pause:
     return _hold(request, None, reason)
 
 
-def resume_jobs(request: Request) -> bool:
-    return _release(request, None)
+def resume_jobs(request: Request, why: str = "") -> bool:
+    return _release(request, None, why)
 
 
 def _hold(request: Request, partition: int | None, reason: str) -> Pause:
@@ -82,10 +82,11 @@ def _hold(request: Request, partition: int | None, reason: str) -> Pause:
     return held
 
 
-def _release(request: Request, partition: int | None) -> bool:
+def _release(request: Request, partition: int | None, why: str) -> bool:
     web = web_of(request)
     who = operator_of(request).name
-    return pause.release(_client(request, partition), web.services.store.audit, who, partition)
+    client = _client(request, partition)
+    return pause.release(client, web.services.store.audit, who, partition, why)
 
 
 def _client(request: Request, partition: int | None) -> redis.Redis:
@@ -123,7 +124,7 @@ def pause_partition_form(request: Request, form: dict[str, str]) -> Response:
 
 
 def resume_partition_form(request: Request, form: dict[str, str]) -> Response:
-    resume_partition(request, number_in_path(request))
+    resume_partition(request, number_in_path(request), form.get("reason", ""))
     return RedirectResponse("/", 303)
 
 
@@ -133,5 +134,5 @@ def pause_jobs_form(request: Request, form: dict[str, str]) -> Response:
 
 
 def resume_jobs_form(request: Request, form: dict[str, str]) -> Response:
-    resume_jobs(request)
+    resume_jobs(request, form.get("reason", ""))
     return RedirectResponse("/", 303)

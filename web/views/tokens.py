@@ -13,6 +13,7 @@ from jobs.settings import parse_duration
 from store.errors import InvalidRequestError, NotFoundError
 from store.tokens import CAPABILITIES, check_name
 
+from ..bodies import why_of
 from ..errors import BadRequestError
 from ..params import Query
 from ..render import path_quote
@@ -51,8 +52,9 @@ def create(request: Request, form: dict[str, str]) -> Response:
         ) from None
     can = [c for c in CAPABILITIES if form.get(f"can_{c}")]
     expires_in_s = parse_duration(form.get("expires") or "off", "expires")
+    why = why_of(form.get("why"))
     secret, _ = web_of(request).services.store.tokens.create(
-        name, scope, can, expires_in_s, by=operator_of(request).name
+        name, scope, can, expires_in_s, by=operator_of(request).name, why=why
     )
     response = _list_page(request, created=name, secret=secret)
     response.status_code = 201
@@ -88,5 +90,6 @@ def revoke(request: Request, form: dict[str, str]) -> Response:
     tokens = web_of(request).services.store.tokens
     if tokens.get(name) is None:
         raise NotFoundError(f"no token {name}")
-    tokens.revoke(name, by=operator_of(request).name)  # revoked already: nothing to do
+    why = why_of(form.get("why"))
+    tokens.revoke(name, by=operator_of(request).name, why=why)  # revoked already: nothing to do
     return RedirectResponse(f"/tokens/{path_quote(name)}", status_code=303)
