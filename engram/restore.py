@@ -50,6 +50,7 @@ import psycopg
 from store import Store
 from store import backup as backups
 from store.errors import ConfigError
+from store.files import fsync_dir
 from store.home import check_socket_path
 from store.ledger import ForgetLedger
 from store.ledger_replay import replay
@@ -112,7 +113,7 @@ def run_restore(settings: Settings, source: Path, to: str | None) -> RestoreRepo
             _scrub(dsn, result.in_ledger > 0)
             _unmark(dsn)
         (home / backups.RESTORE_STATE).unlink()
-        _fsync_dir(home)
+        fsync_dir(home)
     finally:
         session.close()
     return RestoreReport(
@@ -169,15 +170,7 @@ def _write_durably(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.rename(path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 @contextmanager

@@ -41,6 +41,7 @@ from typing import Any
 import psycopg
 
 from .errors import ConfigError, InvalidRequestError, RestorePendingError
+from .files import fsync_dir
 from .home import SERVER_USER, make_private, server_gid
 
 BASE = "base"
@@ -186,7 +187,7 @@ def base_backup(dsn: str, backup_dir: Path, *, keep: str | None = None) -> Backu
     )
     (target / INFO_FILE).write_text(json.dumps(info.as_dict(), indent=1))
     target.rename(backup_dir / BASE / label)
-    _fsync_dir(backup_dir / BASE)
+    fsync_dir(backup_dir / BASE)
     if keep:
         prune(backup_dir, keep)
     return info
@@ -203,14 +204,6 @@ def _start_wal(folder: Path) -> str:
 
 def _size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def list_backups(backup_dir: Path) -> list[BackupInfo]:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidRequestError, LedgerUnavailableError
+from .files import fsync_dir
 from .values import Scope
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class ForgetLedger:
             finally:
                 os.close(fd)  # releases the lock
             if created:
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
         except OSError as exc:
             raise LedgerUnavailableError(
                 f"the forget ledger at {self.directory} cannot be written: {exc.strerror}"
@@ -232,11 +233,3 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
