@@ -201,7 +201,9 @@ def test_receipt_filters(fresh_store: Store) -> None:
     assert stale.operation_id not in ops(refused=False)
     assert len(ops(redacted=True)) == 1  # the remember that wrote the forgotten record
     assert ops(requested_by="grace") == ["forget-ada"]
-    assert ops(record_id=rid)[0] == "forget-ada" and len(ops(record_id=rid)) == 2
+    # The receipts that wrote or erased it, and the refusal of the revise that named it.
+    assert ops(record_id=rid)[0] == "forget-ada" and len(ops(record_id=rid)) == 3
+    assert stale.operation_id in ops(record_id=rid)
     assert ops(since=datetime.now(UTC)) == []
     assert ops(until=start) == []
     receipt = fresh_store.browse.receipt("op-cat")

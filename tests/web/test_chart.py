@@ -88,6 +88,7 @@ def test_progress_reads_the_agreed_shape() -> None:
         "updated_at": "2026-12-01T10:00:02+00:00",
         "message": None,  # a failed reembed's root cause
         "superseded_by": None,
+        "retrying": False,  # a failed slice waiting for its retry
     }
 
 

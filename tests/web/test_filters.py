@@ -394,6 +394,7 @@ def test_the_functions_offered_are_those_engram_enqueues() -> None:
         INDEX,
         "jobs.indexes.settle_fresh_job",
         PURGE,
+        "jobs.redaction.repair_ledger_job",
     }
     assert rqjobs.is_tick("prune-dead-letters-491234") and rqjobs.is_tick("index-large-scopes-1")
     assert not rqjobs.is_tick("prune-history-0123456789abcdef")  # one asked for by hand
