@@ -366,7 +366,11 @@ def test_enqueue_wait_metrics_and_health_on_the_cluster(
             assert receipt["operation_id"] == f"cli:{partition}"
             assert receipt["scope_revision"] == 1
         assert main(["health"]) == 0
-        assert json.loads(capsys.readouterr().out) == {"live_workers_on_this_host": 1}
+        assert json.loads(capsys.readouterr().out) == {
+            "live_workers_on_this_host": 1,
+            "stranded_entries": 0,
+            "stranded_streams": [],
+        }
 
         def committed_counted() -> bool:
             assert main(["metrics"]) == 0

@@ -82,7 +82,7 @@ def test_a_lingering_consumer_commits_what_arrives_meanwhile_in_the_same_cycle(
     """With ``linger_ms``, a read that found a few entries waits that long and reads
     again: operations enqueued meanwhile commit with them, in their scopes' order."""
     config = WorkerConfig(
-        partitions=3, block_ms=50, lease_ttl_ms=5000, lease_margin_ms=200, linger_ms=1500
+        partitions=3, block_ms=50, lease_ttl_ms=5000, lease_margin_ms=200, linger_ms=4000
     )
     producer = Producer(redis_client, partitions=config.partitions)
     embedder = CountingEmbedder(HashingEmbedder(32))
