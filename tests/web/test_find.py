@@ -66,7 +66,7 @@ def test_text_finds_records_of_every_scope_and_never_a_forgotten_record_s_text(
 ) -> None:
     first = web.remember(ADA, "Ada plays the xylophone on Sundays.")
     second = web.remember(BOB, "Bob tunes a xylophone for Ada.")
-    gone = web.remember(ADA, "Ada's xylophone locker code is KQ-58213.", id="wf-gone")
+    gone = web.remember(ADA, "Ada's xylophone locker code is KQ-58213.", id="wg-gone")
     web.store.session(ADA, embedder=EMBEDDER).forget(gone)
 
     found = web.client.get("/find?q=xylophone")
@@ -74,14 +74,14 @@ def test_text_finds_records_of_every_scope_and_never_a_forgotten_record_s_text(
     assert "<mark>xylophone</mark>" in found.text
     assert "KQ-58213" not in found.text and "locker" not in found.text
 
-    for q in ("KQ-58213", "locker code", "wf-gone"):
+    for q in ("KQ-58213", "locker code", "wg-gone"):
         page = web.client.get("/find", params={"q": q})
         assert "KQ" not in page.text.replace(q, "") and "locker" not in page.text.replace(q, "")
         api = web.client.get("/api/v1/find", params={"q": q}).json()
         assert "KQ-58213" not in str(api).replace(q, "") and api["by_text"]["hits"] == []
-    by_id = web.client.get("/find?q=wf-gone").text
-    assert hits(by_id, "id") == ["wf-gone"] and '<span class="badge forgotten">' in by_id
-    assert web.client.get("/records/wf-gone").status_code == 200  # its tombstone
+    by_id = web.client.get("/find?q=wg-gone").text
+    assert hits(by_id, "id") == ["wg-gone"] and '<span class="badge forgotten">' in by_id
+    assert web.client.get("/records/wg-gone").status_code == 200  # its tombstone
 
     api = web.client.get("/api/v1/find", params={"q": "xylophone", "by": "text"}).json()
     assert api["by_id"] is None and not api["by_text"]["more"]
@@ -94,12 +94,12 @@ def test_text_finds_records_of_every_scope_and_never_a_forgotten_record_s_text(
 
 def test_memory_text_in_a_snippet_is_escaped(web: Web) -> None:
     text = "The <script>alert('zanzibarx')</script> & <b>bold</b> zanzibarx."
-    web.remember(ADA, text, id="wf-markup")
-    for q in ("zanzibarx", "wf-markup"):
+    web.remember(ADA, text, id="wx-markup")
+    for q in ("zanzibarx", "wx-markup"):
         html = web.client.get("/find", params={"q": q}).text
         assert "<script>alert" not in html and "<b>bold</b>" not in html
         assert "alert(&#39;zanzibarx&#39;)" in html and " &amp; " in html
-    assert "&lt;script&gt;" in web.client.get("/find?q=wf-markup").text
+    assert "&lt;script&gt;" in web.client.get("/find?q=wx-markup").text
 
 
 @pytest.mark.parametrize(
