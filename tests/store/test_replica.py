@@ -247,7 +247,19 @@ def test_a_stopped_replica_sends_the_reads_to_the_primary(
     scope: dict[str, str],
     embedder: HashingEmbedder,
 ) -> None:
-    """Kept last: it stops the session's replica (and starts it again)."""
+    """It stops the session's replica (and starts it again), through a store of its own:
+    the module's store is not left resting on the primary for the tests after it."""
+    with Store.connect(dsn, read_dsn=replica.dsn_like(dsn)) as own:
+        _reads_go_to_the_primary_once_the_replica_stops(own, replica, dsn, scope, embedder)
+
+
+def _reads_go_to_the_primary_once_the_replica_stops(
+    replicated: Store,
+    replica: Replica,  # noqa: F811
+    dsn: str,
+    scope: dict[str, str],
+    embedder: HashingEmbedder,
+) -> None:
     mem = replicated.session(scope, embedder=embedder)
     kept = mem.remember("the replica is going away")
     replica.wait_caught_up(dsn)
