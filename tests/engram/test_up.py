@@ -55,7 +55,11 @@ class Up:
     def stop(self, signum: int = signal.SIGINT, timeout: float = 60) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signum)
-        code = self.process.wait(timeout=timeout)
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # Say which child held it up: up logs each step of its stop.
+            raise AssertionError(f"up did not stop within {timeout:g} s:\n{self.log()}") from None
         # Every child stopped when asked (a worker that hung in its signal handler was
         # killed 30 s later).
         assert "did not stop, killing it" not in self.log(), self.log()
