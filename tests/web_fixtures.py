@@ -241,8 +241,12 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright_driver() -> Iterator[Any]:
+    """Playwright's driver, for one test module: its sync API keeps an event loop
+    running in this thread while it lives, and a later module's ``asyncio.run`` or
+    ``anyio.run`` (the MCP client, the LangGraph store's async methods) would then fail
+    with "Cannot run the event loop while another loop is running"."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
