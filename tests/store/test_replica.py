@@ -241,7 +241,6 @@ def test_a_busy_replica_pool_sends_one_read_to_the_primary_and_is_not_rested(
 
 
 def test_a_stopped_replica_sends_the_reads_to_the_primary(
-    replicated: Store,
     replica: Replica,  # noqa: F811
     dsn: str,
     scope: dict[str, str],
