@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,7 +59,15 @@ class Up:
         try:
             code = self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            # Say which child held it up: up logs each step of its stop.
+            # Say which child held it up: up logs each step of its stop, and every engram
+            # process prints its threads' stacks on SIGUSR1 (into up's log).
+            for child in psutil.Process(self.process.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if "engram" in " ".join(child.cmdline()):
+                        child.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(psutil.Error):
+                self.process.send_signal(signal.SIGUSR1)
+            time.sleep(2)  # for the stacks to be written
             raise AssertionError(f"up did not stop within {timeout:g} s:\n{self.log()}") from None
         # Every child stopped when asked (a worker that hung in its signal handler was
         # killed 30 s later).
