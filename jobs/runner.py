@@ -52,6 +52,8 @@ WORKER_TTL_S = 60
 DEQUEUE_WAIT_S = 5
 # How often a paused jobs worker looks whether the jobs were resumed.
 SUSPENSION_CHECK_S = 0.5
+# The longest RQ's command channel thread waits in one read: a stop waits for it.
+PUBSUB_WAIT_S = 1.0
 
 
 class JobsWorker(SimpleWorker):
@@ -121,6 +123,20 @@ class JobsWorker(SimpleWorker):
         if held is not None or at != self._reported:
             pause.report_jobs(self.connection, self.key, held)
             self._reported = at
+
+    def subscribe(self) -> None:
+        """RQ's command channel (``rq.command``), read by a thread that waits up to 60 s
+        at a time; the worker's stop joins that thread. With redis-py 8 the wait is the
+        whole 60 s when the thread reads its own unsubscribe first (it then waits to be
+        subscribed again), so a stop took a minute now and then. Here a read waits
+        ``PUBSUB_WAIT_S``."""
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=PUBSUB_WAIT_S,
+            daemon=True,
+            exception_handler=self._pubsub_exception_handler,
+        )
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         if self.stopping is not None:
