@@ -132,7 +132,7 @@ class JobsWorker(SimpleWorker):
         ``PUBSUB_WAIT_S``."""
         self.pubsub = self.connection.pubsub()
         self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
-        self.pubsub_thread = self.pubsub.run_in_thread(
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
             sleep_time=PUBSUB_WAIT_S,
             daemon=True,
             exception_handler=self._pubsub_exception_handler,
