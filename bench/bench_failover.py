@@ -29,10 +29,10 @@ from typing import Any
 
 from bench.bench_cluster import start_workers, stop_workers
 from bench.common import discard, fresh_database, scratch_postgres
-from store import Store
-from store.errors import EngramError
+from engram.store import Store
+from engram.store.errors import EngramError
+from engram.worker import Pending, Producer, keys
 from tests.cluster_fixtures import ValkeyCluster
-from worker import Pending, Producer, keys
 
 PARTITIONS = 16
 

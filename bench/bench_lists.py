@@ -32,11 +32,11 @@ import redis
 
 from bench.bench_web import LOADED_QUEUE, _get, load_failed_jobs, load_letters, rendered, timed
 from bench.common import MachineCpu, discard, fresh_database, percentile, scratch_postgres
-from jobs import queues as rq_queues
-from store import Store
-from web import Services, WebConfig, create_app
-from worker import Producer, keys
-from worker.valkey import EmbeddedValkey
+from engram.jobs import queues as rq_queues
+from engram.store import Store
+from engram.web import Services, WebConfig, create_app
+from engram.worker import Producer, keys
+from engram.worker.embedded.valkey import EmbeddedValkey
 
 TARGET_P95_MS = 500.0
 QUEUE = LOADED_QUEUE

@@ -40,9 +40,9 @@ import redis
 
 from bench.bench_worker import SCOPES, Engram, Result, _busy, _stolen, drive, make_load
 from bench.common import fresh_database, percentile, sentences
-from store import Operation
-from store.server import EmbeddedPostgres
-from worker.valkey import EmbeddedValkey
+from engram.store import Operation
+from engram.store.server import EmbeddedPostgres
+from engram.worker.embedded.valkey import EmbeddedValkey
 
 WORKERS = 2
 

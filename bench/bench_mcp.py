@@ -31,10 +31,10 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from bench.common import discard, fresh_database, percentile, scratch_postgres, sentences
-from store import HashingEmbedder, Operation, Store
-from worker import Producer
-from worker.runtime import connect_redis
-from worker.valkey import EmbeddedValkey
+from engram.store import HashingEmbedder, Operation, Store
+from engram.worker import Producer
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.embedded.valkey import EmbeddedValkey
 
 REPO = Path(__file__).resolve().parent.parent
 SCOPE = {"user_id": "bench-mcp"}

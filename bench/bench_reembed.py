@@ -40,14 +40,14 @@ import psutil  # type: ignore[import-untyped]
 from bench.common import MachineCpu, discard, fresh_database, scratch_postgres, sentences
 from engram import procs
 from engram.demo_reembed import SteadyWriter
-from jobs import reembed
-from jobs.progress import Progress
-from jobs.settings import Reembed
-from store import Operation, Store, WordLlamaEmbedder
-from store.vectors.registry import EmbedderRegistry
-from worker.producer import Producer
-from worker.runtime import connect_redis
-from worker.valkey import EmbeddedValkey
+from engram.jobs import reembed
+from engram.jobs.progress import Progress
+from engram.jobs.settings import Reembed
+from engram.store import Operation, Store, WordLlamaEmbedder
+from engram.store.vectors.registry import EmbedderRegistry
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.embedded.valkey import EmbeddedValkey
+from engram.worker.producer import Producer
 
 REPO = Path(__file__).resolve().parent.parent
 BATCH = 64

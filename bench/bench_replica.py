@@ -26,8 +26,8 @@ import numpy as np
 import psycopg
 
 from bench.common import discard, fresh_database, percentile, scratch_postgres
-from store import HashingEmbedder, Operation, Store, WriteResult
-from store.read.routing import parse_position
+from engram.store import HashingEmbedder, Operation, Store, WriteResult
+from engram.store.read.routing import parse_position
 from tests.replica_fixtures import Replica
 
 

@@ -52,13 +52,13 @@ from bench.common import (
     scratch_postgres,
     sentences,
 )
-from store import Embedder, Operation, Scope, Session, Store, WriteResult
-from store.limits import LARGE_SCOPE_VECTORS
-from store.read.recall import HNSW_SETTINGS, RecallQuery, recall, recall_context
-from store.server import EmbeddedPostgres
-from store.vectors.embedders import embed_checked
-from store.vectors.registry import EmbedderRegistry
-from store.vectors.vector_indexes import HNSW_EF_CONSTRUCTION, HNSW_M, indexed, settle_fresh
+from engram.store import Embedder, Operation, Scope, Session, Store, WriteResult
+from engram.store.limits import LARGE_SCOPE_VECTORS
+from engram.store.read.recall import HNSW_SETTINGS, RecallQuery, recall, recall_context
+from engram.store.server import EmbeddedPostgres
+from engram.store.vectors.embedders import embed_checked
+from engram.store.vectors.registry import EmbedderRegistry
+from engram.store.vectors.vector_indexes import HNSW_EF_CONSTRUCTION, HNSW_M, indexed, settle_fresh
 
 # The bounds on hybrid recall's p95 by the scope's size.
 RECALL_P95_TARGETS_MS = {1_000: 3.0, 10_000: 5.0, 100_000: 10.0, 1_000_000: 20.0}

@@ -32,8 +32,8 @@ from typing import Any
 import psycopg
 
 from bench.common import discard, fresh_database, scratch_postgres, sentences
-from store import HashingEmbedder, Operation, Store, WriteOptions
-from store.vectors.embeddings import _MISSING
+from engram.store import HashingEmbedder, Operation, Store, WriteOptions
+from engram.store.vectors.embeddings import _MISSING
 
 OLD = HashingEmbedder(64)
 MODELS = [HashingEmbedder(d) for d in (32, 48, 16, 24, 40)]

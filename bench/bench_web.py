@@ -48,14 +48,14 @@ from bench.common import (
     scratch_postgres,
     sentences,
 )
-from jobs import keys as jobs_keys
-from jobs import queues as rq_queues
-from store import HashingEmbedder, Operation, Store, WriteOptions
-from store.migrations import migrate
-from store.write import wire
-from web import Services, WebConfig, create_app
-from worker import Producer, keys
-from worker.valkey import EmbeddedValkey
+from engram.jobs import keys as jobs_keys
+from engram.jobs import queues as rq_queues
+from engram.store import HashingEmbedder, Operation, Store, WriteOptions
+from engram.store.migrations import migrate
+from engram.store.write import wire
+from engram.web import Services, WebConfig, create_app
+from engram.worker import Producer, keys
+from engram.worker.embedded.valkey import EmbeddedValkey
 
 TARGET_P95_MS = 100.0
 BIG = {"user_id": "big-scope", "agent_id": "assistant"}
@@ -205,7 +205,7 @@ def load_failed_jobs(client: redis.Redis, failed: int) -> None:
     failed registry), then copied ``failed`` times under other ids: as fast as a
     pipeline writes, and what RQ would have left."""
     queue = rq_queues.queue(client, LOADED_QUEUE)
-    model = queue.enqueue("jobs.prune.prune", 7, job_id="bench-model", result_ttl=86_400)
+    model = queue.enqueue("engram.jobs.prune.prune", 7, job_id="bench-model", result_ttl=86_400)
     client.lrem(queue.key, 0, model.id)
     Result.create_failure(model, 86_400, "Traceback (most recent call last):\nValueError: x")
     job_fields: Any = client.hgetall(model.key)
@@ -436,7 +436,7 @@ def page_list(store: Store) -> list[tuple[str, str, RedisBaseline | None]]:
     since = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S")
 
     def dead_letters(client: redis.Redis) -> Callable[[], Any]:
-        from worker import deadletters
+        from engram.worker.admin import deadletters
 
         return lambda: (deadletters.page(client, count=51), deadletters.count(client))
 

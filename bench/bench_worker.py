@@ -71,11 +71,11 @@ from bench.common import (
     percentile,
     sentences,
 )
-from store import Operation
-from store.server import EmbeddedPostgres
-from worker import keys
-from worker.producer import Producer
-from worker.valkey import EmbeddedValkey
+from engram.store import Operation
+from engram.store.server import EmbeddedPostgres
+from engram.worker import keys
+from engram.worker.embedded.valkey import EmbeddedValkey
+from engram.worker.producer import Producer
 
 REPO = Path(__file__).resolve().parent.parent
 SCOPES = 1_000
@@ -103,7 +103,7 @@ def _plain_writer(dsn: str) -> tuple[psycopg.Connection[Any], Any]:
     if _conn is None:
         from pgvector.psycopg import register_vector
 
-        from store import WordLlamaEmbedder
+        from engram.store import WordLlamaEmbedder
 
         _conn = psycopg.connect(dsn)
         register_vector(_conn)
@@ -253,7 +253,7 @@ class Engram(System):
         self.producer = Producer.from_url(redis_url)
 
     def start(self) -> None:
-        from store import Store
+        from engram.store import Store
 
         Store.connect(self.dsn).close()  # migrate
         for _ in range(self.workers):
@@ -271,8 +271,8 @@ class Engram(System):
 
     def _wait_balanced(self) -> None:
         """Measure once the workers share the partitions evenly (not while they rebalance)."""
-        from worker.defaults import PARTITIONS
-        from worker.leases import Leases
+        from engram.worker.consuming.leases import Leases
+        from engram.worker.defaults import PARTITIONS
 
         leases = Leases(self.producer.client, ttl_ms=1)
         deadline = time.monotonic() + 60

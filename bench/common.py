@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
-from store.server import EmbeddedPostgres
+from engram.store.server import EmbeddedPostgres
 
 
 def vocabulary() -> list[str]:

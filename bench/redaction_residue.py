@@ -23,8 +23,8 @@ from pathlib import Path
 import psycopg
 
 from bench.common import discard, fresh_database, scratch_postgres, sentences
-from store import HashingEmbedder, Operation, Store
-from store.write import forgets
+from engram.store import HashingEmbedder, Operation, Store
+from engram.store.write import forgets
 from tests.helpers import rows_containing
 
 SCOPE = {"user_id": "residue"}

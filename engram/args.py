@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from store.errors import InvalidRequestError
+from engram.store.errors import InvalidRequestError
 
 
 def json_value(value: str, what: str) -> Any:

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from store import backup as backups
-from store.errors import ConfigError
-from worker.settings import Settings
+from engram.store import backup as backups
+from engram.store.errors import ConfigError
+from engram.worker.settings import Settings
 
 from . import exits
 from .args import json_flag

@@ -7,9 +7,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from store.server import EmbeddedPostgres
-from worker import runfile
-from worker.valkey import EmbeddedValkey
+from engram.store.server import EmbeddedPostgres
+from engram.worker.embedded import runfile
+from engram.worker.embedded.valkey import EmbeddedValkey
 
 from .procs import ProcessRecord, stop_processes
 

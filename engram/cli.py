@@ -22,10 +22,11 @@ from typing import Any
 import psycopg
 import redis
 
-from store import Store, WordLlamaEmbedder
-from store.errors import EngramError
-from worker import logs, metrics, runtime, valkey
-from worker.settings import Settings
+from engram.store import Store, WordLlamaEmbedder
+from engram.store.errors import EngramError
+from engram.worker.admin import metrics
+from engram.worker.embedded import logs, runtime, valkey
+from engram.worker.settings import Settings
 
 from . import (
     backup_cli,
@@ -98,7 +99,7 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
-    from worker.worker import Worker
+    from engram.worker.consuming.worker import Worker
 
     from .jobs_cli import worker_embedders
     from .jobs_redis import forget_hook
@@ -155,8 +156,8 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     so they leave the exit code alone."""
     import socket
 
-    from worker import layout
-    from worker.membership import live_workers
+    from engram.worker import layout
+    from engram.worker.consuming.membership import live_workers
 
     client = runtime.connect_redis(runtime.redis_url(settings))
     try:
@@ -184,7 +185,7 @@ def _held_redactions(settings: Settings) -> dict[str, Any] | None:
     """The forgets whose deleted rows something still holds (a standby's snapshot, a
     replication slot, a prepared transaction), if any and if the database answers
     within 2 s: the health check is the workers', and never waits on it."""
-    from store.write import forgets
+    from engram.store.write import forgets
 
     url = runtime.configured_or_published(settings, "database_url")
     if url is None:

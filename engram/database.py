@@ -19,13 +19,13 @@ import psycopg
 import psycopg_pool
 import redis
 
-from store import Store
-from store.errors import ConfigError
-from store.ledger import ForgetLedger
-from store.server import EmbeddedPostgres
-from store.server import data_dir as postgres_dir
-from worker.runtime import configured_or_published, connect_redis, redis_url
-from worker.settings import Settings
+from engram.store import Store
+from engram.store.errors import ConfigError
+from engram.store.ledger import ForgetLedger
+from engram.store.server import EmbeddedPostgres
+from engram.store.server import data_dir as postgres_dir
+from engram.worker.embedded.runtime import configured_or_published, connect_redis, redis_url
+from engram.worker.settings import Settings
 
 from .home import HomeInUseError, HomeSession
 from .procs import ProcessRecord

@@ -13,14 +13,15 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from store.audit import AuditEntry
-from store.errors import InvalidRequestError, NotFoundError
-from store.values import SCOPE_FIELDS
-from store.write.operations import OPERATION_KINDS
-from worker import deadletter_selection as selection
-from worker import deadletters, layout
-from worker.deadletter_selection import Bulk, Match
-from worker.settings import Settings
+from engram.store.audit import AuditEntry
+from engram.store.errors import InvalidRequestError, NotFoundError
+from engram.store.values import SCOPE_FIELDS
+from engram.store.write.operations import OPERATION_KINDS
+from engram.worker import layout
+from engram.worker.admin import deadletter_selection as selection
+from engram.worker.admin import deadletters
+from engram.worker.admin.deadletter_selection import Bulk, Match
+from engram.worker.settings import Settings
 
 from . import exits
 from .args import json_flag, json_value, positive_int

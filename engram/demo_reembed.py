@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 import psutil  # type: ignore[import-untyped]
 import redis
 
-from jobs import reembed, runner
-from jobs.settings import JobsSettings
-from store import Operation, Store
-from store.errors import EngramError
-from store.vectors.registry import EmbedderRegistry
-from worker import runtime
-from worker.producer import Pending, Producer
-from worker.settings import Settings
+from engram.jobs import reembed, runner
+from engram.jobs.settings import JobsSettings
+from engram.store import Operation, Store
+from engram.store.errors import EngramError
+from engram.store.vectors.registry import EmbedderRegistry
+from engram.worker.embedded import runtime
+from engram.worker.producer import Pending, Producer
+from engram.worker.settings import Settings
 
 from . import jobs_redis, procs, wiring
 from .database import wait_for_store

@@ -14,12 +14,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from store import Operation
-from store.errors import EngramError
-from worker import pause, runtime
-from worker.errors import WaitTimeout
-from worker.producer import Producer
-from worker.settings import Settings
+from engram.store import Operation
+from engram.store.errors import EngramError
+from engram.worker.admin import pause
+from engram.worker.embedded import runtime
+from engram.worker.errors import WaitTimeout
+from engram.worker.producer import Producer
+from engram.worker.settings import Settings
 
 from . import exits
 from .args import json_value, one_stdin, positive_float, scope_arg

@@ -8,8 +8,8 @@ from __future__ import annotations
 import psycopg
 import redis
 
-from store.errors import ConfigError, EngramError, InvalidRequestError, SchemaVersionError
-from worker.errors import QueueFullError, QueueUnavailableError
+from engram.store.errors import ConfigError, EngramError, InvalidRequestError, SchemaVersionError
+from engram.worker.errors import QueueFullError, QueueUnavailableError
 
 from .home import HomeInUseError
 

@@ -8,8 +8,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from jobs.progress import Progress, bar, trouble
-from store import Store
+from engram.jobs.progress import Progress, bar, trouble
+from engram.store import Store
 
 
 def follow(

@@ -14,11 +14,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from jobs.settings import parse_duration
-from store.errors import InvalidRequestError
-from store.ledger import ForgetLedger
-from store.ledger_replay import check, replay
-from worker.settings import Settings
+from engram.jobs.settings import parse_duration
+from engram.store.errors import InvalidRequestError
+from engram.store.ledger import ForgetLedger
+from engram.store.ledger_replay import check, replay
+from engram.worker.settings import Settings
 
 from . import exits
 from .args import json_flag

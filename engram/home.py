@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from store.errors import EngramError
-from store.home import make_private
-from store.masking import mask_url
-from worker import runfile
+from engram.store.errors import EngramError
+from engram.store.home import make_private
+from engram.store.masking import mask_url
+from engram.worker.embedded import runfile
 
 from .cleanup import clean_home
 from .procs import ProcessRecord, live_process, stop_processes

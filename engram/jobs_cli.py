@@ -11,15 +11,16 @@ import logging
 import sys
 from typing import Any
 
-from jobs import prune, reembed, runner
-from jobs.context import JobContext
-from jobs.settings import JobsSettings, parse_duration
-from store import Embedder, Store
-from store.ledger import ForgetLedger
-from store.vectors.embedders import EmbedderResolver
-from worker import pause, runtime
-from worker.deadletters import check_why
-from worker.settings import Settings
+from engram.jobs import prune, reembed, runner
+from engram.jobs.context import JobContext
+from engram.jobs.settings import JobsSettings, parse_duration
+from engram.store import Embedder, Store
+from engram.store.ledger import ForgetLedger
+from engram.store.vectors.embedders import EmbedderResolver
+from engram.worker.admin import pause
+from engram.worker.admin.deadletters import check_why
+from engram.worker.embedded import runtime
+from engram.worker.settings import Settings
 
 from . import jobs_redis, wiring
 from .args import positive_int

@@ -21,12 +21,13 @@ from contextlib import contextmanager
 
 import redis
 
-from jobs import redaction
-from jobs.settings import JobsSettings
-from store.errors import ConfigError
-from worker import cluster, runfile, runtime
-from worker.partition import ForgetHook
-from worker.settings import Settings
+from engram.jobs import redaction
+from engram.jobs.settings import JobsSettings
+from engram.store.errors import ConfigError
+from engram.worker import cluster
+from engram.worker.consuming.partition import ForgetHook
+from engram.worker.embedded import runfile, runtime
+from engram.worker.settings import Settings
 
 log = logging.getLogger(__name__)
 

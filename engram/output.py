@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from store.values import Receipt, Record
+from engram.store.values import Receipt, Record
 
 # A column of free text (memory text) is cut to what is left of the terminal's width,
 # but never below this.

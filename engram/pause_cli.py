@@ -11,9 +11,10 @@ from typing import Any
 
 import redis
 
-from store.errors import InvalidRequestError
-from worker import layout, pause
-from worker.settings import Settings
+from engram.store.errors import InvalidRequestError
+from engram.worker import layout
+from engram.worker.admin import pause
+from engram.worker.settings import Settings
 
 from . import exits, jobs_redis
 from .args import json_flag

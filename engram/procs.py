@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
-from store.processes import process_of
+from engram.store.processes import process_of
 
 # psutil computes a start time from the boot time and the process's start tick: two
 # reads of one process agree to far better than this.

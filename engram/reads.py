@@ -8,11 +8,11 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from store import Embedder, Scope
-from store.errors import NotFoundError
-from store.portable import record_as_dict
-from store.vectors.embedders import EmbedderResolver
-from worker.settings import Settings
+from engram.store import Embedder, Scope
+from engram.store.errors import NotFoundError
+from engram.store.portable import record_as_dict
+from engram.store.vectors.embedders import EmbedderResolver
+from engram.worker.settings import Settings
 
 from . import exits, wiring
 from .args import json_flag, json_value, positive_int, scope_arg

@@ -11,12 +11,13 @@ from typing import Any
 
 import redis
 
-from store.audit import Audit
-from worker import layout, runtime
-from worker.deadletters import check_why
-from worker.layout import Layout, RepartitionError
-from worker.membership import live_workers
-from worker.settings import Settings
+from engram.store.audit import Audit
+from engram.worker import layout
+from engram.worker.admin.deadletters import check_why
+from engram.worker.consuming.membership import live_workers
+from engram.worker.embedded import runtime
+from engram.worker.layout import Layout, RepartitionError
+from engram.worker.settings import Settings
 
 from . import exits
 from .args import positive_float

@@ -47,15 +47,15 @@ from typing import Any
 
 import psycopg
 
-from store import Store
-from store import backup as backups
-from store.errors import ConfigError
-from store.files import fsync_dir
-from store.home import check_socket_path
-from store.ledger import ForgetLedger
-from store.ledger_replay import replay
-from store.server import data_dir as postgres_dir
-from worker.settings import Settings
+from engram.store import Store
+from engram.store import backup as backups
+from engram.store.errors import ConfigError
+from engram.store.files import fsync_dir
+from engram.store.home import check_socket_path
+from engram.store.ledger import ForgetLedger
+from engram.store.ledger_replay import replay
+from engram.store.server import data_dir as postgres_dir
+from engram.worker.settings import Settings
 
 from .home import HomeSession
 from .procs import ProcessRecord, die_with_parent

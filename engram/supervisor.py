@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from store.errors import EngramError
+from engram.store.errors import EngramError
 
 from .procs import ProcessRecord, die_with_parent
 

@@ -12,11 +12,11 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from jobs.settings import parse_duration
-from store.errors import NotFoundError
-from store.tokens import CAPABILITIES
-from worker.deadletters import check_why
-from worker.settings import Settings
+from engram.jobs.settings import parse_duration
+from engram.store.errors import NotFoundError
+from engram.store.tokens import CAPABILITIES
+from engram.worker.admin.deadletters import check_why
+from engram.worker.settings import Settings
 
 from . import exits
 from .args import json_flag, json_value, scope_arg

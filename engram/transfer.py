@@ -13,15 +13,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from store import Scope, Store
-from store.errors import EngramError, InvalidRequestError
-from store.portable import convert, export_lines
-from store.read.dump import History, Item, ReceiptEntry, Tombstone, dump_scope
-from worker import runtime
-from worker.errors import WaitTimeout
-from worker.private import open_private
-from worker.producer import Pending, Producer
-from worker.settings import Settings
+from engram.store import Scope, Store
+from engram.store.errors import EngramError, InvalidRequestError
+from engram.store.portable import convert, export_lines
+from engram.store.read.dump import History, Item, ReceiptEntry, Tombstone, dump_scope
+from engram.worker.embedded import runtime
+from engram.worker.embedded.private import open_private
+from engram.worker.errors import WaitTimeout
+from engram.worker.producer import Pending, Producer
+from engram.worker.settings import Settings
 
 from . import exits
 from .args import json_value, one_stdin, positive_float, scope_arg

@@ -26,15 +26,16 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from store import Store
-from store.errors import EngramError, InvalidRequestError
-from store.masking import mask_url
-from store.server import EmbeddedPostgres
-from web.config import WebConfig
-from worker import cluster, runtime
-from worker.settings import Settings
-from worker.stopping import StopRequest
-from worker.valkey import EmbeddedValkey
+from engram.store import Store
+from engram.store.errors import EngramError, InvalidRequestError
+from engram.store.masking import mask_url
+from engram.store.server import EmbeddedPostgres
+from engram.web.config import WebConfig
+from engram.worker import cluster
+from engram.worker.consuming.stopping import StopRequest
+from engram.worker.embedded import runtime
+from engram.worker.embedded.valkey import EmbeddedValkey
+from engram.worker.settings import Settings
 
 from . import jobs_redis, web_cli
 from .home import UP, HomeSession
@@ -260,7 +261,7 @@ def _print_where(
 
 def _stream_demo(redis_url: str, settings: Settings) -> None:
     """Remember then revise through the streams, and print the receipts."""
-    from worker.producer import Producer
+    from engram.worker.producer import Producer
 
     with Producer.from_url(redis_url, partitions=settings.worker.partitions) as producer:
         scope = {"user_id": "engram-demo"}

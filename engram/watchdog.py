@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     said = sys.stdin.buffer.read()
     if said == CLOSED:
         return 0
-    from worker import logs
+    from engram.worker.embedded import logs
 
     from .cleanup import clean_home
 

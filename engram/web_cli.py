@@ -30,16 +30,16 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
-from jobs import reembed
-from jobs.settings import JobsSettings
-from store import Store
-from store.errors import ConfigError
-from store.vectors.embedders import EmbedderResolver
-from web import Services, WebConfig, create_app
-from web.auth import Keys
-from worker import runtime
-from worker.producer import Producer
-from worker.settings import Settings
+from engram.jobs import reembed
+from engram.jobs.settings import JobsSettings
+from engram.store import Store
+from engram.store.errors import ConfigError
+from engram.store.vectors.embedders import EmbedderResolver
+from engram.web import Services, WebConfig, create_app
+from engram.web.auth import Keys
+from engram.worker.embedded import runtime
+from engram.worker.producer import Producer
+from engram.worker.settings import Settings
 
 from . import jobs_redis, wiring
 from .mcp.memory import Memory

@@ -7,10 +7,10 @@ from __future__ import annotations
 import gc
 from dataclasses import replace
 
-from store import Embedder, OpenAICompatibleLLM
-from store.errors import ConfigError, EngramError
-from store.vectors.registry import EmbedderRegistry, parse_plugins
-from worker.settings import Settings
+from engram.store import Embedder, OpenAICompatibleLLM
+from engram.store.errors import ConfigError, EngramError
+from engram.store.vectors.registry import EmbedderRegistry, parse_plugins
+from engram.worker.settings import Settings
 
 
 def registry(settings: Settings) -> EmbedderRegistry:

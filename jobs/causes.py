@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from store.errors import EngramError
-from store.vectors.embedders import Embedder, Vectors
-from worker.causes import MAX_CAUSE_CHARS, described, quotes, shorten
+from engram.store.errors import EngramError
+from engram.store.vectors.embedders import Embedder, Vectors
+from engram.worker.causes import MAX_CAUSE_CHARS, described, quotes, shorten
 
 __all__ = ["MAX_CAUSE_CHARS", "EmbedderFailedError", "Guarded", "described", "of", "quotes"]
 

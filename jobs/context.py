@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import redis
 
-from store import Store
-from store.vectors.registry import EmbedderRegistry
-from worker.settings import WorkerConfig
+from engram.store import Store
+from engram.store.vectors.registry import EmbedderRegistry
+from engram.worker.settings import WorkerConfig
 
 from .settings import JobsSettings
 

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from store.errors import EngramError
+from engram.store.errors import EngramError
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from store import ForgetEvent, Scope
+from engram.store import ForgetEvent, Scope
 
 
 def to_dict(event: ForgetEvent) -> dict[str, Any]:

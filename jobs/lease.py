@@ -17,8 +17,8 @@ from types import TracebackType
 
 import redis
 
-from store import Fence
-from worker.leases import ACQUIRE_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT
+from engram.store import Fence
+from engram.worker.consuming.leases import ACQUIRE_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT
 
 log = logging.getLogger(__name__)
 

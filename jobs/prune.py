@@ -24,9 +24,9 @@ from typing import Any
 
 import redis
 
-from store import Store
-from store.errors import InvalidRequestError
-from worker import keys as stream_keys
+from engram.store import Store
+from engram.store.errors import InvalidRequestError
+from engram.worker import keys as stream_keys
 
 from . import keys, queues
 from .context import current

@@ -42,13 +42,13 @@ LIVE = (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED, JobStatus.STA
 # functions: a job is checked against them before RQ imports anything it names.
 # ``enqueue`` takes no other, so a new job function that is not here fails at once.
 FUNCTIONS = (
-    "jobs.redaction.redact",
-    "jobs.redaction.repair_ledger_job",
-    "jobs.reembed.run_slice",
-    "jobs.prune.prune_job",
-    "jobs.indexes.index_large_scopes_job",
-    "jobs.indexes.purge_retired_job",
-    "jobs.indexes.settle_fresh_job",
+    "engram.jobs.redaction.redact",
+    "engram.jobs.redaction.repair_ledger_job",
+    "engram.jobs.reembed.run_slice",
+    "engram.jobs.prune.prune_job",
+    "engram.jobs.indexes.index_large_scopes_job",
+    "engram.jobs.indexes.purge_retired_job",
+    "engram.jobs.indexes.settle_fresh_job",
 )
 # Fields of a job's hash that RQ acts on by name or address (it imports a callback by
 # its name, it posts to a webhook's URL). engram sets none of them.

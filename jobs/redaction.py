@@ -50,12 +50,12 @@ from rq.job import Job, JobStatus
 from rq.job_lifecycle import record_job_failure
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
-from store import ForgetEvent, ledger_replay
-from store.errors import RedactionHeldError, held_by
-from store.ledger import LedgerEntry
-from store.values import Redaction
-from store.write import forgets
-from worker import keys as stream_keys
+from engram.store import ForgetEvent, ledger_replay
+from engram.store.errors import RedactionHeldError, held_by
+from engram.store.ledger import LedgerEntry
+from engram.store.values import Redaction
+from engram.store.write import forgets
+from engram.worker import keys as stream_keys
 
 from . import events as event_json
 from . import keys, queues

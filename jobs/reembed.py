@@ -43,13 +43,13 @@ import redis
 from rq import get_current_job
 from rq.job import JobStatus
 
-from store import Generation, Store
-from store.errors import EngramError, FencedError, InvalidRequestError
-from store.limits import REEMBED_MAX_PASSES
-from store.vectors.embedders import Embedder, embed_checked
-from store.vectors.embeddings import VectorItem
-from store.vectors.registry import EmbedderRegistry
-from worker.deadletters import check_why
+from engram.store import Generation, Store
+from engram.store.errors import EngramError, FencedError, InvalidRequestError
+from engram.store.limits import REEMBED_MAX_PASSES
+from engram.store.vectors.embedders import Embedder, embed_checked
+from engram.store.vectors.embeddings import VectorItem
+from engram.store.vectors.registry import EmbedderRegistry
+from engram.worker.admin.deadletters import check_why
 
 from . import causes, keys, queues
 from .context import JobContext, current

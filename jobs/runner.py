@@ -35,7 +35,7 @@ from rq.scheduler import RQScheduler
 from rq.suspension import is_suspended
 from rq.worker import BaseWorker, WorkerStatus
 
-from worker import pause
+from engram.worker.admin import pause
 
 from . import keys, queues, redaction, reembed, schedule
 from .context import JobContext, install

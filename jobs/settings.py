@@ -11,8 +11,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from store.errors import InvalidRequestError
-from store.masking import MASKED_URL, masked_repr
+from engram.store.errors import InvalidRequestError
+from engram.store.masking import MASKED_URL, masked_repr
 
 BUILTIN_LISTENERS = ("redis", "postgres", "webhook")
 

@@ -21,7 +21,7 @@ _FILE = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 
 
 def available() -> list[tuple[int, str]]:
-    files = resources.files("store") / "migrations"
+    files = resources.files("engram.store") / "migrations"
     found = []
     for entry in files.iterdir():
         match = _FILE.match(entry.name)

@@ -28,7 +28,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from engram.procs import die_with_parent
-from worker.valkey import HOST, cli_path, port_free
+from engram.worker.embedded.valkey import HOST, cli_path, port_free
 
 SERVER = os.path.join(os.path.dirname(cli_path()), "valkey-server")
 MASTERS = 3

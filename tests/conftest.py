@@ -14,8 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from store import HashingEmbedder, Store
-from store.server import EmbeddedPostgres
+from engram.store import HashingEmbedder, Store
+from engram.store.server import EmbeddedPostgres
 
 pytest_plugins = [
     "tests.redis_fixtures",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from store import HashingEmbedder
+from engram.store import HashingEmbedder
 from tests.jobs_fixtures import PLUGINS
 
 # The jobs fixtures' plugins and these.

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from store import Completion, Prompt, Usage
+from engram.store import Completion, Prompt, Usage
 
 Answer = str | Completion | Callable[[Prompt], str | Completion]
 

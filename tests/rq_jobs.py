@@ -10,10 +10,10 @@ import redis
 from rq import Queue, SimpleWorker
 from rq.job import Job
 
-from jobs import prune
-from jobs.context import install
-from jobs.queues import SERIALIZER
-from store import Store
+from engram.jobs import prune
+from engram.jobs.context import install
+from engram.jobs.queues import SERIALIZER
+from engram.store import Store
 from tests.jobs_fixtures import context
 
 

@@ -1,7 +1,7 @@
 """docs/architecture.md names what exists, and says what the code does.
 
 The page writes every code reference in full, between backticks: a dotted path
-rooted at one of engram's packages (``store.write.apply._delete_replaced``),
+rooted at engram's one namespace (``engram.store.write.apply._delete_replaced``),
 resolved by importing its longest module prefix and looking the rest up on it, or a
 path in the repository (``store/write/apply.py``), which must exist. A short name of
 something the code defines (``Store``, ``plan_batch``) or a dotted name rooted
@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from tests.test_layers import FORBIDDEN, PACKAGES, REPO
+from tests.test_layers import FORBIDDEN, PACKAGES, REPO, module_name
 
 PAGE = REPO / "docs" / "architecture.md"
-ERROR_MODULES = {"store.errors", "worker.errors", "web.errors", "jobs.errors"}
+ERROR_MODULES = {f"engram.{p}.errors" for p in ("store", "worker", "web", "jobs")}
 
 DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 PATH = re.compile(r"[\w.-]+(?:/[\w.-]+)*/?")
@@ -85,8 +85,8 @@ def wrong_references(text: str, defined: set[str]) -> list[str]:
         elif FILE.fullmatch(span):
             wrong.append(f"{span}: write its path from the repository's root")
         elif DOTTED.fullmatch(span):
-            if span.split(".")[0] not in PACKAGES:
-                wrong.append(f"{span}: write it in full, from its package")
+            if span.split(".")[0] != "engram":
+                wrong.append(f"{span}: write it in full, from engram's namespace")
                 continue
             try:
                 resolve(span)
@@ -115,19 +115,22 @@ def test_every_name_on_the_page_exists() -> None:
 def test_a_name_that_does_not_exist_is_found() -> None:
     defined = defined_names()
     page = (
-        "`store.write.writer`, `worker.partition.ForgetHook` and `store/write/apply.py` "
+        "`engram.store.write.writer`, `engram.worker.consuming.partition.ForgetHook` and "
+        "`store/write/apply.py` "
         "exist; `ENGRAM_PARTITIONS` is read.\n"
         "```text\n`not.checked` inside a fenced block\n```\n"
     )
     assert wrong_references(page, defined) == []
     bad = (
-        "`store.writer` `store.write.apply._deleted_replaced` `worker.nowhere` "
+        "`engram.store.writer` `engram.store.write.apply._deleted_replaced` "
+        "`engram.worker.nowhere` `store.write.writer` "
         "`store/write/aply.py` `Store.execute` `plan_batch` `ENGRAM_NOTHING` `apply.py`"
     )
     assert [line.split(":")[0] for line in wrong_references(bad, defined)] == [
-        "store.writer",
-        "store.write.apply._deleted_replaced",
-        "worker.nowhere",
+        "engram.store.writer",
+        "engram.store.write.apply._deleted_replaced",
+        "engram.worker.nowhere",
+        "store.write.writer",
         "store/write/aply.py",
         "Store.execute",
         "plan_batch",
@@ -157,15 +160,12 @@ def test_the_arrows_on_the_page_are_the_ones_test_layers_enforces() -> None:
 
 def error_classes() -> Iterator[str]:
     """Every public class rooted in ``EngramError`` defined outside the error modules."""
-    from store.errors import EngramError
+    from engram.store.errors import EngramError
 
     for package in PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
-            parts = list(path.relative_to(REPO).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            name = ".".join(parts)
-            if name in ERROR_MODULES or parts[-1] == "__main__":
+            name = module_name(path)
+            if name in ERROR_MODULES or name.endswith(".__main__"):
                 continue
             tree = ast.parse(path.read_text(), filename=str(path))
             classes = [
@@ -189,7 +189,7 @@ def test_the_page_names_every_error_outside_the_error_modules() -> None:
 def defaults_doc() -> tuple[dict[str, str], set[str]]:
     """``worker/defaults.py``'s docstring: the constants a variable overrides (with
     the variable), and the ones it says no variable reads."""
-    from worker import defaults
+    from engram.worker import defaults
 
     doc = defaults.__doc__ or ""
     set_from, _, others = doc.partition("read by no variable")
@@ -199,8 +199,8 @@ def defaults_doc() -> tuple[dict[str, str], set[str]]:
 
 
 def test_defaults_says_which_constants_a_variable_overrides() -> None:
-    from worker import defaults
-    from worker.settings import Settings
+    from engram.worker import defaults
+    from engram.worker.settings import Settings
 
     overridden, fixed = defaults_doc()
     constants = {name for name in vars(defaults) if re.fullmatch(r"[A-Z][A-Z0-9_]+", name)}

@@ -1,7 +1,9 @@
 """Imports go one way: store <- worker <- (jobs, web) <- engram, the composition root.
 
-``store`` knows nothing of the streams, ``worker`` nothing of the jobs or the web,
-and nothing but the command line reaches up to ``engram`` to be started.
+``engram.store`` knows nothing of the streams, ``engram.worker`` nothing of the jobs or
+the web, and nothing but the command line reaches up to ``engram``'s own modules (the
+composition root: the folder ``engram/``) to be started. Every import names the one
+namespace: ``engram.store``, never a top-level ``store``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("store", "worker", "jobs", "web", "engram")
+# The folders installed as engram's subpackages (``engram/store`` links to ``store/``).
+SUBPACKAGES = ("store", "worker", "jobs", "web")
 
 # What each package may not import.
 FORBIDDEN = {
@@ -24,31 +28,80 @@ FORBIDDEN = {
 }
 
 
-def imported_packages(path: Path) -> set[str]:
+def layer_of(module: str) -> str | None:
+    """``engram.worker.admin.pause`` -> ``worker``; ``engram.up`` -> ``engram``."""
+    parts = module.split(".")
+    if parts[0] != "engram":
+        return None
+    if len(parts) > 1 and parts[1] in SUBPACKAGES:
+        return parts[1]
+    return "engram"
+
+
+def sources(package: str) -> list[Path]:
+    """The package's own files (``engram/`` without the links to the other four)."""
+    found = sorted((REPO / package).rglob("*.py"))
+    if package == "engram":
+        found = [p for p in found if p.relative_to(REPO / "engram").parts[0] not in SUBPACKAGES]
+    return found
+
+
+def absolute_imports(path: Path) -> set[str]:
+    """The modules ``path`` names in its absolute imports (``from x import y``: ``x``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
+            found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module.split(".")[0])
-    return found & set(PACKAGES)
+            found.add(node.module)
+    return found
+
+
+def imported_packages(path: Path) -> set[str]:
+    return {layer for name in absolute_imports(path) if (layer := layer_of(name))}
 
 
 @pytest.mark.parametrize("package", [p for p in PACKAGES if (REPO / p).is_dir()])
 def test_imports_go_one_way(package: str) -> None:
     wrong = {
         f"{path.relative_to(REPO)} imports {name}"
-        for path in sorted((REPO / package).rglob("*.py"))
+        for path in sources(package)
         for name in imported_packages(path) & FORBIDDEN[package]
     }
     assert not wrong, sorted(wrong)
 
 
+def test_every_import_names_the_engram_namespace() -> None:
+    """engram claims no top-level ``store``, ``worker``, ``jobs`` or ``web``: a user's
+    own ``worker.py`` would shadow it, or be shadowed."""
+    files = [
+        p
+        for top in ("store", "worker", "jobs", "web", "engram", "tests", "bench")
+        for p in sources(top)
+    ]
+    wrong = {
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in files
+        for name in absolute_imports(path)
+        if name.split(".")[0] in SUBPACKAGES
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_the_namespace_links_are_the_folders() -> None:
+    for top in SUBPACKAGES:
+        link = REPO / "engram" / top
+        assert link.is_symlink() and link.resolve() == (REPO / top).resolve(), top
+
+
 def module_name(path: Path) -> str:
+    """``store/write/apply.py`` -> ``engram.store.write.apply``."""
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] != "engram":
+        parts.insert(0, "engram")
     return ".".join(parts)
 
 
@@ -109,9 +162,7 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str]:
 def test_no_import_circle_inside_a_package(package: str) -> None:
     """A package's modules import one another one way too; its ``__init__`` (which
     re-exports them) is left out, since every module may use the package's names."""
-    paths = {
-        module_name(p): p for p in sorted((REPO / package).rglob("*.py")) if p.name != "__init__.py"
-    }
+    paths = {module_name(p): p for p in sources(package) if p.name != "__init__.py"}
     graph = {name: imported_modules(path, set(paths)) - {name} for name, path in paths.items()}
     assert cycle_in(graph) == []
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from engram.cleanup import clean_home
+from engram.worker.embedded import runfile
 from tests.redis_fixtures import REPO, wait_until
-from worker import runfile
 
 README = REPO / "README.md"
 RUNNABLE = ("sh", "python")

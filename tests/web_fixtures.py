@@ -24,12 +24,12 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
-from store import HashingEmbedder, Operation, Store, WriteResult
+from engram.store import HashingEmbedder, Operation, Store, WriteResult
+from engram.web import Services, WebConfig, create_app
+from engram.web.services import ReembedStarter
+from engram.worker import Producer
+from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import FAST, REPO
-from web import Services, WebConfig, create_app
-from web.services import ReembedStarter
-from worker import Producer
-from worker.runtime import connect_redis
 
 EMBEDDER = HashingEmbedder(64)  # the workers' (tests.redis_fixtures), so recall matches
 BASE_URL = "http://127.0.0.1:8700"

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from store.errors import EngramError, NotFoundError
+from engram.store.errors import EngramError, NotFoundError
 
 from .api import operations as api_ops
 from .api import pause as api_pause

@@ -30,7 +30,7 @@ from typing import Literal
 
 from starlette.requests import HTTPConnection
 
-from store.tokens import TOKEN_PREFIX, Grant, Tokens
+from engram.store.tokens import TOKEN_PREFIX, Grant, Tokens
 
 from .config import WebConfig
 from .errors import BadRequestError, UnauthorizedError

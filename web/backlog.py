@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from worker.protocol import OP_FIELD
+from engram.worker.protocol import OP_FIELD
 
 # Live entries read per stream before giving up on ruling an operation out.
 SCAN_LIMIT = 10_000

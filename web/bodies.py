@@ -13,8 +13,8 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 
-from store.errors import InvalidRequestError
-from worker.deadletters import check_why
+from engram.store.errors import InvalidRequestError
+from engram.worker.admin.deadletters import check_why
 
 from .errors import BadRequestError, TooLargeError, UnsupportedMediaTypeError
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from worker.defaults import RATE_INTERVAL_S
-from worker.metrics import Interval, LagSample
+from engram.worker.admin.metrics import Interval, LagSample
+from engram.worker.defaults import RATE_INTERVAL_S
 
 WIDTH = 720
 HEIGHT = 140

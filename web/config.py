@@ -8,10 +8,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from jobs import keys as jobs_keys
-from jobs.settings import duration, parse_duration
-from store.errors import ConfigError
-from worker import defaults as worker_defaults
+from engram.jobs import keys as jobs_keys
+from engram.jobs.settings import duration, parse_duration
+from engram.store.errors import ConfigError
+from engram.worker import defaults as worker_defaults
 
 DEFAULT_PORT = 8700
 # Job queues the jobs page shows when ENGRAM_JOB_QUEUES does not say.

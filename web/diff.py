@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Literal
 
-from store.values import Record
+from engram.store.values import Record
 
 SegmentKind = Literal["same", "added", "removed"]
 _TOKENS = re.compile(r"\s+|[^\s]+")

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from store.errors import InvalidRequestError
+from engram.store.errors import InvalidRequestError
 
 from .bodies import read_form, read_json
 from .csrf import CSRF_FIELD

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.errors import EngramError
+from engram.store.errors import EngramError
 
 
 class BadRequestError(EngramError):

@@ -21,8 +21,8 @@ from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from store.errors import EngramError
-from store.tokens import Tokens
+from engram.store.errors import EngramError
+from engram.store.tokens import Tokens
 
 from .auth import Authenticator, presented_token, verify_bearer
 from .csrf import check_same_origin

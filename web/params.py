@@ -13,11 +13,11 @@ from typing import TypeVar
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 
-from store.errors import InvalidRequestError
-from store.limits import MAX_ID_CHARS, MAX_SCOPE_VALUE_CHARS
-from store.read.cursors import MAX_CURSOR_CHARS
-from store.read.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
-from store.values import SCOPE_FIELDS, check_string
+from engram.store.errors import InvalidRequestError
+from engram.store.limits import MAX_ID_CHARS, MAX_SCOPE_VALUE_CHARS
+from engram.store.read.cursors import MAX_CURSOR_CHARS
+from engram.store.read.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from engram.store.values import SCOPE_FIELDS, check_string
 
 from .errors import BadRequestError
 

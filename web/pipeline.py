@@ -10,11 +10,11 @@ from typing import Any
 
 import redis
 
-from store.read.cursors import Cursors
-from worker import deadletters, metrics
-from worker.deadletters import DeadLetter
-from worker.membership import live_workers
-from worker.metrics import Interval, StreamState
+from engram.store.read.cursors import Cursors
+from engram.worker.admin import deadletters, metrics
+from engram.worker.admin.deadletters import DeadLetter
+from engram.worker.admin.metrics import Interval, StreamState
+from engram.worker.consuming.membership import live_workers
 
 from . import rqjobs
 from .rqjobs import JobRow, QueueSummary

@@ -19,8 +19,8 @@ from markupsafe import Markup, escape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from jobs.progress import generation_status
-from store.values import Scope
+from engram.jobs.progress import generation_status
+from engram.store.values import Scope
 
 from .csrf import Csrf
 
@@ -34,7 +34,7 @@ class Renderer:
         self.csrf = csrf
         self.needs_token = needs_token
         self.env = jinja2.Environment(
-            loader=jinja2.PackageLoader("web", "templates"),
+            loader=jinja2.PackageLoader("engram.web", "templates"),
             autoescape=True,  # every template, whatever its name
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,

@@ -29,13 +29,13 @@ from rq.job import Job
 from rq.registry import BaseRegistry
 from rq.results import Result
 
-from jobs import queues as rq_queues
-from jobs import schedule
-from jobs.queues import UnreadableJob
-from jobs.settings import Retention
-from store.errors import InvalidRequestError, NotFoundError
-from store.read import cursors
-from store.read.paging import Page, check_limit
+from engram.jobs import queues as rq_queues
+from engram.jobs import schedule
+from engram.jobs.queues import UnreadableJob
+from engram.jobs.settings import Retention
+from engram.store.errors import InvalidRequestError, NotFoundError
+from engram.store.read import cursors
+from engram.store.read.paging import Page, check_limit
 
 UNREADABLE = "unreadable"
 JOB_STATES = ("queued", "started", "failed", "finished", "scheduled", "deferred", "canceled")

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from store.errors import NotFoundError
-from store.tokens import Grant
-from store.values import Scope
+from engram.store.errors import NotFoundError
+from engram.store.tokens import Grant
+from engram.store.values import Scope
 
 from .auth import grant_of
 from .errors import ForbiddenError

@@ -10,10 +10,10 @@ from typing import Protocol
 import redis
 from redis import Redis
 
-from store import Embedder, Store
-from store.vectors.embedders import EmbedderResolver
-from store.vectors.registry import EmbedderRegistry
-from worker import Producer
+from engram.store import Embedder, Store
+from engram.store.vectors.embedders import EmbedderResolver
+from engram.store.vectors.registry import EmbedderRegistry
+from engram.worker import Producer
 
 
 class ReembedStarter(Protocol):

@@ -8,10 +8,10 @@
 ``Producer.enqueue_many``. Nothing here connects at import time.
 """
 
-from store import Operation, Scope
-from store.errors import ConfigError
-
-from .errors import (
+from engram.store import Operation, Scope
+from engram.store.errors import ConfigError
+from engram.worker.consuming.worker import Worker
+from engram.worker.errors import (
     DeadLetteredError,
     EmbeddingMismatchError,
     EngramError,
@@ -25,10 +25,9 @@ from .errors import (
     RevisionConflictError,
     WaitTimeout,
 )
-from .producer import Pending, Producer
-from .protocol import StreamReceipt, partition_of
-from .settings import Settings, WorkerConfig
-from .worker import Worker
+from engram.worker.producer import Pending, Producer
+from engram.worker.protocol import StreamReceipt, partition_of
+from engram.worker.settings import Settings, WorkerConfig
 
 # DESIGN's name for a wait that ran out; also a builtin TimeoutError subclass.
 TimeoutError = WaitTimeout

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from store.errors import EngramError
+from engram.store.errors import EngramError
 
 MAX_CAUSE_CHARS = 200
 # A message that holds this many characters of a text in a row quotes it.

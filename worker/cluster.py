@@ -20,7 +20,7 @@ import redis
 from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.exceptions import RedisClusterException
 
-from store.errors import ConfigError
+from engram.store.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

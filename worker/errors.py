@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.errors import (
+from engram.store.errors import (
     EmbeddingMismatchError,
     EngramError,
     FencedError,
@@ -18,7 +18,7 @@ from store.errors import (
     OperationConflictError,
     RevisionConflictError,
 )
-from store.errors import error_from_dict as _store_error_from_dict
+from engram.store.errors import error_from_dict as _store_error_from_dict
 
 
 class QueueUnavailableError(EngramError):

@@ -42,11 +42,10 @@ from typing import Any
 
 import redis
 
-from store.errors import ConfigError, InvalidRequestError
-
-from . import cluster, keys
-from .defaults import MAX_PARTITIONS
-from .protocol import OP_FIELD
+from engram.store.errors import ConfigError, InvalidRequestError
+from engram.worker import cluster, keys
+from engram.worker.defaults import MAX_PARTITIONS
+from engram.worker.protocol import OP_FIELD
 
 # The producers' XADD (KEYS: the stream, its closure; ARGV: the cap, the op field):
 # refused when the partition's epoch was retired (its stream key holds a string: where

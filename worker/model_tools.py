@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from store import MemoryTools, Operation, Scope
-from store.models.tools import Recall
-from store.values import Receipt
-
-from .producer import Producer
+from engram.store import MemoryTools, Operation, Scope
+from engram.store.models.tools import Recall
+from engram.store.values import Receipt
+from engram.worker.producer import Producer
 
 
 def stream_tools(

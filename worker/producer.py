@@ -18,22 +18,27 @@ from typing import Any
 
 import redis
 
-from store import Operation, Scope
-from store.errors import EngramError
-from store.write.requests import (
+from engram.store import Operation, Scope
+from engram.store.errors import EngramError
+from engram.store.write.requests import (
     extract_request,
     forget_request,
     remember_request,
     retract_request,
     revise_request,
 )
-
-from . import cluster, keys, runtime
-from .defaults import MAX_PARTITIONS, PARTITIONS, STREAM_MAX_LEN
-from .errors import PartitionRetiredError, QueueFullError, QueueUnavailableError, WaitTimeout
-from .layout import ADD_SCRIPT, MOVED, RETIRED, Epoch, Layout
-from .protocol import OP_FIELD, StreamReceipt, decode_reply, encode_entry, partition_of
-from .settings import Settings
+from engram.worker import cluster, keys
+from engram.worker.defaults import MAX_PARTITIONS, PARTITIONS, STREAM_MAX_LEN
+from engram.worker.embedded import runtime
+from engram.worker.errors import (
+    PartitionRetiredError,
+    QueueFullError,
+    QueueUnavailableError,
+    WaitTimeout,
+)
+from engram.worker.layout import ADD_SCRIPT, MOVED, RETIRED, Epoch, Layout
+from engram.worker.protocol import OP_FIELD, StreamReceipt, decode_reply, encode_entry, partition_of
+from engram.worker.settings import Settings
 
 # How long an enqueue with ``wait_replicas`` waits for the replicas (``WAIT``).
 WAIT_REPLICAS_MS = 1000

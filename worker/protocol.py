@@ -16,14 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from store import Operation, Scope, WriteResult
-from store.errors import EngramError, InvalidRequestError
-from store.limits import MAX_ID_CHARS
-from store.values import Receipt, check_string
-from store.write.operations import OPERATION_KINDS
-
-from .defaults import MAX_ENTRY_BYTES
-from .errors import MalformedEntryError, error_from_dict
+from engram.store import Operation, Scope, WriteResult
+from engram.store.errors import EngramError, InvalidRequestError
+from engram.store.limits import MAX_ID_CHARS
+from engram.store.values import Receipt, check_string
+from engram.store.write.operations import OPERATION_KINDS
+from engram.worker.defaults import MAX_ENTRY_BYTES
+from engram.worker.errors import MalformedEntryError, error_from_dict
 
 OP_FIELD = "op"
 

@@ -7,10 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from store import LLMConfig
-from store.masking import MASKED_URL, masked_repr
-
-from . import defaults
+from engram.store import LLMConfig
+from engram.store.masking import MASKED_URL, masked_repr
+from engram.worker import defaults
 
 
 @dataclass(frozen=True, slots=True)

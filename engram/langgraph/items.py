@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from langgraph.store.base import Item, SearchItem, get_text_at_path
 
-from store import InvalidRequestError, Record, Scope
-from store.limits import MAX_ID_CHARS, MAX_TEXT_CHARS
-from store.read.metadata_filter import Condition, MetadataFilter
+from engram.store import InvalidRequestError, Record, Scope
+from engram.store.limits import MAX_ID_CHARS, MAX_TEXT_CHARS
+from engram.store.read.metadata_filter import Condition, MetadataFilter
 
 ROOT = "langgraph"
 INDEXED = "langgraph"

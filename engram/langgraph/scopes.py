@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from store import InvalidRequestError, Scope
+from engram.store import InvalidRequestError, Scope
 
 _VARIABLE = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 _ANY = "*"

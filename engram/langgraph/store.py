@@ -39,7 +39,7 @@ from langgraph.store.base import (
     validate_op_namespace,
 )
 
-from store import (
+from engram.store import (
     Embedder,
     MetadataFilter,
     NotFoundError,
@@ -49,14 +49,14 @@ from store import (
     Scope,
     Store,
 )
-from store.limits import MAX_TOP_K
-from store.read.routing import parse_position
-from store.vectors.embedders import EmbedderResolver
-from store.write.requests import remember_request, retract_request, revise_request
-from worker import Producer
-from worker.protocol import StreamReceipt
-from worker.runtime import database_url, redis_url
-from worker.settings import Settings
+from engram.store.limits import MAX_TOP_K
+from engram.store.read.routing import parse_position
+from engram.store.vectors.embedders import EmbedderResolver
+from engram.store.write.requests import remember_request, retract_request, revise_request
+from engram.worker import Producer
+from engram.worker.embedded.runtime import database_url, redis_url
+from engram.worker.protocol import StreamReceipt
+from engram.worker.settings import Settings
 
 from .. import wiring
 from . import items

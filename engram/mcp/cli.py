@@ -20,11 +20,11 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from store import Scope, Store
-from store.errors import ConfigError, InvalidRequestError
-from worker import runtime
-from worker.producer import Producer
-from worker.settings import Settings
+from engram.store import Scope, Store
+from engram.store.errors import ConfigError, InvalidRequestError
+from engram.worker.embedded import runtime
+from engram.worker.producer import Producer
+from engram.worker.settings import Settings
 
 from .. import exits, wiring
 from ..args import json_value

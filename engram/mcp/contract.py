@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from store.limits import (
+from engram.store.limits import (
     DEFAULT_TOP_K,
     MAX_ID_CHARS,
     MAX_KIND_CHARS,
@@ -22,7 +22,7 @@ from store.limits import (
     MAX_TEXT_CHARS,
     MAX_TOP_K,
 )
-from worker.deadletters import MAX_WHY_CHARS
+from engram.worker.admin.deadletters import MAX_WHY_CHARS
 
 # The most revisions a history answer carries (the newest; ``truncated`` says so).
 MAX_HISTORY = 100

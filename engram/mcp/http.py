@@ -26,8 +26,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from store import Grant, Tokens
-from web.errors import UnauthorizedError
+from engram.store import Grant, Tokens
+from engram.web.errors import UnauthorizedError
 
 from .memory import Access, Memory
 from .server import Tools

@@ -20,19 +20,19 @@ import anyio
 import anyio.to_thread
 import redis
 
-from store import Embedder, Grant, Hit, Receipt, Record, Scope, Store
-from store.errors import (
+from engram.store import Embedder, Grant, Hit, Receipt, Record, Scope, Store
+from engram.store.errors import (
     EmbedderUnavailableError,
     EmbeddingMismatchError,
     EngramError,
     NotFoundError,
     RevisionConflictError,
 )
-from store.read.recall import above
-from store.vectors.embedders import EmbedderResolver
-from web.backlog import holds, needle_of
-from worker import Pending, Producer, StreamReceipt, WaitTimeout, layout
-from worker.protocol import partition_of
+from engram.store.read.recall import above
+from engram.store.vectors.embedders import EmbedderResolver
+from engram.web.backlog import holds, needle_of
+from engram.worker import Pending, Producer, StreamReceipt, WaitTimeout, layout
+from engram.worker.protocol import partition_of
 
 from . import contract, opids
 

@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from store import Scope
+from engram.store import Scope
 
 PREFIX = "mcp:"
 

@@ -23,8 +23,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from pydantic import ValidationError
 
-from store.errors import EngramError, InvalidRequestError
-from web.errors import ForbiddenError
+from engram.store.errors import EngramError, InvalidRequestError
+from engram.web.errors import ForbiddenError
 
 from . import contract
 from .memory import Access, Answer, Memory

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from store.errors import ConfigError
+from engram.store.errors import ConfigError
 
 # How long a write waits for its receipt before it answers "queued" (ENGRAM_MCP_WAIT_S).
 WAIT_S = 5.0

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from store import ForgetEvent
+from engram.store import ForgetEvent
 
 from ..context import JobContext
 

@@ -20,8 +20,8 @@ import logging
 import time
 from collections.abc import Sequence
 
-from store import ForgetEvent
-from store.write import forgets
+from engram.store import ForgetEvent
+from engram.store.write import forgets
 
 from ..context import JobContext
 

@@ -43,12 +43,12 @@ from typing import Any, cast
 
 import redis
 
-from store import ForgetEvent, WriteOptions
-from store.write import forgets
-from worker import cluster, layout
-from worker import keys as stream_keys
-from worker.protocol import Entry, decode_entry, encode_reply, partition_of
-from worker.replies import send_reply
+from engram.store import ForgetEvent, WriteOptions
+from engram.store.write import forgets
+from engram.worker import cluster, layout
+from engram.worker import keys as stream_keys
+from engram.worker.consuming.replies import send_reply
+from engram.worker.protocol import Entry, decode_entry, encode_reply, partition_of
 
 from .. import persistence, streams
 from ..context import JobContext

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from store import Operation
-from store.errors import EngramError
-from store.write.apply import referenced_ids
+from engram.store import Operation
+from engram.store.errors import EngramError
+from engram.store.write.apply import referenced_ids
 
 # Kinds whose request holds nothing but ids and numbers.
 _CONTENT_FREE_KINDS = ("forget", "retract")

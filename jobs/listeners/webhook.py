@@ -21,9 +21,9 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from store import ForgetEvent
-from store.errors import InvalidRequestError
-from store.masking import MASKED_URL, masked_repr
+from engram.store import ForgetEvent
+from engram.store.errors import InvalidRequestError
+from engram.store.masking import MASKED_URL, masked_repr
 
 from .. import events as event_json
 from ..settings import Redaction

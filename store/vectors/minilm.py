@@ -122,7 +122,7 @@ def _load(threads: int | None) -> tuple[Any, Any]:
 
 
 def tokenizer_json() -> str:
-    return (resources.files("store") / "data" / "minilm" / "tokenizer.json").read_text()
+    return (resources.files("engram.store") / "data" / "minilm" / "tokenizer.json").read_text()
 
 
 def _sha256(path: Path) -> str:

@@ -17,17 +17,17 @@ from rq import Queue
 from starlette.testclient import TestClient
 
 from engram.cli import main
-from jobs.keys import MAINTENANCE_QUEUE
-from jobs.queues import SERIALIZER
-from store import Store
-from store.errors import InvalidRequestError
+from engram.jobs.keys import MAINTENANCE_QUEUE
+from engram.jobs.queues import SERIALIZER
+from engram.store import Store
+from engram.store.errors import InvalidRequestError
+from engram.worker.admin import deadletters, pause
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.protocol import partition_of
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST
 from tests.rq_jobs import enqueue_failing, work
 from tests.web_fixtures import BASE_URL, EMBEDDER, make_app
-from worker import deadletters, pause
-from worker.protocol import partition_of
-from worker.runtime import connect_redis
 
 CLI_WHO = "ops:grace"
 WEB_WHO = "local"  # the operator on loopback, without a token
@@ -272,7 +272,7 @@ def test_each_action_from_each_door_writes_who_and_why(
 
 
 def test_every_audited_action_has_a_door_in_the_table() -> None:
-    from store.audit import ACTIONS
+    from engram.store.audit import ACTIONS
 
     assert {action for action, *_ in CASES} == set(ACTIONS)
 

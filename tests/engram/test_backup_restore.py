@@ -22,12 +22,12 @@ import pytest
 
 from engram.cli import main
 from engram.home import UP, HomeLock
-from store import HashingEmbedder, Operation, Store
-from store import backup as backups
-from store.errors import RestorePendingError
-from store.ledger import ForgetLedger, LedgerEntry
-from store.server import EmbeddedPostgres
-from store.server import data_dir as postgres_dir
+from engram.store import HashingEmbedder, Operation, Store
+from engram.store import backup as backups
+from engram.store.errors import RestorePendingError
+from engram.store.ledger import ForgetLedger, LedgerEntry
+from engram.store.server import EmbeddedPostgres
+from engram.store.server import data_dir as postgres_dir
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.helpers import marker_text, rows_containing
 from tests.redis_fixtures import REPO, wait_until

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from engram.cli import main
-from store import Store
+from engram.store import Store
+from engram.worker import keys
+from engram.worker.admin import deadletters
+from engram.worker.embedded.runtime import connect_redis
 from tests.cli_support import command_env, logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import wait_until
 from tests.worker.test_cluster import CONFIG, cluster_worker, scope_on
-from worker import deadletters, keys
-from worker.runtime import connect_redis
 
 
 def _op(scope: dict[str, str], operation_id: str) -> str:

@@ -9,12 +9,13 @@ import pytest
 import redis
 
 from engram.cli import main
-from store import HashingEmbedder, Store
-from store.errors import InvalidRequestError
+from engram.store import HashingEmbedder, Store
+from engram.store.errors import InvalidRequestError
+from engram.worker import DeadLetteredError, keys
+from engram.worker.admin import deadletters
+from engram.worker.protocol import partition_of
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST
-from worker import DeadLetteredError, deadletters, keys
-from worker.protocol import partition_of
 
 
 @pytest.fixture

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from engram.cli import main
-from store import Store
+from engram.store import Store
+from engram.worker import Producer
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST, WorkerProcess
 from tests.replica_fixtures import Replica, replica  # noqa: F401 (the fixture)
-from worker import Producer
 
 
 @pytest.fixture
@@ -71,9 +71,9 @@ def test_a_bad_position_is_refused(read_env: dict[str, str], scope: dict[str, st
 
 def test_engram_web_reads_through_the_replica(read_env: dict[str, str]) -> None:
     """``engram web``'s app is built on a store with the replica as its read pool."""
+    from engram.web.config import WebConfig
     from engram.web_cli import build
-    from web.config import WebConfig
-    from worker.settings import Settings
+    from engram.worker.settings import Settings
 
     with build(Settings.from_env(), WebConfig(), embedder=False) as app:
         store: Store = app.state.web.services.store

@@ -13,9 +13,9 @@ import pytest
 
 from engram.cli import main
 from engram.forgets_cli import since_arg
-from store import HashingEmbedder, Store
-from store.ledger import ForgetLedger
-from store.server import EmbeddedPostgres
+from engram.store import HashingEmbedder, Store
+from engram.store.ledger import ForgetLedger
+from engram.store.server import EmbeddedPostgres
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.helpers import pg_dump, pg_restore, rows_containing
 

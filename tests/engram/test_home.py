@@ -20,8 +20,8 @@ from engram.cleanup import clean_home
 from engram.home import HomeInUseError, HomeLock, HomeSession, in_use_message
 from engram.procs import ProcessRecord, live_process, wait_gone
 from engram.supervisor import ChildSpec, Supervisor
+from engram.worker.embedded import runfile
 from tests.redis_fixtures import REPO, wait_until
-from worker import runfile
 
 
 @pytest.fixture

@@ -13,12 +13,12 @@ import psycopg
 import pytest
 
 from engram.cli import main
-from jobs import keys, queues
-from store import HashingEmbedder, Store
+from engram.jobs import keys, queues
+from engram.store import HashingEmbedder, Store
+from engram.worker.embedded.runtime import connect_redis
 from tests.embedder_faults import FAULTY_PLUGINS
 from tests.jobs_fixtures import PLUGINS, JobsProcess
 from tests.redis_fixtures import FAST
-from worker.runtime import connect_redis
 
 
 @pytest.fixture

@@ -47,9 +47,9 @@ from langgraph.store.base import (
 
 from engram.langgraph import EngramStore, ScopeSpanError
 from engram.langgraph import items as lg_items
-from store import HashingEmbedder, RevisionConflictError, Scope, Store
+from engram.store import HashingEmbedder, RevisionConflictError, Scope, Store
+from engram.worker import Producer
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
-from worker import Producer
 
 MakeStore = Callable[..., EngramStore]
 

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from mcp import MCPError
 
-from store import Store
-from store.tokens import CAPABILITIES
+from engram.store import Store
+from engram.store.tokens import CAPABILITIES
 from tests.helpers import rows_containing
 from tests.mcp_support import TOOLS, http_session, ok, refused, run, server_env
 from tests.redis_fixtures import InProcessWorker, wait_until

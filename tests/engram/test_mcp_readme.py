@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from store import Store
+from engram.store import Store
 from tests.mcp_support import TOOLS, ok, run, server_env
 from tests.redis_fixtures import REPO, InProcessWorker
 

@@ -12,7 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from store import Store
+from engram.store import Store
+from engram.worker.embedded.runtime import connect_redis
 from tests.helpers import rows_containing
 from tests.mcp_support import (
     TOOLS,
@@ -25,7 +26,6 @@ from tests.mcp_support import (
     texts,
 )
 from tests.redis_fixtures import InProcessWorker, wait_until
-from worker.runtime import connect_redis
 
 SCOPE_FIELDS = {"user_id", "agent_id", "run_id", "actor_id", "chat_id", "scope"}
 

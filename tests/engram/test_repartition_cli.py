@@ -13,13 +13,13 @@ import pytest
 import redis
 
 from engram.cli import main
-from store import Store
+from engram.store import Store
+from engram.worker import Producer, keys, layout
+from engram.worker.consuming.membership import live_workers
+from engram.worker.defaults import MAX_PARTITIONS
+from engram.worker.layout import Epoch, Layout
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
-from worker import Producer, keys, layout
-from worker.defaults import MAX_PARTITIONS
-from worker.layout import Epoch, Layout
-from worker.membership import live_workers
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from engram.mcp.contract import BY_NAME, input_schema
-from store.limits import MAX_TEXT_CHARS
+from engram.store.limits import MAX_TEXT_CHARS
+from engram.web.api.openapi import DOCUMENT
 from tests.redis_fixtures import REPO
-from web.api.openapi import DOCUMENT
 
 
 def test_the_readme_says_the_limit() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from engram.cli import main
-from store import HashingEmbedder, Store
+from engram.store import HashingEmbedder, Store
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST, InProcessWorker
 

@@ -25,11 +25,11 @@ import pytest
 
 from engram.cleanup import clean_home
 from engram.procs import live_process, wait_gone
-from store.home import server_gid
-from store.masking import mask_url
+from engram.store.home import server_gid
+from engram.store.masking import mask_url
+from engram.web.config import DEFAULT_PORT
+from engram.worker import Producer
 from tests.redis_fixtures import REPO, Squatter, unauthenticated_reply, wait_until
-from web.config import DEFAULT_PORT
-from worker import Producer
 
 pytestmark = pytest.mark.slow
 
@@ -323,8 +323,10 @@ def test_demo_and_reads_use_a_running_up_and_leave_it_running(
         c for c in psutil.Process(up.process.pid).children() if c.cmdline()[-1] == "worker"
     )
     worker.send_signal(signal.SIGUSR1)
-    wait_until(lambda: 'worker/worker.py", line' in up.log(), timeout=20, what="the stacks")
-    assert "engram-consumer" in up.log() or 'worker/consumer.py", line' in up.log()
+    wait_until(
+        lambda: 'worker/consuming/worker.py", line' in up.log(), timeout=20, what="the stacks"
+    )
+    assert "engram-consumer" in up.log() or 'consuming/consumer.py", line' in up.log()
     assert worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
     assert up.stop() == 0
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from store import Store
-from store.masking import mask_url
+from engram.store import Store
+from engram.store.masking import mask_url
+from engram.worker import Producer, StreamReceipt
+from engram.worker.embedded.runtime import connect_redis
 from tests.engram.test_up import Up, _get, engram, home, start_up  # noqa: F401 (fixtures)
 from tests.redis_fixtures import wait_until
-from worker import Producer, StreamReceipt
-from worker.runtime import connect_redis
 
 pytestmark = pytest.mark.slow
 

@@ -14,12 +14,12 @@ import redis
 from engram.cli import main
 from engram.following import follow
 from engram.jobs_cli import jobs_waiting
-from store import HashingEmbedder, Store
+from engram.store import HashingEmbedder, Store
+from engram.worker.admin import pause
+from engram.worker.protocol import partition_of
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.jobs_fixtures import PLUGINS, JobsProcess, jobs_processes  # noqa: F401
 from tests.redis_fixtures import FAST
-from worker import pause
-from worker.protocol import partition_of
 
 
 @pytest.fixture

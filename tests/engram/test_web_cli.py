@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import httpx
 
-from store import Store
+from engram.store import Store
 from tests.redis_fixtures import REPO
 from tests.web_fixtures import TOKEN, Served, free_port
 
@@ -81,8 +81,8 @@ def test_the_dashboards_connections_send_at_once() -> None:
     import asyncio
     import socket
 
+    from engram.web.config import WebConfig
     from engram.web_cli import listen
-    from web.config import WebConfig
 
     sock, config = listen(WebConfig(host="127.0.0.1", port=free_port()), chosen=True)
     assert sock.proto == socket.IPPROTO_TCP

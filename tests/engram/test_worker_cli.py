@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from engram.cli import main
-from store import Store
+from engram.store import Store
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST, REPO, InProcessWorker, wait_until
 

@@ -12,16 +12,16 @@ import pytest
 from starlette.testclient import TestClient
 
 from engram.cli import main
-from jobs import causes, keys
-from jobs.progress import Progress
-from store import HashingEmbedder, Store
-from store.errors import EmbeddingMismatchError
+from engram.jobs import causes, keys
+from engram.jobs.progress import Progress
+from engram.store import HashingEmbedder, Store
+from engram.store.errors import EmbeddingMismatchError
+from engram.web import rqjobs
+from engram.worker.embedded.runtime import connect_redis
 from tests.embedder_faults import BREAKS_WITH, FAULTY_PLUGINS
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import BASE_URL, make_app
-from web import rqjobs
-from worker.runtime import connect_redis
 
 TEXTS = ["Ada's PIN is 4417, keep it safe", "ok"]
 

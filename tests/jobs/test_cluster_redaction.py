@@ -13,15 +13,16 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from jobs import keys as jobs_keys
-from store import Store
+from engram.jobs import keys as jobs_keys
+from engram.store import Store
+from engram.worker import Producer, StreamReceipt, keys, partition_of
+from engram.worker.admin import deadletters
+from engram.worker.embedded.runtime import connect_redis
 from tests.cluster_fixtures import ValkeyCluster
 from tests.helpers import bytes_hold, files_holding, marker_text, redis_values
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import WorkerProcess, wait_until
 from tests.worker.test_cluster import CONFIG, scope_on
-from worker import Producer, StreamReceipt, deadletters, keys, partition_of
-from worker.runtime import connect_redis
 
 
 def _op(scope: dict[str, str], kind: str, request: dict[str, object], operation_id: str) -> str:

@@ -12,12 +12,13 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
+from engram.worker import Producer, StreamReceipt, keys, partition_of
+from engram.worker.admin import deadletters
+from engram.worker.consuming.worker import Worker
+from engram.worker.embedded.valkey import EmbeddedValkey
 from tests.helpers import bytes_hold, files_holding, marker_text, redis_values
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST, wait_until
-from worker import Producer, StreamReceipt, deadletters, keys, partition_of
-from worker.valkey import EmbeddedValkey
-from worker.worker import Worker
 
 SCOPE = {"user_id": "ada-residue"}
 
@@ -107,7 +108,7 @@ def test_compacting_every_stream_keeps_a_group_whose_stream_never_had_an_entry(
 ) -> None:
     """The listener now rebuilds every partition stream: one a worker made with its
     group (``MKSTREAM``) and never received an entry must keep its group."""
-    from jobs import streams
+    from engram.jobs import streams
 
     key = keys.stream(0)
     redis_client.xgroup_create(key, keys.GROUP, id="0", mkstream=True)

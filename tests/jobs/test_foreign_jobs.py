@@ -15,12 +15,12 @@ import redis
 from rq import Callback, Queue
 from rq.job import Job
 
-from jobs import keys, prune, queues
-from jobs.queues import FOREIGN, SERIALIZER, UnreadableJob
-from store import Store
+from engram.jobs import keys, prune, queues
+from engram.jobs.queues import FOREIGN, SERIALIZER, UnreadableJob
+from engram.store import Store
+from engram.worker.embedded.runtime import connect_redis
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import wait_until
-from worker.runtime import connect_redis
 
 StartJobs = Callable[..., JobsProcess]
 
@@ -84,7 +84,7 @@ def test_a_job_naming_another_function_is_set_aside_unrun_on_every_queue(
 def _plant_abandoned(client: redis.Redis, job_id: str, bait: Path) -> None:
     """A JSON job of engram's function, "started" by a worker long gone, that names a
     failure callback; its entry in the started jobs expired a while ago."""
-    data = json.dumps(["jobs.prune.prune_job", None, ["history"], {}])
+    data = json.dumps(["engram.jobs.prune.prune_job", None, ["history"], {}])
     client.hset(
         f"rq:job:{job_id}",
         mapping={
@@ -103,10 +103,10 @@ def _plant_abandoned(client: redis.Redis, job_id: str, bait: Path) -> None:
     "fields",
     [
         {"data": json.dumps(["os.makedirs", None, ["/tmp/x"], {}])},
-        {"data": json.dumps(["jobs.prune.prune_job.__globals__", None, [], {}])},
+        {"data": json.dumps(["engram.jobs.prune.prune_job.__globals__", None, [], {}])},
         {"data": json.dumps(["format", "{0}", ["x"], {}])},  # a method of an instance
-        {"data": json.dumps(["jobs.prune.prune_job", None, "history", {}])},
-        {"data": json.dumps(["jobs.prune.prune_job", None, ["history"], []])},
+        {"data": json.dumps(["engram.jobs.prune.prune_job", None, "history", {}])},
+        {"data": json.dumps(["engram.jobs.prune.prune_job", None, ["history"], []])},
         {"success_callback_name": "os.makedirs"},
         {"failure_callback_name": "os.makedirs"},
         {"stopped_callback_name": "os.makedirs"},
@@ -129,14 +129,14 @@ def test_only_a_call_of_engrams_functions_reads_as_a_job(
 ) -> None:
     """Read by the dashboard, the API and the worker alike (nothing is imported)."""
     own = {
-        "data": json.dumps(["jobs.prune.prune_job", None, ["history"], {}]),
+        "data": json.dumps(["engram.jobs.prune.prune_job", None, ["history"], {}]),
         "origin": keys.MAINTENANCE_QUEUE,
         "status": "failed",
     }
     redis_client.hset("rq:job:own", mapping=own)
     redis_client.hset("rq:job:foreign", mapping={**own, **fields})
     found = queues.read_many(redis_client, ["own", "foreign"])
-    assert isinstance(found[0], Job) and found[0].func_name == "jobs.prune.prune_job"
+    assert isinstance(found[0], Job) and found[0].func_name == "engram.jobs.prune.prune_job"
     assert found[1] == UnreadableJob("foreign", keys.MAINTENANCE_QUEUE, "failed", FOREIGN)
 
 

@@ -21,17 +21,17 @@ import psycopg
 import pytest
 import redis
 
-from jobs import keys as job_keys
-from jobs import reembed
-from jobs.progress import Progress
-from store import Store
+from engram.jobs import keys as job_keys
+from engram.jobs import reembed
+from engram.jobs.progress import Progress
+from engram.store import Store
+from engram.web import rqjobs
+from engram.worker import Producer, StreamReceipt, keys, partition_of
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.embedded.valkey import EmbeddedValkey
 from tests.helpers import bytes_hold, files_holding, marker_text, redis_values, rows_containing
 from tests.jobs_fixtures import PLUGINS, JobsProcess, context, run_burst
 from tests.redis_fixtures import FAST, WorkerProcess, wait_until
-from web import rqjobs
-from worker import Producer, StreamReceipt, keys, partition_of
-from worker.runtime import connect_redis
-from worker.valkey import EmbeddedValkey
 
 SCOPE = {"user_id": "ada-marker"}
 

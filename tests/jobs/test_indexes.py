@@ -10,12 +10,12 @@ import psycopg
 import pytest
 import redis
 
-from jobs import schedule
-from store import HashingEmbedder, Operation, Scope, Store
-from store.limits import LARGE_SCOPE_VECTORS
-from store.read.recall import _statement, recall_context
+from engram.jobs import schedule
+from engram.store import HashingEmbedder, Operation, Scope, Store
+from engram.store.limits import LARGE_SCOPE_VECTORS
+from engram.store.read.recall import _statement, recall_context
+from engram.web import rqjobs
 from tests.jobs_fixtures import context, run_burst
-from web import rqjobs
 
 
 def indexes(dsn: str) -> list[tuple[str, str]]:

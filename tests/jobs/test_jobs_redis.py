@@ -16,15 +16,15 @@ import pytest
 import redis
 
 from engram.cli import main
+from engram.jobs import keys as jobs_keys
+from engram.jobs import redaction
 from engram.jobs_redis import forget_hook
-from jobs import keys as jobs_keys
-from jobs import redaction
-from store import ForgetEvent, Scope, Store
+from engram.store import ForgetEvent, Scope, Store
+from engram.worker import keys
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.settings import Settings
 from tests.cli_support import command_env, logging_restored  # noqa: F401 (an autouse fixture)
 from tests.worker.test_cluster import CONFIG
-from worker import keys
-from worker.runtime import connect_redis
-from worker.settings import Settings
 
 # -- the commands that need the jobs --------------------------------------------------
 
@@ -161,7 +161,7 @@ def test_a_redaction_waits_a_moment_for_a_reply_not_there_yet(
 ) -> None:
     """With the jobs on their own Redis, a forget reaches them just before its worker's
     reply reaches the cluster: the redaction still updates that reply."""
-    from jobs.context import JobContext
+    from engram.jobs.context import JobContext
     from tests.jobs_fixtures import registry, settings
 
     cluster = connect_redis(cluster_url)

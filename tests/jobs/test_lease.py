@@ -8,10 +8,10 @@ import time
 import pytest
 import redis
 
-from jobs.lease import JobLease
-from store import HashingEmbedder, Store
-from store.errors import FencedError
-from store.vectors.embeddings import VectorItem
+from engram.jobs.lease import JobLease
+from engram.store import HashingEmbedder, Store
+from engram.store.errors import FencedError
+from engram.store.vectors.embeddings import VectorItem
 
 
 def lease(client: redis.Redis, ttl_ms: int = 600) -> JobLease:

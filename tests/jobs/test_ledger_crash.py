@@ -16,14 +16,14 @@ import psycopg
 import pytest
 from rq.job import JobStatus
 
-from jobs import queues, schedule
-from store import HashingEmbedder, Store
-from store.ledger import ForgetLedger
+from engram.jobs import queues, schedule
+from engram.store import HashingEmbedder, Store
+from engram.store.ledger import ForgetLedger
+from engram.worker import Producer
+from engram.worker.consuming.worker import Worker
 from tests import jobs_fixtures
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST, wait_until
-from worker import Producer
-from worker.worker import Worker
 
 SCOPE = {"user_id": "ada-ledger-crash"}
 SECRET = "Ada hid the spare key under the wombatstone."

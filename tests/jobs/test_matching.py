@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from jobs.listeners.matching import Forgotten
-from store.write.operations import derived_record_id
+from engram.jobs.listeners.matching import Forgotten
+from engram.store.write.operations import derived_record_id
 
 SCOPE = {"user_id": "ada"}
 GONE = Forgotten.of(["rec-1", derived_record_id("op-remember", 0)], ["op-wrote-it"])

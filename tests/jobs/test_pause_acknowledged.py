@@ -10,13 +10,13 @@ from typing import Any
 import redis
 from rq import Worker
 
-from jobs import keys as jobs_keys
-from jobs import prune, queues, runner
-from store import Store
+from engram.jobs import keys as jobs_keys
+from engram.jobs import prune, queues, runner
+from engram.store import Store
+from engram.worker.admin import pause
+from engram.worker.embedded.runtime import connect_redis
 from tests.jobs_fixtures import JobsProcess, jobs_processes  # noqa: F401
 from tests.redis_fixtures import wait_until
-from worker import pause
-from worker.runtime import connect_redis
 
 
 def prune_job(client: redis.Redis) -> str:

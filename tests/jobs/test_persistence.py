@@ -6,9 +6,9 @@ import threading
 
 import redis
 
-from jobs import persistence, streams
+from engram.jobs import persistence, streams
+from engram.worker.embedded.valkey import EmbeddedValkey
 from tests.helpers import files_holding, marker_text
-from worker.valkey import EmbeddedValkey
 
 
 def test_purge_rewrites_the_append_only_file_and_leaves_no_old_part(

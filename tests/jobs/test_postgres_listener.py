@@ -8,10 +8,10 @@ from pathlib import Path
 
 import psycopg
 
-from jobs.listeners.in_postgres import PostgresListener
-from store import ForgetEvent, HashingEmbedder, Store
-from store.server import EmbeddedPostgres
-from store.write.forgets import FORGET_TABLES
+from engram.jobs.listeners.in_postgres import PostgresListener
+from engram.store import ForgetEvent, HashingEmbedder, Store
+from engram.store.server import EmbeddedPostgres
+from engram.store.write.forgets import FORGET_TABLES
 from tests.helpers import marker_text
 from tests.jobs_fixtures import context
 

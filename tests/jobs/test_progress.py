@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from jobs.progress import Progress, bar, eta, generation_status, progress_of, trouble
+from engram.jobs.progress import Progress, bar, eta, generation_status, progress_of, trouble
 
 AT = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 CONTRACT = {

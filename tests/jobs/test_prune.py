@@ -9,12 +9,12 @@ import psycopg
 import pytest
 import redis
 
-from jobs import keys, prune, schedule
-from jobs.settings import JobsSettings, Retention, parse_duration
-from store import HashingEmbedder, RevisionConflictError, Store
-from store.errors import InvalidRequestError
+from engram.jobs import keys, prune, schedule
+from engram.jobs.settings import JobsSettings, Retention, parse_duration
+from engram.store import HashingEmbedder, RevisionConflictError, Store
+from engram.store.errors import InvalidRequestError
+from engram.web import rqjobs
 from tests.jobs_fixtures import context, run_burst
-from web import rqjobs
 
 DAY = 86400.0
 
@@ -125,7 +125,7 @@ def test_a_prune_job_runs_on_a_jobs_worker_and_returns_its_counts(
     run_burst(ctx, redis_url)
     job = rqjobs.get(redis_client, job_id)
     assert job is not None and job.state == "finished" and job.id.startswith("prune-history-")
-    assert job.function == "jobs.prune.prune_job"
+    assert job.function == "engram.jobs.prune.prune_job"
     assert job.result[0]["removed"] == 2 and job.result[0]["what"] == "history"
 
 

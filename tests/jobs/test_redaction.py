@@ -15,15 +15,15 @@ import psycopg
 import pytest
 import redis
 
-from jobs import keys, redaction
-from jobs.listeners.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
-from store import HashingEmbedder, Operation, Store, WriteOptions
+from engram.jobs import keys, redaction
+from engram.jobs.listeners.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from engram.store import HashingEmbedder, Operation, Store, WriteOptions
+from engram.web import rqjobs
+from engram.worker import Producer, StreamReceipt
+from engram.worker.consuming.worker import Worker
+from engram.worker.embedded.runtime import connect_redis
 from tests.jobs_fixtures import JobsProcess, jobs_of
 from tests.redis_fixtures import FAST, wait_until
-from web import rqjobs
-from worker import Producer, StreamReceipt
-from worker.runtime import connect_redis
-from worker.worker import Worker
 
 StartJobs = Callable[..., JobsProcess]
 SCOPE = {"user_id": "ada"}
@@ -246,7 +246,7 @@ def test_the_webhook_posts_signed_ids_and_is_retried(
 
 
 def test_a_webhook_signature_binds_body_and_time() -> None:
-    from jobs.listeners.webhook import sign
+    from engram.jobs.listeners.webhook import sign
 
     body = b'{"events":[]}'
     signature = sign("k", 1_700_000_000, body)
@@ -282,7 +282,7 @@ def test_a_forget_left_pending_without_its_job_is_swept_up(
 
 
 def test_the_inbox_holds_ids_only(redis_client: redis.Redis) -> None:
-    from store import ForgetEvent, Scope
+    from engram.store import ForgetEvent, Scope
 
     pipe = redis_client.pipeline()
     redaction.hand_over([ForgetEvent(Scope(user_id="ada"), "mem_1", (1, 2), "op-1", False)], pipe)

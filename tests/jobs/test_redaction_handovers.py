@@ -16,13 +16,13 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 
-from store import Store
+from engram.store import Store
+from engram.worker import Producer, StreamReceipt
+from engram.worker.consuming.worker import Worker
+from engram.worker.embedded.runtime import connect_redis
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST, wait_until
 from tests.web_fixtures import BASE_URL, make_app
-from worker import Producer, StreamReceipt
-from worker.runtime import connect_redis
-from worker.worker import Worker
 
 SCOPE = {"user_id": "ada-handovers"}
 MAX_HANDOVERS = 2

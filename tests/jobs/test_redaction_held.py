@@ -25,20 +25,20 @@ import pytest
 from starlette.testclient import TestClient
 
 from engram.cli import main
-from jobs import keys, redaction
-from jobs.listeners.in_postgres import PostgresListener
-from store import ForgetEvent, HashingEmbedder, Store
-from store.errors import RedactionHeldError
-from store.server import EmbeddedPostgres
-from store.write import forgets
+from engram.jobs import keys, redaction
+from engram.jobs.listeners.in_postgres import PostgresListener
+from engram.store import ForgetEvent, HashingEmbedder, Store
+from engram.store.errors import RedactionHeldError
+from engram.store.server import EmbeddedPostgres
+from engram.store.write import forgets
+from engram.worker import Producer, StreamReceipt
+from engram.worker.consuming.worker import Worker
+from engram.worker.embedded.runtime import connect_redis
 from tests.helpers import marker_text
 from tests.jobs_fixtures import JobsProcess, context
 from tests.redis_fixtures import FAST, wait_until
 from tests.replica_fixtures import Replica
 from tests.web_fixtures import BASE_URL, make_app
-from worker import Producer, StreamReceipt
-from worker.runtime import connect_redis
-from worker.worker import Worker
 
 SCOPE = {"user_id": "ada-held"}
 HEAP_TABLES = ("engram_revisions", "engram_receipts")

@@ -15,17 +15,17 @@ from rq.job import JobStatus
 from rq.registry import ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 
-from jobs import keys, queues, reembed
-from jobs.context import JobContext
-from jobs.progress import Progress
-from store import HashingEmbedder, Operation, Store
-from store.errors import InvalidRequestError
-from store.vectors.embeddings import Switched
-from store.vectors.registry import EmbedderLoadError, EmbedderRegistry, parse_plugins
+from engram.jobs import keys, queues, reembed
+from engram.jobs.context import JobContext
+from engram.jobs.progress import Progress
+from engram.store import HashingEmbedder, Operation, Store
+from engram.store.errors import InvalidRequestError
+from engram.store.vectors.embeddings import Switched
+from engram.store.vectors.registry import EmbedderLoadError, EmbedderRegistry, parse_plugins
+from engram.web import rqjobs
 from tests.embedder_faults import FAULTY_PLUGINS
 from tests.helpers import bytes_hold, marker_text, redis_values
 from tests.jobs_fixtures import context, jobs_of, marks, run_burst
-from web import rqjobs
 
 OLD = HashingEmbedder(64)
 

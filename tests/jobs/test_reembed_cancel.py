@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from jobs import keys, reembed
-from jobs.progress import Progress
-from store import HashingEmbedder, Operation, Store
-from store.errors import InvalidRequestError, NotFoundError
-from store.vectors.embeddings import GenerationNotPendingError
+from engram.jobs import keys, reembed
+from engram.jobs.progress import Progress
+from engram.store import HashingEmbedder, Operation, Store
+from engram.store.errors import InvalidRequestError, NotFoundError
+from engram.store.vectors.embeddings import GenerationNotPendingError
+from engram.web import rqjobs
+from engram.worker.embedded.runtime import connect_redis
 from tests.jobs_fixtures import PLUGINS, JobsProcess, context, marks, registry
 from tests.redis_fixtures import wait_until
-from web import rqjobs
-from worker.runtime import connect_redis
 
 OLD = HashingEmbedder(64)
 

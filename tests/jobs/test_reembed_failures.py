@@ -18,17 +18,17 @@ import pytest
 from playwright.sync_api import expect
 from starlette.testclient import TestClient
 
-from jobs import reembed
-from jobs.progress import Progress, generation_status, progress_of
-from jobs.settings import Reembed
-from store import HashingEmbedder, Store
-from store.values import Generation
-from store.vectors.registry import EmbedderRegistry, parse_plugins
+from engram.jobs import reembed
+from engram.jobs.progress import Progress, generation_status, progress_of
+from engram.jobs.settings import Reembed
+from engram.store import HashingEmbedder, Store
+from engram.store.values import Generation
+from engram.store.vectors.registry import EmbedderRegistry, parse_plugins
+from engram.worker.embedded.runtime import connect_redis
 from tests.embedder_faults import BREAKS_WITH, FAULTY_PLUGINS
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST, REPO, wait_until
 from tests.web_fixtures import BASE_URL, Browser, Served, make_app
-from worker.runtime import connect_redis
 
 CAUSE = f"RuntimeError: {BREAKS_WITH}"
 

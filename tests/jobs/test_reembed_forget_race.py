@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from jobs.listeners.in_postgres import PostgresListener
-from store import ForgetEvent, HashingEmbedder, Operation, Store
-from store.vectors.embeddings import VectorItem
+from engram.jobs.listeners.in_postgres import PostgresListener
+from engram.store import ForgetEvent, HashingEmbedder, Operation, Store
+from engram.store.vectors.embeddings import VectorItem
 from tests.jobs_fixtures import context
 from tests.redis_fixtures import wait_until
 

@@ -14,14 +14,14 @@ import psutil
 import pytest
 
 from engram.demo_reembed import SteadyWriter
-from jobs import keys, reembed
-from jobs.progress import Progress
-from jobs.settings import Reembed
-from store import HashingEmbedder, Operation, Store
+from engram.jobs import keys, reembed
+from engram.jobs.progress import Progress
+from engram.jobs.settings import Reembed
+from engram.store import HashingEmbedder, Operation, Store
+from engram.worker import Producer
+from engram.worker.embedded.runtime import connect_redis
 from tests.jobs_fixtures import PLUGINS, JobsProcess, marks, registry
 from tests.redis_fixtures import FAST, WorkerProcess, wait_until
-from worker import Producer
-from worker.runtime import connect_redis
 
 StartJobs = Callable[..., JobsProcess]
 SLOW = {"ENGRAM_REEMBED_BATCH_SIZE": "50", "ENGRAM_TEST_EMBED_DELAY_S": "0.03"}

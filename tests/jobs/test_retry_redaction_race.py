@@ -11,14 +11,15 @@ from typing import Any
 import pytest
 import redis
 
-from jobs.listeners.in_redis import RedisListener
-from store import ForgetEvent, Scope, Store
-from store.errors import EngramError
+from engram.jobs.listeners.in_redis import RedisListener
+from engram.store import ForgetEvent, Scope, Store
+from engram.store.errors import EngramError
+from engram.worker import keys, partition_of
+from engram.worker.admin import deadletters
+from engram.worker.embedded.runtime import connect_redis
 from tests.helpers import bytes_hold, marker_text, redis_values
 from tests.jobs_fixtures import context
 from tests.redis_fixtures import FAST
-from worker import deadletters, keys, partition_of
-from worker.runtime import connect_redis
 
 SCOPE = {"user_id": "ada-race"}
 

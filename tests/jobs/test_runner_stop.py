@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-from jobs import keys, queues, runner
+from engram.jobs import keys, queues, runner
+from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import wait_until
-from worker.runtime import connect_redis
 
 
 def test_the_command_channel_lets_a_stop_through_at_once(redis_url: str) -> None:

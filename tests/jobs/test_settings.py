@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.settings import JobsSettings, parse_duration
-from store.errors import InvalidRequestError
+from engram.jobs.settings import JobsSettings, parse_duration
+from engram.store.errors import InvalidRequestError
 
 
 def test_defaults() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import redis
 
-from jobs import streams
+from engram.jobs import streams
 from tests.helpers import bytes_hold, marker_text
 
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import redis
 
-from jobs import keys, prune, queues
-from store import Store
+from engram.jobs import keys, prune, queues
+from engram.store import Store
+from engram.worker.embedded.runtime import connect_redis
 from tests.helpers import Planted
 from tests.jobs_fixtures import context, run_burst
-from worker.runtime import connect_redis
 
 QUEUE = keys.MAINTENANCE_QUEUE
 

@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import pytest
 
-from jobs.listeners.webhook import WebhookListener
-from store import ForgetEvent, Scope
+from engram.jobs.listeners.webhook import WebhookListener
+from engram.store import ForgetEvent, Scope
 
 EVENT = ForgetEvent(Scope(user_id="ada"), "mem_1", (1, 2), "op-1", False)
 

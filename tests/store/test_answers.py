@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from store.errors import ModelOutputError
-from store.write.answers import Event, ProposedFact, parse_events, parse_facts, unfence
+from engram.store.errors import ModelOutputError
+from engram.store.write.answers import Event, ProposedFact, parse_events, parse_facts, unfence
 
 
 def test_facts_and_their_tags() -> None:

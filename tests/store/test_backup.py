@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from store import backup as backups
-from store.errors import InvalidRequestError
+from engram.store import backup as backups
+from engram.store.errors import InvalidRequestError
 
 SEGMENT = "000000010000000000000007"
 

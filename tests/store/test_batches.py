@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from store import (
+from engram.store import (
     HashingEmbedder,
     KeywordEmbedder,
     NotFoundError,
@@ -80,7 +80,7 @@ def test_one_operation_id_in_two_scopes_of_one_batch_is_a_conflict(fresh_store: 
 
 
 def test_an_empty_batch_raises_only_the_fence(fresh_store: Store) -> None:
-    from store import Fence, FencedError
+    from engram.store import Fence, FencedError
 
     assert fresh_store.execute([], options=WriteOptions(fences=(Fence("partition:0", 5),))) == []
     assert fresh_store.execute([], options=WriteOptions(fences=(Fence("partition:0", 5),))) == [], (

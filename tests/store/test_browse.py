@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from store import (
+from engram.store import (
     HashingEmbedder,
     InvalidCursorError,
     InvalidRequestError,
@@ -18,7 +18,7 @@ from store import (
     Store,
     WriteResult,
 )
-from store.read.paging import MAX_PAGE_SIZE
+from engram.store.read.paging import MAX_PAGE_SIZE
 
 EMBEDDER = HashingEmbedder(32)
 
@@ -282,7 +282,7 @@ def _other_last(text: str) -> str:
 
 
 def test_a_cursor_this_store_did_not_sign_is_refused(store: Store) -> None:
-    from store.read.cursors import Cursors
+    from engram.store.read.cursors import Cursors
 
     scope = {"user_id": "signed"}
     for i in range(3):

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
-from store import HashingEmbedder, RevisionConflictError, Store
+from engram.store import HashingEmbedder, RevisionConflictError, Store
 
 WRITERS = 6
 WRITES_EACH = 25

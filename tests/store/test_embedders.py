@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from store import EmbeddingMismatchError, HashingEmbedder, KeywordEmbedder, WordLlamaEmbedder
-from store.vectors.embedders import Embedder, embed_checked
+from engram.store import EmbeddingMismatchError, HashingEmbedder, KeywordEmbedder, WordLlamaEmbedder
+from engram.store.vectors.embedders import Embedder, embed_checked
 
 
 def test_wordllama_loads_offline_from_its_wheel_and_is_semantic() -> None:

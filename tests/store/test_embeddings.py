@@ -8,8 +8,8 @@ import numpy as np
 import psycopg
 import pytest
 
-from store import EmbeddingMismatchError, HashingEmbedder, KeywordEmbedder, Store
-from store.vectors.embeddings import VectorItem
+from engram.store import EmbeddingMismatchError, HashingEmbedder, KeywordEmbedder, Store
+from engram.store.vectors.embeddings import VectorItem
 from tests.helpers import CountingEmbedder
 
 V1 = KeywordEmbedder("keywords-1", ["tea", "coffee"])

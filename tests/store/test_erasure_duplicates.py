@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 
-from store import HashingEmbedder, Operation, Store
-from store.read.dump import ReceiptEntry, dump_scope
+from engram.store import HashingEmbedder, Operation, Store
+from engram.store.read.dump import ReceiptEntry, dump_scope
 from tests.fake_llm import ScriptedLLM, events, facts
 from tests.helpers import marker_text, rows_containing
 

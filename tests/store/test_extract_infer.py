@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from store import (
+from engram.store import (
     HashingEmbedder,
     InvalidRequestError,
     ModelOutputError,

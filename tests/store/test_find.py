@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from store import HashingEmbedder, InvalidRequestError, Store
-from store.read.find import _BY_ID, MAX_FIND_TEXT_CHARS, find_by_id, find_by_text, snippet
+from engram.store import HashingEmbedder, InvalidRequestError, Store
+from engram.store.read.find import _BY_ID, MAX_FIND_TEXT_CHARS, find_by_id, find_by_text, snippet
 
 EMBEDDER = HashingEmbedder(64)
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from store import ForgetEvent, HashingEmbedder, Operation, RevisionConflictError, Store
+from engram.store import ForgetEvent, HashingEmbedder, Operation, RevisionConflictError, Store
 from tests.helpers import rows_containing
 
 SECRET = "Ada's diagnosis is zanthoxylum-7."

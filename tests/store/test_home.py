@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from store.errors import ConfigError
-from store.home import make_private, server_gid, share_with_server
-from store.server import EmbeddedPostgres
+from engram.store.errors import ConfigError
+from engram.store.home import make_private, server_gid, share_with_server
+from engram.store.server import EmbeddedPostgres
 
 
 def _mode(path: Path) -> int:
@@ -34,7 +34,7 @@ def test_a_home_open_to_others_is_narrowed_and_says_so(
     home.mkdir()
     home.chmod(0o755)
     (home / "kept").write_text("its files are left as they are")
-    with caplog.at_level(logging.WARNING, logger="store.home"):
+    with caplog.at_level(logging.WARNING, logger="engram.store.home"):
         make_private(home)
     # Its owner's only; as root, our own group (the server's) may still pass through.
     assert _mode(home) == (0o700 if server_gid() is None else 0o710)

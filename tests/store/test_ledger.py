@@ -10,11 +10,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from store import ForgetEvent, HashingEmbedder, Operation, Store, ledger_replay
-from store.errors import EngramError, LedgerUnavailableError
-from store.ledger import ForgetLedger, LedgerEntry
-from store.ledger_replay import REPLAY_BY, check, replay
-from store.server import EmbeddedPostgres
+from engram.store import ForgetEvent, HashingEmbedder, Operation, Store, ledger_replay
+from engram.store.errors import EngramError, LedgerUnavailableError
+from engram.store.ledger import ForgetLedger, LedgerEntry
+from engram.store.ledger_replay import REPLAY_BY, check, replay
+from engram.store.server import EmbeddedPostgres
 from tests.helpers import pg_dump, pg_restore, rows_containing
 
 SECRET = "Grace keeps the launch codes under quokkafluff."

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from store import Completion, LLMConfig, ModelUnavailableError, OpenAICompatibleLLM, Prompt
-from store.models.llm_client import proxy_for
-from store.models.prompts import EVENTS_SCHEMA, reconcile_prompt
+from engram.store import Completion, LLMConfig, ModelUnavailableError, OpenAICompatibleLLM, Prompt
+from engram.store.models.llm_client import proxy_for
+from engram.store.models.prompts import EVENTS_SCHEMA, reconcile_prompt
 from tests.openai_server import OpenAIServer, Reply, Request, Respond, chat, scripted
 
 PROMPT = reconcile_prompt(["Ada lives in London."], ["Ada moved to Paris."])

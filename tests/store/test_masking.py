@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.listeners.webhook import WebhookListener
-from jobs.settings import JobsSettings
-from store import LLMConfig
-from store.masking import mask_url
-from web.config import WebConfig
-from worker.settings import Settings
+from engram.jobs.listeners.webhook import WebhookListener
+from engram.jobs.settings import JobsSettings
+from engram.store import LLMConfig
+from engram.store.masking import mask_url
+from engram.web.config import WebConfig
+from engram.worker.settings import Settings
 
 SECRET = "s3cret-Pa55word-0123456789"
 

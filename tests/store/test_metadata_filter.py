@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from store import HashingEmbedder, InvalidRequestError, Operation, Store
-from store.limits import CANDIDATES_PER_LIST
-from store.read.metadata_filter import Condition, MetadataFilter
+from engram.store import HashingEmbedder, InvalidRequestError, Operation, Store
+from engram.store.limits import CANDIDATES_PER_LIST
+from engram.store.read.metadata_filter import Condition, MetadataFilter
 
 
 def test_a_document_filter_becomes_conditions() -> None:

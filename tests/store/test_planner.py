@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from store import Operation, Scope
-from store.errors import EngramError, OperationConflictError, RevisionConflictError
-from store.values import Source
-from store.write.planner import (
+from engram.store import Operation, Scope
+from engram.store.errors import EngramError, OperationConflictError, RevisionConflictError
+from engram.store.values import Source
+from engram.store.write.planner import (
     Applied,
     Current,
     PlanContext,

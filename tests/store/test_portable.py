@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 
-from store.errors import InvalidRequestError
-from store.mem0 import from_mem0
-from store.portable import (
+from engram.store.errors import InvalidRequestError
+from engram.store.mem0 import from_mem0
+from engram.store.portable import (
     TOMBSTONE_TEXT,
     convert,
     export_lines,
     import_operation_id,
     record_operations,
 )
-from store.read.dump import History, ReceiptEntry, Tombstone
-from store.values import Link, Receipt, Record, RecordRef, Scope, Source
+from engram.store.read.dump import History, ReceiptEntry, Tombstone
+from engram.store.values import Link, Receipt, Record, RecordRef, Scope, Source
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 SCOPE = Scope(user_id="ada")

@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import psycopg
 
-from store import HashingEmbedder, Store, WordLlamaEmbedder
-from store.read.recall import RecallQuery, recall
+from engram.store import HashingEmbedder, Store, WordLlamaEmbedder
+from engram.store.read.recall import RecallQuery, recall
 
 
 def test_the_default_embedder_finds_meaning_not_just_words(fresh_store: Store) -> None:
@@ -56,7 +56,7 @@ def test_recall_in_an_unknown_scope_is_empty(store: Store) -> None:
 def test_a_large_scope_gets_an_approximate_index_with_the_same_answers(
     fresh_store: Store, fresh_dsn: str
 ) -> None:
-    from store import Operation
+    from engram.store import Operation
 
     scope = {"user_id": "big"}
     embedder = HashingEmbedder(64)
@@ -168,7 +168,7 @@ def test_codes_and_numbers_are_found_as_written(fresh_store: Store) -> None:
 
 
 def test_a_rare_word_outranks_many_common_ones(fresh_store: Store, fresh_dsn: str) -> None:
-    from store import Operation
+    from engram.store import Operation
 
     scope = {"user_id": "ada"}
     common = [f"green tea with milk and honey, cup {i}" for i in range(300)]
@@ -208,8 +208,8 @@ def test_every_text_holding_enough_of_the_query_is_found_whichever_words_it_hold
 def test_each_hit_says_where_each_list_ranked_it_and_its_relevance(
     store: Store, scope: dict
 ) -> None:
-    from store.limits import RRF_K
-    from store.read.recall import above
+    from engram.store.limits import RRF_K
+    from engram.store.read.recall import above
 
     mem = store.session(scope, embedder=HashingEmbedder(64))
     for i in range(6):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from store import (
+from engram.store import (
     HashingEmbedder,
     InvalidRequestError,
     ModelOutputError,
@@ -19,9 +19,9 @@ from store import (
     RevisionConflictError,
     Store,
 )
-from store.limits import MAX_MODEL_ANSWER_CHARS
-from store.session import Session
-from store.values import Proposal
+from engram.store.limits import MAX_MODEL_ANSWER_CHARS
+from engram.store.session import Session
+from engram.store.values import Proposal
 from tests.fake_llm import ScriptedLLM, events, with_usage
 from tests.helpers import CountingEmbedder
 

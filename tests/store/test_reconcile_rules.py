@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from store.errors import ModelOutputError
-from store.values import Link, Source
-from store.write.answers import Event
-from store.write.reconcile import (
+from engram.store.errors import ModelOutputError
+from engram.store.values import Link, Source
+from engram.store.write.answers import Event
+from engram.store.write.reconcile import (
     Candidate,
     Create,
     Decision,

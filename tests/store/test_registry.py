@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from store import HashingEmbedder, WordLlamaEmbedder
-from store.errors import EmbedderUnavailableError, InvalidRequestError
-from store.vectors.minilm import MiniLMEmbedder
-from store.vectors.registry import EmbedderRegistry, parse_plugins
+from engram.store import HashingEmbedder, WordLlamaEmbedder
+from engram.store.errors import EmbedderUnavailableError, InvalidRequestError
+from engram.store.vectors.minilm import MiniLMEmbedder
+from engram.store.vectors.registry import EmbedderRegistry, parse_plugins
 from tests.embedder_faults import FAULTY_PLUGINS
 from tests.jobs_fixtures import PLUGINS, SlowHashing
 

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from store import HashingEmbedder, Operation, OperationConflictError, Store, migrations
-from store.write.validation import canonical_json
+from engram.store import HashingEmbedder, Operation, OperationConflictError, Store, migrations
+from engram.store.write.validation import canonical_json
 from tests.fake_llm import ScriptedLLM, events
 
 EMBEDDER = HashingEmbedder(64)

@@ -11,10 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from store import HashingEmbedder, Store
-from store.errors import InvalidRequestError
-from store.read.routing import format_position, parse_position
-from store.values import Receipt
+from engram.store import HashingEmbedder, Store
+from engram.store.errors import InvalidRequestError
+from engram.store.read.routing import format_position, parse_position
+from engram.store.values import Receipt
 from tests.replica_fixtures import Replica, replica  # noqa: F401 (the fixture)
 
 
@@ -289,7 +289,7 @@ def _long_ago() -> Any:
 
 
 def test_the_read_url_is_read_once_and_masked_in_the_settings_repr() -> None:
-    from worker.settings import Settings
+    from engram.worker.settings import Settings
 
     secret = "s3cret-Pa55word-0123456789"
     url = (

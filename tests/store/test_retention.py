@@ -7,7 +7,7 @@ import logging
 import psycopg
 import pytest
 
-from store import Store
+from engram.store import Store
 
 
 def _recorded_at(dsn: str, record_id: str) -> list:
@@ -63,7 +63,7 @@ def test_prune_operations_warns_and_stops_deduplication(
     cutoff = first.receipt.committed_at
     assert fresh_store.prune_operations(cutoff) == 0, "exclusive cutoff"
     later = mem.forget("r1", operation_id="op-2").receipt.committed_at
-    with caplog.at_level(logging.WARNING, logger="store.write.retention"):
+    with caplog.at_level(logging.WARNING, logger="engram.store.write.retention"):
         assert fresh_store.prune_operations(later) == 1
     warning = [r for r in caplog.records if "no longer deduplicate" in r.getMessage()][-1]
     assert warning.count == 1 and warning.older_than == later.isoformat()  # type: ignore[attr-defined]

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from store import (
+from engram.store import (
     HashingEmbedder,
     InvalidRequestError,
     KeywordEmbedder,
@@ -193,7 +193,7 @@ def test_an_embedder_answering_the_wrong_size_is_refused(store: Store, scope: di
         def dims(self) -> int:
             return 32
 
-    from store import EmbeddingMismatchError
+    from engram.store import EmbeddingMismatchError
 
     mem = store.session(scope, embedder=Liar(64, model_id="liar"))
     with pytest.raises(EmbeddingMismatchError):

@@ -10,10 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from store import EmbeddingMismatchError, HashingEmbedder, Operation, Store, WriteResult
-from store.errors import EmbedderUnavailableError
-from store.vectors.embeddings import _MISSING, VectorItem, _compare_all
-from store.vectors.registry import EmbedderRegistry
+from engram.store import EmbeddingMismatchError, HashingEmbedder, Operation, Store, WriteResult
+from engram.store.errors import EmbedderUnavailableError
+from engram.store.vectors.embeddings import _MISSING, VectorItem, _compare_all
+from engram.store.vectors.registry import EmbedderRegistry
 
 ADA = {"user_id": "ada"}
 OLD, NEW = HashingEmbedder(64), HashingEmbedder(16)
@@ -152,7 +152,7 @@ def test_a_switch_with_more_gaps_than_it_may_hold_writes_for_changes_nothing(
 
 
 def test_a_stale_fence_stores_no_vector(fresh_store: Store) -> None:
-    from store import Fence, FencedError
+    from engram.store import Fence, FencedError
 
     fact = remember(fresh_store, "Ada prefers tea.", OLD).records[0]
     gen = fresh_store.embeddings.begin(NEW.model_id, NEW.dims)

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from store import Operation, Store
-from store.errors import InvalidRequestError, TokenNameTakenError
-from store.tokens import CAPABILITIES, Grant
+from engram.store import Operation, Store
+from engram.store.errors import InvalidRequestError, TokenNameTakenError
+from engram.store.tokens import CAPABILITIES, Grant
 
 
 def test_a_token_is_shown_once_and_only_its_hash_is_kept(store: Store) -> None:

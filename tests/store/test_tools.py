@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from store import (
+from engram.store import (
     HashingEmbedder,
     InvalidRequestError,
     MemoryTools,
@@ -18,10 +18,10 @@ from store import (
     memory_tools,
     tool_definitions,
 )
-from store.models.tools import tool_operation_id
+from engram.store.models.tools import tool_operation_id
+from engram.worker import Producer
+from engram.worker.model_tools import stream_tools
 from tests.redis_fixtures import FAST, InProcessWorker
-from worker import Producer
-from worker.model_tools import stream_tools
 
 
 def test_definitions_in_both_shapes() -> None:

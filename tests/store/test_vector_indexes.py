@@ -16,9 +16,9 @@ import numpy as np
 import psycopg
 import pytest
 
-from store import HashingEmbedder, Operation, Scope, Store
-from store.read.recall import RecallQuery, recall, recall_context
-from store.vectors import vector_indexes
+from engram.store import HashingEmbedder, Operation, Scope, Store
+from engram.store.read.recall import RecallQuery, recall, recall_context
+from engram.store.vectors import vector_indexes
 from tests.redis_fixtures import REPO, wait_until
 from tests.web_fixtures import _die_with_parent
 
@@ -203,8 +203,8 @@ def test_no_hit_from_another_scope(fresh_store: Store) -> None:
 
 _SETTLE = """
 import sys
-from store import Store
-from store.vectors import vector_indexes
+from engram.store import Store
+from engram.store.vectors import vector_indexes
 with Store.connect(sys.argv[1]) as store:
     if sys.argv[2] == "build":
         vector_indexes.index_large_scopes(store.pool, threshold=1000, batch=5000)

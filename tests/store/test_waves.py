@@ -3,7 +3,7 @@ operations: pure."""
 
 from __future__ import annotations
 
-from store.write.waves import held_back, next_wave
+from engram.store.write.waves import held_back, next_wave
 
 
 def test_a_scope_stops_at_its_next_model_phase_other_scopes_go_on() -> None:

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from store import Store
-from store.write import wire
+from engram.store import Store
+from engram.store.write import wire
 
 
 def _round_trip(store: Store, sql_type: str, kind: str, values: list[object]) -> list[object]:

@@ -10,15 +10,15 @@ from typing import Any
 from rq import Queue
 from starlette.testclient import TestClient
 
-from jobs.keys import MAINTENANCE_QUEUE
-from jobs.queues import SERIALIZER
-from store.read.cursors import Cursors
+from engram.jobs.keys import MAINTENANCE_QUEUE
+from engram.jobs.queues import SERIALIZER
+from engram.store.read.cursors import Cursors
+from engram.web.api.schemas import SCHEMAS
+from engram.worker import keys
 from tests.fake_llm import ScriptedLLM, events
 from tests.redis_fixtures import wait_until
 from tests.rq_jobs import enqueue_failing, enqueue_finishing, work
 from tests.web_fixtures import BASE_URL, EMBEDDER, Web, make_app
-from web.api.schemas import SCHEMAS
-from worker import keys
 
 
 def op(scope: dict[str, str], kind: str = "remember", **request: Any) -> dict[str, Any]:
@@ -260,7 +260,7 @@ def test_jobs_on_rq_with_their_errors_and_a_retry(web: Web, redis_url: str) -> N
     [counts] = [q for q in listing["queues"] if q["name"] == MAINTENANCE_QUEUE]
     assert counts["counts"] | {} == {**counts["counts"], "failed": 1, "finished": 1, "queued": 1}
     [job] = listing["items"]
-    assert job["id"] == failing.id and job["function"] == "jobs.prune.prune_job"
+    assert job["id"] == failing.id and job["function"] == "engram.jobs.prune.prune_job"
     assert job["error"].endswith("JobFailedError: prune failed (InvalidRequestError)")
     assert job["arguments"] == "'mem_42'" and job["ended_at"]
     finished = web.client.get(f"/api/v1/jobs?queue={MAINTENANCE_QUEUE}&state=finished").json()[

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from store.audit import AuditFilter
-from store.errors import InvalidRequestError
+from engram.store.audit import AuditFilter
+from engram.store.errors import InvalidRequestError
+from engram.web.render import detail_value
 from tests.web_fixtures import Web
-from web.render import detail_value
 
 
 def test_a_detail_value_reads_as_json_or_a_word() -> None:

@@ -11,14 +11,14 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
-from store import Store
-from store.errors import ConfigError
+from engram.store import Store
+from engram.store.errors import ConfigError
+from engram.web import WebConfig
+from engram.web.auth import SESSION_COOKIE
+from engram.worker import keys
+from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import FAST, wait_until
 from tests.web_fixtures import BASE_URL, TOKEN, make_app
-from web import WebConfig
-from web.auth import SESSION_COOKIE
-from worker import keys
-from worker.runtime import connect_redis
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis
 
-from web.backlog import Backlog, find
-from worker import Producer, keys, layout
+from engram.web.backlog import Backlog, find
+from engram.worker import Producer, keys, layout
 
 SCOPE = {"user_id": "backlog"}
 

@@ -16,10 +16,10 @@ import pytest
 from rq import Queue
 from starlette.routing import Route
 
+from engram.web.app import routes
+from engram.web.config import MAX_FORM_BYTES, MAX_JSON_BYTES
+from engram.worker import keys
 from tests.web_fixtures import Web
-from web.app import routes
-from web.config import MAX_FORM_BYTES, MAX_JSON_BYTES
-from worker import keys
 
 PARAM = re.compile(r"{(\w+)(:\w+)?}")
 # Malformed values for each path parameter.
@@ -151,7 +151,7 @@ def world(web: Web) -> Iterator[World]:
         "at_ms": 1, "op": '{"operation_id":"x"}',
     })  # fmt: skip
     letter = web.redis.xrange(keys.DEAD_LETTERS)[0][0].decode()
-    failed = Queue("default", connection=web.redis).enqueue("jobs.prune.prune_job", "mem")
+    failed = Queue("default", connection=web.redis).enqueue("engram.jobs.prune.prune_job", "mem")
     yield World(
         web,
         {

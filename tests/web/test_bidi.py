@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
+from engram.web.render import BIDI_CONTROLS, bidi_visible
 from tests.web_fixtures import Web
-from web.render import BIDI_CONTROLS, bidi_visible
 
 RLO = "\u202e"
 TEXT = f"Pay the invoice to account {RLO}4321-gnp.exe zanzibarq"

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from jobs import redaction
-from store import Store
+from engram.jobs import redaction
+from engram.store import Store
+from engram.worker import Producer
+from engram.worker.admin.metrics import BatchStats, record_batch
+from engram.worker.embedded.runtime import connect_redis
 from tests.jobs_fixtures import PLUGINS
 from tests.redis_fixtures import wait_until
 from tests.web_fixtures import EMBEDDER, TOKEN, Browser, Served
-from worker import Producer
-from worker.metrics import BatchStats, record_batch
-from worker.runtime import connect_redis
 
 XSS = ("<script>alert(1)</script>", '"><img src=x onerror=alert(2)>')
 

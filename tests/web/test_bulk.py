@@ -12,11 +12,11 @@ import pytest
 
 from engram import exits
 from engram.cli import main
-from store import Operation
+from engram.store import Operation
+from engram.worker import keys
+from engram.worker.protocol import encode_entry, partition_of
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import Web
-from worker import keys
-from worker.protocol import encode_entry, partition_of
 
 
 def letter(web: Web, reason: str, *, user: str = "ada", partition: int | None = None) -> str:

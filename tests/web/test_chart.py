@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from jobs.progress import duration, progress_of
-from web.chart import bucketed, lag_rows, ops_chart
-from worker.metrics import Interval, LagSample
+from engram.jobs.progress import duration, progress_of
+from engram.web.chart import bucketed, lag_rows, ops_chart
+from engram.worker.admin.metrics import Interval, LagSample
 
 
 def test_bars_stack_by_outcome_scaled_to_the_busiest_interval() -> None:

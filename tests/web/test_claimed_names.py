@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from store import Operation
+from engram.store import Operation
 from tests.web_fixtures import EMBEDDER, Web
 
 CLAIMED = re.compile(

@@ -14,18 +14,19 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
+from engram.jobs import prune
+from engram.store import Store
+from engram.web import WebConfig
 from engram.web_cli import build
-from jobs import prune
-from store import Store
+from engram.worker import Producer, keys
+from engram.worker.admin import deadletters, pause
+from engram.worker.consuming.membership import live_workers
+from engram.worker.consuming.worker import Worker
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.settings import Settings
 from tests.redis_fixtures import wait_until
 from tests.web_fixtures import BASE_URL
 from tests.worker.test_cluster import CONFIG, cluster_worker, scope_on
-from web import WebConfig
-from worker import Producer, deadletters, keys, pause
-from worker.membership import live_workers
-from worker.runtime import connect_redis
-from worker.settings import Settings
-from worker.worker import Worker
 
 
 @dataclass

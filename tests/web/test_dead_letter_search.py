@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from engram.cli import main
-from store import Operation
-from store.errors import InvalidRequestError
+from engram.store import Operation
+from engram.store.errors import InvalidRequestError
+from engram.worker import keys
+from engram.worker.admin.deadletter_selection import Match, match_from
+from engram.worker.protocol import encode_entry, partition_of
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import Web
-from worker import keys
-from worker.deadletter_selection import Match, match_from
-from worker.protocol import encode_entry, partition_of
 
 
 def letter(

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from store import HashingEmbedder
-from store.errors import EmbedderUnavailableError
+from engram.store import HashingEmbedder
+from engram.store.errors import EmbedderUnavailableError
+from engram.worker import DeadLetteredError, keys
+from engram.worker.protocol import partition_of
 from tests.redis_fixtures import FAST, wait_until
 from tests.web_fixtures import Web
-from worker import DeadLetteredError, keys
-from worker.protocol import partition_of
 
 GARBAGE = [
     {"junk": "1"},  # every field missing
@@ -78,7 +78,7 @@ def test_a_failed_letter_shows_its_root_cause_and_a_code_that_says_why(
     web.redis.delete(keys.DEAD_LETTERS)
     stream = keys.stream(partition_of(scope, FAST.partitions))
     web.redis.xadd(stream, {"op": "{this is not json"})
-    caplog.set_level(logging.WARNING, logger="worker")
+    caplog.set_level(logging.WARNING, logger="engram.worker")
     with start_worker(web.store, NoOnnxEmbedder()):
         pending = web.producer.remember(scope, "Ada's PIN is 4417", operation_id="nox:1")
         with pytest.raises(DeadLetteredError) as raised:

@@ -10,8 +10,8 @@ from difflib import SequenceMatcher
 
 import pytest
 
-from store import Link, Record, Scope, Source
-from web.diff import (
+from engram.store import Link, Record, Scope, Source
+from engram.web.diff import (
     _TOKENS,
     MAX_DIFF_STEPS,
     MAX_DIFF_TOKENS,

@@ -16,14 +16,14 @@ import redis
 from rq import Queue
 from rq.results import Result
 
-from jobs.keys import MAINTENANCE_QUEUE, REDACTION_QUEUE
-from jobs.queues import SERIALIZER
-from store import Operation, ReceiptFilter, Store
-from store.read.receipt_filter import prefix_end, receipt_clauses
+from engram.jobs.keys import MAINTENANCE_QUEUE, REDACTION_QUEUE
+from engram.jobs.queues import SERIALIZER
+from engram.store import Operation, ReceiptFilter, Store
+from engram.store.read.receipt_filter import prefix_end, receipt_clauses
+from engram.web import rqjobs
+from engram.worker import keys
+from engram.worker.protocol import encode_entry
 from tests.web_fixtures import EMBEDDER, Web
-from web import rqjobs
-from worker import keys
-from worker.protocol import encode_entry
 
 # -- receipts ---------------------------------------------------------------------------
 
@@ -344,10 +344,10 @@ def _hidden_fields(html: str) -> dict[str, str]:
 
 # -- jobs --------------------------------------------------------------------------------
 
-PRUNE = "jobs.prune.prune_job"
-REDACT = "jobs.redaction.redact"
-INDEX = "jobs.indexes.index_large_scopes_job"
-PURGE = "jobs.indexes.purge_retired_job"
+PRUNE = "engram.jobs.prune.prune_job"
+REDACT = "engram.jobs.redaction.redact"
+INDEX = "engram.jobs.indexes.index_large_scopes_job"
+PURGE = "engram.jobs.indexes.purge_retired_job"
 
 
 def failed(client: redis.Redis, queue_name: str, function: str, job_id: str, at: float) -> None:
@@ -390,11 +390,11 @@ def test_the_functions_offered_are_those_engram_enqueues() -> None:
     assert set(rqjobs.JOB_FUNCTIONS) == {
         PRUNE,
         REDACT,
-        "jobs.reembed.run_slice",
+        "engram.jobs.reembed.run_slice",
         INDEX,
-        "jobs.indexes.settle_fresh_job",
+        "engram.jobs.indexes.settle_fresh_job",
         PURGE,
-        "jobs.redaction.repair_ledger_job",
+        "engram.jobs.redaction.repair_ledger_job",
     }
     assert rqjobs.is_tick("prune-dead-letters-491234") and rqjobs.is_tick("index-large-scopes-1")
     assert not rqjobs.is_tick("prune-history-0123456789abcdef")  # one asked for by hand

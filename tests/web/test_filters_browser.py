@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 from playwright.sync_api import expect
 
-from jobs.keys import MAINTENANCE_QUEUE
-from store import Operation, Store
+from engram.jobs.keys import MAINTENANCE_QUEUE
+from engram.store import Operation, Store
+from engram.worker import keys
+from engram.worker.embedded.runtime import connect_redis
 from tests.web.test_filters import T0, add_letter, seed_failed_jobs
 from tests.web_fixtures import EMBEDDER, Browser, Served
-from worker import keys
-from worker.runtime import connect_redis
 
 
 def test_receipts_filtered_by_scope_field_and_who_asked(
@@ -115,13 +115,13 @@ def test_jobs_hide_the_maintenance_ticks_until_asked(
     expect(page).to_have_url(re.compile(r"ticks=show"))
     expect(jobs).to_contain_text("index-large-scopes-9")
     expect(jobs).not_to_contain_text("hidden on this page")
-    page.get_by_label("function").select_option("jobs.prune.prune_job")
+    page.get_by_label("function").select_option("engram.jobs.prune.prune_job")
     expect(page).to_have_url(re.compile(r"function=jobs.prune.prune_job"))
     expect(jobs).to_contain_text("prune-history-481234")
     expect(jobs).not_to_contain_text("index-large-scopes-9")
     page.reload()
     expect(page.get_by_label("show maintenance ticks")).to_be_checked()
-    expect(page.get_by_label("function")).to_have_value("jobs.prune.prune_job")
+    expect(page.get_by_label("function")).to_have_value("engram.jobs.prune.prune_job")
     expect(jobs).to_contain_text("prune-history-481234")
     expect(jobs).to_contain_text("prune-history-0123456789abcdef")
     page.get_by_label("show maintenance ticks").uncheck()

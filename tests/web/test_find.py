@@ -12,9 +12,9 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
-from store import Store
+from engram.store import Store
+from engram.web import WebConfig
 from tests.web_fixtures import BASE_URL, EMBEDDER, TOKEN, Web, make_app
-from web import WebConfig
 
 ADA = {"user_id": "find-web-ada"}
 BOB = {"user_id": "find-web-bob"}

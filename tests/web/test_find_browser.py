@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from playwright.sync_api import expect
 
-from store import Store
+from engram.store import Store
 from tests.web.test_layout import LONG_ID, PAST_THEIR_CARD, SIDEWAYS
 from tests.web_fixtures import EMBEDDER, Browser, Served
 

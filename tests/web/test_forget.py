@@ -8,11 +8,11 @@ from typing import Any
 
 import psycopg
 
-from jobs import redaction
+from engram.jobs import redaction
+from engram.worker import keys
 from tests.helpers import rows_containing
 from tests.redis_fixtures import wait_until
 from tests.web_fixtures import Web
-from worker import keys
 
 SECRET = "Ada's passport number is X1234567."
 

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from store import Operation, WriteResult
+from engram.store import Operation, WriteResult
+from engram.web.views.records import HISTORY_SHOWN
 from tests.web_fixtures import EMBEDDER, Web
-from web.views.records import HISTORY_SHOWN
 
 REVISIONS = 45
 

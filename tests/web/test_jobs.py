@@ -10,15 +10,15 @@ import pytest
 from rq import Queue
 from starlette.testclient import TestClient
 
+from engram.jobs.keys import MAINTENANCE_QUEUE, REDACTION_QUEUE
+from engram.jobs.queues import SERIALIZER
+from engram.store import HashingEmbedder, Store
+from engram.web import WebConfig
 from engram.web_cli import build
-from jobs.keys import MAINTENANCE_QUEUE, REDACTION_QUEUE
-from jobs.queues import SERIALIZER
-from store import HashingEmbedder, Store
+from engram.worker.settings import Settings
 from tests.jobs_fixtures import context, run_burst
 from tests.rq_jobs import enqueue_failing, work
 from tests.web_fixtures import BASE_URL, Web
-from web import WebConfig
-from worker.settings import Settings
 
 
 def test_a_reembed_started_through_the_api_runs_on_the_jobs_and_recall_follows_it(

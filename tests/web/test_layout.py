@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from jobs import redaction
-from store import Operation, Store
+from engram.jobs import redaction
+from engram.store import Operation, Store
+from engram.worker import Producer, keys
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.protocol import encode_entry
 from tests.web_fixtures import Browser, Served
-from worker import Producer, keys
-from worker.protocol import encode_entry
-from worker.runtime import connect_redis
 
 LONG_ID = "mem_" + "customer-preferences-and-travel-history-" * 2 + "v2"
 LONG_USER = "user-" + "9f8e7d6c5b4a" * 4

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from rq import Queue
 
-from jobs.keys import MAINTENANCE_QUEUE
-from jobs.queues import SERIALIZER
-from store import Operation, Store
+from engram.jobs.keys import MAINTENANCE_QUEUE
+from engram.jobs.queues import SERIALIZER
+from engram.store import Operation, Store
+from engram.worker import Producer, keys
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.protocol import encode_entry
 from tests.rq_jobs import enqueue_failing, work
 from tests.web_fixtures import Browser, Served
-from worker import Producer, keys
-from worker.protocol import encode_entry
-from worker.runtime import connect_redis
 
 WIDTHS = {"phone": (390, 844), "laptop": (1280, 900)}
 ERROR = (

@@ -16,15 +16,15 @@ from hypothesis import HealthCheck, settings
 from rq import Queue
 from schemathesis.checks import positive_data_acceptance
 
-from jobs import keys as jobs_keys
-from store import Store
+from engram.jobs import keys as jobs_keys
+from engram.store import Store
+from engram.web.api.openapi import DOCUMENT, document
+from engram.web.app import routes
+from engram.worker import keys
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.embedded.valkey import EmbeddedValkey
 from tests.redis_fixtures import spawn, stop_all, worker_env
 from tests.web_fixtures import EMBEDDER, Served, start_engram_web, stop_engram_web
-from web.api.openapi import DOCUMENT, document
-from web.app import routes
-from worker import keys
-from worker.runtime import connect_redis
-from worker.valkey import EmbeddedValkey
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,9 @@ def _seed(store: Store, client: redis.Redis) -> None:
         "error": json.dumps({"code": "invalid_request", "message": "bad"}), "deliveries": 1,
         "at_ms": 1, "op": "{}",
     })  # fmt: skip
-    Queue(jobs_keys.MAINTENANCE_QUEUE, connection=client).enqueue("jobs.prune.prune_job", "mem_x")
+    Queue(jobs_keys.MAINTENANCE_QUEUE, connection=client).enqueue(
+        "engram.jobs.prune.prune_job", "mem_x"
+    )
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")

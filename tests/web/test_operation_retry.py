@@ -9,15 +9,16 @@ from collections.abc import Callable
 import redis
 from playwright.sync_api import expect
 
-from store import Operation, Store
+from engram.store import Operation, Store
+from engram.worker import keys
+from engram.worker.admin import deadletters, pause
+from engram.worker.consuming.membership import live_workers
+from engram.worker.consuming.replies import send_reply
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.errors import DeadLetteredError
+from engram.worker.protocol import encode_entry, encode_reply, partition_of
 from tests.redis_fixtures import FAST, InProcessWorker, WorkerProcess, wait_until
 from tests.web_fixtures import Browser, Served, Web
-from worker import deadletters, keys, pause
-from worker.errors import DeadLetteredError
-from worker.membership import live_workers
-from worker.protocol import encode_entry, encode_reply, partition_of
-from worker.replies import send_reply
-from worker.runtime import connect_redis
 
 
 def dead_lettered(client: redis.Redis, op: Operation) -> str:

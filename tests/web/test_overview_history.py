@@ -12,13 +12,14 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
-from store import Store
+from engram.store import Store
+from engram.web import Services, WebConfig, create_app
+from engram.worker import Producer, keys
+from engram.worker.admin import metrics
+from engram.worker.admin.metrics import BatchStats, StreamState
+from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import BASE_URL, EMBEDDER, Web
-from web import Services, WebConfig, create_app
-from worker import Producer, keys, metrics
-from worker.metrics import BatchStats, StreamState
-from worker.runtime import connect_redis
 
 NOW_S = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC, on a minute
 

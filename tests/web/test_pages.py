@@ -13,11 +13,11 @@ from urllib.parse import quote
 
 import pytest
 
-from store import Operation, WriteResult
+from engram.store import Operation, WriteResult
+from engram.web.middleware import CONTENT_SECURITY_POLICY
+from engram.worker import keys
 from tests.redis_fixtures import wait_until
 from tests.web_fixtures import EMBEDDER, Web
-from web.middleware import CONTENT_SECURITY_POLICY
-from worker import keys
 
 XSS = ("<script>alert(1)</script>", '"><img src=x onerror=alert(2)>')
 
@@ -342,7 +342,7 @@ def test_the_overview_shows_streams_workers_rate_and_dead_letters(
 def test_the_overview_names_entries_no_worker_reads(web: Web) -> None:
     """Sent with a raw XADD to a partition a repartition replaced, once no worker read
     it: names and counts, never the text."""
-    from worker import layout
+    from engram.worker import layout
 
     assert 'id="stranded"' not in web.client.get("/").text
     _, new = layout.begin(web.redis, 2, 4)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from engram.worker.admin import pause
 from tests.web_fixtures import Browser, Web
-from worker import pause
 
 
 def audit_rows(w: Web, action: str) -> list[Any]:
@@ -125,7 +125,7 @@ def test_pause_and_resume_from_the_overview_in_chromium(
 ) -> None:
     from playwright.sync_api import expect
 
-    from worker.runtime import connect_redis
+    from engram.worker.embedded.runtime import connect_redis
 
     served = serve_web(database_url=dsn, redis_url=redis_url)
     client = connect_redis(redis_url)

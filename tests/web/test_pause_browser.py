@@ -9,15 +9,16 @@ from collections.abc import Callable
 from playwright.sync_api import expect
 from rq import Worker
 
-from jobs import keys as jobs_keys
-from jobs import queues, runner
-from store import Store
+from engram.jobs import keys as jobs_keys
+from engram.jobs import queues, runner
+from engram.store import Store
+from engram.worker import keys
+from engram.worker.admin import pause
+from engram.worker.consuming.membership import live_workers, now_ms
+from engram.worker.embedded.runtime import connect_redis
 from tests.jobs_fixtures import JobsProcess, jobs_processes  # noqa: F401
 from tests.redis_fixtures import FAST, WorkerProcess, wait_until
 from tests.web_fixtures import Browser, Served, Web
-from worker import keys, pause
-from worker.membership import live_workers, now_ms
-from worker.runtime import connect_redis
 
 
 def test_the_overview_says_when_each_pause_is_in_effect(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from store import Store
+from engram.store import Store
 from tests.replica_fixtures import Replica, replica  # noqa: F401 (the fixture)
 from tests.web_fixtures import Web
 

@@ -9,15 +9,15 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
-from jobs import keys, queues, reembed
-from store import Store
-from store.vectors.registry import EmbedderRegistry, parse_plugins
+from engram.jobs import keys, queues, reembed
+from engram.store import Store
+from engram.store.vectors.registry import EmbedderRegistry, parse_plugins
+from engram.web import Services, WebConfig, create_app
+from engram.worker import Producer
+from engram.worker.embedded.runtime import connect_redis
 from tests.embedder_faults import FAULTY_PLUGINS
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import BASE_URL, EMBEDDER
-from web import Services, WebConfig, create_app
-from worker import Producer
-from worker.runtime import connect_redis
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 from playwright.sync_api import expect
 
-from jobs import reembed
-from store import HashingEmbedder, Store
-from store.vectors.registry import EmbedderRegistry
+from engram.jobs import reembed
+from engram.store import HashingEmbedder, Store
+from engram.store.vectors.registry import EmbedderRegistry
+from engram.worker.embedded.runtime import connect_redis
 from tests.web_fixtures import Browser, Served
-from worker.runtime import connect_redis
 
 
 def test_cancel_a_pending_reembed_after_its_confirmation(

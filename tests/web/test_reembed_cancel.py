@@ -14,14 +14,14 @@ from starlette.testclient import TestClient
 
 from engram.cli import main
 from engram.following import follow
-from jobs import reembed
-from store import HashingEmbedder, Store
-from store.vectors.registry import EmbedderRegistry
+from engram.jobs import reembed
+from engram.store import HashingEmbedder, Store
+from engram.store.vectors.registry import EmbedderRegistry
+from engram.web import Services, WebConfig, create_app
+from engram.worker import Producer
+from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import BASE_URL, EMBEDDER, TOKEN
-from web import Services, WebConfig, create_app
-from worker import Producer
-from worker.runtime import connect_redis
 
 
 def app(store: Store, conn: redis.Redis, **config: Any) -> Any:

@@ -11,12 +11,12 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 
+from engram.store import HashingEmbedder, Store
+from engram.store.vectors.registry import EmbedderRegistry, UnregisteredModelError
+from engram.web import WebConfig
 from engram.web_cli import build
-from store import HashingEmbedder, Store
-from store.vectors.registry import EmbedderRegistry, UnregisteredModelError
+from engram.worker.settings import Settings
 from tests.web_fixtures import BASE_URL
-from web import WebConfig
-from worker.settings import Settings
 
 CALLED: list[str] = []
 # What a request may not name; the first would start a real reembed if it were called.

@@ -3,8 +3,8 @@ overview and on /generations, says so (who paused them, since when, why)."""
 
 from __future__ import annotations
 
+from engram.worker.admin import pause
 from tests.web_fixtures import Web
-from worker import pause
 
 
 def test_a_reembed_waiting_on_paused_jobs_says_why(web: Web) -> None:

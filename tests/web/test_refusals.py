@@ -11,13 +11,13 @@ from html import unescape
 
 from rq import Queue
 
-from jobs.keys import MAINTENANCE_QUEUE
-from jobs.queues import SERIALIZER
+from engram.jobs.keys import MAINTENANCE_QUEUE
+from engram.jobs.queues import SERIALIZER
+from engram.worker import keys
 from tests.rq_jobs import enqueue_failing, work
 from tests.web.test_bulk import letter, stream
 from tests.web.test_jobs import _failed_jobs
 from tests.web_fixtures import Web
-from worker import keys
 
 WHY = "replayed after the outage, ticket 7"
 

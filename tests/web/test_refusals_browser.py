@@ -13,11 +13,11 @@ import pytest
 import redis
 from playwright.sync_api import expect
 
-from store import Operation, Store
+from engram.store import Operation, Store
+from engram.worker import keys
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.protocol import encode_entry
 from tests.web_fixtures import Browser, Served
-from worker import keys
-from worker.protocol import encode_entry
-from worker.runtime import connect_redis
 
 WIDTHS = {"laptop": 1280, "phone": 390}
 

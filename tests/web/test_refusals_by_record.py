@@ -4,7 +4,7 @@ by record, page and API) list the refusal with the receipts that changed it."""
 
 from __future__ import annotations
 
-from store import Operation, WriteResult
+from engram.store import Operation, WriteResult
 from tests.web_fixtures import EMBEDDER, Web
 
 

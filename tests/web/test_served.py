@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import redis
 
-from store import Store
+from engram.store import Store
+from engram.worker import keys
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import TOKEN, Served
-from worker import keys
 
 HTTPS = {"X-Forwarded-Proto": "https"}
 

@@ -14,12 +14,12 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 
-from store import Store
-from store.vectors.embeddings import statement_bound
+from engram.store import Store
+from engram.store.vectors.embeddings import statement_bound
+from engram.web import WebConfig
+from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import BASE_URL, make_app
-from web import WebConfig
-from worker.runtime import connect_redis
 
 TIMEOUT_S = 0.2
 # How long the lock is held at most: a request that is not bounded waits this long and

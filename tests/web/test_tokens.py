@@ -15,11 +15,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.testclient import TestClient
 
-from store import Store
+from engram.store import Store
+from engram.web import WebConfig
+from engram.web.app import routes
+from engram.web.auth import require_grant
 from tests.web_fixtures import BASE_URL, TOKEN, Web, make_app
-from web import WebConfig
-from web.app import routes
-from web.auth import require_grant
 
 # What a scoped token may call (web.scoped): every other route must refuse it.
 TOKEN_ROUTES = {

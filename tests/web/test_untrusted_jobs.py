@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from rq import Queue
 
-from jobs import keys, prune, queues
+from engram.jobs import keys, prune, queues
+from engram.web import rqjobs
 from tests.helpers import Planted
 from tests.rq_jobs import enqueue_failing, work
 from tests.web_fixtures import Web
-from web import rqjobs
 
 QUEUE = keys.MAINTENANCE_QUEUE
 
@@ -72,7 +72,7 @@ def test_planted_pickles_are_never_unpickled_and_show_as_unreadable(
     assert "unreadable" in web.client.get(f"/jobs?queue={QUEUE}&state=failed").text
     assert "unreadable" in web.client.get("/jobs/planted-failed").text
     queued = web.client.get(f"/jobs?queue={QUEUE}&state=queued").text
-    assert "unreadable" in queued and "jobs.prune.prune_job" in queued
+    assert "unreadable" in queued and "engram.jobs.prune.prune_job" in queued
 
     failed = web.client.get(f"/api/v1/jobs?queue={QUEUE}&state=failed")
     assert failed.status_code == 200
@@ -83,7 +83,7 @@ def test_planted_pickles_are_never_unpickled_and_show_as_unreadable(
     items = web.client.get(f"/api/v1/jobs?queue={QUEUE}&state=queued").json()["items"]
     assert {j["id"]: j["function"] for j in items} == {
         "planted-queued": "unreadable",
-        real: "jobs.prune.prune_job",
+        real: "engram.jobs.prune.prune_job",
     }
     assert web.client.get(f"/api/v1/jobs/{real}").json()["arguments"] == "'history', None"
     one = web.client.get("/api/v1/jobs/planted-failed")
@@ -124,7 +124,7 @@ def test_a_failed_job_of_another_function_is_never_retried_nor_run(
     listed = web.client.get(f"/api/v1/jobs?queue={QUEUE}&state=failed").json()["items"]
     assert {j["id"]: j["function"] for j in listed} == {
         foreign: "unreadable",
-        own: "jobs.prune.prune_job",
+        own: "engram.jobs.prune.prune_job",
     }
     assert "unreadable" in web.client.get(f"/jobs/{foreign}").text
 

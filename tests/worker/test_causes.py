@@ -9,10 +9,10 @@ import json
 import psycopg
 import pytest
 
-from store.errors import EmbedderUnavailableError
-from worker import deadletters
-from worker.causes import DATABASE, UNEXPECTED, Cause, cause_of, strings_in
-from worker.deadletter_selection import Match
+from engram.store.errors import EmbedderUnavailableError
+from engram.worker.admin import deadletters
+from engram.worker.admin.deadletter_selection import Match
+from engram.worker.causes import DATABASE, UNEXPECTED, Cause, cause_of, strings_in
 
 SECRET = "Ada's PIN is 4417, keep it safe"
 

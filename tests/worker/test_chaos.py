@@ -17,13 +17,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from store import Store
-from store.server import EmbeddedPostgres
+from engram.store import Store
+from engram.store.server import EmbeddedPostgres
+from engram.worker import Pending, Producer, QueueUnavailableError, keys
+from engram.worker.consuming.membership import live_workers
+from engram.worker.embedded.valkey import EmbeddedValkey
+from engram.worker.settings import WorkerConfig
 from tests.redis_fixtures import FAST, WorkerProcess, wait_until
-from worker import Pending, Producer, QueueUnavailableError, keys
-from worker.membership import live_workers
-from worker.settings import WorkerConfig
-from worker.valkey import EmbeddedValkey
 
 pytestmark = pytest.mark.slow
 

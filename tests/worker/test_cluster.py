@@ -20,20 +20,21 @@ import redis
 from redis.cluster import RedisCluster
 
 from engram.cli import main
-from store import HashingEmbedder, Operation, Store
-from store.errors import ConfigError
+from engram.store import HashingEmbedder, Operation, Store
+from engram.store.errors import ConfigError
+from engram.worker import Pending, Producer, QueueUnavailableError, StreamReceipt, keys
+from engram.worker.admin import deadletters
+from engram.worker.consuming.membership import live_workers
+from engram.worker.consuming.reads import FIRST_BLOCK_MS, ClusterReads
+from engram.worker.consuming.worker import Worker
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.producer import NotReplicatedError
+from engram.worker.protocol import partition_of
+from engram.worker.settings import WorkerConfig
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.cluster_fixtures import ValkeyCluster
 from tests.redis_fixtures import InProcessWorker, WorkerProcess, wait_until
 from tests.worker.test_chaos import assert_applied_once
-from worker import Pending, Producer, QueueUnavailableError, StreamReceipt, deadletters, keys
-from worker.membership import live_workers
-from worker.producer import NotReplicatedError
-from worker.protocol import partition_of
-from worker.reads import FIRST_BLOCK_MS, ClusterReads
-from worker.runtime import connect_redis
-from worker.settings import WorkerConfig
-from worker.worker import Worker
 
 # Enough partitions that every master serves some.
 CONFIG = WorkerConfig(

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import redis
 
-from store import HashingEmbedder, Store
+from engram.store import HashingEmbedder, Store
+from engram.worker import Producer, QueueUnavailableError, keys
+from engram.worker.consuming.worker import Worker
+from engram.worker.embedded.runtime import connect_redis
 from tests.cluster_fixtures import ValkeyCluster, _cluster_state
 from tests.redis_fixtures import FAST, InProcessWorker, WorkerProcess, wait_until
 from tests.worker.test_cluster import CONFIG, scope_on
-from worker import Producer, QueueUnavailableError, keys
-from worker.runtime import connect_redis
-from worker.worker import Worker
 
 
 def _replica_port(cluster: ValkeyCluster, master_port: int) -> int:

@@ -10,15 +10,16 @@ from typing import Any
 
 import redis
 
-from store import Fence, HashingEmbedder, Store, WriteOptions
+from engram.store import Fence, HashingEmbedder, Store, WriteOptions
+from engram.worker import Operation, Producer, keys
+from engram.worker.admin import metrics
+from engram.worker.consuming.consumer import Consumer, Shared
+from engram.worker.consuming.leases import Lease
+from engram.worker.consuming.partition import Partition
+from engram.worker.protocol import encode_entry, partition_of
+from engram.worker.settings import WorkerConfig
 from tests.helpers import CountingEmbedder
 from tests.redis_fixtures import wait_until
-from worker import Operation, Producer, keys, metrics
-from worker.consumer import Consumer, Shared
-from worker.leases import Lease
-from worker.partition import Partition
-from worker.protocol import encode_entry, partition_of
-from worker.settings import WorkerConfig
 
 CONFIG = WorkerConfig(partitions=3, block_ms=50, lease_ttl_ms=1000, lease_margin_ms=200)
 

@@ -9,14 +9,15 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from store import InvalidRequestError, Operation, Store
-from store.errors import EngramError
+from engram.store import InvalidRequestError, Operation, Store
+from engram.store.errors import EngramError
+from engram.worker import Producer, QueueFullError, keys
+from engram.worker.admin import deadletter_selection as selection
+from engram.worker.admin import deadletters
+from engram.worker.consuming.replies import send_reply
+from engram.worker.errors import DeadLetteredError
+from engram.worker.protocol import encode_entry, encode_reply, partition_of
 from tests.redis_fixtures import FAST, InProcessWorker
-from worker import Producer, QueueFullError, deadletters, keys
-from worker import deadletter_selection as selection
-from worker.errors import DeadLetteredError
-from worker.protocol import encode_entry, encode_reply, partition_of
-from worker.replies import send_reply
 
 
 def _letter(client: redis.Redis, op: Operation | None, *, raw: str | None = None) -> str:

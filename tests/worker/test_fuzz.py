@@ -14,12 +14,12 @@ import psycopg
 import pytest
 import redis
 
-from store import Store
-from store.limits import MAX_TEXT_CHARS
+from engram.store import Store
+from engram.store.limits import MAX_TEXT_CHARS
+from engram.worker import keys
+from engram.worker.admin.deadletters import read as read_dead_letters
+from engram.worker.protocol import partition_of
 from tests.redis_fixtures import FAST, WorkerProcess, wait_until
-from worker import keys
-from worker.deadletters import read as read_dead_letters
-from worker.protocol import partition_of
 
 SEED = 20261203
 VALID = 1000

@@ -10,12 +10,12 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from store import Store
+from engram.store import Store
+from engram.worker import Producer, keys
+from engram.worker.admin.pause import Pause, pause_partition, resume_partition
+from engram.worker.consuming.groups import is_missing
+from engram.worker.protocol import partition_of
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
-from worker import Producer, keys
-from worker.groups import is_missing
-from worker.pause import Pause, pause_partition, resume_partition
-from worker.protocol import partition_of
 
 SCOPE = next(
     {"user_id": f"g-{i}"}

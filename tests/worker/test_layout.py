@@ -11,10 +11,9 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from store import Operation, Store
-from store.errors import ConfigError, EngramError
-from tests.redis_fixtures import FAST, InProcessWorker, wait_until
-from worker import (
+from engram.store import Operation, Store
+from engram.store.errors import ConfigError, EngramError
+from engram.worker import (
     PartitionRetiredError,
     Producer,
     Settings,
@@ -24,9 +23,10 @@ from worker import (
     layout,
     metrics,
 )
-from worker.defaults import MAX_PARTITIONS
-from worker.layout import Epoch, Layout, RepartitionError
-from worker.protocol import encode_entry, partition_of
+from engram.worker.defaults import MAX_PARTITIONS
+from engram.worker.layout import Epoch, Layout, RepartitionError
+from engram.worker.protocol import encode_entry, partition_of
+from tests.redis_fixtures import FAST, InProcessWorker, wait_until
 
 # -- pure ------------------------------------------------------------------------------
 

@@ -8,14 +8,15 @@ from typing import Any
 
 import redis
 
-from store import Fence, HashingEmbedder, Store, WriteOptions
+from engram.store import Fence, HashingEmbedder, Store, WriteOptions
+from engram.worker import Producer, keys
+from engram.worker.admin import metrics
+from engram.worker.consuming.consumer import Consumer, Shared
+from engram.worker.consuming.leases import Lease, Leases
+from engram.worker.consuming.partition import Partition
+from engram.worker.protocol import partition_of
+from engram.worker.settings import WorkerConfig
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
-from worker import Producer, keys, metrics
-from worker.consumer import Consumer, Shared
-from worker.leases import Lease, Leases
-from worker.partition import Partition
-from worker.protocol import partition_of
-from worker.settings import WorkerConfig
 
 StartWorker = Callable[..., InProcessWorker]
 

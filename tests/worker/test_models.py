@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from store import (
+from engram.store import (
     HashingEmbedder,
     InvalidRequestError,
     LLMConfig,
@@ -21,13 +21,14 @@ from store import (
     Prompt,
     Store,
 )
-from store.values import Proposal
+from engram.store.values import Proposal
+from engram.worker import Producer
+from engram.worker.admin import metrics
+from engram.worker.protocol import partition_of
 from tests.fake_llm import ScriptedLLM, events, facts, with_usage
 from tests.openai_server import OpenAIServer, Reply, Request, chat
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
 from tests.store.test_extract_infer import ORDER_MESSAGES
-from worker import Producer, metrics
-from worker.protocol import partition_of
 
 StartWorker = Callable[..., InProcessWorker]
 
@@ -356,9 +357,9 @@ def test_an_entry_claimed_again_while_it_waits_for_its_model_is_not_dead_lettere
     hand, and neither dead-lettered nor answered twice."""
     import time
 
-    from worker.consumer import Consumer, Shared
-    from worker.leases import Lease
-    from worker.partition import Partition
+    from engram.worker.consuming.consumer import Consumer, Shared
+    from engram.worker.consuming.leases import Lease
+    from engram.worker.consuming.partition import Partition
 
     config = replace(FAST, max_deliveries=2)
     gate = Gate(events({"event": "ADD", "text": "Ada likes green tea."}))
@@ -387,7 +388,7 @@ def test_an_entry_claimed_again_while_it_waits_for_its_model_is_not_dead_lettere
 
 def test_the_workers_read_their_model_from_the_environment() -> None:
     from engram.wiring import load_llm
-    from worker.settings import Settings
+    from engram.worker.settings import Settings
 
     assert Settings.from_env({}).llm is None and load_llm(Settings.from_env({})) is None
     settings = Settings.from_env(

@@ -16,15 +16,16 @@ from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
 from engram.cli import main
-from jobs import keys as jobs_keys
-from jobs import prune, queues
-from store import Store
+from engram.jobs import keys as jobs_keys
+from engram.jobs import prune, queues
+from engram.store import Store
+from engram.worker import Producer, keys
+from engram.worker.admin import pause
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.protocol import partition_of
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.jobs_fixtures import JobsProcess, context, jobs_processes, run_burst  # noqa: F401
 from tests.redis_fixtures import FAST, WorkerProcess, wait_until
-from worker import Producer, keys, pause
-from worker.protocol import partition_of
-from worker.runtime import connect_redis
 
 PAUSED = 1
 

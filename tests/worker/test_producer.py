@@ -12,8 +12,8 @@ import time
 import pytest
 import redis
 
-from store.errors import InvalidRequestError, NotFoundError, RevisionConflictError
-from worker import (
+from engram.store.errors import InvalidRequestError, NotFoundError, RevisionConflictError
+from engram.worker import (
     Operation,
     Producer,
     QueueFullError,
@@ -22,7 +22,7 @@ from worker import (
     WaitTimeout,
     keys,
 )
-from worker.protocol import encode_reply, partition_of
+from engram.worker.protocol import encode_reply, partition_of
 
 SCOPE = {"user_id": "ada"}
 

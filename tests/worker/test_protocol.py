@@ -11,17 +11,19 @@ import fakeredis
 import pytest
 from redis.crc import key_slot
 
-from store import Operation, Receipt, RecordRef, Scope, WriteResult
-from store.errors import (
+from engram.store import Operation, Receipt, RecordRef, Scope, WriteResult
+from engram.store.errors import (
     EngramError,
     InvalidRequestError,
     OperationConflictError,
     RevisionConflictError,
 )
-from worker import keys, metrics
-from worker.committer import unique_segments
-from worker.defaults import MAX_ENTRY_BYTES
-from worker.errors import (
+from engram.worker import keys
+from engram.worker.admin import metrics
+from engram.worker.consuming.committer import unique_segments
+from engram.worker.consuming.membership import first_choice, share
+from engram.worker.defaults import MAX_ENTRY_BYTES
+from engram.worker.errors import (
     MALFORMED_CAUSES,
     DeadLetteredError,
     MalformedEntryError,
@@ -29,8 +31,7 @@ from worker.errors import (
     WaitTimeout,
     error_from_dict,
 )
-from worker.membership import first_choice, share
-from worker.protocol import (
+from engram.worker.protocol import (
     Entry,
     Malformed,
     StreamReceipt,
@@ -40,7 +41,7 @@ from worker.protocol import (
     encode_reply,
     partition_of,
 )
-from worker.settings import Settings, WorkerConfig
+from engram.worker.settings import Settings, WorkerConfig
 
 
 def op(kind: str = "remember", scope: dict[str, str] | None = None, **request: object) -> Operation:
@@ -295,9 +296,9 @@ def test_unknown_codes_and_garbage_are_base_errors() -> None:
 
 
 def test_wait_timeout_is_both_an_engram_error_and_a_timeout() -> None:
-    import worker
+    import engram.worker
 
-    assert worker.TimeoutError is WaitTimeout
+    assert engram.worker.TimeoutError is WaitTimeout
     assert issubclass(WaitTimeout, EngramError) and issubclass(WaitTimeout, TimeoutError)
 
 

@@ -22,16 +22,17 @@ import psycopg
 import pytest
 import redis
 
-from store import Store
+from engram.store import Store
+from engram.worker import Pending, Producer, keys, layout
+from engram.worker.admin import pause
+from engram.worker.consuming.leases import Leases
+from engram.worker.consuming.membership import live_workers
+from engram.worker.embedded.runtime import connect_redis
+from engram.worker.layout import Epoch, Layout
+from engram.worker.protocol import partition_of
+from engram.worker.settings import WorkerConfig
 from tests.redis_fixtures import REPO, WorkerProcess, stop_all, wait_until, worker_env
 from tests.worker.test_chaos import assert_applied_once
-from worker import Pending, Producer, keys, layout, pause
-from worker.layout import Epoch, Layout
-from worker.leases import Leases
-from worker.membership import live_workers
-from worker.protocol import partition_of
-from worker.runtime import connect_redis
-from worker.settings import WorkerConfig
 
 pytestmark = pytest.mark.slow
 

@@ -10,17 +10,18 @@ from typing import Any
 import pytest
 import redis
 
-from store import Operation, Store
-from store.errors import (
+from engram.store import Operation, Store
+from engram.store.errors import (
     InvalidRequestError,
     NotFoundError,
     OperationConflictError,
     RevisionConflictError,
 )
+from engram.worker import DeadLetteredError, Producer, StreamReceipt, keys
+from engram.worker.admin import deadletters, metrics
+from engram.worker.consuming.membership import live_workers
+from engram.worker.protocol import encode_entry, partition_of
 from tests.redis_fixtures import FAST, InProcessWorker, PoisonEmbedder, wait_until
-from worker import DeadLetteredError, Producer, StreamReceipt, deadletters, keys, metrics
-from worker.membership import live_workers
-from worker.protocol import encode_entry, partition_of
 
 StartWorker = Callable[..., InProcessWorker]
 

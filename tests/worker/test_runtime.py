@@ -10,9 +10,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from store import Store
+from engram.store import Store
+from engram.worker import ConfigError, Producer
+from engram.worker.embedded import runfile
 from tests.redis_fixtures import InProcessWorker
-from worker import ConfigError, Producer, runfile
 
 StartWorker = Callable[..., InProcessWorker]
 

@@ -8,15 +8,15 @@ import sys
 import threading
 import time
 
+from engram.worker.consuming.stopping import StopRequest
 from tests.redis_fixtures import REPO
-from worker.stopping import StopRequest
 
 # A timer signal, a few hundred microseconds apart, lands anywhere in the main thread's
 # short waits, among them the moment ``threading.Event.wait`` holds its lock (with an
 # Event in its place, this deadlocks within a few hundred rounds).
 _SIGNALLED_WAITS = """
 import random, signal, sys
-from worker.stopping import StopRequest
+from engram.worker.consuming.stopping import StopRequest
 
 current = None
 

@@ -4,15 +4,15 @@ count and acknowledge (``worker.outcomes``)."""
 
 from __future__ import annotations
 
-from store import Operation
-from store.errors import RevisionConflictError
-from worker import deadletters
-from worker.causes import Cause
-from worker.leases import Lease
-from worker.outcomes import Outcomes, acknowledged, batch_stats
-from worker.partition import Partition
-from worker.protocol import Entry, encode_entry, partition_of
-from worker.triage import Read, Triage, triage
+from engram.store import Operation
+from engram.store.errors import RevisionConflictError
+from engram.worker.admin import deadletters
+from engram.worker.causes import Cause
+from engram.worker.consuming.leases import Lease
+from engram.worker.consuming.outcomes import Outcomes, acknowledged, batch_stats
+from engram.worker.consuming.partition import Partition
+from engram.worker.consuming.triage import Read, Triage, triage
+from engram.worker.protocol import Entry, encode_entry, partition_of
 
 PARTITIONS = 4
 SCOPE = {"user_id": "ada"}

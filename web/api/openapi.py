@@ -11,13 +11,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from store.audit import ACTIONS
-from store.limits import MAX_SCOPE_VALUE_CHARS
-from store.read.find import MAX_FIND_TEXT_CHARS
-from store.read.paging import MAX_PAGE_SIZE
-from store.values import SCOPE_FIELDS
-from store.write.operations import OPERATION_KINDS
-from worker.pause import MAX_REASON_CHARS
+from engram.store.audit import ACTIONS
+from engram.store.limits import MAX_SCOPE_VALUE_CHARS
+from engram.store.read.find import MAX_FIND_TEXT_CHARS
+from engram.store.read.paging import MAX_PAGE_SIZE
+from engram.store.values import SCOPE_FIELDS
+from engram.store.write.operations import OPERATION_KINDS
+from engram.worker.admin.pause import MAX_REASON_CHARS
 
 from ..config import MAX_WAIT_S
 from ..params import MAX_CURSOR_PARAM_CHARS, Query

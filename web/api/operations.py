@@ -11,10 +11,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from store import Operation, Scope
-from store.errors import EngramError, InvalidRequestError, NotFoundError
-from store.write.operations import OPERATION_KINDS, Forget, new_operation_id
-from worker import Pending, StreamReceipt, WaitTimeout
+from engram.store import Operation, Scope
+from engram.store.errors import EngramError, InvalidRequestError, NotFoundError
+from engram.store.write.operations import OPERATION_KINDS, Forget, new_operation_id
+from engram.worker import Pending, StreamReceipt, WaitTimeout
 
 from ..auth import grant_of
 from ..bodies import read_json, why_of

@@ -11,8 +11,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from store.errors import InvalidRequestError
-from worker.pause import MAX_REASON_CHARS
+from engram.store.errors import InvalidRequestError
+from engram.worker.admin.pause import MAX_REASON_CHARS
 
 from ..bodies import read_json
 from ..endpoints import Endpoint

@@ -9,9 +9,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from store.errors import InvalidRequestError
-from store.read.listed import GenerationItem
-from store.write.validation import Fields
+from engram.store.errors import InvalidRequestError
+from engram.store.read.listed import GenerationItem
+from engram.store.write.validation import Fields
 
 from ..bodies import read_json, why_of
 from ..endpoints import Endpoint

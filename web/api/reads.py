@@ -8,20 +8,20 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from store import Scope
-from store.errors import (
+from engram.store import Scope
+from engram.store.errors import (
     EmbedderUnavailableError,
     EmbeddingMismatchError,
     InvalidRequestError,
     NotFoundError,
 )
-from store.limits import DEFAULT_TOP_K
-from store.read.find import MAX_FIND_TEXT_CHARS
-from store.read.paging import MAX_PAGE_SIZE
-from store.read.recall import above, check_min_relevance
-from store.read.routing import parse_position
-from store.values import SCOPE_FIELDS
-from store.write.validation import Fields
+from engram.store.limits import DEFAULT_TOP_K
+from engram.store.read.find import MAX_FIND_TEXT_CHARS
+from engram.store.read.paging import MAX_PAGE_SIZE
+from engram.store.read.recall import above, check_min_relevance
+from engram.store.read.routing import parse_position
+from engram.store.values import SCOPE_FIELDS
+from engram.store.write.validation import Fields
 
 from ..errors import BadRequestError
 from ..params import Query, ident, integer, parse_time

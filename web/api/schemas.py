@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.limits import (
+from engram.store.limits import (
     MAX_ID_CHARS,
     MAX_INSTRUCTIONS_CHARS,
     MAX_KIND_CHARS,
@@ -17,8 +17,13 @@ from store.limits import (
     MAX_TEXT_CHARS,
     MAX_TOP_K,
 )
-from store.values import LINK_RELATIONS, ORIGINS, SCOPE_FIELDS, SOURCE_KINDS
-from store.write.operations import MAX_TTL_MS, MESSAGE_ROLES, OPERATION_KINDS, SUPERSEDE_MODES
+from engram.store.values import LINK_RELATIONS, ORIGINS, SCOPE_FIELDS, SOURCE_KINDS
+from engram.store.write.operations import (
+    MAX_TTL_MS,
+    MESSAGE_ROLES,
+    OPERATION_KINDS,
+    SUPERSEDE_MODES,
+)
 
 Schema = dict[str, Any]
 

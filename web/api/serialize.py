@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from jobs.progress import progress_of
-from store import (
+from engram.jobs.progress import progress_of
+from engram.store import (
     AuditEntry,
     GenerationItem,
     Hit,
@@ -18,7 +18,7 @@ from store import (
     ScopeRow,
     Tombstone,
 )
-from store.read.find import Findings, Found
+from engram.store.read.find import Findings, Found
 
 from ..rqjobs import JobRow, QueueSummary
 

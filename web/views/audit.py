@@ -6,9 +6,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from store import ReceiptFilter
-from store.audit import ACTIONS, AuditFilter
-from store.errors import InvalidRequestError
+from engram.store import ReceiptFilter
+from engram.store.audit import ACTIONS, AuditFilter
+from engram.store.errors import InvalidRequestError
 
 from ..errors import BadRequestError
 from ..params import Query

@@ -12,16 +12,16 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from store.audit import AuditEntry
-from store.errors import InvalidRequestError, NotFoundError
-from store.values import SCOPE_FIELDS
-from store.write.operations import OPERATION_KINDS
-from worker import deadletter_selection as selection
-from worker import deadletters
-from worker.deadletter_selection import Bulk, Match, SelectionChangedError
-from worker.deadletters import DeadLetter
-from worker.layout import Epoch
-from worker.producer import Producer
+from engram.store.audit import AuditEntry
+from engram.store.errors import InvalidRequestError, NotFoundError
+from engram.store.values import SCOPE_FIELDS
+from engram.store.write.operations import OPERATION_KINDS
+from engram.worker.admin import deadletter_selection as selection
+from engram.worker.admin import deadletters
+from engram.worker.admin.deadletter_selection import Bulk, Match, SelectionChangedError
+from engram.worker.admin.deadletters import DeadLetter
+from engram.worker.layout import Epoch
+from engram.worker.producer import Producer
 
 from ..bodies import why_of
 from ..errors import BadRequestError

@@ -15,8 +15,8 @@ from typing import Literal
 from starlette.requests import Request
 from starlette.responses import Response
 
-from store.limits import MAX_ID_CHARS
-from store.read.find import MAX_FIND_TEXT_CHARS, Findings, find_by_id, find_by_text
+from engram.store.limits import MAX_ID_CHARS
+from engram.store.read.find import MAX_FIND_TEXT_CHARS, Findings, find_by_id, find_by_text
 
 from ..params import Query
 from ..state import web_of

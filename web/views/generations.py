@@ -8,14 +8,14 @@ from urllib.parse import quote
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from jobs import reembed
-from jobs.progress import progress_of
-from store import Generation
-from store.errors import EngramError, InvalidRequestError, NotFoundError
-from store.limits import MAX_ID_CHARS
-from store.values import check_string
-from store.vectors.embeddings import GenerationNotPendingError
-from worker import pause
+from engram.jobs import reembed
+from engram.jobs.progress import progress_of
+from engram.store import Generation
+from engram.store.errors import EngramError, InvalidRequestError, NotFoundError
+from engram.store.limits import MAX_ID_CHARS
+from engram.store.values import check_string
+from engram.store.vectors.embeddings import GenerationNotPendingError
+from engram.worker.admin import pause
 
 from .. import rqjobs
 from ..bodies import why_of

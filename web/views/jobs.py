@@ -10,9 +10,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from store import Page
-from store.errors import InvalidRequestError, NotFoundError
-from worker.deadletter_selection import SelectionChangedError
+from engram.store import Page
+from engram.store.errors import InvalidRequestError, NotFoundError
+from engram.worker.admin.deadletter_selection import SelectionChangedError
 
 from .. import rqjobs
 from ..bodies import why_of

@@ -6,9 +6,10 @@ import redis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from jobs.progress import progress_of
-from store import Store
-from worker import layout, metrics
+from engram.jobs.progress import progress_of
+from engram.store import Store
+from engram.worker import layout
+from engram.worker.admin import metrics
 
 from ..chart import DAY_COLUMN_S, bucketed, lag_rows, ops_chart
 from ..params import Query

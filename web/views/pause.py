@@ -10,11 +10,12 @@ import redis
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from jobs.runner import pause_reports
-from store.errors import NotFoundError
-from worker import layout, pause
-from worker.membership import live_workers
-from worker.pause import Pause, PausedState
+from engram.jobs.runner import pause_reports
+from engram.store.errors import NotFoundError
+from engram.worker import layout
+from engram.worker.admin import pause
+from engram.worker.admin.pause import Pause, PausedState
+from engram.worker.consuming.membership import live_workers
 
 from ..errors import BadRequestError
 from ..state import operator_of, web_of

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import Response
 
-from store import ReceiptFilter, ReceiptItem
-from store.errors import EngramError, NotFoundError
-from store.values import SCOPE_FIELDS
-from store.write.operations import OPERATION_KINDS
-from worker import layout
+from engram.store import ReceiptFilter, ReceiptItem
+from engram.store.errors import EngramError, NotFoundError
+from engram.store.values import SCOPE_FIELDS
+from engram.store.write.operations import OPERATION_KINDS
+from engram.worker import layout
 
 from ..backlog import Backlog, find
 from ..params import Query, ident

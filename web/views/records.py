@@ -8,8 +8,8 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from store import ReceiptFilter
-from store.errors import NotFoundError
+from engram.store import ReceiptFilter
+from engram.store.errors import NotFoundError
 
 from ..bodies import why_of
 from ..diff import history_diffs

@@ -9,16 +9,16 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from store import ScopeRow
-from store.errors import (
+from engram.store import ScopeRow
+from engram.store.errors import (
     EmbedderUnavailableError,
     EmbeddingMismatchError,
     InvalidRequestError,
     NotFoundError,
 )
-from store.limits import MAX_TEXT_CHARS, MAX_TOP_K
-from store.read.recall import above, check_min_relevance
-from store.values import SCOPE_FIELDS
+from engram.store.limits import MAX_TEXT_CHARS, MAX_TOP_K
+from engram.store.read.recall import above, check_min_relevance
+from engram.store.values import SCOPE_FIELDS
 
 from ..errors import BadRequestError
 from ..params import Query, checked, integer

@@ -9,9 +9,9 @@ import json
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from jobs.settings import parse_duration
-from store.errors import InvalidRequestError, NotFoundError
-from store.tokens import CAPABILITIES, check_name
+from engram.jobs.settings import parse_duration
+from engram.store.errors import InvalidRequestError, NotFoundError
+from engram.store.tokens import CAPABILITIES, check_name
 
 from ..bodies import why_of
 from ..errors import BadRequestError

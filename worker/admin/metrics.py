@@ -23,11 +23,10 @@ from typing import Any
 
 import redis
 
-from store.models.llm import ModelCall
-
-from . import keys, layout
-from .defaults import RATE_INTERVAL_S, RATE_TTL_S
-from .membership import now_ms
+from engram.store.models.llm import ModelCall
+from engram.worker import keys, layout
+from engram.worker.consuming.membership import now_ms
+from engram.worker.defaults import RATE_INTERVAL_S, RATE_TTL_S
 
 BATCH_BUCKETS = (1, 4, 16, 64, 256, 1024)
 MINUTE_S = 60

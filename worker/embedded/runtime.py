@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import redis
 
-from store.errors import ConfigError
-
-from . import cluster, runfile
-from .settings import Settings
+from engram.store.errors import ConfigError
+from engram.worker import cluster
+from engram.worker.embedded import runfile
+from engram.worker.settings import Settings
 
 
 def redis_url(settings: Settings) -> str:

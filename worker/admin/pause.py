@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import redis
 from rq.suspension import is_suspended, resume, suspend
 
-from . import keys
+from engram.worker import keys
 
 if TYPE_CHECKING:
-    from store.audit import Audit
+    from engram.store.audit import Audit
 
 # How often a worker reads the paused partitions: a pause or a resume takes effect
 # within about this long plus one blocking read (``ENGRAM_BLOCK_MS``).

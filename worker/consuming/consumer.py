@@ -57,28 +57,29 @@ from typing import Any, TypeVar
 
 import redis
 
-from store import LLM, Embedder, Store
-from store.vectors.embedders import EmbedderResolver
-
-from . import groups, keys, pause
-from .causes import Cause
-from .cluster import is_cluster
-from .committer import TRANSIENT_DB, TRANSIENT_REDIS, Committer
-from .defaults import (
+from engram.store import LLM, Embedder, Store
+from engram.store.vectors.embedders import EmbedderResolver
+from engram.worker import keys
+from engram.worker.admin import pause
+from engram.worker.admin.metrics import Tally, record_batches
+from engram.worker.causes import Cause
+from engram.worker.cluster import is_cluster
+from engram.worker.consuming import groups
+from engram.worker.consuming.committer import TRANSIENT_DB, TRANSIENT_REDIS, Committer
+from engram.worker.consuming.model_phase import ModelPhase, Released
+from engram.worker.consuming.outcomes import Answers, Outcomes, acknowledged, batch_stats
+from engram.worker.consuming.partition import ForgetHook, Partition
+from engram.worker.consuming.reads import ClusterReads, by_stream
+from engram.worker.consuming.triage import Dead, Read, triage
+from engram.worker.defaults import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
     LINGER_BELOW,
     METRICS_FLUSH_S,
     STRAY_CHECK_S,
 )
-from .metrics import Tally, record_batches
-from .models import ModelPhase, Released
-from .outcomes import Answers, Outcomes, acknowledged, batch_stats
-from .partition import ForgetHook, Partition
-from .protocol import Entry
-from .reads import ClusterReads, by_stream
-from .settings import WorkerConfig
-from .triage import Dead, Read, triage
+from engram.worker.protocol import Entry
+from engram.worker.settings import WorkerConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -128,7 +129,7 @@ class Consumer(threading.Thread):
             shared.client,
             shared.worker_id,
             listeners=shared.on_forget is not None,
-            wait_out=self._pause,
+            wait_out=self._back_off,
         )
         self.models = ModelPhase(
             shared.store,
@@ -420,7 +421,7 @@ class Consumer(threading.Thread):
             # counters may count this cycle twice).
             for p in partitions:
                 p.draining, p.cursor = True, "0-0"
-            self._pause("redis", exc, BACKOFF_MIN_S)
+            self._back_off("redis", exc, BACKOFF_MIN_S)
             return None
         return {
             p: list(entries)
@@ -559,9 +560,9 @@ class Consumer(threading.Thread):
             try:
                 return call()
             except TRANSIENT_REDIS as exc:
-                delay = self._pause("redis", exc, delay)
+                delay = self._back_off("redis", exc, delay)
 
-    def _pause(self, server: str, exc: BaseException, delay_s: float, **ids: Any) -> float:
+    def _back_off(self, server: str, exc: BaseException, delay_s: float, **ids: Any) -> float:
         """Wait out a passing outage (or stop); return the next, longer, delay."""
         log.warning(
             f"{server} unavailable, will retry",

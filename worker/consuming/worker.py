@@ -24,18 +24,24 @@ import time
 
 import redis
 
-from store import LLM, Embedder, Store
-from store.vectors.embedders import EmbedderResolver
-
-from . import layout, metrics
-from .cluster import REDIS_FAILURES
-from .consumer import Consumer, Shared
-from .layout import Epoch
-from .leases import Lease, Leases
-from .membership import Membership, first_choice, live_workers, new_worker_id, share
-from .partition import ForgetHook, Partition
-from .settings import WorkerConfig
-from .stopping import StopRequest
+from engram.store import LLM, Embedder, Store
+from engram.store.vectors.embedders import EmbedderResolver
+from engram.worker import layout
+from engram.worker.admin import metrics
+from engram.worker.cluster import REDIS_FAILURES
+from engram.worker.consuming.consumer import Consumer, Shared
+from engram.worker.consuming.leases import Lease, Leases
+from engram.worker.consuming.membership import (
+    Membership,
+    first_choice,
+    live_workers,
+    new_worker_id,
+    share,
+)
+from engram.worker.consuming.partition import ForgetHook, Partition
+from engram.worker.consuming.stopping import StopRequest
+from engram.worker.layout import Epoch
+from engram.worker.settings import WorkerConfig
 
 log = logging.getLogger(__name__)
 

@@ -11,17 +11,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from store import ForgetEvent, WriteResult
-from store.errors import EngramError
-from store.models.llm import ModelCall
-from store.write.operations import Forget
-
-from . import deadletters, keys
-from .metrics import BatchStats
-from .partition import ForgetHook, Item, Partition
-from .protocol import Outcome, encode_reply
-from .replies import send_reply
-from .triage import Dead
+from engram.store import ForgetEvent, WriteResult
+from engram.store.errors import EngramError
+from engram.store.models.llm import ModelCall
+from engram.store.write.operations import Forget
+from engram.worker import keys
+from engram.worker.admin import deadletters
+from engram.worker.admin.metrics import BatchStats
+from engram.worker.consuming.partition import ForgetHook, Item, Partition
+from engram.worker.consuming.replies import send_reply
+from engram.worker.consuming.triage import Dead
+from engram.worker.protocol import Outcome, encode_reply
 
 Outcomes = list[tuple[Item, Outcome]]
 

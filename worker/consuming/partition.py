@@ -11,11 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from store import Fence, ForgetEvent
-
-from . import keys
-from .leases import Lease
-from .protocol import Entry
+from engram.store import Fence, ForgetEvent
+from engram.worker import keys
+from engram.worker.consuming.leases import Lease
+from engram.worker.protocol import Entry
 
 # Hands committed forgets to their redaction listeners: adds the commands that do so to
 # the pipeline that carries the cycle's replies, after them (so a listener that finishes

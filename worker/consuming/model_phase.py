@@ -29,22 +29,21 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from store import LLM, Embedder, Store
-from store.errors import EngramError, ModelUnavailableError
-from store.models.llm import CallKind, ModelCall
-from store.vectors.embedders import EmbedderResolver
-from store.write.needs import infers, needs_model
-from store.write.operations import Extract, Operation
-from store.write.prepare import Prepared
-from store.write.reconcile import Decision
-from store.write.waves import held_back, next_wave
-
-from .causes import Cause, cause_of, strings_in
-from .defaults import BACKOFF_MAX_S
-from .protocol import Entry
+from engram.store import LLM, Embedder, Store
+from engram.store.errors import EngramError, ModelUnavailableError
+from engram.store.models.llm import CallKind, ModelCall
+from engram.store.vectors.embedders import EmbedderResolver
+from engram.store.write.needs import infers, needs_model
+from engram.store.write.operations import Extract, Operation
+from engram.store.write.prepare import Prepared
+from engram.store.write.reconcile import Decision
+from engram.store.write.waves import held_back, next_wave
+from engram.worker.causes import Cause, cause_of, strings_in
+from engram.worker.defaults import BACKOFF_MAX_S
+from engram.worker.protocol import Entry
 
 if TYPE_CHECKING:
-    from .partition import Partition
+    from engram.worker.consuming.partition import Partition
 
 log = logging.getLogger(__name__)
 

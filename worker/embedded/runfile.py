@@ -19,9 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from store.processes import process_of
-
-from .private import open_private
+from engram.store.processes import process_of
+from engram.worker.embedded.private import open_private
 
 NAME = "run.json"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import redis
 
-from . import cluster, keys
+from engram.worker import cluster, keys
 
 # The token is at least the Redis server's clock in microseconds and above the
 # last one drawn: it keeps growing even if the counter key is lost (a flushed or

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from . import keys
+from engram.worker import keys
 
 # How redis-py words an error of one command of a pipeline, before the server's own.
 _PIPELINE_ERROR = "of pipeline caused error: "

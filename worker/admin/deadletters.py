@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from store.errors import (
+from engram.store.errors import (
     EmbedderUnavailableError,
     EngramError,
     InvalidRequestError,
@@ -23,16 +23,16 @@ from store.errors import (
     ModelUnavailableError,
     NotFoundError,
 )
-
-from . import cluster, keys, layout, streams
-from .defaults import STREAM_MAX_LEN
-from .errors import QueueFullError, QueueUnavailableError
-from .layout import Epoch
-from .membership import now_ms
-from .protocol import OP_FIELD, Entry, decode_entry, partition_of
+from engram.worker import cluster, keys, layout
+from engram.worker.admin import streams
+from engram.worker.consuming.membership import now_ms
+from engram.worker.defaults import STREAM_MAX_LEN
+from engram.worker.errors import QueueFullError, QueueUnavailableError
+from engram.worker.layout import Epoch
+from engram.worker.protocol import OP_FIELD, Entry, decode_entry, partition_of
 
 if TYPE_CHECKING:
-    from store.audit import Audit
+    from engram.store.audit import Audit
 
 # Why an entry was dead-lettered.
 MALFORMED = "malformed"  # not a valid operation for its partition

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import keys
+from engram.worker import keys
 
 
 def send_reply(pipe: Any, operation_id: str, body: str, ttl_s: int) -> None:

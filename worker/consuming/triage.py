@@ -12,13 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.errors import EngramError
-
-from . import deadletters
-from .causes import Cause
-from .errors import DeadLetteredError
-from .partition import Item, Partition
-from .protocol import Entry, Malformed, decode_entry, raw_op
+from engram.store.errors import EngramError
+from engram.worker.admin import deadletters
+from engram.worker.causes import Cause
+from engram.worker.consuming.partition import Item, Partition
+from engram.worker.errors import DeadLetteredError
+from engram.worker.protocol import Entry, Malformed, decode_entry, raw_op
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import keys
+from engram.worker import keys
 
 # The first blocking read after work was found; each empty one doubles the next (up
 # to the block the consumer asks for).

@@ -16,17 +16,16 @@ import psycopg
 import psycopg_pool
 import redis
 
-from store import Embedder, Store, WriteOptions
-from store.errors import FencedError
-from store.vectors.embedders import EmbedderResolver
-from store.write.reconcile import Decision
-
-from . import keys
-from .causes import Cause, cause_of, strings_in
-from .defaults import BACKOFF_MIN_S
-from .outcomes import Outcomes
-from .partition import Item, Partition, partitions_of
-from .protocol import Entry
+from engram.store import Embedder, Store, WriteOptions
+from engram.store.errors import FencedError
+from engram.store.vectors.embedders import EmbedderResolver
+from engram.store.write.reconcile import Decision
+from engram.worker import keys
+from engram.worker.causes import Cause, cause_of, strings_in
+from engram.worker.consuming.outcomes import Outcomes
+from engram.worker.consuming.partition import Item, Partition, partitions_of
+from engram.worker.defaults import BACKOFF_MIN_S
+from engram.worker.protocol import Entry
 
 T = TypeVar("T")
 

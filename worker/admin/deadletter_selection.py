@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from store.errors import EngramError, InvalidRequestError
-from store.limits import MAX_ID_CHARS, MAX_SCOPE_VALUE_CHARS
-from store.values import SCOPE_FIELDS, check_string
-from store.write.operations import OPERATION_KINDS
-
-from . import layout
-from .deadletters import (
+from engram.store.errors import EngramError, InvalidRequestError
+from engram.store.limits import MAX_ID_CHARS, MAX_SCOPE_VALUE_CHARS
+from engram.store.values import SCOPE_FIELDS, check_string
+from engram.store.write.operations import OPERATION_KINDS
+from engram.worker import layout
+from engram.worker.admin.deadletters import (
     REASONS,
     DeadLetter,
     discard_audited,
@@ -38,7 +37,7 @@ from .deadletters import (
 )
 
 if TYPE_CHECKING:
-    from store.audit import Audit
+    from engram.store.audit import Audit
 
 # A bulk action touches at most this many letters (reading the whole stream to find them).
 MAX_BULK = 1000

@@ -1,0 +1,1 @@
+"""Administration: dead letters and their selection, pauses, metrics."""

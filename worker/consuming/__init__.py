@@ -1,0 +1,1 @@
+"""Consuming the partition streams: a worker's partitions, read, committed, answered."""
