@@ -18,11 +18,10 @@ from engram.worker import (
     Producer,
     Settings,
     WorkerConfig,
-    deadletters,
     keys,
     layout,
-    metrics,
 )
+from engram.worker.admin import deadletters, metrics
 from engram.worker.defaults import MAX_PARTITIONS
 from engram.worker.layout import Epoch, Layout, RepartitionError
 from engram.worker.protocol import encode_entry, partition_of
