@@ -355,6 +355,6 @@ def test_a_slice_that_keeps_failing_marks_it_failed_and_rq_keeps_no_text(
     assert p.message == "ValueError (its message quoted a record's text and is not kept)"
     job = rqjobs.get(ctx.client, started.job_id)
     assert job is not None and job.state == JobStatus.FAILED
-    assert job.error == f"jobs.errors.JobFailedError: re-embedding slice failed: {p.message}"
+    assert job.error == f"engram.jobs.errors.JobFailedError: re-embedding slice failed: {p.message}"
     assert not bytes_hold(redis_values(ctx.client), marker)
     assert marker not in json.dumps(fresh_store.embeddings.get(started.generation_id).progress)  # type: ignore[union-attr]

@@ -447,7 +447,7 @@ def test_bad_job_filters_are_refused(web: Web, failed_jobs: None, query: str) ->
     body = web.client.get(f"/api/v1/jobs?{query}").json()
     assert body["error"]["code"] == "invalid_request"
     if query.startswith("function"):
-        assert "function must be one of jobs." in body["error"]["message"]
+        assert "function must be one of engram.jobs." in body["error"]["message"]
 
 
 def test_a_function_filter_reads_a_bounded_number_of_jobs(web: Web, failed_jobs: None) -> None:
