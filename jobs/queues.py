@@ -50,6 +50,9 @@ FUNCTIONS = (
     "engram.jobs.indexes.purge_retired_job",
     "engram.jobs.indexes.settle_fresh_job",
 )
+# The same functions as named before engram installed under one namespace (``jobs.prune
+# .prune_job``): a job queued by an older engram still runs, as the function's new name.
+RENAMED = {name.removeprefix("engram."): name for name in FUNCTIONS}
 # Fields of a job's hash that RQ acts on by name or address (it imports a callback by
 # its name, it posts to a webhook's URL). engram sets none of them.
 _FOREIGN_FIELDS = (
@@ -146,15 +149,18 @@ def _restore(client: redis.Redis, job_id: str, raw: dict[Any, Any]) -> Job | Unr
 def unreadable(job: Job, raw: dict[Any, Any]) -> str | None:
     """Restore ``job`` from its hash ``raw``; why it is not one of engram's jobs, or None.
 
-    One of engram's jobs reads as JSON and calls one of ``FUNCTIONS`` by name, on no
-    instance, with a list of arguments, and has no callback and no webhook. Only names
-    are compared: nothing a job names is imported."""
+    One of engram's jobs reads as JSON and calls one of ``FUNCTIONS`` by name (or by
+    its name before the namespace, ``RENAMED``), on no instance, with a list of
+    arguments, and has no callback and no webhook. Only names are compared: nothing a
+    job names is imported."""
     try:
         Job.restore(job, raw)  # RQ's own (``CheckedJob.restore`` calls this)
         call = (job.func_name, job.instance, job.args, job.kwargs)  # reads the JSON now
     except Exception:  # RQ raises whatever its parsers raise on garbage
         return NOT_JSON
     name, instance, args, kwargs = call
+    if name in RENAMED:
+        name = job.func_name = RENAMED[name]  # compared by name, no import either way
     if name not in FUNCTIONS or instance is not None:
         return FOREIGN
     if not isinstance(args, list | tuple) or not isinstance(kwargs, dict):

@@ -19,7 +19,7 @@ from engram.jobs import keys, prune, queues
 from engram.jobs.queues import FOREIGN, SERIALIZER, UnreadableJob
 from engram.store import Store
 from engram.worker.embedded.runtime import connect_redis
-from tests.jobs_fixtures import JobsProcess
+from tests.jobs_fixtures import JobsProcess, context, run_burst
 from tests.redis_fixtures import wait_until
 
 StartJobs = Callable[..., JobsProcess]
@@ -138,6 +138,33 @@ def test_only_a_call_of_engrams_functions_reads_as_a_job(
     found = queues.read_many(redis_client, ["own", "foreign"])
     assert isinstance(found[0], Job) and found[0].func_name == "engram.jobs.prune.prune_job"
     assert found[1] == UnreadableJob("foreign", keys.MAINTENANCE_QUEUE, "failed", FOREIGN)
+
+
+def test_a_job_queued_before_the_namespace_still_runs(
+    store: Store, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """An older engram named its functions without the namespace (``jobs.prune
+    .prune_job``): such a job is still one of engram's, and runs."""
+    redis_client.hset(
+        "rq:job:before",
+        mapping={
+            "data": json.dumps(["jobs.prune.prune_job", None, ["history"], {}]),
+            "origin": keys.MAINTENANCE_QUEUE,
+            "status": "queued",
+            "created_at": "2026-01-01T00:00:00.000000Z",
+            "description": "prune before",
+        },
+    )
+    [found] = queues.read_many(redis_client, ["before"])
+    assert isinstance(found, Job) and found.func_name == "engram.jobs.prune.prune_job"
+    redis_client.rpush(f"rq:queue:{keys.MAINTENANCE_QUEUE}", "before")
+
+    run_burst(context(store, redis_url), redis_url)
+
+    assert queues.status(redis_client, "before") == "finished"
+    ran = queues.fetch(redis_client, "before")
+    assert ran is not None
+    assert ran.return_value() == [{"what": "history", "removed": 0, "older_than": None}]
 
 
 def test_engram_enqueues_only_its_job_functions(redis_client: redis.Redis) -> None:
