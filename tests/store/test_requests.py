@@ -29,7 +29,9 @@ BUILDERS: list[tuple[Any, Any, Any]] = [
 
 
 @pytest.mark.parametrize(("build", "fields", "subject"), BUILDERS)
-def test_every_field_a_verb_takes_reaches_its_request(build: Any, fields: Any, subject: Any) -> None:
+def test_every_field_a_verb_takes_reaches_its_request(
+    build: Any, fields: Any, subject: Any
+) -> None:
     for name in fields.__annotations__:
         assert name in build(subject), f"{build.__name__} drops {name}"
 

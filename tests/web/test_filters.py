@@ -310,9 +310,7 @@ def test_a_bulk_post_with_a_bad_filter_changes_nothing(web: Web, letters: dict[s
     assert web.redis.xlen(keys.DEAD_LETTERS) == 5
 
 
-def test_dead_letters_page_by_their_limit_newest_first(
-    web: Web, letters: dict[str, str]
-) -> None:
+def test_dead_letters_page_by_their_limit_newest_first(web: Web, letters: dict[str, str]) -> None:
     """Five letters by two: 2, 2 and 1, each once, the last page with no next; a page
     that ends exactly on the last letter has no next either."""
     seen, cursor, sizes = [], "", []
