@@ -23,8 +23,11 @@ import os
 import signal
 import socket
 import sys
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from engram.store import Store
 from engram.store.errors import EngramError, InvalidRequestError
@@ -95,105 +98,169 @@ def run_up(
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS}
-    postgres: EmbeddedPostgres | None = None
-    valkey: EmbeddedValkey | None = None
-    supervisor: Supervisor | None = None
-    listener: socket.socket | None = None
-    watches: list[ServerWatch] = []
-    try:
+    # Whatever happens, everything stops in the reverse of its start: the children, then
+    # valkey, then PostgreSQL, then the dashboard's socket and the home.
+    with ExitStack() as stack:
+        stack.callback(print, "engram: stopped", flush=True)
+        stack.callback(_restore_signals, previous)
+        stack.callback(session.close)
         default_port = dashboard.port if dashboard is not None else None
+        listener: socket.socket | None = None
         if dashboard is not None:
             # Bound before anything else starts: a port set and taken stops ``up`` here.
             listener, dashboard = web_cli.listen(dashboard, chosen=web_cli.port_chosen())
-        database_url = settings.database_url
-        if database_url is None:
-            postgres = EmbeddedPostgres(settings.home, backup_dir=settings.backup_dir)
-            _record(session, "postgres", postgres.pid, signal.SIGINT, 90.0)
-            database_url = postgres.dsn()
-            watches.append(
-                ServerWatch(
-                    "postgres",
-                    postgres,
-                    on_start=lambda pid: _record(session, "postgres", pid, signal.SIGINT, 90.0),
-                )
-            )
-        redis_url = settings.redis_url
-        jobs_url = settings.jobs_redis_url
-        if jobs_url is not None:
-            jobs_redis.connect(settings).close()  # a cluster named for the jobs stops ``up``
-        if redis_url is None or (jobs_url is None and _is_cluster(redis_url)):
-            valkey = EmbeddedValkey(settings.home).start()
-            _record(session, "valkey", valkey.pid, signal.SIGTERM, 30.0)
-            watches.append(
-                ServerWatch(
-                    "valkey",
-                    valkey,
-                    on_start=lambda pid: _record(session, "valkey", pid, signal.SIGTERM, 30.0),
-                )
-            )
-            # Its socket for everything of ours; its port only for clients given its URL.
-            if redis_url is None:
-                redis_url = valkey.socket_url
-            else:  # the streams on a cluster, where RQ cannot run: the jobs here
-                jobs_url = valkey.socket_url
-        jobs_url = jobs_url or redis_url
-        with Store.connect(database_url):
+            stack.callback(listener.close)
+        servers = _start_servers(settings, session, stack)
+        with Store.connect(servers.database_url):
             log.info("schema up to date")
-        env = {
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "REDIS_URL": redis_url,
-            "ENGRAM_JOBS_REDIS_URL": jobs_url,
-            "ENGRAM_HOME": str(settings.home),
-        }
-        specs = [*worker_specs(workers, log_level), jobs_spec(log_level)]
-        if dashboard is not None and listener is not None:
-            env["ENGRAM_DASHBOARD_PORT"] = str(dashboard.port)
-            specs.append(web_spec(log_level, listener))
-        supervisor = Supervisor(specs, env, on_start=session.record)
-        supervisor.start()
-        session.publish(
-            database_url=database_url,
-            redis_url=redis_url,
-            jobs_redis_url=jobs_url,
-            **({"redis_tcp_url": valkey.url} if valkey else {}),
-            workers=workers,
-            **({"dashboard_url": dashboard.url} if dashboard else {}),
+        web_child = (
+            (dashboard, listener) if dashboard is not None and listener is not None else None
         )
-        _print_where(
-            settings,
-            database_url,
-            (redis_url, jobs_url),
-            postgres,
-            valkey,
-            workers,
-            dashboard,
-            default_port,
+        supervisor = _start_children(
+            servers, settings, session, stack, workers, log_level, web_child
         )
+        _announce(settings, session, servers, workers, dashboard, default_port)
         if demo:
-            _stream_demo(redis_url, settings)
-        while not stop.wait(1.0):
-            for watch in watches:
-                watch.check()  # or ServerGaveUpError: everything stops
-            supervisor.check()
+            _stream_demo(servers.redis_url, settings)
+        _supervise(stop, servers.watches, supervisor)
         log.info("stopping")
         return 0
-    finally:
-        if supervisor is not None:
-            supervisor.stop()
-            log.info("workers stopped")
-        if valkey is not None:
-            valkey.stop()
-            log.info("valkey stopped")
-        if postgres is not None:
-            postgres.stop()
-            log.info("postgres stopped")
-        if listener is not None:
-            listener.close()
-        session.close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        print("engram: stopped", flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class _Servers:
+    """Where ``up``'s children find PostgreSQL, the streams' Redis and the jobs' Redis,
+    and the embedded servers among them, watched."""
+
+    database_url: str
+    redis_url: str
+    jobs_url: str
+    postgres: EmbeddedPostgres | None
+    valkey: EmbeddedValkey | None
+    watches: list[ServerWatch]
+
+
+def _start_servers(settings: Settings, session: HomeSession, stack: ExitStack) -> _Servers:
+    """The embedded PostgreSQL (no ``DATABASE_URL``) and valkey (no ``REDIS_URL``, or a
+    cluster and no jobs' Redis) started, each stopped by ``stack``."""
+    watches: list[ServerWatch] = []
+    postgres: EmbeddedPostgres | None = None
+    database_url = settings.database_url
+    if database_url is None:
+        postgres = EmbeddedPostgres(settings.home, backup_dir=settings.backup_dir)
+        watches.append(_stopped_and_watched(stack, session, "postgres", postgres))
+        database_url = postgres.dsn()
+    redis_url = settings.redis_url
+    jobs_url = settings.jobs_redis_url
+    if jobs_url is not None:
+        jobs_redis.connect(settings).close()  # a cluster named for the jobs stops ``up``
+    valkey: EmbeddedValkey | None = None
+    if redis_url is None or (jobs_url is None and _is_cluster(redis_url)):
+        valkey = EmbeddedValkey(settings.home).start()
+        watches.append(_stopped_and_watched(stack, session, "valkey", valkey))
+        # Its socket for everything of ours; its port only for clients given its URL.
+        if redis_url is None:
+            redis_url = valkey.socket_url
+        else:  # the streams on a cluster, where RQ cannot run: the jobs here
+            jobs_url = valkey.socket_url
+    return _Servers(database_url, redis_url, jobs_url or redis_url, postgres, valkey, watches)
+
+
+# How each embedded server is asked to stop, and how long it is given.
+_SERVER_STOPS = {"postgres": (signal.SIGINT, 90.0), "valkey": (signal.SIGTERM, 30.0)}
+
+
+def _stopped_and_watched(
+    stack: ExitStack,
+    session: HomeSession,
+    name: str,
+    server: EmbeddedPostgres | EmbeddedValkey,
+) -> ServerWatch:
+    """Have ``stack`` stop ``server``, record its process in the home, and watch it (a
+    restart records its new pid)."""
+    stack.callback(_stop, server, f"{name} stopped")
+    signum, timeout_s = _SERVER_STOPS[name]
+    _record(session, name, server.pid, signum, timeout_s)
+    return ServerWatch(
+        name, server, on_start=lambda pid: _record(session, name, pid, signum, timeout_s)
+    )
+
+
+def _start_children(
+    servers: _Servers,
+    settings: Settings,
+    session: HomeSession,
+    stack: ExitStack,
+    workers: int,
+    log_level: str,
+    web: tuple[WebConfig, socket.socket] | None,
+) -> Supervisor:
+    """The stream workers, the jobs worker and the dashboard (``web``: its config and the
+    socket ``up`` bound), started under a ``Supervisor`` that ``stack`` stops."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": servers.database_url,
+        "REDIS_URL": servers.redis_url,
+        "ENGRAM_JOBS_REDIS_URL": servers.jobs_url,
+        "ENGRAM_HOME": str(settings.home),
+    }
+    specs = [*worker_specs(workers, log_level), jobs_spec(log_level)]
+    if web is not None:
+        dashboard, listener = web
+        env["ENGRAM_DASHBOARD_PORT"] = str(dashboard.port)
+        specs.append(web_spec(log_level, listener))
+    supervisor = Supervisor(specs, env, on_start=session.record)
+    stack.callback(_stop, supervisor, "workers stopped")
+    supervisor.start()
+    return supervisor
+
+
+def _announce(
+    settings: Settings,
+    session: HomeSession,
+    servers: _Servers,
+    workers: int,
+    dashboard: WebConfig | None,
+    default_port: int | None,
+) -> None:
+    """Publish where everything is in the run file, and print it."""
+    session.publish(
+        database_url=servers.database_url,
+        redis_url=servers.redis_url,
+        jobs_redis_url=servers.jobs_url,
+        **({"redis_tcp_url": servers.valkey.url} if servers.valkey else {}),
+        workers=workers,
+        **({"dashboard_url": dashboard.url} if dashboard else {}),
+    )
+    _print_where(
+        settings,
+        servers.database_url,
+        (servers.redis_url, servers.jobs_url),
+        servers.postgres,
+        servers.valkey,
+        workers,
+        dashboard,
+        default_port,
+    )
+
+
+def _supervise(stop: StopRequest, watches: list[ServerWatch], supervisor: Supervisor) -> None:
+    """Until a stop is asked: restart a server or a child that died (or, a server's
+    restarts spent, ``ServerGaveUpError``: everything stops)."""
+    while not stop.wait(1.0):
+        for watch in watches:
+            watch.check()
+        supervisor.check()
+
+
+def _stop(running: Supervisor | EmbeddedPostgres | EmbeddedValkey, said: str) -> None:
+    running.stop()
+    log.info(said)
+
+
+def _restore_signals(previous: dict[signal.Signals, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def _dashboard_config() -> WebConfig:

@@ -47,7 +47,7 @@ from engram.store import Generation, Store
 from engram.store.errors import EngramError, FencedError, InvalidRequestError
 from engram.store.limits import REEMBED_MAX_PASSES
 from engram.store.vectors.embedders import Embedder, embed_checked
-from engram.store.vectors.embeddings import VectorItem
+from engram.store.vectors.embeddings import PendingItem, VectorItem
 from engram.store.vectors.registry import EmbedderRegistry
 from engram.worker.admin.deadletters import check_why
 
@@ -196,6 +196,17 @@ def resume_stalled(ctx: JobContext) -> str | None:
     return job_id
 
 
+@dataclass(slots=True)
+class _Pace:
+    """A slice's clock: when it began, when it hands over (once it has done some work),
+    how many records it handled, when it last saved its progress."""
+
+    started: float
+    deadline: float
+    handled: int = 0
+    saved_at: float = 0.0
+
+
 class _Slice:
     def __init__(self, ctx: JobContext, generation_id: int, job_id: str) -> None:
         self.ctx = ctx
@@ -244,73 +255,118 @@ class _Slice:
             retrying=False,
         )
         self._save(p)
-        saved_at = handled = 0.0
-        started = time.monotonic()
+        pace = _Pace(started=time.monotonic(), deadline=deadline)
         while True:
             self.latest = p  # what a failure records
-            if lease.lost.is_set():
-                return {"state": "lease_lost"}
-            # A slice always does some work: one that spent its time counting (a busy
-            # database) would otherwise hand over to the next for ever.
-            if (handled and time.monotonic() > deadline) or self.ctx.stopping.is_set():
-                return self._again(p, delay_s=0)
-            generation = self.embeddings.get(self.generation_id)
-            if generation is None or generation.status != "pending":
-                return self._over(generation, p)  # cancelled or superseded meanwhile
+            stop = self._stop_reason(p, pace, lease)
+            if stop is not None:
+                return stop
             listed = time.monotonic()
             batch = self.embeddings.pending(
                 self.generation_id, self.settings.batch_size, after=p.cursor
             )
-            embedding = time.monotonic()
-            if not batch:
-                outcome = self._end_of_pass(p, embedder, lease)
-                if outcome is not None:
-                    return outcome
-                done, total = self.embeddings.counts(self.generation_id)
-                p = replace(p, pass_=p.pass_ + 1, cursor=None, done=done, total=total)
+            if batch:
+                p = self._embed_batch(p, batch, embedder, lease, pace, listed)
                 continue
-            try:
-                vectors = embed_checked(embedder, [item.text for item in batch])
-            except EngramError:
-                raise
-            except Exception as exc:  # this batch only: counted, and tried in the next pass
-                cause = causes.of(exc)
-                log.warning(
-                    "re-embedding batch failed",
-                    extra={"generation": self.generation_id, "error": type(exc).__name__},
-                )
-                p = replace(
-                    p,
-                    errors=p.errors + 1,
-                    cursor=batch[-1].record_id,
-                    message=f"a batch failed ({cause}); it is tried again in the next pass",
-                )
-                continue
-            storing = time.monotonic()
-            stored = self.embeddings.put(
-                self.generation_id,
-                [
-                    VectorItem(i.record_id, i.revision, i.digest, v)
-                    for i, v in zip(batch, vectors, strict=True)
-                ],
-                fence=lease.fence,
-            )
-            handled += len(batch)
-            finished = time.monotonic()
-            p = replace(
-                p.advanced(
-                    stored=stored,
-                    skipped=len(batch) - stored,
-                    handled_per_s=handled / max(finished - started, 1e-6),
-                    at=now(),
-                    embed_s=storing - embedding,
-                    store_s=(embedding - listed) + (finished - storing),
-                ),
-                cursor=batch[-1].record_id,
-            )
-            if time.monotonic() - saved_at >= 1.0:
-                self._save(p)
-                saved_at = time.monotonic()
+            outcome = self._end_of_pass(p, embedder, lease)
+            if outcome is not None:
+                return outcome
+            done, total = self.embeddings.counts(self.generation_id)
+            p = replace(p, pass_=p.pass_ + 1, cursor=None, done=done, total=total)
+
+    def _stop_reason(self, p: Progress, pace: _Pace, lease: JobLease) -> dict[str, Any] | None:
+        """Why the slice stops before its next batch (its lease lost, its time up, its
+        worker stopping, its generation no longer pending), as the slice's result; None
+        to go on."""
+        if lease.lost.is_set():
+            return {"state": "lease_lost"}
+        # A slice always does some work: one that spent its time counting (a busy
+        # database) would otherwise hand over to the next for ever.
+        if (pace.handled and time.monotonic() > pace.deadline) or self.ctx.stopping.is_set():
+            return self._again(p, delay_s=0)
+        generation = self.embeddings.get(self.generation_id)
+        if generation is None or generation.status != "pending":
+            return self._over(generation, p)  # cancelled or superseded meanwhile
+        return None
+
+    def _embed_batch(
+        self,
+        p: Progress,
+        batch: list[PendingItem],
+        embedder: Embedder,
+        lease: JobLease,
+        pace: _Pace,
+        listed: float,
+    ) -> Progress:
+        """Embed and store one batch (listed at ``listed``); the progress past it."""
+        embedding = time.monotonic()
+        try:
+            vectors = embed_checked(embedder, [item.text for item in batch])
+        except EngramError:
+            raise
+        except Exception as exc:  # this batch only: counted, and tried in the next pass
+            return self._batch_failed(p, batch, exc)
+        storing = time.monotonic()
+        stored = self.embeddings.put(
+            self.generation_id,
+            [
+                VectorItem(i.record_id, i.revision, i.digest, v)
+                for i, v in zip(batch, vectors, strict=True)
+            ],
+            fence=lease.fence,
+        )
+        pace.handled += len(batch)
+        finished = time.monotonic()
+        return self._advance(
+            p,
+            batch,
+            stored,
+            pace,
+            handled_per_s=pace.handled / max(finished - pace.started, 1e-6),
+            embed_s=storing - embedding,
+            store_s=(embedding - listed) + (finished - storing),
+        )
+
+    def _batch_failed(self, p: Progress, batch: list[PendingItem], exc: Exception) -> Progress:
+        cause = causes.of(exc)
+        log.warning(
+            "re-embedding batch failed",
+            extra={"generation": self.generation_id, "error": type(exc).__name__},
+        )
+        return replace(
+            p,
+            errors=p.errors + 1,
+            cursor=batch[-1].record_id,
+            message=f"a batch failed ({cause}); it is tried again in the next pass",
+        )
+
+    def _advance(
+        self,
+        p: Progress,
+        batch: list[PendingItem],
+        stored: int,
+        pace: _Pace,
+        *,
+        handled_per_s: float,
+        embed_s: float,
+        store_s: float,
+    ) -> Progress:
+        """The progress past a stored batch, saved at most once a second."""
+        p = replace(
+            p.advanced(
+                stored=stored,
+                skipped=len(batch) - stored,
+                handled_per_s=handled_per_s,
+                at=now(),
+                embed_s=embed_s,
+                store_s=store_s,
+            ),
+            cursor=batch[-1].record_id,
+        )
+        if time.monotonic() - pace.saved_at >= 1.0:
+            self._save(p)
+            pace.saved_at = time.monotonic()
+        return p
 
     def _end_of_pass(
         self, p: Progress, embedder: Embedder, lease: JobLease

@@ -6,17 +6,21 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from .errors import EngramError
 from .ledger import LedgerEntry
 from .limits import DEFAULT_TOP_K
 from .models.llm import LLM
-from .values import Hit, Link, Record, ReembedResult, Scope, Source, WriteResult
+from .values import Hit, Record, ReembedResult, Scope, WriteResult
 from .vectors.embedders import Embedder
 from .write.operations import Operation
 from .write.options import WriteOptions
 from .write.requests import (
+    ExtractFields,
+    RememberFields,
+    RetractFields,
+    ReviseFields,
     extract_request,
     forget_request,
     remember_request,
@@ -79,117 +83,31 @@ class Session:
         )
         return result
 
+    # The verbs' fields are written once, in ``write.requests`` (``RememberFields`` ...).
+
     def remember(
-        self,
-        text: str,
-        *,
-        kind: str | None = None,
-        importance: float | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        origin: str | None = None,
-        sources: Sequence[Source | Mapping[str, Any]] | None = None,
-        links: Sequence[Link | Mapping[str, Any]] = (),
-        ttl_ms: int | None = None,
-        id: str | None = None,
-        supersede: str | None = None,
-        top_k: int | None = None,
-        operation_id: str | None = None,
+        self, text: str, *, operation_id: str | None = None, **fields: Unpack[RememberFields]
     ) -> WriteResult:
-        return self._run(
-            "remember",
-            remember_request(
-                text,
-                kind=kind,
-                importance=importance,
-                metadata=metadata,
-                origin=origin,
-                sources=sources,
-                links=links,
-                ttl_ms=ttl_ms,
-                id=id,
-                supersede=supersede,
-                top_k=top_k,
-            ),
-            operation_id,
-        )
+        return self._run("remember", remember_request(text, **fields), operation_id)
 
     def extract(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        kind: str | None = None,
-        ttl_ms: int | None = None,
-        links: Sequence[Link | Mapping[str, Any]] = (),
-        trusted_tools: Sequence[str] = (),
-        infer: bool | None = None,
-        supersede: str | None = None,
-        top_k: int | None = None,
-        instructions: str | None = None,
         operation_id: str | None = None,
+        **fields: Unpack[ExtractFields],
     ) -> WriteResult:
-        return self._run(
-            "extract",
-            extract_request(
-                messages,
-                kind=kind,
-                ttl_ms=ttl_ms,
-                links=links,
-                trusted_tools=trusted_tools,
-                infer=infer,
-                supersede=supersede,
-                top_k=top_k,
-                instructions=instructions,
-            ),
-            operation_id,
-        )
+        return self._run("extract", extract_request(messages, **fields), operation_id)
 
     def revise(
-        self,
-        record_id: str,
-        *,
-        text: str | None = None,
-        kind: str | None = None,
-        importance: float | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        links: Sequence[Link | Mapping[str, Any]] | None = None,
-        ttl_ms: int | None = None,
-        expected_revision: int | None = None,
-        sources: Sequence[Source | Mapping[str, Any]] | None = None,
-        only_inferred: bool = False,
-        operation_id: str | None = None,
+        self, record_id: str, *, operation_id: str | None = None, **fields: Unpack[ReviseFields]
     ) -> WriteResult:
-        return self._run(
-            "revise",
-            revise_request(
-                record_id,
-                text=text,
-                kind=kind,
-                importance=importance,
-                metadata=metadata,
-                links=links,
-                ttl_ms=ttl_ms,
-                expected_revision=expected_revision,
-                sources=sources,
-                only_inferred=only_inferred,
-            ),
-            operation_id,
-        )
+        return self._run("revise", revise_request(record_id, **fields), operation_id)
 
     def retract(
-        self,
-        record_id: str,
-        *,
-        expected_revision: int | None = None,
-        only_inferred: bool = False,
-        operation_id: str | None = None,
+        self, record_id: str, *, operation_id: str | None = None, **fields: Unpack[RetractFields]
     ) -> WriteResult:
-        return self._run(
-            "retract",
-            retract_request(
-                record_id, expected_revision=expected_revision, only_inferred=only_inferred
-            ),
-            operation_id,
-        )
+        return self._run("retract", retract_request(record_id, **fields), operation_id)
 
     def forget(self, record_id: str, *, operation_id: str | None = None) -> WriteResult:
         result = self._run("forget", forget_request(record_id), operation_id)

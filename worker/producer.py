@@ -14,13 +14,17 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import redis
 
 from engram.store import Operation, Scope
 from engram.store.errors import EngramError
 from engram.store.write.requests import (
+    ExtractFields,
+    RememberFields,
+    RetractFields,
+    ReviseFields,
     extract_request,
     forget_request,
     remember_request,
@@ -326,42 +330,21 @@ class Producer:
             Operation.build(kind, scope, request, operation_id, requested_by=requested_by)
         )
 
+    # The verbs' fields are written once, in ``engram.store.write.requests``
+    # (``RememberFields`` ...), as ``Session`` takes them.
+
     def remember(
         self,
         scope: Scope | Mapping[str, Any],
         text: str,
         *,
-        kind: str | None = None,
-        importance: float | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        origin: str | None = None,
-        sources: Sequence[Any] | None = None,
-        links: Sequence[Any] | None = None,
-        ttl_ms: int | None = None,
-        id: str | None = None,
-        supersede: str | None = None,
-        top_k: int | None = None,
         operation_id: str | None = None,
         requested_by: str | None = None,
+        **fields: Unpack[RememberFields],
     ) -> Pending:
+        request = remember_request(text, **fields)
         return self.submit(
-            "remember",
-            scope,
-            remember_request(
-                text,
-                kind=kind,
-                importance=importance,
-                metadata=metadata,
-                origin=origin,
-                sources=sources,
-                links=links,
-                ttl_ms=ttl_ms,
-                id=id,
-                supersede=supersede,
-                top_k=top_k,
-            ),
-            operation_id=operation_id,
-            requested_by=requested_by,
+            "remember", scope, request, operation_id=operation_id, requested_by=requested_by
         )
 
     def extract(
@@ -369,33 +352,13 @@ class Producer:
         scope: Scope | Mapping[str, Any],
         messages: Sequence[Mapping[str, Any]],
         *,
-        kind: str | None = None,
-        ttl_ms: int | None = None,
-        links: Sequence[Any] | None = None,
-        trusted_tools: Sequence[str] | None = None,
-        infer: bool | None = None,
-        supersede: str | None = None,
-        top_k: int | None = None,
-        instructions: str | None = None,
         operation_id: str | None = None,
         requested_by: str | None = None,
+        **fields: Unpack[ExtractFields],
     ) -> Pending:
+        request = extract_request(messages, **fields)
         return self.submit(
-            "extract",
-            scope,
-            extract_request(
-                messages,
-                kind=kind,
-                ttl_ms=ttl_ms,
-                links=links,
-                trusted_tools=trusted_tools,
-                infer=infer,
-                supersede=supersede,
-                top_k=top_k,
-                instructions=instructions,
-            ),
-            operation_id=operation_id,
-            requested_by=requested_by,
+            "extract", scope, request, operation_id=operation_id, requested_by=requested_by
         )
 
     def revise(
@@ -403,35 +366,13 @@ class Producer:
         scope: Scope | Mapping[str, Any],
         record_id: str,
         *,
-        text: str | None = None,
-        kind: str | None = None,
-        importance: float | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        links: Sequence[Any] | None = None,
-        ttl_ms: int | None = None,
-        expected_revision: int | None = None,
-        sources: Sequence[Any] | None = None,
-        only_inferred: bool = False,
         operation_id: str | None = None,
         requested_by: str | None = None,
+        **fields: Unpack[ReviseFields],
     ) -> Pending:
+        request = revise_request(record_id, **fields)
         return self.submit(
-            "revise",
-            scope,
-            revise_request(
-                record_id,
-                text=text,
-                kind=kind,
-                importance=importance,
-                metadata=metadata,
-                links=links,
-                ttl_ms=ttl_ms,
-                expected_revision=expected_revision,
-                sources=sources,
-                only_inferred=only_inferred,
-            ),
-            operation_id=operation_id,
-            requested_by=requested_by,
+            "revise", scope, request, operation_id=operation_id, requested_by=requested_by
         )
 
     def retract(
@@ -439,19 +380,13 @@ class Producer:
         scope: Scope | Mapping[str, Any],
         record_id: str,
         *,
-        expected_revision: int | None = None,
-        only_inferred: bool = False,
         operation_id: str | None = None,
         requested_by: str | None = None,
+        **fields: Unpack[RetractFields],
     ) -> Pending:
+        request = retract_request(record_id, **fields)
         return self.submit(
-            "retract",
-            scope,
-            retract_request(
-                record_id, expected_revision=expected_revision, only_inferred=only_inferred
-            ),
-            operation_id=operation_id,
-            requested_by=requested_by,
+            "retract", scope, request, operation_id=operation_id, requested_by=requested_by
         )
 
     def forget(
@@ -462,12 +397,9 @@ class Producer:
         operation_id: str | None = None,
         requested_by: str | None = None,
     ) -> Pending:
+        request = forget_request(record_id)
         return self.submit(
-            "forget",
-            scope,
-            forget_request(record_id),
-            operation_id=operation_id,
-            requested_by=requested_by,
+            "forget", scope, request, operation_id=operation_id, requested_by=requested_by
         )
 
     # -- replies ----------------------------------------------------------------------

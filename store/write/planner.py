@@ -195,69 +195,101 @@ def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Pla
         digest = ctx.request_digest(op)
         stored = state.receipts.get(op.operation_id)
         if stored is not None:
-            outcome = _replay(op, digest, stored)
-            if not isinstance(outcome, OperationConflictError):
-                plan.replayed.append(op.operation_id)
-            plan.outcomes.append(outcome)
+            _answer_replay(plan, op, digest, stored)
             continue
-        at = ctx.now + timedelta(microseconds=index)
-        step = _Step(state, records, op, at, ctx)
+        base = _ReceiptBase(op, digest, ctx.now + timedelta(microseconds=index), ctx)
+        step = _Step(state, records, op, base.at, ctx)
         try:
             writes, extra = step.run()
         except EngramError as error:
-            # The refusal is kept (content-free) so a redelivery answers the same, and
-            # found by the record it named.
-            plan.receipts.append(
-                ReceiptRow(
-                    operation_id=op.operation_id,
-                    kind=op.kind,
-                    request_digest=digest,
-                    request=refused_request(op),
-                    scope_revision=plan.scope_revision,
-                    committed_at=at,
-                    refs=[],
-                    stream_entry=ctx.stream_entries.get(op.operation_id),
-                    error=error.to_dict(),
-                    model_calls=ctx.model_calls(op.operation_id),
-                    requested_by=op.requested_by,
-                )
-            )
-            state.receipts[op.operation_id] = StoredReceipt(
-                op.operation_id, digest, error.to_dict()
-            )
-            plan.outcomes.append(error)
+            _plan_refused(plan, state, base.refused(error, plan.scope_revision), error)
             continue
         plan.scope_revision += 1
-        receipt = ReceiptRow(
-            operation_id=op.operation_id,
-            kind=op.kind,
-            request_digest=digest,
-            request=op.request.to_dict(),
-            scope_revision=plan.scope_revision,
-            committed_at=at,
-            refs=[RecordRef(w.record.id, w.record.revision, w.record.status) for w in writes],  # type: ignore[arg-type]
-            named=step.named,
-            proposed=step.proposed,
-            stream_entry=ctx.stream_entries.get(op.operation_id),
-            model_calls=ctx.model_calls(op.operation_id),
-            requested_by=op.requested_by,
-            **extra,
-        )
-        if any(rid not in records for rid in step.named):
-            # Forgotten since the model named it: the text must not outlive it here.
-            _redact(receipt)
-        _record_writes(plan, step, writes)
-        if isinstance(op.request, Forget):
-            _forget_in_plan(plan, state, op.request.id, op.operation_id, step)
-        plan.receipts.append(receipt)
-        state.receipts[op.operation_id] = StoredReceipt(
-            op.operation_id,
-            receipt.request_digest,
-            redacted=receipt.redacted,
-            records=frozenset([ref.id for ref in receipt.refs] + receipt.named),
-        )
-        plan.outcomes.append(Applied(receipt, tuple(writes)))
+        receipt = base.applied(plan.scope_revision, step, writes, extra)
+        _plan_applied(plan, state, records, step, receipt, writes)
     return plan
+
+
+@dataclass(frozen=True, slots=True)
+class _ReceiptBase:
+    """What a receipt of one operation holds, whether it was refused or applied."""
+
+    op: Operation
+    digest: str
+    at: datetime
+    ctx: PlanContext
+
+    def _row(
+        self, request: dict[str, Any] | None, scope_revision: int, refs: list[RecordRef]
+    ) -> ReceiptRow:
+        op_id = self.op.operation_id
+        return ReceiptRow(
+            operation_id=op_id,
+            kind=self.op.kind,
+            request_digest=self.digest,
+            request=request,
+            scope_revision=scope_revision,
+            committed_at=self.at,
+            refs=refs,
+            stream_entry=self.ctx.stream_entries.get(op_id),
+            model_calls=self.ctx.model_calls(op_id),
+            requested_by=self.op.requested_by,
+        )
+
+    def refused(self, error: EngramError, scope_revision: int) -> ReceiptRow:
+        """The refusal, content-free, at the scope revision it left as it was."""
+        row = self._row(refused_request(self.op), scope_revision, [])
+        row.error = error.to_dict()
+        return row
+
+    def applied(
+        self, scope_revision: int, step: _Step, writes: list[RevisionRow], extra: dict[str, Any]
+    ) -> ReceiptRow:
+        refs = [RecordRef(w.record.id, w.record.revision, w.record.status) for w in writes]  # type: ignore[arg-type]
+        row = self._row(self.op.request.to_dict(), scope_revision, refs)
+        return replace(row, named=step.named, proposed=step.proposed, **extra)
+
+
+def _answer_replay(plan: Plan, op: Operation, digest: str, stored: StoredReceipt) -> None:
+    outcome = _replay(op, digest, stored)
+    if not isinstance(outcome, OperationConflictError):
+        plan.replayed.append(op.operation_id)
+    plan.outcomes.append(outcome)
+
+
+def _plan_refused(plan: Plan, state: ScopeState, receipt: ReceiptRow, error: EngramError) -> None:
+    """Keep the refusal so a redelivery answers the same, and it is found by the record
+    it named."""
+    plan.receipts.append(receipt)
+    state.receipts[receipt.operation_id] = StoredReceipt(
+        receipt.operation_id, receipt.request_digest, error.to_dict()
+    )
+    plan.outcomes.append(error)
+
+
+def _plan_applied(
+    plan: Plan,
+    state: ScopeState,
+    records: dict[str, Current],
+    step: _Step,
+    receipt: ReceiptRow,
+    writes: list[RevisionRow],
+) -> None:
+    if any(rid not in records for rid in step.named):
+        # Forgotten since the model named it: the text must not outlive it here.
+        _redact(receipt)
+    _record_writes(plan, step, writes)
+    op = step.op
+    if isinstance(op.request, Forget):
+        _forget_in_plan(plan, state, op.request.id, op.operation_id, step)
+    plan.receipts.append(receipt)
+    state.receipts[op.operation_id] = StoredReceipt(
+        op.operation_id,
+        receipt.request_digest,
+        redacted=receipt.redacted,
+        records=frozenset([ref.id for ref in receipt.refs] + receipt.named),
+    )
+    plan.outcomes.append(Applied(receipt, tuple(writes)))
 
 
 def _replay(op: Operation, digest: str, stored: StoredReceipt) -> Outcome:

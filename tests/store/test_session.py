@@ -187,6 +187,22 @@ def test_bad_input_gets_a_typed_error_and_changes_nothing(store: Store, scope: d
     assert [r.revision for r in mem.history(fact.id)] == [1]
 
 
+def test_a_field_the_verb_does_not_have_is_a_type_error_and_changes_nothing(
+    store: Store, scope: dict
+) -> None:
+    mem = store.session(scope)
+    for call in (
+        lambda: mem.remember("Ada likes jazz.", knd="fact"),
+        lambda: mem.extract([], trusted=["search"]),
+        lambda: mem.revise("mem_1", expected=1),
+        lambda: mem.retract("mem_1", text="x"),
+        lambda: mem.forget("mem_1", kind="fact"),
+    ):
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            call()  # type: ignore[call-arg]
+    assert store.scope_revision(scope) == 0
+
+
 def test_an_embedder_answering_the_wrong_size_is_refused(store: Store, scope: dict) -> None:
     class Liar(HashingEmbedder):
         @property

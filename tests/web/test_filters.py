@@ -310,6 +310,23 @@ def test_a_bulk_post_with_a_bad_filter_changes_nothing(web: Web, letters: dict[s
     assert web.redis.xlen(keys.DEAD_LETTERS) == 5
 
 
+def test_dead_letters_page_by_their_limit_newest_first(web: Web, letters: dict[str, str]) -> None:
+    """Five letters by two: 2, 2 and 1, each once, the last page with no next; a page
+    that ends exactly on the last letter has no next either."""
+    seen, cursor, sizes = [], "", []
+    while True:
+        page = web.client.get(f"/api/v1/dead-letters?limit=2{cursor}").json()
+        sizes.append(len(page["items"]))
+        seen += [x["id"] for x in page["items"]]
+        if page["next"] is None:
+            break
+        cursor = f"&cursor={page['next']}"
+    assert sizes == [2, 2, 1]
+    assert seen == sorted(letters.values(), key=lambda i: tuple(map(int, i.split("-"))))[::-1]
+    whole = web.client.get("/api/v1/dead-letters?limit=5").json()
+    assert len(whole["items"]) == 5 and whole["next"] is None
+
+
 def test_a_filtered_page_reads_a_bounded_number_of_letters(web: Web) -> None:
     """6,000 letters, the only forget the oldest: the first page stops at its bound and
     says so, and its next page searches on and finds it."""

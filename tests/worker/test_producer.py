@@ -133,6 +133,24 @@ def test_invalid_requests_are_refused_before_anything_is_enqueued(
     assert redis_client.keys("engram:ops:*") == []
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: p.remember(SCOPE, "x", knd="fact"),
+        lambda p: p.extract(SCOPE, [], trusted=["search"]),
+        lambda p: p.revise(SCOPE, "mem_1", expected=1),
+        lambda p: p.retract(SCOPE, "mem_1", text="x"),
+        lambda p: p.forget(SCOPE, "mem_1", kind="fact"),
+    ],
+)
+def test_a_field_the_verb_does_not_have_is_a_type_error_and_enqueues_nothing(
+    producer: Producer, redis_client: redis.Redis, call: object
+) -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        call(producer)  # type: ignore[operator]
+    assert redis_client.keys("engram:ops:*") == []
+
+
 def test_wait_returns_the_receipt(producer: Producer, redis_client: redis.Redis) -> None:
     pending = producer.remember(SCOPE, "x", operation_id="w1")
     timer = threading.Timer(

@@ -14,6 +14,7 @@ from starlette.responses import RedirectResponse, Response
 
 from engram.store.audit import AuditEntry
 from engram.store.errors import InvalidRequestError, NotFoundError
+from engram.store.read.paging import Page, paged
 from engram.store.values import SCOPE_FIELDS
 from engram.store.write.operations import OPERATION_KINDS
 from engram.worker.admin import deadletter_selection as selection
@@ -113,11 +114,13 @@ def letters_of(request: Request) -> LetterPage:
     found = selection.search(
         web_of(request).services.redis, match, before=before, limit=limit + 1, max_read=MAX_READ
     )
-    shown = found.letters[:limit]
     if found.last_read is not None:
-        return LetterPage(shown, signer.encode("dead_letters", (found.last_read,)), found.read)
-    more = len(found.letters) > limit and shown
-    return LetterPage(shown, signer.encode("dead_letters", (shown[-1].id,)) if more else None, None)
+        cut = signer.encode("dead_letters", (found.last_read,))
+        return LetterPage(found.letters[:limit], cut, found.read)
+    page: Page[DeadLetter] = paged(
+        found.letters, limit, (signer, "dead_letters"), lambda d: (d.id,), lambda d: d
+    )
+    return LetterPage(page.items, page.next, None)
 
 
 def _epoch_now(producer: Producer) -> Epoch:
