@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engram.jobs.settings import JobsSettings, parse_duration
-from engram.store.errors import InvalidRequestError
+from engram.store.errors import ConfigError, InvalidRequestError
 
 
 def test_defaults() -> None:
@@ -44,10 +44,13 @@ def test_values() -> None:
     ],
 )
 def test_bad_values_are_refused(name: str, value: str) -> None:
-    with pytest.raises(InvalidRequestError, match=name):
+    with pytest.raises(ConfigError, match=name):
         JobsSettings.from_env({name: value})
 
 
 def test_durations() -> None:
     assert parse_duration("45s") == 45 and parse_duration("2h") == 7200
     assert parse_duration("off") is None and parse_duration("0") is None
+    assert parse_duration("500ms") == 0.5
+    with pytest.raises(InvalidRequestError, match="--expires"):
+        parse_duration("soon", "--expires")
