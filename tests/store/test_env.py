@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from engram.jobs.settings import JobsSettings
 from engram.mcp.settings import McpSettings
 from engram.store import LLMConfig
 from engram.store.env import Env, parse_duration
@@ -103,50 +102,25 @@ def test_a_bad_value_is_a_config_error_naming_the_variable_and_what_it_accepts(
 # The forms each reader took before there was one reader, and still takes.
 
 
+# A worker variable, its old plain form, the same in the one duration form.
+WORKER_FORMS = [
+    ("ENGRAM_LEASE_TTL_MS", "5000", "5s"),
+    ("ENGRAM_LEASE_MARGIN_MS", "400", "400ms"),
+    ("ENGRAM_BLOCK_MS", "250", "250ms"),
+    ("ENGRAM_LINGER_MS", "0", "0ms"),
+    ("ENGRAM_REPLY_TTL_S", "60", "1m"),
+    ("ENGRAM_LLM_DEADLINE_S", "2.5", "2500ms"),
+]
+
+
 def test_the_workers_millisecond_and_second_variables_keep_their_plain_numbers() -> None:
-    old = Settings.from_env(
-        {
-            "ENGRAM_LEASE_TTL_MS": "5000",
-            "ENGRAM_LEASE_MARGIN_MS": "400",
-            "ENGRAM_BLOCK_MS": "250",
-            "ENGRAM_LINGER_MS": "0",
-            "ENGRAM_REPLY_TTL_S": "60",
-            "ENGRAM_LLM_DEADLINE_S": "2.5",
-        }
-    ).worker
-    new = Settings.from_env(
-        {
-            "ENGRAM_LEASE_TTL_MS": "5s",
-            "ENGRAM_LEASE_MARGIN_MS": "400ms",
-            "ENGRAM_BLOCK_MS": "250ms",
-            "ENGRAM_LINGER_MS": "0ms",
-            "ENGRAM_REPLY_TTL_S": "1m",
-            "ENGRAM_LLM_DEADLINE_S": "2500ms",
-        }
-    ).worker
+    old = Settings.from_env({name: plain for name, plain, _ in WORKER_FORMS}).worker
+    new = Settings.from_env({name: unit for name, _, unit in WORKER_FORMS}).worker
     assert old == new
     assert (old.lease_ttl_ms, old.lease_margin_ms, old.block_ms) == (5000, 400, 250)
     assert (old.reply_ttl_s, old.llm_deadline_s) == (60, 2.5)
     with pytest.raises(ConfigError, match="ENGRAM_LEASE_TTL_MS"):
         Settings.from_env({"ENGRAM_LEASE_TTL_MS": "five seconds"})
-
-
-def test_the_jobs_durations_keep_their_units_and_off() -> None:
-    jobs = JobsSettings.from_env(
-        {
-            "ENGRAM_REEMBED_LEASE_TTL": "30s",
-            "ENGRAM_RETAIN_HISTORY": "0",
-            "ENGRAM_RETAIN_RECEIPTS": "90d",
-            "ENGRAM_REDACTION_RETRY": "500ms,2m",
-            "ENGRAM_REDIS_PURGE_FILES": "off",
-            "ENGRAM_JOBS_TICK": "0.2s",
-        }
-    )
-    assert jobs.reembed.lease_ttl_ms == 30_000 and jobs.retention.history_s is None
-    assert jobs.retention.receipts_s == 90 * 86400 and jobs.redaction.retry_s == (1, 120)
-    assert not jobs.redaction.purge_redis_files and jobs.tick_s == 0.2
-    short = JobsSettings.from_env({"ENGRAM_REEMBED_LEASE_TTL": "1500ms"})
-    assert short.reembed.lease_ttl_ms == 1500
 
 
 def test_the_model_the_dashboard_and_mcp_keep_their_forms() -> None:
