@@ -26,8 +26,9 @@ Unit = Literal["ms", "s", "m", "h", "d"]
 UNIT_S: dict[str, float] = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DURATION_FORM = "a number and a unit (500ms, 30s, 5m, 1h, 30d)"
 OFF = ("off", "0", "none")
-SWITCHES = {"on": True, "true": True, "yes": True, "1": True}
-SWITCHES |= {"off": False, "false": False, "no": False, "0": False}
+SWITCHES = dict.fromkeys(("on", "true", "yes", "1"), True) | dict.fromkeys(
+    ("off", "false", "no", "0"), False
+)
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -52,8 +53,8 @@ def parse_duration(text: str, *, plain: Unit | None = None) -> float:
     elif plain is not None and _NUMBER.fullmatch(value):
         seconds = float(value) * UNIT_S[plain]
     else:
-        raise ValueError(f"a duration is {duration_form(plain)}, not {text!r}")
-    if not math.isfinite(seconds):
+        seconds = math.nan
+    if not math.isfinite(seconds):  # unreadable, or too many digits to be a number
         raise ValueError(f"a duration is {duration_form(plain)}, not {text!r}")
     return seconds
 

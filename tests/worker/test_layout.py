@@ -18,11 +18,10 @@ from engram.worker import (
     Producer,
     Settings,
     WorkerConfig,
-    deadletters,
     keys,
     layout,
-    metrics,
 )
+from engram.worker.admin import deadletters, metrics
 from engram.worker.defaults import MAX_PARTITIONS
 from engram.worker.errors import RepartitionError
 from engram.worker.layout import Epoch, Layout
