@@ -90,8 +90,15 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
+    from engram.jobs.settings import JobsSettings
+
+    from .mcp.settings import McpSettings
     from .up import run_up
 
+    # The settings only the children read, read here first: a value that cannot be read
+    # stops ``up`` (a ConfigError naming the variable) before anything starts.
+    JobsSettings.from_env()
+    McpSettings.from_env()
     workers = args.workers if args.workers is not None else settings.workers
     return run_up(
         settings, workers=workers, demo=args.demo, web=not args.no_web, log_level=args.log_level

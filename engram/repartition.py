@@ -16,7 +16,8 @@ from engram.worker import layout
 from engram.worker.admin.deadletters import check_why
 from engram.worker.consuming.membership import live_workers
 from engram.worker.embedded import runtime
-from engram.worker.layout import Layout, RepartitionError
+from engram.worker.errors import RepartitionError
+from engram.worker.layout import Layout
 from engram.worker.settings import Settings
 
 from . import exits

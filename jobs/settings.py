@@ -1,22 +1,21 @@
 """The jobs' settings, read once from the environment and passed explicitly.
 
-Durations are written with a unit: ``30d``, ``12h``, ``15m``, ``45s``
-(``off`` or ``0`` turns a retention off).
+Durations are written with a unit (``engram.store.env``): ``30d``, ``12h``, ``15m``,
+``45s``, ``500ms`` (``off`` or ``0`` turns a retention off).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from engram.store.errors import InvalidRequestError
+from engram.store.env import Env, duration_form, is_off
+from engram.store.env import parse_duration as seconds_of
+from engram.store.errors import ConfigError, InvalidRequestError
 from engram.store.masking import MASKED_URL, masked_repr
 
 BUILTIN_LISTENERS = ("redis", "postgres", "webhook")
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +37,7 @@ class Redaction:
     """The forget listeners and how they run."""
 
     # Built-in names and package.module:callable plug-ins, in the order they run.
-    listeners: tuple[str, ...] = ("redis", "postgres", "webhook")
+    listeners: tuple[str, ...] = BUILTIN_LISTENERS
     webhook_url: str | None = field(default=None, metadata=MASKED_URL)
     webhook_secret: str | None = field(default=None, repr=False)
     # Pauses before each retry of a failed redaction job; the last failure is final.
@@ -86,64 +85,76 @@ class JobsSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> JobsSettings:
-        env = os.environ if env is None else env
-        listeners = tuple(
-            name.strip()
-            for name in env.get("ENGRAM_FORGET_LISTENERS", ",".join(BUILTIN_LISTENERS)).split(",")
-            if name.strip()
-        )
-        for name in listeners:
-            if name not in BUILTIN_LISTENERS and not re.fullmatch(r"[\w.]+:\w+", name):
-                raise InvalidRequestError(
-                    f"ENGRAM_FORGET_LISTENERS: {name!r} is neither "
-                    f"{', '.join(BUILTIN_LISTENERS)} nor package.module:callable"
-                )
+        read = Env(env)
         return cls(
-            retention=Retention(
-                history_s=duration(env, "ENGRAM_RETAIN_HISTORY", "30d"),
-                receipts_s=duration(env, "ENGRAM_RETAIN_RECEIPTS", "off"),
-                dead_letters_s=duration(env, "ENGRAM_RETAIN_DEAD_LETTERS", "14d"),
-                token_reads_s=duration(env, "ENGRAM_RETAIN_TOKEN_READS", "90d"),
-                every_s=duration(env, "ENGRAM_PRUNE_EVERY", "1h") or 3600.0,
-            ),
-            redaction=Redaction(
-                listeners=listeners,
-                webhook_url=env.get("ENGRAM_FORGET_WEBHOOK_URL") or None,
-                webhook_secret=env.get("ENGRAM_FORGET_WEBHOOK_SECRET") or None,
-                retry_s=_seconds_list(env, "ENGRAM_REDACTION_RETRY", "10s,60s,300s"),
-                purge_redis_files=env.get("ENGRAM_REDIS_PURGE_FILES", "on") != "off",
-                reindex_text=env.get("ENGRAM_REDACTION_REINDEX", "on") != "off",
-                wait_s=duration(env, "ENGRAM_REDACTION_WAIT", "60s") or 60.0,
-                sweep_after_s=duration(env, "ENGRAM_REDACTION_SWEEP_AFTER", "5m") or 300.0,
-                max_handovers=int(env.get("ENGRAM_REDACTION_MAX_HANDOVERS") or 5),
-            ),
-            reembed=Reembed(
-                batch_size=int(env.get("ENGRAM_REEMBED_BATCH_SIZE") or 64),
-                slice_s=duration(env, "ENGRAM_REEMBED_SLICE", "60s") or 60.0,
-                lease_ttl_ms=int(1000 * (duration(env, "ENGRAM_REEMBED_LEASE_TTL", "30s") or 30.0)),
-                switch_hold_s=duration(env, "ENGRAM_REEMBED_SWITCH_HOLD", "1s") or 1.0,
-                resume_after_s=duration(env, "ENGRAM_REEMBED_RESUME_AFTER", "2s") or 2.0,
-                retry_s=_seconds_list(env, "ENGRAM_REEMBED_RETRY", "5s,30s,120s"),
-            ),
-            tick_s=duration(env, "ENGRAM_JOBS_TICK", "5s") or 5.0,
+            retention=_retention(read),
+            redaction=_redaction(read),
+            reembed=_reembed(read),
+            tick_s=read.duration("ENGRAM_JOBS_TICK", _DEFAULTS.tick_s),
         )
+
+
+_DEFAULTS = JobsSettings()
+
+
+def _retention(read: Env) -> Retention:
+    base = _DEFAULTS.retention
+    return Retention(
+        history_s=read.duration_or_off("ENGRAM_RETAIN_HISTORY", base.history_s),
+        receipts_s=read.duration_or_off("ENGRAM_RETAIN_RECEIPTS", base.receipts_s),
+        dead_letters_s=read.duration_or_off("ENGRAM_RETAIN_DEAD_LETTERS", base.dead_letters_s),
+        token_reads_s=read.duration_or_off("ENGRAM_RETAIN_TOKEN_READS", base.token_reads_s),
+        every_s=read.duration("ENGRAM_PRUNE_EVERY", base.every_s),
+    )
+
+
+def _redaction(read: Env) -> Redaction:
+    base = _DEFAULTS.redaction
+    listeners = read.items("ENGRAM_FORGET_LISTENERS", base.listeners)
+    for name in listeners:
+        if name not in BUILTIN_LISTENERS and not re.fullmatch(r"[\w.]+:\w+", name):
+            raise ConfigError(
+                f"ENGRAM_FORGET_LISTENERS: {name!r} is neither "
+                f"{', '.join(BUILTIN_LISTENERS)} nor package.module:callable"
+            )
+    return Redaction(
+        listeners=listeners,
+        webhook_url=read.optional("ENGRAM_FORGET_WEBHOOK_URL"),
+        webhook_secret=read.optional("ENGRAM_FORGET_WEBHOOK_SECRET"),
+        retry_s=_whole_seconds(read.durations("ENGRAM_REDACTION_RETRY", base.retry_s)),
+        purge_redis_files=read.switch("ENGRAM_REDIS_PURGE_FILES", base.purge_redis_files),
+        reindex_text=read.switch("ENGRAM_REDACTION_REINDEX", base.reindex_text),
+        wait_s=read.duration("ENGRAM_REDACTION_WAIT", base.wait_s),
+        sweep_after_s=read.duration("ENGRAM_REDACTION_SWEEP_AFTER", base.sweep_after_s),
+        max_handovers=read.integer("ENGRAM_REDACTION_MAX_HANDOVERS", base.max_handovers),
+    )
+
+
+def _reembed(read: Env) -> Reembed:
+    base = _DEFAULTS.reembed
+    return Reembed(
+        batch_size=read.integer("ENGRAM_REEMBED_BATCH_SIZE", base.batch_size),
+        slice_s=read.duration("ENGRAM_REEMBED_SLICE", base.slice_s),
+        # The one duration form, in milliseconds here: ENGRAM_REEMBED_LEASE_TTL=30s.
+        lease_ttl_ms=read.duration_ms("ENGRAM_REEMBED_LEASE_TTL", base.lease_ttl_ms, plain=None),
+        switch_hold_s=read.duration("ENGRAM_REEMBED_SWITCH_HOLD", base.switch_hold_s),
+        resume_after_s=read.duration("ENGRAM_REEMBED_RESUME_AFTER", base.resume_after_s),
+        retry_s=_whole_seconds(read.durations("ENGRAM_REEMBED_RETRY", base.retry_s)),
+    )
+
+
+def _whole_seconds(pauses: tuple[float, ...]) -> tuple[int, ...]:
+    return tuple(max(1, round(pause)) for pause in pauses)
 
 
 def parse_duration(value: str, what: str = "duration") -> float | None:
-    """``"30d"`` -> 2592000.0; ``"off"`` or ``"0"`` -> None."""
-    text = value.strip().lower()
-    if text in ("off", "0", "none"):
+    """A duration given to a command or a form (``--expires 30d``): seconds, or None for
+    ``off`` (or ``0``); anything else is an ``InvalidRequestError`` naming ``what``."""
+    if is_off(value):
         return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd])", text)
-    if not match:
-        raise InvalidRequestError(f"{what} must look like 30d, 12h, 15m, 45s or off, not {value!r}")
-    return float(match[1]) * _UNITS[match[2]]
-
-
-def duration(env: Mapping[str, str], name: str, default: str) -> float | None:
-    return parse_duration(env.get(name) or default, name)
-
-
-def _seconds_list(env: Mapping[str, str], name: str, default: str) -> tuple[int, ...]:
-    values = [parse_duration(v, name) for v in (env.get(name) or default).split(",") if v.strip()]
-    return tuple(max(1, round(v)) for v in values if v is not None)
+    try:
+        return seconds_of(value)
+    except ValueError:
+        raise InvalidRequestError(
+            f"{what} must be {duration_form(off=True)}, not {value!r}"
+        ) from None

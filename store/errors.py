@@ -2,11 +2,22 @@
 
 Each class has a stable ``code`` (what the stream protocol and the HTTP API
 send) and the HTTP ``status`` it maps to. Messages never contain memory text.
+
+``ERRORS_BY_CODE`` is the one registry of codes: a class that says a ``code`` of
+its own registers itself as it is defined (``EngramError.__init_subclass__``), and
+``error_from_dict`` rebuilds that class from its ``to_dict()``. A subclass that says
+no code of its own (``MalformedEntryError``, ``web.errors.BadRequestError``) is an
+alias: it crosses the wire as the class whose code it has. Two classes may not
+claim one code. The store's and the queue's errors (every code a worker replies
+with or a receipt keeps) live in ``store/errors.py`` and ``worker/errors.py``, so
+whoever decodes a reply or a receipt has them all registered; the web's, the jobs'
+and ``engram``'s own register when their module is imported.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
 
 
 class EngramError(Exception):
@@ -17,12 +28,40 @@ class EngramError(Exception):
         super().__init__(message)
         self.message = message
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            _register(cls)
+
     def details(self) -> dict[str, Any]:
         """Extra fields a remote caller needs to rebuild this error."""
         return {}
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, **self.details()}
+
+    @classmethod
+    def from_dict(cls, message: str, data: Mapping[str, Any]) -> Self:
+        """This error again, from ``to_dict()`` output read back (untrusted: checked)."""
+        return cls(message)
+
+
+# Every code, and the class that crosses the wire as it.
+ERRORS_BY_CODE: dict[str, type[EngramError]] = {EngramError.code: EngramError}
+
+
+def _register(cls: type[EngramError]) -> None:
+    known = ERRORS_BY_CODE.get(cls.code)
+    reloaded = known is not None and (known.__module__, known.__qualname__) == (
+        cls.__module__,
+        cls.__qualname__,
+    )
+    if known is not None and not reloaded:
+        raise TypeError(
+            f"{cls.__qualname__}: the code {cls.code!r} is {known.__qualname__}'s"
+            " (subclass it without a code of its own to share it)"
+        )
+    ERRORS_BY_CODE[cls.code] = cls
 
 
 class InvalidRequestError(EngramError):
@@ -63,6 +102,15 @@ class RevisionConflictError(EngramError):
     def details(self) -> dict[str, Any]:
         return {"expected": self.expected, "actual": self.actual, "attempts": self.attempts}
 
+    @classmethod
+    def from_dict(cls, message: str, data: Mapping[str, Any]) -> Self:
+        return cls(
+            message,
+            expected=data.get("expected"),
+            actual=data.get("actual"),
+            attempts=int(data.get("attempts", 1)),
+        )
+
 
 class EmbeddingMismatchError(EngramError):
     """A vector from another model or of another size than the generation's."""
@@ -95,6 +143,10 @@ class ModelUnavailableError(EngramError):
 
     def details(self) -> dict[str, Any]:
         return {"reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, message: str, data: Mapping[str, Any]) -> Self:
+        return cls(message, reason=str(data.get("reason", "error")))
 
 
 class ModelOutputError(EngramError):
@@ -150,6 +202,13 @@ class RedactionHeldError(EngramError):
         super().__init__(held_by(holders))
         self.holders = tuple(holders)
 
+    @classmethod
+    def from_dict(cls, message: str, data: Mapping[str, Any]) -> Self:
+        """The holders are in the message only: it is kept as it was sent."""
+        error = cls([])
+        EngramError.__init__(error, message)
+        return error
+
 
 def held_by(holders: list[str] | tuple[str, ...]) -> str:
     """The reason a held redaction shows (receipt, reply, dashboard, ``engram health``):
@@ -162,39 +221,12 @@ def held_by(holders: list[str] | tuple[str, ...]) -> str:
 _HOLDERS_SHOWN = 5
 
 
-ERRORS_BY_CODE: dict[str, type[EngramError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidRequestError,
-        NotFoundError,
-        OperationConflictError,
-        RevisionConflictError,
-        EmbeddingMismatchError,
-        AssertedRecordError,
-        ModelUnavailableError,
-        ModelOutputError,
-        EmbedderUnavailableError,
-        FencedError,
-        SchemaVersionError,
-    )
-}
-
-
-def error_from_dict(data: dict[str, Any]) -> EngramError:
-    """Rebuild a typed error from ``EngramError.to_dict()`` output."""
+def error_from_dict(data: Mapping[str, Any]) -> EngramError:
+    """Rebuild a typed error from ``EngramError.to_dict()`` output: the class its code
+    names, or a plain ``EngramError`` for a code this process does not know."""
     code = str(data.get("code", "internal"))
     message = str(data.get("message", code))
-    cls = ERRORS_BY_CODE.get(code, EngramError)
-    if cls is RevisionConflictError:
-        return RevisionConflictError(
-            message,
-            expected=data.get("expected"),
-            actual=data.get("actual"),
-            attempts=int(data.get("attempts", 1)),
-        )
-    if cls is ModelUnavailableError:
-        return ModelUnavailableError(message, reason=str(data.get("reason", "error")))
-    return cls(message)
+    return ERRORS_BY_CODE.get(code, EngramError).from_dict(message, data)
 
 
 class RestorePendingError(EngramError):
@@ -219,3 +251,24 @@ class LedgerUnavailableError(ConfigError):
     rights): nothing was appended, so the forgets it was given are not ``complete``."""
 
     code = "ledger_unavailable"
+
+
+class GenerationNotPendingError(EngramError):
+    """Only a pending generation can be cancelled: this one is active, retired or
+    cancelled already. Nothing was changed."""
+
+    code = "generation_not_pending"
+    status = 409
+
+
+class UnregisteredModelError(InvalidRequestError):
+    """A model asked for from outside that is not one of the registry's names."""
+
+    code = "unregistered_model"
+
+
+class EmbedderLoadError(InvalidRequestError):
+    """A model asked for cannot be loaded here (its package is missing, its factory or
+    its first embedding fails): nothing was started."""
+
+    code = "embedder_cannot_load"

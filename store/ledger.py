@@ -34,6 +34,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+from .env import Env
 from .errors import InvalidRequestError, LedgerUnavailableError
 from .files import fsync_dir
 from .values import Scope
@@ -103,11 +104,11 @@ class Scan:
 
 def default_dir(env: Mapping[str, str] | None = None) -> Path:
     """``ENGRAM_FORGET_LEDGER_DIR``, else ``ENGRAM_HOME/ledger`` (home: ``.engram``)."""
-    env = os.environ if env is None else env
-    configured = env.get(LEDGER_DIR_ENV)
+    read = Env(env)
+    configured = read.optional(LEDGER_DIR_ENV)
     if configured:
         return Path(configured)
-    return Path(env.get("ENGRAM_HOME") or ".engram") / "ledger"
+    return Path(read.text("ENGRAM_HOME", ".engram")) / "ledger"
 
 
 class ForgetLedger:

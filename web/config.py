@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engram.jobs import keys as jobs_keys
-from engram.jobs.settings import duration, parse_duration
+from engram.store.env import Env
 from engram.store.errors import ConfigError
 from engram.worker import defaults as worker_defaults
 
@@ -30,8 +29,8 @@ SESSION_TTL_S = 12 * 3600
 # maintenance an operator sets off (a re-embedding's start, a generation's cancel: they
 # purge what retired generations left and count the store) has its own bound
 # (ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT).
-STATEMENT_TIMEOUT = "5s"
-ADMIN_STATEMENT_TIMEOUT = "5m"
+STATEMENT_TIMEOUT_S = 5.0
+ADMIN_STATEMENT_TIMEOUT_S = 300.0
 LOOPBACK_NAMES = ("localhost",)
 
 
@@ -63,12 +62,8 @@ class WebConfig:
     # (uvicorn's proxy_headers), so behind one the cookies are Secure and HSTS is sent.
     trusted_proxies: tuple[str, ...] = field(default=())
     # None: no bound (``off``).
-    statement_timeout_s: float | None = field(
-        default_factory=lambda: parse_duration(STATEMENT_TIMEOUT)
-    )
-    admin_statement_timeout_s: float | None = field(
-        default_factory=lambda: parse_duration(ADMIN_STATEMENT_TIMEOUT)
-    )
+    statement_timeout_s: float | None = STATEMENT_TIMEOUT_S
+    admin_statement_timeout_s: float | None = ADMIN_STATEMENT_TIMEOUT_S
 
     @property
     def retry_after_s(self) -> int:
@@ -124,31 +119,23 @@ class WebConfig:
         partitions: int = worker_defaults.PARTITIONS,
         lease_ttl_ms: int = worker_defaults.LEASE_TTL_MS,
     ) -> WebConfig:
-        env = os.environ if env is None else env
-        queues = tuple(q.strip() for q in env.get("ENGRAM_JOB_QUEUES", "").split(",") if q.strip())
-        hosts = tuple(h.strip() for h in env.get("ENGRAM_DASHBOARD_HOSTS", "").split(",") if h)
-        proxies = env.get("ENGRAM_DASHBOARD_TRUSTED_PROXIES", "")
-        trusted = tuple(p.strip() for p in proxies.split(",") if p.strip())
+        read = Env(env)
         return cls(
-            host=host or env.get("ENGRAM_DASHBOARD_HOST") or "127.0.0.1",
-            port=port or _port(env.get("ENGRAM_DASHBOARD_PORT")),
-            token=env.get("ENGRAM_DASHBOARD_TOKEN") or None,
+            host=host or read.text("ENGRAM_DASHBOARD_HOST", _DEFAULTS.host),
+            port=port or read.integer("ENGRAM_DASHBOARD_PORT", DEFAULT_PORT),
+            token=read.optional("ENGRAM_DASHBOARD_TOKEN"),
             partitions=partitions,
             lease_ttl_ms=lease_ttl_ms,
-            job_queues=queues or DEFAULT_JOB_QUEUES,
-            allowed_hosts=hosts,
-            trusted_proxies=trusted,
-            statement_timeout_s=duration(env, "ENGRAM_WEB_STATEMENT_TIMEOUT", STATEMENT_TIMEOUT),
-            admin_statement_timeout_s=duration(
-                env, "ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT", ADMIN_STATEMENT_TIMEOUT
+            job_queues=read.items("ENGRAM_JOB_QUEUES", ()) or DEFAULT_JOB_QUEUES,
+            allowed_hosts=read.items("ENGRAM_DASHBOARD_HOSTS", ()),
+            trusted_proxies=read.items("ENGRAM_DASHBOARD_TRUSTED_PROXIES", ()),
+            statement_timeout_s=read.duration_or_off(
+                "ENGRAM_WEB_STATEMENT_TIMEOUT", STATEMENT_TIMEOUT_S
+            ),
+            admin_statement_timeout_s=read.duration_or_off(
+                "ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT", ADMIN_STATEMENT_TIMEOUT_S
             ),
         )
 
 
-def _port(value: str | None) -> int:
-    if not value:
-        return DEFAULT_PORT
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"ENGRAM_DASHBOARD_PORT must be a number, not {value!r}") from None
+_DEFAULTS = WebConfig()

@@ -4,15 +4,16 @@ and its HTTP ``status``; every error answers ``{"error": {"code", "message"}}``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Self
 
-from engram.store.errors import EngramError
+from engram.store.errors import EngramError, InvalidRequestError
 
 
-class BadRequestError(EngramError):
-    """A malformed request: a path or query value, a cursor, a body that is not JSON."""
+class BadRequestError(InvalidRequestError):
+    """A malformed request: a path or query value, a cursor, a body that is not JSON.
+    An ``invalid_request`` (it has no code of its own), answered 400 instead of 422."""
 
-    code = "invalid_request"
     status = 400
 
 
@@ -63,3 +64,7 @@ class StatementTimeoutError(UnavailableError):
 
     def details(self) -> dict[str, Any]:
         return {"retry_after_s": self.retry_after_s}
+
+    @classmethod
+    def from_dict(cls, message: str, data: Mapping[str, Any]) -> Self:
+        return cls(message, retry_after_s=int(data.get("retry_after_s", 1)))

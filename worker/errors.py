@@ -2,12 +2,15 @@
 
 Every class is rooted in ``EngramError`` and has a stable ``code``; a worker
 sends ``to_dict()`` through Redis and ``error_from_dict`` rebuilds the same
-class on the producer side. Messages carry ids and counts, never memory text.
+class on the producer side (which imports this module, so every code of the
+store and of the queue is registered there: ``store.errors.ERRORS_BY_CODE``).
+Messages carry ids and counts, never memory text.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Self
 
 from engram.store.errors import (
     EmbeddingMismatchError,
@@ -71,6 +74,15 @@ class DeadLetteredError(EngramError):
             **({"detail": self.detail} if self.detail else {}),
         }
 
+    @classmethod
+    def from_dict(cls, message: str, data: Mapping[str, Any]) -> Self:
+        cause, detail = data.get("cause"), data.get("detail")
+        return cls(
+            message,
+            cause=cause if isinstance(cause, str) else "",
+            detail=detail if isinstance(detail, str) else "",
+        )
+
 
 class MalformedEntryError(InvalidRequestError):
     """A stream entry that is not a valid operation for its partition: refused as
@@ -110,30 +122,24 @@ class WaitTimeout(EngramError, TimeoutError):
     status = 504
 
 
-_WORKER_ERRORS: dict[str, type[EngramError]] = {
-    cls.code: cls
-    for cls in (
-        QueueUnavailableError,
-        QueueFullError,
-        PartitionRetiredError,
-        DeadLetteredError,
-        WaitTimeout,
-    )
-}
+class RepartitionError(InvalidRequestError):
+    """``engram repartition`` was asked for something it cannot do; nothing changed."""
+
+    code = "repartition_refused"
 
 
-def error_from_dict(data: dict[str, Any]) -> EngramError:
-    """Rebuild a typed error, the queue's or the store's, from ``to_dict()`` output."""
-    cls = _WORKER_ERRORS.get(str(data.get("code")))
-    if cls is DeadLetteredError:
-        cause, detail = data.get("cause"), data.get("detail")
-        return DeadLetteredError(
-            str(data.get("message", cls.code)),
-            cause=cause if isinstance(cause, str) else "",
-            detail=detail if isinstance(detail, str) else "",
-        )
-    if cls is not None:
-        return cls(str(data.get("message", cls.code)))
+class SelectionChangedError(EngramError):
+    """The letters a bulk action would take are no longer those its dry run showed."""
+
+    code = "selection_changed"
+    status = 409
+
+
+def error_from_dict(data: Mapping[str, Any]) -> EngramError:
+    """Rebuild a typed error, the queue's or the store's, from ``to_dict()`` output.
+
+    An ``invalid_request`` with a malformed entry's ``cause`` is a ``MalformedEntryError``
+    again (it shares its code: ``store.errors.error_from_dict`` would not know it)."""
     cause = data.get("cause")
     if data.get("code") == InvalidRequestError.code and cause in MALFORMED_CAUSES:
         return MalformedEntryError(str(data.get("message", "")), cause=str(cause))
@@ -152,7 +158,9 @@ __all__ = [
     "PartitionRetiredError",
     "QueueFullError",
     "QueueUnavailableError",
+    "RepartitionError",
     "RevisionConflictError",
+    "SelectionChangedError",
     "WaitTimeout",
     "error_from_dict",
 ]

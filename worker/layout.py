@@ -42,9 +42,10 @@ from typing import Any
 
 import redis
 
-from engram.store.errors import ConfigError, InvalidRequestError
+from engram.store.errors import ConfigError
 from engram.worker import cluster, keys
 from engram.worker.defaults import MAX_PARTITIONS
+from engram.worker.errors import RepartitionError
 from engram.worker.protocol import OP_FIELD
 
 # The producers' XADD (KEYS: the stream, its closure; ARGV: the cap, the op field):
@@ -89,12 +90,6 @@ if (now or '') ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 return 1
 """
-
-
-class RepartitionError(InvalidRequestError):
-    """``engram repartition`` was asked for something it cannot do; nothing changed."""
-
-    code = "repartition_refused"
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engram.store import LLMConfig
+from engram.store.env import Env
 from engram.store.masking import MASKED_URL, masked_repr
 from engram.worker import defaults
 
@@ -81,44 +82,25 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
+        read = Env(env)
+        backup_dir = read.optional("ENGRAM_BACKUP_DIR")
+        ledger_dir = read.optional("ENGRAM_FORGET_LEDGER_DIR")
         return cls(
-            home=Path(env.get("ENGRAM_HOME") or ".engram"),
-            database_url=env.get("DATABASE_URL") or None,
-            redis_url=env.get("REDIS_URL") or None,
-            database_read_url=env.get("DATABASE_READ_URL") or None,
-            jobs_redis_url=env.get("ENGRAM_JOBS_REDIS_URL") or None,
-            embedder=env.get("ENGRAM_EMBEDDER") or "wordllama",
-            embedders=env.get("ENGRAM_EMBEDDERS") or "",
-            workers=_int(env, "ENGRAM_WORKERS", defaults.UP_WORKERS),
-            db_pool_size=_int(env, "ENGRAM_DB_POOL_SIZE", defaults.DB_POOL_SIZE),
-            worker=WorkerConfig(
-                partitions=_int(env, "ENGRAM_PARTITIONS", defaults.PARTITIONS),
-                batch_size=_int(env, "ENGRAM_BATCH_SIZE", defaults.BATCH_SIZE),
-                block_ms=_int(env, "ENGRAM_BLOCK_MS", defaults.BLOCK_MS),
-                linger_ms=_int(env, "ENGRAM_LINGER_MS", defaults.LINGER_MS),
-                lease_ttl_ms=_int(env, "ENGRAM_LEASE_TTL_MS", defaults.LEASE_TTL_MS),
-                lease_margin_ms=_int(
-                    env,
-                    "ENGRAM_LEASE_MARGIN_MS",
-                    min(
-                        defaults.LEASE_MARGIN_MS,
-                        _int(env, "ENGRAM_LEASE_TTL_MS", defaults.LEASE_TTL_MS) // 5,
-                    ),
-                ),
-                max_deliveries=_int(env, "ENGRAM_MAX_DELIVERIES", defaults.MAX_DELIVERIES),
-                reply_ttl_s=_int(env, "ENGRAM_REPLY_TTL_S", defaults.REPLY_TTL_S),
-                llm_concurrency=_int(env, "ENGRAM_LLM_CONCURRENCY", defaults.LLM_CONCURRENCY),
-                llm_deadline_s=_float(env, "ENGRAM_LLM_DEADLINE_S", defaults.LLM_DEADLINE_S),
-                llm_max_held=_int(env, "ENGRAM_LLM_MAX_HELD", defaults.LLM_MAX_HELD),
-            ),
-            wait_replicas=_int(env, "ENGRAM_WAIT_REPLICAS", 0),
-            llm=LLMConfig.from_env(env),
-            backup_dir=Path(env["ENGRAM_BACKUP_DIR"]) if env.get("ENGRAM_BACKUP_DIR") else None,
-            backup_keep=env.get("ENGRAM_BACKUP_KEEP") or defaults.BACKUP_KEEP,
-            forget_ledger_dir=Path(env["ENGRAM_FORGET_LEDGER_DIR"])
-            if env.get("ENGRAM_FORGET_LEDGER_DIR")
-            else None,
+            home=Path(read.text("ENGRAM_HOME", ".engram")),
+            database_url=read.optional("DATABASE_URL"),
+            redis_url=read.optional("REDIS_URL"),
+            database_read_url=read.optional("DATABASE_READ_URL"),
+            jobs_redis_url=read.optional("ENGRAM_JOBS_REDIS_URL"),
+            embedder=read.text("ENGRAM_EMBEDDER", _DEFAULTS.embedder),
+            embedders=read.text("ENGRAM_EMBEDDERS", _DEFAULTS.embedders),
+            workers=read.integer("ENGRAM_WORKERS", defaults.UP_WORKERS),
+            db_pool_size=read.integer("ENGRAM_DB_POOL_SIZE", defaults.DB_POOL_SIZE),
+            worker=_worker_config(read),
+            wait_replicas=read.integer("ENGRAM_WAIT_REPLICAS", _DEFAULTS.wait_replicas),
+            llm=LLMConfig.from_env(read.env),
+            backup_dir=Path(backup_dir) if backup_dir else None,
+            backup_keep=read.text("ENGRAM_BACKUP_KEEP", defaults.BACKUP_KEEP),
+            forget_ledger_dir=Path(ledger_dir) if ledger_dir else None,
         )
 
     @property
@@ -127,21 +109,26 @@ class Settings:
         return self.forget_ledger_dir or self.home / "ledger"
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    value = env.get(name)
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, not {value!r}") from None
+# The defaults Settings.from_env falls back on that are not in ``worker.defaults``.
+_DEFAULTS = Settings(home=Path(".engram"), database_url=None, redis_url=None)
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    value = env.get(name)
-    if not value:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, not {value!r}") from None
+def _worker_config(read: Env) -> WorkerConfig:
+    """``ENGRAM_LEASE_TTL_MS`` and the other ``*_MS`` take ``500ms``, ``5s``..., or a
+    plain number of milliseconds as they always did; ``*_S``, a plain number of seconds."""
+    lease_ttl_ms = read.duration_ms("ENGRAM_LEASE_TTL_MS", defaults.LEASE_TTL_MS)
+    # Unset, the margin is also at most a fifth of the lease, so a short lease keeps one.
+    margin_ms = min(defaults.LEASE_MARGIN_MS, lease_ttl_ms // 5)
+    return WorkerConfig(
+        partitions=read.integer("ENGRAM_PARTITIONS", defaults.PARTITIONS),
+        batch_size=read.integer("ENGRAM_BATCH_SIZE", defaults.BATCH_SIZE),
+        block_ms=read.duration_ms("ENGRAM_BLOCK_MS", defaults.BLOCK_MS),
+        linger_ms=read.duration_ms("ENGRAM_LINGER_MS", defaults.LINGER_MS),
+        lease_ttl_ms=lease_ttl_ms,
+        lease_margin_ms=read.duration_ms("ENGRAM_LEASE_MARGIN_MS", margin_ms),
+        max_deliveries=read.integer("ENGRAM_MAX_DELIVERIES", defaults.MAX_DELIVERIES),
+        reply_ttl_s=math.ceil(read.duration("ENGRAM_REPLY_TTL_S", defaults.REPLY_TTL_S, plain="s")),
+        llm_concurrency=read.integer("ENGRAM_LLM_CONCURRENCY", defaults.LLM_CONCURRENCY),
+        llm_deadline_s=read.duration("ENGRAM_LLM_DEADLINE_S", defaults.LLM_DEADLINE_S, plain="s"),
+        llm_max_held=read.integer("ENGRAM_LLM_MAX_HELD", defaults.LLM_MAX_HELD),
+    )

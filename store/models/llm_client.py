@@ -33,6 +33,7 @@ from typing import Any
 import httpcore
 import httpx
 
+from ..env import Env
 from ..errors import ModelUnavailableError
 from ..limits import (
     LLM_BACKOFF_S,
@@ -46,6 +47,7 @@ from .llm import Completion, Prompt, Usage
 
 log = logging.getLogger(__name__)
 
+# The first is the default (ENGRAM_LLM_RESPONSE_FORMAT); each refusal moves to the next.
 RESPONSE_FORMATS = ("json_schema", "json_object", "none")
 
 
@@ -57,7 +59,7 @@ class LLMConfig:
     api_key: str | None = field(default=None, repr=False)
     timeout_s: float = LLM_TIMEOUT_S  # per attempt, the whole exchange
     max_retries: int = LLM_MAX_RETRIES
-    response_format: str = "json_schema"
+    response_format: str = RESPONSE_FORMATS[0]
     backoff_s: float = LLM_BACKOFF_S
     max_backoff_s: float = LLM_MAX_BACKOFF_S
     max_connections: int = 64
@@ -75,19 +77,20 @@ class LLMConfig:
         """``ENGRAM_LLM_URL``, ``ENGRAM_LLM_MODEL``, ``ENGRAM_LLM_API_KEY`` and the
         optional ``ENGRAM_LLM_TIMEOUT_S``, ``ENGRAM_LLM_MAX_RETRIES``,
         ``ENGRAM_LLM_RESPONSE_FORMAT``; None when no URL is set."""
-        url = env.get("ENGRAM_LLM_URL")
+        read = Env(env)
+        url = read.optional("ENGRAM_LLM_URL")
         if not url:
             return None
-        model = env.get("ENGRAM_LLM_MODEL")
+        model = read.optional("ENGRAM_LLM_MODEL")
         if not model:
             raise ValueError("ENGRAM_LLM_URL is set: set ENGRAM_LLM_MODEL too")
         return cls(
             url=url,
             model=model,
-            api_key=env.get("ENGRAM_LLM_API_KEY") or None,
-            timeout_s=float(env.get("ENGRAM_LLM_TIMEOUT_S") or LLM_TIMEOUT_S),
-            max_retries=int(env.get("ENGRAM_LLM_MAX_RETRIES") or LLM_MAX_RETRIES),
-            response_format=env.get("ENGRAM_LLM_RESPONSE_FORMAT") or "json_schema",
+            api_key=read.optional("ENGRAM_LLM_API_KEY"),
+            timeout_s=read.duration("ENGRAM_LLM_TIMEOUT_S", LLM_TIMEOUT_S, plain="s"),
+            max_retries=read.integer("ENGRAM_LLM_MAX_RETRIES", LLM_MAX_RETRIES),
+            response_format=read.text("ENGRAM_LLM_RESPONSE_FORMAT", RESPONSE_FORMATS[0]),
         )
 
     @property

@@ -44,8 +44,8 @@ from psycopg.types.json import Jsonb
 
 from ..errors import (
     EmbeddingMismatchError,
-    EngramError,
     FencedError,
+    GenerationNotPendingError,
     InvalidRequestError,
     NotFoundError,
 )
@@ -75,14 +75,6 @@ _MISSING = """
                       AND x.record_id = r.id AND x.revision = r.revision
                       AND x.digest = v.digest)
 """
-
-
-class GenerationNotPendingError(EngramError):
-    """Only a pending generation can be cancelled: this one is active, retired or
-    cancelled already. Nothing was changed."""
-
-    code = "generation_not_pending"
-    status = 409
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,13 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..errors import EmbedderUnavailableError, EngramError, InvalidRequestError
+from ..errors import (
+    EmbedderLoadError,
+    EmbedderUnavailableError,
+    EngramError,
+    InvalidRequestError,
+    UnregisteredModelError,
+)
 from .embedders import Embedder, HashingEmbedder, WordLlamaEmbedder, embed_checked
 from .minilm import MODEL_ID as MINILM_MODEL_ID
 from .minilm import MiniLMEmbedder
@@ -43,19 +49,6 @@ BUILTIN_NAMES = ("wordllama", "minilm", "hashing")
 # A registered name, with the DIMS the sized built-ins take: never a dotted path.
 _REGISTERED_SPEC = re.compile(r"([a-z][a-z0-9_-]{0,63})(?::([0-9]{1,6}))?")
 _SIZED = ("wordllama", "hashing")
-
-
-class UnregisteredModelError(InvalidRequestError):
-    """A model asked for from outside that is not one of the registry's names."""
-
-    code = "unregistered_model"
-
-
-class EmbedderLoadError(InvalidRequestError):
-    """A model asked for cannot be loaded here (its package is missing, its factory or
-    its first embedding fails): nothing was started."""
-
-    code = "embedder_cannot_load"
 
 
 # What ``load`` embeds to see that a model works: no one's data.

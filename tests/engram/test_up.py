@@ -507,6 +507,33 @@ def _processes_of(home: Path) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("ENGRAM_LEASE_TTL_MS", "soon"),  # the workers'
+        ("ENGRAM_JOBS_TICK", "5"),  # the jobs' (a duration without its unit)
+        ("ENGRAM_REDIS_PURGE_FILES", "maybe"),
+        ("ENGRAM_WEB_STATEMENT_TIMEOUT", "1 minute"),  # the dashboard's
+        ("ENGRAM_MCP_WAIT_S", "soon"),  # the MCP endpoint's
+    ],
+)
+def test_up_refuses_a_setting_it_cannot_read_before_starting_anything(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    home = tmp_path / "home"
+    refused = subprocess.run(
+        [sys.executable, "-m", "engram", "up"],
+        env={**home_env(home), variable: value},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert f"{variable} must be " in refused.stderr
+    assert not home.exists()
+
+
 @pytest.mark.parametrize("workers", ["0", "-1"])
 def test_up_refuses_a_worker_count_below_one_before_starting_anything(
     tmp_path: Path, workers: str

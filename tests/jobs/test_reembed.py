@@ -19,9 +19,9 @@ from engram.jobs import keys, queues, reembed
 from engram.jobs.context import JobContext
 from engram.jobs.progress import Progress
 from engram.store import HashingEmbedder, Operation, Store
-from engram.store.errors import InvalidRequestError
+from engram.store.errors import EmbedderLoadError, InvalidRequestError
 from engram.store.vectors.embeddings import Switched
-from engram.store.vectors.registry import EmbedderLoadError, EmbedderRegistry, parse_plugins
+from engram.store.vectors.registry import EmbedderRegistry, parse_plugins
 from engram.web import rqjobs
 from tests.embedder_faults import FAULTY_PLUGINS
 from tests.helpers import bytes_hold, marker_text, redis_values

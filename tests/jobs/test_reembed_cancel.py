@@ -16,8 +16,7 @@ import pytest
 from engram.jobs import keys, reembed
 from engram.jobs.progress import Progress
 from engram.store import HashingEmbedder, Operation, Store
-from engram.store.errors import InvalidRequestError, NotFoundError
-from engram.store.vectors.embeddings import GenerationNotPendingError
+from engram.store.errors import GenerationNotPendingError, InvalidRequestError, NotFoundError
 from engram.web import rqjobs
 from engram.worker.embedded.runtime import connect_redis
 from tests.jobs_fixtures import PLUGINS, JobsProcess, context, marks, registry

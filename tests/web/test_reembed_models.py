@@ -12,7 +12,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from engram.store import HashingEmbedder, Store
-from engram.store.vectors.registry import EmbedderRegistry, UnregisteredModelError
+from engram.store.errors import UnregisteredModelError
+from engram.store.vectors.registry import EmbedderRegistry
 from engram.web import WebConfig
 from engram.web_cli import build
 from engram.worker.settings import Settings

@@ -23,7 +23,8 @@ from engram.worker import (
 )
 from engram.worker.admin import deadletters, metrics
 from engram.worker.defaults import MAX_PARTITIONS
-from engram.worker.layout import Epoch, Layout, RepartitionError
+from engram.worker.errors import RepartitionError
+from engram.worker.layout import Epoch, Layout
 from engram.worker.protocol import encode_entry, partition_of
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
 

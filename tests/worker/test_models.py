@@ -21,6 +21,7 @@ from engram.store import (
     Prompt,
     Store,
 )
+from engram.store.errors import ConfigError
 from engram.store.values import Proposal
 from engram.worker import Producer
 from engram.worker.admin import metrics
@@ -406,5 +407,5 @@ def test_the_workers_read_their_model_from_the_environment() -> None:
     llm = load_llm(settings)
     assert llm is not None and llm.config.max_connections == 4
     llm.close()
-    with pytest.raises(ValueError, match="ENGRAM_LLM_DEADLINE_S must be a number"):
+    with pytest.raises(ConfigError, match="ENGRAM_LLM_DEADLINE_S must be a number and a unit"):
         Settings.from_env({"ENGRAM_LLM_DEADLINE_S": "soon"})

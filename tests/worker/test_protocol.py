@@ -13,6 +13,7 @@ from redis.crc import key_slot
 
 from engram.store import Operation, Receipt, RecordRef, Scope, WriteResult
 from engram.store.errors import (
+    ConfigError,
     EngramError,
     InvalidRequestError,
     OperationConflictError,
@@ -419,7 +420,7 @@ def test_settings_from_env() -> None:
     assert s.worker.lease_margin_ms == 400  # a fifth of a short lease
     assert s.redis_url == "redis://x" and s.embedder == "hashing:64"
     assert Settings.from_env({}).worker == WorkerConfig()
-    with pytest.raises(ValueError, match="ENGRAM_PARTITIONS"):
+    with pytest.raises(ConfigError, match="ENGRAM_PARTITIONS"):
         Settings.from_env({"ENGRAM_PARTITIONS": "many"})
     with pytest.raises(ValueError):
         WorkerConfig(lease_ttl_ms=1000, lease_margin_ms=600)

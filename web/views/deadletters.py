@@ -19,8 +19,9 @@ from engram.store.values import SCOPE_FIELDS
 from engram.store.write.operations import OPERATION_KINDS
 from engram.worker.admin import deadletter_selection as selection
 from engram.worker.admin import deadletters
-from engram.worker.admin.deadletter_selection import Bulk, Match, SelectionChangedError
+from engram.worker.admin.deadletter_selection import Bulk, Match
 from engram.worker.admin.deadletters import DeadLetter
+from engram.worker.errors import SelectionChangedError
 from engram.worker.layout import Epoch
 from engram.worker.producer import Producer
 

@@ -11,10 +11,14 @@ from starlette.responses import RedirectResponse, Response
 from engram.jobs import reembed
 from engram.jobs.progress import progress_of
 from engram.store import Generation
-from engram.store.errors import EngramError, InvalidRequestError, NotFoundError
+from engram.store.errors import (
+    EngramError,
+    GenerationNotPendingError,
+    InvalidRequestError,
+    NotFoundError,
+)
 from engram.store.limits import MAX_ID_CHARS
 from engram.store.values import check_string
-from engram.store.vectors.embeddings import GenerationNotPendingError
 from engram.worker.admin import pause
 
 from .. import rqjobs

@@ -12,7 +12,7 @@ from starlette.responses import RedirectResponse, Response
 
 from engram.store import Page
 from engram.store.errors import InvalidRequestError, NotFoundError
-from engram.worker.admin.deadletter_selection import SelectionChangedError
+from engram.worker.errors import SelectionChangedError
 
 from .. import rqjobs
 from ..bodies import why_of

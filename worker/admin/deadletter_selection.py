@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from engram.store.errors import EngramError, InvalidRequestError
+from engram.store.errors import InvalidRequestError
 from engram.store.limits import MAX_ID_CHARS, MAX_SCOPE_VALUE_CHARS
 from engram.store.values import SCOPE_FIELDS, check_string
 from engram.store.write.operations import OPERATION_KINDS
@@ -35,6 +35,7 @@ from engram.worker.admin.deadletters import (
     page,
     retry_audited,
 )
+from engram.worker.errors import SelectionChangedError
 
 if TYPE_CHECKING:
     from engram.store.audit import Audit
@@ -280,13 +281,6 @@ def digest(letters: Sequence[DeadLetter]) -> str:
 
 
 BULK_ACTIONS = ("retry", "discard")
-
-
-class SelectionChangedError(EngramError):
-    """The letters a bulk action would take are no longer those its dry run showed."""
-
-    code = "selection_changed"
-    status = 409
 
 
 @dataclass(frozen=True, slots=True)
