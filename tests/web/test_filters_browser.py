@@ -116,7 +116,7 @@ def test_jobs_hide_the_maintenance_ticks_until_asked(
     expect(jobs).to_contain_text("index-large-scopes-9")
     expect(jobs).not_to_contain_text("hidden on this page")
     page.get_by_label("function").select_option("engram.jobs.prune.prune_job")
-    expect(page).to_have_url(re.compile(r"function=jobs.prune.prune_job"))
+    expect(page).to_have_url(re.compile(r"function=engram.jobs.prune.prune_job"))
     expect(jobs).to_contain_text("prune-history-481234")
     expect(jobs).not_to_contain_text("index-large-scopes-9")
     page.reload()
