@@ -8,12 +8,13 @@ on the operation's reply key, which a worker fills after the commit.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 import redis
@@ -51,9 +52,15 @@ WAIT_REPLICAS_MS = 1000
 _WAIT_SLICE_S = 1.0
 # How often a wait looks again when the reply there is to an earlier enqueue.
 _STALE_POLL_S = 0.05
+# How long a wait with no reply goes before it looks whether its entry is still in its
+# stream (gone, with no reply: the reply was lost, and the operation is asked again).
+REASK_AFTER_S = 5.0
 # How many times an enqueue refused by a closed partition reloads the layout: more than
 # one switch between two of its reads would be needed to run out.
 _RELOADS = 5
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +71,21 @@ class Pending:
     partition: int
     entry_id: str
     producer: Producer
+    stream: str = ""
+    # To ask again for a lost reply (``wait``); its text is never shown.
+    op: Operation | None = field(default=None, repr=False, compare=False)
 
     def wait(self, timeout: float = 30.0) -> StreamReceipt:
-        return self.producer.wait(self.operation_id, timeout, entry_id=self.entry_id)
+        """The receipt, as ``Producer.wait``; and a reply that was lost is asked again.
+
+        A worker writes the reply, then acknowledges the entry and deletes it from its
+        stream. On a Redis Cluster the two may live on different nodes: when the one
+        holding the reply dies before a replica has it, the operation is applied and
+        acknowledged, and no worker would ever answer it again. So a wait with no reply
+        after ``REASK_AFTER_S`` looks for its entry; gone from its stream, the operation
+        is enqueued once more under its id, and its receipt comes back as a replay
+        (nothing is applied twice)."""
+        return self.producer.wait(self.operation_id, timeout, entry_id=self.entry_id, asked=self)
 
 
 class Producer:
@@ -174,7 +193,7 @@ class Producer:
                 raise _unavailable(op.operation_id, stream, exc) from exc
             except cluster.REDIS_FAILURES as exc:
                 raise _unavailable(op.operation_id, stream, exc) from exc
-            return Pending(op.operation_id, partition, _text(entry_id), self)
+            return Pending(op.operation_id, partition, _text(entry_id), self, stream, op)
         raise QueueUnavailableError(
             f"operation {op.operation_id} not enqueued: every partition it was sent to "
             "was closed by a repartition; retry with the same operation id"
@@ -291,7 +310,14 @@ class Producer:
         retired: tuple[str, Exception] | None = None
         for (i, partition), reply in zip(targets, replies, strict=True):
             if not isinstance(reply, Exception):
-                added[i] = Pending(ops[i].operation_id, partition, _text(reply), self)
+                added[i] = Pending(
+                    ops[i].operation_id,
+                    partition,
+                    _text(reply),
+                    self,
+                    epoch.stream(partition),
+                    ops[i],
+                )
             elif str(reply).startswith(MOVED):
                 moved = True
             elif str(reply).startswith(RETIRED):
@@ -405,20 +431,31 @@ class Producer:
     # -- replies ----------------------------------------------------------------------
 
     def wait(
-        self, operation_id: str, timeout: float = 30.0, *, entry_id: str | None = None
+        self,
+        operation_id: str,
+        timeout: float = 30.0,
+        *,
+        entry_id: str | None = None,
+        asked: Pending | None = None,
     ) -> StreamReceipt:
         """The operation's receipt; raises its typed error, or ``WaitTimeout``.
 
         Any number of callers may wait for the same id, before or after the
         reply arrives: the reply stays in Redis for the reply TTL. With
         ``entry_id`` (``Pending.wait`` passes its own), a reply to an earlier
-        enqueue of the same operation id is passed over.
+        enqueue of the same operation id is passed over. With ``asked`` (``Pending.wait``
+        passes itself), a reply lost after its entry was acknowledged is asked again.
         """
         key = keys.reply(operation_id)
         deadline = time.monotonic() + timeout
         unreachable: Exception | None = None
+        next_look = time.monotonic() + REASK_AFTER_S
         while True:
             remaining = deadline - time.monotonic()
+            if asked is not None and time.monotonic() >= next_look:
+                next_look = time.monotonic() + REASK_AFTER_S
+                asked = self._ask_again_if_lost(asked)
+                entry_id = asked.entry_id
             raw = None
             try:
                 if remaining >= 0.01:
@@ -442,6 +479,27 @@ class Producer:
             if remaining < 0.01:
                 why = f" (redis unreachable: {type(unreachable).__name__})" if unreachable else ""
                 raise WaitTimeout(f"no reply for operation {operation_id} within {timeout}s{why}")
+
+    def _ask_again_if_lost(self, asked: Pending) -> Pending:
+        """``asked``, or its operation enqueued again when its entry has left its stream
+        with no reply (``Pending.wait``). Anything unsure (Redis unreachable, the
+        operation not at hand) keeps waiting on ``asked``."""
+        if asked.op is None or not asked.stream:
+            return asked
+        try:
+            if self.client.xrange(asked.stream, asked.entry_id, asked.entry_id, count=1):
+                return asked  # still to be answered
+        except redis.RedisError:  # unreachable; or a retired stream's key, a string now
+            return asked
+        try:
+            again = self.enqueue(asked.op)
+        except EngramError:  # not enqueued (Redis unreachable, the stream full): later
+            return asked
+        log.warning(
+            "a reply did not come though its entry was answered: asked again",
+            extra={"operation_id": asked.operation_id, "stream": asked.stream},
+        )
+        return again
 
     def results(self, operation_ids: Iterable[str]) -> dict[str, StreamReceipt | EngramError]:
         """The replies already there, without waiting: receipts, or errors as values."""
