@@ -13,16 +13,8 @@ from redis.crc import key_slot
 
 from engram.store import Operation, Store
 from engram.store.errors import ConfigError, EngramError
-from engram.worker import (
-    PartitionRetiredError,
-    Producer,
-    Settings,
-    WorkerConfig,
-    deadletters,
-    keys,
-    layout,
-    metrics,
-)
+from engram.worker import PartitionRetiredError, Producer, Settings, WorkerConfig, keys, layout
+from engram.worker.admin import deadletters, metrics
 from engram.worker.defaults import MAX_PARTITIONS
 from engram.worker.layout import Epoch, Layout, RepartitionError
 from engram.worker.protocol import encode_entry, partition_of
