@@ -106,10 +106,18 @@ def _create_template(conn: psycopg.Connection, server: EmbeddedPostgres) -> None
     conn.execute(f'ALTER DATABASE "{TEMPLATE}" WITH ALLOW_CONNECTIONS false')
 
 
+# The databases of the tests (and modules) that have ended, dropped as the next is made:
+# by then every fixture of their test has let go of them, and a cluster that keeps only
+# the databases in use stays small, for the replicas its tests copy with pg_basebackup
+# (which otherwise copied every database the run had made so far) and for its stop.
+_ENDED: list[str] = []
+
+
 def _fresh_database(postgres: EmbeddedPostgres, name: str, *, migrated: bool = True) -> str:
     db = re.sub(r"[^a-z0-9_]", "_", name.lower())[-60:]
     create = f'CREATE DATABASE "{db}"' + (f' TEMPLATE "{TEMPLATE}"' if migrated else "")
     with psycopg.connect(postgres.dsn(), autocommit=True) as conn:
+        _drop_ended(conn)
         conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
         for attempt in range(50):  # autovacuum may be visiting the template: it gives way
             try:
@@ -122,23 +130,41 @@ def _fresh_database(postgres: EmbeddedPostgres, name: str, *, migrated: bool = T
     return postgres.dsn(db)
 
 
+def _drop_ended(conn: psycopg.Connection) -> None:
+    """Drop the ended tests' databases; one still held (a process of its test that has
+    not let go yet) is tried again at the next."""
+    for db in list(_ENDED):
+        try:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        except psycopg.errors.ObjectInUse:
+            continue
+        _ENDED.remove(db)
+
+
+def _database_of(dsn: str) -> Iterator[str]:
+    """``dsn`` for the test (or module), then its database marked ended."""
+    yield dsn
+    _ENDED.append(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+
+
 @pytest.fixture(scope="module")
-def dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> str:
+def dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
     """A migrated database for one test module."""
-    return _fresh_database(postgres, "t_" + request.module.__name__.rsplit(".", 1)[-1])
+    name = "t_" + request.module.__name__.rsplit(".", 1)[-1]
+    yield from _database_of(_fresh_database(postgres, name))
 
 
 @pytest.fixture
-def fresh_dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> str:
+def fresh_dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
     """A migrated database of its own for one test."""
-    return _fresh_database(postgres, "f_" + request.node.name)
+    yield from _database_of(_fresh_database(postgres, "f_" + request.node.name))
 
 
 @pytest.fixture
-def empty_dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> str:
+def empty_dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
     """A database of its own for one test, with nothing in it (not even pgvector): for
     the tests of the migrations themselves."""
-    return _fresh_database(postgres, "e_" + request.node.name, migrated=False)
+    yield from _database_of(_fresh_database(postgres, "e_" + request.node.name, migrated=False))
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """The suite's own fixtures keep what they promise while sharing servers for speed: a
 test's database is migrated and its own (a copy of the session's template, which no
-test writes into), an empty one is empty, the session's servers skip the flushes no
-test needs, and a test's browser context shares nothing with another test's, though
-the module's tests share one Chromium.
+test writes into) and dropped once the test has ended, an empty one is empty, the
+session's servers skip the flushes no test needs, and a test's browser context shares
+nothing with another test's, though the module's tests share one Chromium.
 
 The pairs below run in either order (``--reverse-order``): each asserts that it finds
 nothing, then leaves something behind that its twin would find."""
@@ -34,6 +34,22 @@ def test_a_fresh_store_is_migrated_and_holds_nothing_of_another_test(
         [Operation.build("remember", scope, {"text": f"{twin} was here"})], EMBEDDER
     )
     assert len(fresh_store.receipts()) == 1
+
+
+_ENDED_HERE: list[str] = []  # the databases of this module's twins below, as they ended
+
+
+@pytest.mark.parametrize("twin", ["first", "second"])
+def test_the_database_of_an_ended_test_is_dropped_as_the_next_is_made(
+    postgres: EmbeddedPostgres, fresh_dsn: str, twin: str
+) -> None:
+    """The cluster keeps only the databases in use: pg_basebackup copies it whole."""
+    with psycopg.connect(postgres.dsn()) as conn:
+        names = {row[0] for row in conn.execute("SELECT datname FROM pg_database")}
+    mine = psycopg.conninfo.conninfo_to_dict(fresh_dsn)["dbname"]
+    assert mine in names
+    assert [db for db in _ENDED_HERE if db in names] == []
+    _ENDED_HERE.append(mine)
 
 
 def test_an_empty_database_has_no_schema_nor_extension(empty_dsn: str) -> None:
