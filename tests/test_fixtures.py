@@ -1,24 +1,30 @@
 """The suite's own fixtures keep what they promise while sharing servers for speed: a
 test's database is migrated and its own (a copy of the session's template, which no
 test writes into) and dropped once the test has ended, an empty one is empty, the
-session's servers skip the flushes no test needs, and a test's browser context shares
-nothing with another test's, though the module's tests share one Chromium.
+session's servers skip the flushes no test needs, a test's browser context shares
+nothing with another test's, though the module's tests share one Chromium, and the
+plain RQ worker of ``tests.rq_jobs`` stops at once.
 
 The pairs below run in either order (``--reverse-order``): each asserts that it finds
 nothing, then leaves something behind that its twin would find."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg
 import pytest
 import redis
+from rq import Queue
 
 from engram.store import Operation, Store, migrations
 from engram.store.server import EmbeddedPostgres
+from engram.worker.embedded.runtime import connect_redis
 from engram.worker.embedded.valkey import EmbeddedValkey
 from tests.conftest import NOT_DURABLE, TEMPLATE
+from tests.redis_fixtures import wait_until
+from tests.rq_jobs import PlainWorker
 from tests.web_fixtures import EMBEDDER, Browser
 
 
@@ -94,3 +100,21 @@ def test_a_browser_context_keeps_nothing_of_another_test(
     assert browser.context.cookies(url) == []
     browser.context.add_cookies([{"name": "twin", "value": twin, "url": url}])
     assert [c["value"] for c in browser.context.cookies(url)] == [twin]
+
+
+def test_a_plain_rq_worker_stops_without_waiting_out_its_command_channel(redis_url: str) -> None:
+    """``tests.rq_jobs.work``'s worker: RQ's own read of 60 s held a burst's end for a
+    minute when its thread had read its own unsubscribe (as in test_runner_stop)."""
+    client = connect_redis(redis_url)
+    worker = PlainWorker([Queue("plain", connection=client)], connection=client)
+    worker.subscribe()
+    wait_until(lambda: worker.pubsub.subscribed, timeout=10, what="the subscription")
+    worker.pubsub.unsubscribe()  # the thread reads it, and waits to be subscribed again
+    wait_until(lambda: not worker.pubsub.subscribed, timeout=10, what="the unsubscribe")
+    time.sleep(0.2)  # into its next read
+    started = time.monotonic()
+    worker.unsubscribe()  # what RQ's teardown calls
+    took = time.monotonic() - started
+    client.close()
+    assert not worker.pubsub_thread.is_alive()
+    assert took < 10, f"the stop waited {took:.1f} s"
