@@ -1,5 +1,11 @@
 """Fixtures: one real embedded PostgreSQL (with pgvector) for the whole run,
-a fresh database for each test module."""
+a fresh database for each test module.
+
+The session's server is not durable (``fsync`` and ``full_page_writes`` off): no
+test crashes it, and a test that kills PostgreSQL starts a durable one of its own.
+Its databases are copies of one migrated once per session (``CREATE DATABASE ...
+TEMPLATE``), so a test's database is at the code's schema version from the start;
+``empty_dsn`` is one with nothing in it."""
 
 from __future__ import annotations
 
@@ -8,13 +14,15 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
-from engram.store import HashingEmbedder, Store
+from engram.store import HashingEmbedder, Store, migrations
 from engram.store.server import EmbeddedPostgres
 
 pytest_plugins = [
@@ -60,34 +68,103 @@ def _logging_restored() -> Iterator[None]:
         logging.getLogger(name).setLevel(kept)
 
 
+# Durability the session's server does without: a crash of the machine would lose its
+# last commits and could corrupt it, but the suite's databases do not outlive the run.
+# (``synchronous_commit`` stays on: with fsync off, a commit's flush is only a write, and
+# off it would hold a commit's WAL back from the streaming replicas until the WAL
+# writer's next round, so that the replica tests' reads of a write just made would
+# never find the replica caught up: test_read_your_writes_never_misses.)
+NOT_DURABLE = {"fsync": "off", "full_page_writes": "off"}
+# The database every test's database is copied from, migrated once per session. Nothing
+# connects to it once migrated (PostgreSQL copies only a database nobody is connected to).
+TEMPLATE = "engram_migrated_template"
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[EmbeddedPostgres]:
     kept = os.environ.get("ENGRAM_TEST_HOME")
     home = Path(kept or tempfile.mkdtemp(prefix="engram-test-"))
     server = EmbeddedPostgres(home)
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        for name, value in NOT_DURABLE.items():  # each takes effect at a reload
+            conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), value))
+        conn.execute("SELECT pg_reload_conf()")
+        _create_template(conn, server)
     yield server
     server.stop()
     if not kept:  # a session's cluster takes gigabytes: none is left behind
         shutil.rmtree(home, ignore_errors=True)
 
 
-def _fresh_database(postgres: EmbeddedPostgres, name: str) -> str:
+def _create_template(conn: psycopg.Connection, server: EmbeddedPostgres) -> None:
+    """``TEMPLATE`` afresh (a kept ``ENGRAM_TEST_HOME`` has an older one), migrated,
+    then closed to connections so that every copy finds it free."""
+    conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+    conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
+    with psycopg.connect(server.dsn(TEMPLATE)) as template:
+        migrations.migrate(template)
+    conn.execute(f'ALTER DATABASE "{TEMPLATE}" WITH ALLOW_CONNECTIONS false')
+
+
+# The databases of the tests (and modules) that have ended, dropped as the next is made:
+# by then every fixture of their test has let go of them, and a cluster that keeps only
+# the databases in use stays small, for the replicas its tests copy with pg_basebackup
+# (which otherwise copied every database the run had made so far) and for its stop.
+_ENDED: list[str] = []
+
+
+def _fresh_database(postgres: EmbeddedPostgres, name: str, *, migrated: bool = True) -> str:
     db = re.sub(r"[^a-z0-9_]", "_", name.lower())[-60:]
+    create = f'CREATE DATABASE "{db}"' + (f' TEMPLATE "{TEMPLATE}"' if migrated else "")
     with psycopg.connect(postgres.dsn(), autocommit=True) as conn:
+        _drop_ended(conn)
         conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{db}"')
+        for attempt in range(50):  # autovacuum may be visiting the template: it gives way
+            try:
+                conn.execute(create)
+                break
+            except psycopg.errors.ObjectInUse:
+                if attempt == 49:
+                    raise
+                time.sleep(0.1)
     return postgres.dsn(db)
 
 
+def _drop_ended(conn: psycopg.Connection) -> None:
+    """Drop the ended tests' databases; one still held (a process of its test that has
+    not let go yet) is tried again at the next."""
+    for db in list(_ENDED):
+        try:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        except psycopg.errors.ObjectInUse:
+            continue
+        _ENDED.remove(db)
+
+
+def _database_of(dsn: str) -> Iterator[str]:
+    """``dsn`` for the test (or module), then its database marked ended."""
+    yield dsn
+    _ENDED.append(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+
+
 @pytest.fixture(scope="module")
-def dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> str:
-    return _fresh_database(postgres, "t_" + request.module.__name__.rsplit(".", 1)[-1])
+def dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A migrated database for one test module."""
+    name = "t_" + request.module.__name__.rsplit(".", 1)[-1]
+    yield from _database_of(_fresh_database(postgres, name))
 
 
 @pytest.fixture
-def fresh_dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> str:
-    """A database of its own for one test."""
-    return _fresh_database(postgres, "f_" + request.node.name)
+def fresh_dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A migrated database of its own for one test."""
+    yield from _database_of(_fresh_database(postgres, "f_" + request.node.name))
+
+
+@pytest.fixture
+def empty_dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database of its own for one test, with nothing in it (not even pgvector): for
+    the tests of the migrations themselves."""
+    yield from _database_of(_fresh_database(postgres, "e_" + request.node.name, migrated=False))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
-"""Fixtures for the stream tests: one real valkey-server (append-only file on)
-for the whole run, flushed before each test that asks for it; workers run in
-this process or as ``engram worker`` subprocesses, always stopped by pid."""
+"""Fixtures for the stream tests: one real valkey-server (append-only file on, but
+not flushed to disk at each write: no test crashes it, and a test that kills valkey
+starts a durable one of its own) for the whole run, flushed before each test that
+asks for it; workers run in this process or as ``engram worker`` subprocesses, always
+stopped by pid."""
 
 from __future__ import annotations
 
@@ -127,7 +129,7 @@ class Squatter:
 
 @pytest.fixture(scope="session")
 def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedValkey]:
-    server = EmbeddedValkey(tmp_path_factory.mktemp("valkey")).start()
+    server = EmbeddedValkey(tmp_path_factory.mktemp("valkey"), appendfsync="no").start()
     yield server
     server.stop()
 

@@ -29,13 +29,27 @@ def enqueue_finishing(queue: Queue) -> Job:
     return queue.enqueue(prune.prune_job, "dead-letters", 3600)
 
 
+class PlainWorker(SimpleWorker):
+    """RQ's plain worker, but for the wait of its command channel's reads. RQ's thread
+    waits 60 s at a time, and the worker's stop joins it: with redis-py 8 it waits the
+    whole 60 s when it reads its own unsubscribe first, so a burst ended a minute late
+    now and then (as the jobs worker's stop did: ``jobs.runner.JobsWorker.subscribe``)."""
+
+    def subscribe(self) -> None:
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=0.1, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
+
+
 def work(
     store: Store, redis_url: str, client: redis.Redis, queue: Queue, max_jobs: int | None = None
 ) -> None:
     """Run ``queue``'s jobs on a plain RQ worker in this process, with a job context on
     ``store`` installed (as the jobs worker does), until it is empty (or ``max_jobs``)."""
     install(context(store, redis_url))
-    SimpleWorker([queue], connection=client, serializer=SERIALIZER).work(
+    PlainWorker([queue], connection=client, serializer=SERIALIZER).work(
         burst=True, max_jobs=max_jobs
     )
 

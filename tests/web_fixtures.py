@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -268,22 +267,32 @@ class Browser:
         return path
 
 
+@pytest.fixture(scope="module")
+def chromium(playwright_driver: Any) -> Iterator[Any]:
+    """One headless Chromium for a test module (as long as its Playwright driver lives):
+    each test gets a context of its own in it (``browser``)."""
+    launched = playwright_driver.chromium.launch(
+        executable_path=chromium_path(), headless=True, args=CHROMIUM_FLAGS
+    )
+    try:
+        yield launched
+    finally:
+        launched.close()
+
+
 @pytest.fixture
-def browser(playwright_driver: Any, request: pytest.FixtureRequest) -> Iterator[Browser]:
-    """A headless Chromium with a fresh profile; its console and any dialog are recorded
-    (a script injected by memory text would open one). Parametrize indirectly with
+def browser(chromium: Any, request: pytest.FixtureRequest) -> Iterator[Browser]:
+    """A fresh browser context (a profile of its own: no cookie, storage or cache of
+    another test) in the module's Chromium; its console and any dialog are recorded (a
+    script injected by memory text would open one). Parametrize indirectly with
     ``{"javascript": False}`` for a browser that runs no script at all."""
     options = getattr(request, "param", {})
-    profile = tempfile.mkdtemp(prefix="engram-chromium-")
-    context = playwright_driver.chromium.launch_persistent_context(
-        profile,
-        executable_path=chromium_path(),
-        headless=True,
-        args=CHROMIUM_FLAGS,
+    assert chromium.is_connected(), "the module's Chromium is gone (an earlier test crashed it)"
+    context = chromium.new_context(
         viewport={"width": 1360, "height": 900},
         java_script_enabled=options.get("javascript", True),
     )
-    page = context.pages[0] if context.pages else context.new_page()
+    page = context.new_page()
     console: list[str] = []
     dialogs: list[str] = []
     page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
@@ -298,4 +307,3 @@ def browser(playwright_driver: Any, request: pytest.FixtureRequest) -> Iterator[
         yield Browser(context, page, console, dialogs)
     finally:
         context.close()
-        shutil.rmtree(profile, ignore_errors=True)

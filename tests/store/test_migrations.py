@@ -8,8 +8,8 @@ import pytest
 from engram.store import SchemaVersionError, Store, migrations
 
 
-def test_migrations_apply_once_and_are_idempotent(fresh_dsn: str) -> None:
-    with psycopg.connect(fresh_dsn) as conn:
+def test_migrations_apply_once_and_are_idempotent(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn) as conn:
         assert migrations.current_version(conn) == 0
         assert migrations.migrate(conn) == migrations.code_version()
         assert migrations.migrate(conn) == migrations.code_version()
@@ -34,9 +34,9 @@ def test_a_database_newer_than_the_code_is_refused(fresh_dsn: str) -> None:
         Store.connect(fresh_dsn)
 
 
-def test_connect_without_migrating_refuses_an_unmigrated_database(fresh_dsn: str) -> None:
+def test_connect_without_migrating_refuses_an_unmigrated_database(empty_dsn: str) -> None:
     with pytest.raises(SchemaVersionError, match="engram migrate"):
-        Store.connect(fresh_dsn, migrate=False)
+        Store.connect(empty_dsn, migrate=False)
 
 
 def test_the_write_load_settings_are_in_place(fresh_dsn: str) -> None:
@@ -52,12 +52,12 @@ def test_the_write_load_settings_are_in_place(fresh_dsn: str) -> None:
 
 
 def test_013_drops_the_indexes_that_held_every_row_and_leaves_the_vectors_fresh(
-    fresh_dsn: str,
+    empty_dsn: str,
 ) -> None:
     """A database at version 12 with a scope's HNSW index on all its rows: 013 drops it
     (writes would insert into it) and unregisters it, its vectors are fresh, and the
     next index job builds it again on the settled rows."""
-    with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         conn.execute(
             "CREATE TABLE engram_schema (version integer PRIMARY KEY,"
@@ -86,9 +86,9 @@ def test_013_drops_the_indexes_that_held_every_row_and_leaves_the_vectors_fresh(
         assert conn.execute(
             "SELECT settled, count(*) FROM engram_vectors GROUP BY 1"
         ).fetchall() == [(False, 20)]
-    with Store.connect(fresh_dsn) as store:
+    with Store.connect(empty_dsn) as store:
         assert store.embeddings.index_large_scopes(threshold=10) == ["engram_vectors_hnsw_g1_s1"]
-    with psycopg.connect(fresh_dsn) as conn:
+    with psycopg.connect(empty_dsn) as conn:
         assert conn.execute(
             "SELECT indexdef LIKE '%settled%' FROM pg_indexes"
             " WHERE indexname = 'engram_vectors_hnsw_g1_s1'"

@@ -159,12 +159,12 @@ def migrated_to(dsn: str, version: int) -> None:
                 conn.execute("INSERT INTO engram_schema (version) VALUES (%s)", (number,))
 
 
-def test_receipts_committed_before_the_secret_still_replay(fresh_dsn: str) -> None:
+def test_receipts_committed_before_the_secret_still_replay(empty_dsn: str) -> None:
     scope = {"user_id": "ada"}
     kept = remember(scope, "Ada likes tea.", "op-old")
     erased = remember(scope, "Ada's diagnosis is lupus.", "op-old-erased")
-    migrated_to(fresh_dsn, 6)
-    with psycopg.connect(fresh_dsn) as conn:
+    migrated_to(empty_dsn, 6)
+    with psycopg.connect(empty_dsn) as conn:
         row = conn.execute(
             "INSERT INTO engram_scopes (key, user_id, revision) VALUES (%s, 'ada', 2) RETURNING id",
             (kept.scope.key,),
@@ -185,10 +185,10 @@ def test_receipts_committed_before_the_secret_still_replay(fresh_dsn: str) -> No
                     redacted,
                 ),
             )
-    with Store.connect(fresh_dsn) as store:
+    with Store.connect(empty_dsn) as store:
         assert (
-            stored_digest(fresh_dsn, "op-old")
-            == hmac.new(secret(fresh_dsn), kept.digest.encode(), hashlib.sha256).hexdigest()
+            stored_digest(empty_dsn, "op-old")
+            == hmac.new(secret(empty_dsn), kept.digest.encode(), hashlib.sha256).hexdigest()
         )
         [replay] = store.execute([kept], EMBEDDER)
         assert not isinstance(replay, Exception) and replay.replayed

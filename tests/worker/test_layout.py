@@ -13,14 +13,7 @@ from redis.crc import key_slot
 
 from engram.store import Operation, Store
 from engram.store.errors import ConfigError, EngramError
-from engram.worker import (
-    PartitionRetiredError,
-    Producer,
-    Settings,
-    WorkerConfig,
-    keys,
-    layout,
-)
+from engram.worker import PartitionRetiredError, Producer, Settings, WorkerConfig, keys, layout
 from engram.worker.admin import deadletters, metrics
 from engram.worker.defaults import MAX_PARTITIONS
 from engram.worker.errors import RepartitionError
