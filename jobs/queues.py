@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 from rq import Queue, Retry
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import NoSuchJobError, StopRequested
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
@@ -156,6 +156,8 @@ def unreadable(job: Job, raw: dict[Any, Any]) -> str | None:
     try:
         Job.restore(job, raw)  # RQ's own (``CheckedJob.restore`` calls this)
         call = (job.func_name, job.instance, job.args, job.kwargs)  # reads the JSON now
+    except StopRequested:  # the worker's stop, raised by its signal handler: not the job's
+        raise
     except Exception:  # RQ raises whatever its parsers raise on garbage
         return NOT_JSON
     name, instance, args, kwargs = call

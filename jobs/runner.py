@@ -139,8 +139,14 @@ class JobsWorker(SimpleWorker):
         )
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        """RQ's warm stop, kept as a flag too. Idle, RQ raises ``StopRequested`` from
+        this handler to break out of its wait, wherever the main thread is: an ``except
+        Exception`` there swallowed it (reading a job's hash, ``queues.unreadable``), and
+        the worker went on waiting for jobs until ``engram up`` killed it 120 s later.
+        The dequeue loop reads the flag between its waits (``DEQUEUE_WAIT_S``)."""
         if self.stopping is not None:
             self.stopping.set()
+        self._stop_requested = True
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
 

@@ -132,9 +132,10 @@ def start_up(tmp_path: Path) -> Iterator[Callable[..., Up]]:
         if up.process.poll() is None:
             try:
                 up.stop(timeout=60)
-            except subprocess.TimeoutExpired:
-                up.process.kill()
+            except AssertionError:  # it did not stop in time: the test fails, and the
+                up.process.kill()  # process is not left running into the next one
                 up.process.wait()
+                raise
     for up in started:  # what a killed one left is stopped by its watchdog
         wait_gone(_server_pids(up.home).values(), timeout_s=30)
 
