@@ -13,19 +13,26 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-import redis
 
 from engram.store import Store
-from engram.worker import Producer, WaitTimeout, keys, producer
+from engram.worker import Pending, Producer, WaitTimeout, keys, producer
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
 
 SCOPE = {"user_id": "lost-reply"}
 
 
-def _answered(client: redis.Redis, stream: str, entry_id: str, operation_id: str) -> bool:
-    """The worker has replied and taken the entry out of its stream."""
-    gone = not client.xrange(stream, entry_id, entry_id)
-    return gone and bool(client.exists(keys.reply(operation_id)))
+def _answered_then_lost(p: Producer, text: str, operation_id: str) -> Pending:
+    """An operation the worker has answered and taken out of its stream, whose reply
+    is then gone (the node that held it died)."""
+    pending = p.remember(SCOPE, text, operation_id=operation_id)
+
+    def answered() -> bool:
+        gone = not p.client.xrange(pending.stream, pending.entry_id, pending.entry_id)
+        return gone and bool(p.client.exists(keys.reply(operation_id)))
+
+    wait_until(answered, timeout=30, what="the answer")
+    p.client.delete(keys.reply(operation_id))
+    return pending
 
 
 def test_a_reply_lost_after_its_entry_was_answered_is_asked_again(
@@ -36,13 +43,7 @@ def test_a_reply_lost_after_its_entry_was_answered_is_asked_again(
 ) -> None:
     monkeypatch.setattr(producer, "REASK_AFTER_S", 0.5)
     with start_worker(store), Producer.from_url(redis_url, partitions=FAST.partitions) as p:
-        pending = p.remember(SCOPE, "Ada's reply went with its node.", operation_id="lost-1")
-        wait_until(
-            lambda: _answered(p.client, pending.stream, pending.entry_id, "lost-1"),
-            timeout=30,
-            what="the answer",
-        )
-        p.client.delete(keys.reply("lost-1"))  # the node that held it died
+        pending = _answered_then_lost(p, "Ada's reply went with its node.", "lost-1")
 
         receipt = pending.wait(10)
 
@@ -63,13 +64,7 @@ def test_a_wait_by_id_alone_does_not_ask_again(
     the wait ends as it always did."""
     monkeypatch.setattr(producer, "REASK_AFTER_S", 0.2)
     with start_worker(store), Producer.from_url(redis_url, partitions=FAST.partitions) as p:
-        pending = p.remember(SCOPE, "Grace waits by id.", operation_id="lost-2")
-        wait_until(
-            lambda: _answered(p.client, pending.stream, pending.entry_id, "lost-2"),
-            timeout=30,
-            what="the answer",
-        )
-        p.client.delete(keys.reply("lost-2"))
+        _answered_then_lost(p, "Grace waits by id.", "lost-2")
         with pytest.raises(WaitTimeout):
             p.wait("lost-2", 1.0)
         assert not p.client.exists(keys.reply("lost-2"))
