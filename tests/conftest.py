@@ -33,6 +33,22 @@ pytest_plugins = [
 ]
 
 
+# The suite runs on pytest-xdist's workers (``-n auto --dist loadfile`` in
+# pyproject.toml): a test module stays on one worker, with its module's database and
+# browser, and each worker starts its own session servers, so no two workers share a
+# PostgreSQL or a valkey. ``-n 0`` runs it in this one process (for a debugger).
+MAX_WORKERS = 4  # each holds its own servers and browser: a big machine is not filled
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker per CPU this process may run on, at most ``MAX_WORKERS``
+    (``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when set)."""
+    if chosen := os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(chosen)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_WORKERS, cpus or 1))
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--reverse-order",
