@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -44,8 +45,10 @@ print(json.dumps({
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtual environment holding engram as a user installs it (a wheel built
-    from this tree, not an editable link to it), its dependencies taken from this one."""
+    from a copy of this tree, not an editable link to it), its dependencies taken from
+    this one."""
     base = tmp_path_factory.mktemp("installed")
+    source = _source_copy(base)
     env = base / "venv"
     venv.create(env, with_pip=False)
     python = env / "bin" / "python"
@@ -61,11 +64,32 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # among them the editable link to this tree, are not read).
     (site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, REPO],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, source],
         check=True,
         capture_output=True,
     )
     return python
+
+
+# What a build of the tree must not see: a checkout's own builds and caches. (setuptools
+# builds in the source folder, and reuses the build/ it finds there, where a module
+# since deleted from the tree would still be, and packed into the wheel.)
+NOT_SOURCE = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "build",
+    "*.egg-info",
+    "__pycache__",
+    "test-artifacts",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+)
+
+
+def _source_copy(base: Path) -> Path:
+    """This tree as a fresh checkout has it, links kept (``engram/store`` is one)."""
+    return Path(shutil.copytree(REPO, base / "source", symlinks=True, ignore=NOT_SOURCE))
 
 
 def test_a_project_with_its_own_worker_jobs_and_web_enqueues_through_engram(
