@@ -202,12 +202,21 @@ class RedactionHeldError(EngramError):
         super().__init__(held_by(holders))
         self.holders = tuple(holders)
 
+    def details(self) -> dict[str, Any]:
+        return {"holders": list(self.holders)}
+
     @classmethod
     def from_dict(cls, message: str, data: Mapping[str, Any]) -> Self:
-        """The holders are in the message only: it is kept as it was sent."""
-        error = cls([])
+        """The holders as sent (strings only, at most ``MAX_HOLDERS_READ`` of them);
+        the message is kept as it was sent."""
+        sent = data.get("holders")
+        holders = [h for h in sent if isinstance(h, str)] if isinstance(sent, list) else []
+        error = cls(holders[:MAX_HOLDERS_READ])
         EngramError.__init__(error, message)
         return error
+
+
+MAX_HOLDERS_READ = 100  # a reply read back is untrusted: its list is bounded
 
 
 def held_by(holders: list[str] | tuple[str, ...]) -> str:

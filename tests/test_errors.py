@@ -18,11 +18,13 @@ import pytest
 import engram
 from engram.store.errors import (
     ERRORS_BY_CODE,
+    MAX_HOLDERS_READ,
     ConfigError,
     EngramError,
     GenerationNotPendingError,
     InvalidRequestError,
     NotFoundError,
+    RedactionHeldError,
     error_from_dict,
 )
 from engram.worker import errors as worker_errors
@@ -39,6 +41,7 @@ DETAILS: dict[str, Any] = {
     "cause": "too_many_deliveries",
     "detail": "OperationalError: gone",
     "retry_after_s": 7,
+    "holders": ["the standby replica_1's snapshot", "the replication slot s1"],
 }
 
 
@@ -156,3 +159,18 @@ def test_a_producer_process_knows_every_code_of_the_store_and_the_queue() -> Non
         check=True,
     )
     assert json.loads(done.stdout) == expected
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        (["a prepared transaction", 7, None, "an open transaction"], 2),
+        ("a prepared transaction", 0),
+        (["slot"] * 1_000, MAX_HOLDERS_READ),
+    ],
+    ids=["not-strings", "not-a-list", "too-many"],
+)
+def test_a_held_redactions_holders_read_back_are_strings_and_bounded(sent: Any, kept: int) -> None:
+    back = error_from_dict({"code": "redaction_held", "message": "held by …", "holders": sent})
+    assert isinstance(back, RedactionHeldError) and back.message == "held by …"
+    assert len(back.holders) == kept and all(isinstance(h, str) for h in back.holders)
