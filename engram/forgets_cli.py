@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from engram.jobs.settings import parse_duration
+from engram.store.env import parse_duration
 from engram.store.errors import InvalidRequestError
 from engram.store.ledger import ForgetLedger
 from engram.store.ledger_replay import check, replay
@@ -35,12 +35,12 @@ def since_arg(text: str | None, now: datetime | None = None) -> datetime | None:
         at = datetime.fromisoformat(text)
     except ValueError:
         try:
-            back_s = parse_duration(text, "--since")
+            back_s = parse_duration(text)
         except ValueError:
             raise InvalidRequestError(
                 f"--since: {text!r} is neither an ISO 8601 time nor a duration such as 36h"
             ) from None
-        return (now or datetime.now(UTC)) - timedelta(seconds=back_s or 0.0)
+        return (now or datetime.now(UTC)) - timedelta(seconds=back_s)
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 

@@ -101,13 +101,15 @@ def test_check_exits_1_until_repaired(
     assert code == 0 and "missing from the ledger" in out
 
 
+@pytest.mark.parametrize("since", ["last tuesday", "off", "0"])
 def test_a_bad_since_is_refused_and_changes_nothing(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, fresh_dsn: str
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, fresh_dsn: str, since: str
 ) -> None:
     monkeypatch.setenv("DATABASE_URL", fresh_dsn)
     Store.connect(fresh_dsn).close()
-    code, _, err = run(capsys, "forgets", "replay", "--since", "last tuesday")
-    assert code == 2 and "--since" in err
+    code, _, err = run(capsys, "forgets", "replay", "--since", since)
+    assert code == 2
+    assert f"--since: {since!r} is neither an ISO 8601 time nor a duration such as 36h" in err
 
 
 def test_since_takes_a_time_or_a_duration_back() -> None:
