@@ -12,6 +12,10 @@ explicitly (``--port``, ENGRAM_DASHBOARD_PORT) and taken is refused; the default
 one, if taken, gives way to a free one. ``engram up`` binds it itself and hands
 it to each ``engram web`` child it starts (``--fd``), so the URL it prints is
 served from the moment it is printed, and across the child's restarts.
+
+A stop (SIGTERM, Ctrl-C) answers the requests that wait for a receipt (``?wait=``, an
+MCP write) at once, as a wait that ran out: their operations stay queued. Whatever
+still runs ``STOP_GRACE_S`` later is cancelled, so a stop never waits on a client.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import dataclasses
 import logging
 import os
 import socket
+import threading
 from collections.abc import Iterator, Mapping
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -47,13 +53,22 @@ from .mcp.settings import McpSettings
 
 log = logging.getLogger("engram.web")
 
+# How long a stop lets the requests in flight finish before it cancels them.
+STOP_GRACE_S = 5
+
 
 @contextlib.contextmanager
-def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> Iterator[ASGIApp]:
+def build(
+    settings: Settings,
+    config: WebConfig,
+    *,
+    embedder: bool = True,
+    stopping: threading.Event | None = None,
+) -> Iterator[ASGIApp]:
     """The app on connections to the configured servers, closed on exit: the dashboard,
     and ``/mcp`` beside it when the MCP SDK is installed. A jobs' Redis that cannot be
     named (``REDIS_URL`` a cluster, ``ENGRAM_JOBS_REDIS_URL`` unset) is a ``ConfigError``
-    before anything is served."""
+    before anything is served. Once ``stopping`` is set, every wait for a receipt ends."""
     jobs_client = jobs_redis.connect(settings)
     client = runtime.connect_redis(runtime.redis_url(settings))
     shared = jobs_redis.jobs_url(settings) == runtime.redis_url(settings)
@@ -69,7 +84,7 @@ def build(settings: Settings, config: WebConfig, *, embedder: bool = True) -> It
         statement_timeout_s=config.statement_timeout_s,
         admin_statement_timeout_s=config.admin_statement_timeout_s,
     )
-    producer = Producer(client, partitions=settings.worker.partitions)
+    producer = Producer(client, partitions=settings.worker.partitions, stopping=stopping)
     registry = wiring.registry(settings)
     reembed_settings = JobsSettings.from_env().reembed
 
@@ -189,8 +204,10 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
         sock, config = inherited(args.fd, config)
     else:
         sock, config = listen(config, chosen=port_chosen(args.port))
-    with sock, build(settings, config, embedder=not args.no_embedder) as app:
+    stopping = threading.Event()
+    with sock, build(settings, config, embedder=not args.no_embedder, stopping=stopping) as app:
         server = _QuietServer(
+            stopping,
             uvicorn.Config(
                 app,
                 # Ours logs ids only; uvicorn's would log query strings (search text).
@@ -202,7 +219,8 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
                 forwarded_allow_ips=list(config.trusted_proxies) or None,
                 # The MCP session manager's task group lives as long as the server.
                 lifespan="auto",
-            )
+                timeout_graceful_shutdown=STOP_GRACE_S,
+            ),
         )
         # A log line, not a print: under ``engram up`` (which prints the URL in its
         # banner) the children log warnings only.
@@ -218,7 +236,18 @@ class _QuietServer(uvicorn.Server):
     """uvicorn's main loop wakes ten times a second to see whether it should stop
     (and once a second refreshes its Date header): about 0.2% of a core for an idle
     dashboard, measured with bench/bench_idle.py. Once a second does both; a stop
-    then takes up to a second longer."""
+    then takes up to a second longer.
+
+    A stop sets ``stopping`` at once, so that the requests waiting for a receipt answer
+    before uvicorn waits for them to end."""
+
+    def __init__(self, stopping: threading.Event, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.stopping = stopping
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.stopping.set()
+        super().handle_exit(sig, frame)
 
     async def main_loop(self) -> None:
         counter = 0  # uvicorn's tick count, in tenths of a second

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
+import anyio
 import redis
 
 from engram.store import Operation, Scope
@@ -58,6 +59,10 @@ REASK_AFTER_S = 5.0
 # How many times an enqueue refused by a closed partition reloads the layout: more than
 # one switch between two of its reads would be needed to run out.
 _RELOADS = 5
+# A wait on an event loop (``Pending.replied``) looks for its reply after this, then
+# twice as long each time, up to MAX_POLL_S: a reply shows within a tenth of a second.
+FIRST_POLL_S = 0.01
+MAX_POLL_S = 0.1
 
 
 log = logging.getLogger(__name__)
@@ -87,6 +92,27 @@ class Pending:
         (nothing is applied twice)."""
         return self.producer.wait(self.operation_id, timeout, entry_id=self.entry_id, asked=self)
 
+    async def replied(self, wait_s: float) -> StreamReceipt | None:
+        """The receipt (its error raised) within ``wait_s``, waited for on an event loop
+        holding no thread: it sleeps between looks that each borrow a thread for one
+        read that never blocks, so many waiting requests cannot starve a server's thread
+        pool. None once ``wait_s`` has passed, or as soon as the producer is stopping
+        (``Producer.stopping``: the server that waits is shutting down and answers its
+        waiting requests at once); the operation stays queued either way."""
+        deadline = time.monotonic() + wait_s
+        pause_s = FIRST_POLL_S
+        while not self.producer.stopping.is_set():
+            try:
+                return await anyio.to_thread.run_sync(self.wait, 0.0)  # never blocks
+            except WaitTimeout:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            await anyio.sleep(min(pause_s, remaining))
+            pause_s = min(pause_s * 2, MAX_POLL_S)
+        return None
+
 
 class Producer:
     def __init__(
@@ -97,6 +123,7 @@ class Producer:
         stream_max_len: int = STREAM_MAX_LEN,
         wait_replicas: int = 0,
         wait_replicas_ms: int = WAIT_REPLICAS_MS,
+        stopping: threading.Event | None = None,
     ) -> None:
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise ValueError(f"partitions must be from 1 to {MAX_PARTITIONS}")
@@ -113,6 +140,8 @@ class Producer:
         self.wait_replicas_ms = wait_replicas_ms
         self._enqueue = client.register_script(ADD_SCRIPT)
         self._connections = _ThreadConnections(client)
+        # Set when the process that waits is stopping: every ``Pending.replied`` ends.
+        self.stopping = stopping or threading.Event()
 
     @classmethod
     def from_url(

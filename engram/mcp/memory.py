@@ -10,7 +10,6 @@ scope, a forgotten one and an id never used get the same ``not_found``.
 from __future__ import annotations
 
 import json
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -31,15 +30,11 @@ from engram.store.errors import (
 from engram.store.read.recall import above
 from engram.store.vectors.embedders import EmbedderResolver
 from engram.web.backlog import holds, needle_of
-from engram.worker import Pending, Producer, StreamReceipt, WaitTimeout, layout
+from engram.worker import Pending, Producer, StreamReceipt, layout
 from engram.worker.protocol import partition_of
 
 from . import contract, opids
 
-# A waiting write looks for its reply after this, then twice as long each time, up to
-# MAX_POLL_S: no thread is held while it waits (as the HTTP API's ``?wait=``).
-FIRST_POLL_S = 0.005
-MAX_POLL_S = 0.1
 # Operations this process sent, remembered with their scope so that ``operation`` can
 # say one failed (a failure's reply names no scope).
 SENT_KEPT = 10_000
@@ -202,7 +197,7 @@ class Memory:
         pending = await anyio.to_thread.run_sync(send)
         self._note_sent(op_id, access.scope)
         try:
-            receipt = await self._wait(pending)
+            receipt = await pending.replied(self.wait_s)
         except RevisionConflictError as exc:
             if exc.actual is None and record_id is not None:
                 # A record this scope cannot see: never used, forgotten, or another
@@ -216,22 +211,6 @@ class Memory:
                 {"state": "queued", "operation_id": op_id, "waited_s": self.wait_s},
             )
         return Answer(_committed_summary(receipt), {"state": "committed", **receipt_json(receipt)})
-
-    async def _wait(self, pending: Pending) -> StreamReceipt | None:
-        """The receipt, its error raised, or None once the bound has passed."""
-        deadline = time.monotonic() + self.wait_s
-        pause_s = FIRST_POLL_S
-        while True:
-            try:
-                # ``wait(0)`` reads the reply once and never blocks.
-                return await anyio.to_thread.run_sync(pending.wait, 0.0)
-            except WaitTimeout:
-                pass
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            await anyio.sleep(min(pause_s, remaining))
-            pause_s = min(pause_s * 2, MAX_POLL_S)
 
     def _note_sent(self, op_id: str, scope: Scope) -> None:
         self._sent[op_id] = scope.key

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -114,3 +115,46 @@ def test_requests_waiting_for_their_operation_do_not_starve_healthz(
     client.close()
     assert took < 5.0, took  # starved, it waited its whole 10 s and failed
     assert enqueued() - before == waiting
+
+
+def test_a_stop_answers_the_requests_waiting_for_their_operation_and_exits(
+    serve_web: Callable[..., Served], fresh_dsn: str, fresh_store: Store, redis_url: str
+) -> None:
+    """No worker runs: requests wait (``?wait=30``, the most) when ``engram web`` is told
+    to stop. Each is answered at once, 202 with its operation's id (it stays queued, as
+    after a wait that ran out), and the server exits of itself: it does not wait the
+    waits out, nor cancel them unanswered."""
+    served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
+    client = redis.Redis.from_url(redis_url)
+    streams = [keys.stream(p) for p in range(FAST.partitions)]
+    waiting = 6
+
+    def enqueued() -> int:
+        return sum(int(client.xlen(s)) for s in streams)
+
+    before = enqueued()
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=served.url, timeout=60) as http:
+            body = {"kind": "remember", "scope": {"user_id": "s"}, "request": {"text": "t"}}
+            tasks = [
+                asyncio.create_task(http.post("/api/v1/operations?wait=30", json=body))
+                for _ in range(waiting)
+            ]
+            while enqueued() - before < waiting:  # every one is now waiting
+                assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]
+                await asyncio.sleep(0.05)
+            served.process.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*tasks)
+
+    with ThreadPoolExecutor(1) as pool:  # its own loop (see the test above)
+        answers = pool.submit(asyncio.run, scenario()).result()
+    client.close()
+
+    # Its shutdown done, uvicorn ends by the signal it was sent (as a process should).
+    assert served.process.wait(timeout=15) == -signal.SIGTERM, served.log()
+    assert "Application shutdown complete" in served.log()
+    assert [a.status_code for a in answers] == [202] * waiting, [a.text for a in answers]
+    assert all(a.json()["state"] == "enqueued" for a in answers)
+    assert enqueued() - before == waiting  # queued still, for the workers to apply
+    assert "timeout graceful shutdown exceeded" not in served.log()

@@ -3,8 +3,6 @@ receipt), an operation's state, receipts."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -14,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from engram.store import Operation, Scope
 from engram.store.errors import EngramError, InvalidRequestError, NotFoundError
 from engram.store.write.operations import OPERATION_KINDS, Forget, new_operation_id
-from engram.worker import Pending, StreamReceipt, WaitTimeout
+from engram.worker import Pending
 
 from ..auth import grant_of
 from ..bodies import read_json, why_of
@@ -27,10 +25,6 @@ from ..views.records import audit_forget
 from .serialize import page_json, receipt_json
 
 OPERATION_FIELDS = ("operation_id", "kind", "scope", "request")
-# A waiting request looks for its reply after this, then twice as long each time, up
-# to MAX_POLL_S: a reply shows within a tenth of a second, at ten reads a second.
-FIRST_POLL_S = 0.01
-MAX_POLL_S = 0.1
 
 
 async def enqueue(request: Request) -> Response:
@@ -46,7 +40,7 @@ async def enqueue(request: Request) -> Response:
     wait, pending, accepted = await run_in_threadpool(_enqueue, request, body)
     if not wait:
         return JSONResponse(accepted, status_code=202)
-    replied = await _wait(pending, wait)
+    replied = await pending.replied(wait)
     if replied is None:
         return JSONResponse(accepted, status_code=202)
     item = await run_in_threadpool(web.services.store.browse.receipt, pending.operation_id)
@@ -102,23 +96,6 @@ def _scope_given(body: dict[str, Any]) -> Any:
     if not isinstance(given, dict):
         raise InvalidRequestError("operation.scope must be an object")
     return Scope.of(given)
-
-
-async def _wait(pending: Pending, wait_s: float) -> StreamReceipt | None:
-    """The reply, its error raised, or None after ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    pause_s = FIRST_POLL_S
-    while True:
-        try:
-            # ``wait(0)`` reads the reply once and never blocks (nor sleeps).
-            return await run_in_threadpool(pending.wait, 0.0)
-        except WaitTimeout:
-            pass
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        await asyncio.sleep(min(pause_s, remaining))
-        pause_s = min(pause_s * 2, MAX_POLL_S)
 
 
 def operation(request: Request) -> Response:
