@@ -8,10 +8,11 @@ import asyncio
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 import redis
 
 from engram.store import Store
@@ -69,19 +70,29 @@ def test_an_untrusted_peer_cannot_claim_https(
         assert "strict-transport-security" not in signed_in.headers
 
 
-def test_requests_waiting_for_their_operation_do_not_starve_healthz(
+@pytest.fixture
+def unworked(
     serve_web: Callable[..., Served], fresh_dsn: str, fresh_store: Store, redis_url: str
+) -> Served:
+    """``engram web`` on a store of its own, with no worker to answer its operations."""
+    return serve_web(database_url=fresh_dsn, redis_url=redis_url)
+
+
+@pytest.fixture
+def enqueued(redis_url: str) -> Iterator[Callable[[], int]]:
+    """How many entries the operation streams hold now."""
+    client = redis.Redis.from_url(redis_url)
+    streams = [keys.stream(p) for p in range(FAST.partitions)]
+    yield lambda: sum(int(client.xlen(s)) for s in streams)
+
+
+def test_requests_waiting_for_their_operation_do_not_starve_healthz(
+    unworked: Served, enqueued: Callable[[], int]
 ) -> None:
     """No worker runs: every ``?wait`` waits its whole 20 s. More of them than the
     thread pool has threads (40) are in flight, and ``/healthz`` answers at once."""
-    served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
-    client = redis.Redis.from_url(redis_url)
-    streams = [keys.stream(p) for p in range(FAST.partitions)]
+    served = unworked
     waiting = 48
-
-    def enqueued() -> int:
-        return sum(int(client.xlen(s)) for s in streams)
-
     before = enqueued()
 
     async def scenario() -> float:
@@ -112,26 +123,19 @@ def test_requests_waiting_for_their_operation_do_not_starve_healthz(
     # one may leave a loop marked running on the main thread.
     with ThreadPoolExecutor(1) as pool:
         took = pool.submit(asyncio.run, scenario()).result()
-    client.close()
     assert took < 5.0, took  # starved, it waited its whole 10 s and failed
     assert enqueued() - before == waiting
 
 
 def test_a_stop_answers_the_requests_waiting_for_their_operation_and_exits(
-    serve_web: Callable[..., Served], fresh_dsn: str, fresh_store: Store, redis_url: str
+    unworked: Served, enqueued: Callable[[], int]
 ) -> None:
     """No worker runs: requests wait (``?wait=30``, the most) when ``engram web`` is told
     to stop. Each is answered at once, 202 with its operation's id (it stays queued, as
     after a wait that ran out), and the server exits of itself: it does not wait the
     waits out, nor cancel them unanswered."""
-    served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
-    client = redis.Redis.from_url(redis_url)
-    streams = [keys.stream(p) for p in range(FAST.partitions)]
+    served = unworked
     waiting = 6
-
-    def enqueued() -> int:
-        return sum(int(client.xlen(s)) for s in streams)
-
     before = enqueued()
 
     async def scenario() -> list[httpx.Response]:
@@ -149,7 +153,6 @@ def test_a_stop_answers_the_requests_waiting_for_their_operation_and_exits(
 
     with ThreadPoolExecutor(1) as pool:  # its own loop (see the test above)
         answers = pool.submit(asyncio.run, scenario()).result()
-    client.close()
 
     # Its shutdown done, uvicorn ends by the signal it was sent (as a process should).
     assert served.process.wait(timeout=15) == -signal.SIGTERM, served.log()
