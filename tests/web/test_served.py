@@ -84,6 +84,7 @@ def enqueued(redis_url: str) -> Iterator[Callable[[], int]]:
     client = redis.Redis.from_url(redis_url)
     streams = [keys.stream(p) for p in range(FAST.partitions)]
     yield lambda: sum(int(client.xlen(s)) for s in streams)
+    client.close()
 
 
 def test_requests_waiting_for_their_operation_do_not_starve_healthz(
