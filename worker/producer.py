@@ -15,6 +15,7 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Unpack
 
 import anyio
@@ -98,14 +99,21 @@ class Pending:
         read that never blocks, so many waiting requests cannot starve a server's thread
         pool. None once ``wait_s`` has passed, or as soon as the producer is stopping
         (``Producer.stopping``: the server that waits is shutting down and answers its
-        waiting requests at once); the operation stays queued either way."""
+        waiting requests at once); the operation stays queued either way. A reply lost
+        after its entry was answered is asked again, as ``wait`` does."""
+        producer = self.producer
         deadline = time.monotonic() + wait_s
-        pause_s = FIRST_POLL_S
-        while not self.producer.stopping.is_set():
+        next_look = time.monotonic() + REASK_AFTER_S
+        asked, pause_s = self, FIRST_POLL_S
+        while not producer.stopping.is_set():
+            read_now = partial(producer.wait, self.operation_id, 0.0, entry_id=asked.entry_id)
             try:
-                return await anyio.to_thread.run_sync(self.wait, 0.0)  # never blocks
+                return await anyio.to_thread.run_sync(read_now)  # never blocks
             except WaitTimeout:
                 pass
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + REASK_AFTER_S
+                asked = await anyio.to_thread.run_sync(producer._ask_again_if_lost, asked)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None

@@ -10,7 +10,9 @@ comes back as a replay."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -52,6 +54,24 @@ def test_a_reply_lost_after_its_entry_was_answered_is_asked_again(
         [record_ref] = receipt.records
         record = store.session(SCOPE).get(record_ref.id)
         assert record is not None and record.revision == 1
+
+
+def test_a_wait_on_an_event_loop_asks_again_too(
+    store: Store,
+    redis_url: str,
+    start_worker: Callable[..., InProcessWorker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Pending.replied``: how the HTTP API's ``?wait=`` and MCP's writes wait."""
+    monkeypatch.setattr(producer, "REASK_AFTER_S", 0.5)
+    with start_worker(store), Producer.from_url(redis_url, partitions=FAST.partitions) as p:
+        pending = _answered_then_lost(p, "Lovelace's reply went too.", "lost-3")
+
+        with ThreadPoolExecutor(1) as pool:  # its own loop, whatever ran on this thread
+            receipt = pool.submit(asyncio.run, pending.replied(10)).result()
+
+        assert receipt is not None and receipt.operation_id == "lost-3"
+        assert receipt.replayed
 
 
 def test_a_wait_by_id_alone_does_not_ask_again(
