@@ -11,7 +11,7 @@ comes back as a replay."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -37,54 +37,49 @@ def _answered_then_lost(p: Producer, text: str, operation_id: str) -> Pending:
     return pending
 
 
+@pytest.fixture
+def answered(
+    store: Store,
+    redis_url: str,
+    start_worker: Callable[..., InProcessWorker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Producer]:
+    """A producer whose operations a worker answers, and whose waits look for a lost
+    reply after half a second."""
+    monkeypatch.setattr(producer, "REASK_AFTER_S", 0.5)
+    with start_worker(store), Producer.from_url(redis_url, partitions=FAST.partitions) as p:
+        yield p
+
+
 def test_a_reply_lost_after_its_entry_was_answered_is_asked_again(
-    store: Store,
-    redis_url: str,
-    start_worker: Callable[..., InProcessWorker],
-    monkeypatch: pytest.MonkeyPatch,
+    answered: Producer, store: Store
 ) -> None:
-    monkeypatch.setattr(producer, "REASK_AFTER_S", 0.5)
-    with start_worker(store), Producer.from_url(redis_url, partitions=FAST.partitions) as p:
-        pending = _answered_then_lost(p, "Ada's reply went with its node.", "lost-1")
+    pending = _answered_then_lost(answered, "Ada's reply went with its node.", "lost-1")
 
-        receipt = pending.wait(10)
+    receipt = pending.wait(10)
 
-        assert receipt.operation_id == "lost-1"
-        assert receipt.replayed  # answered from its receipt: applied once
-        [record_ref] = receipt.records
-        record = store.session(SCOPE).get(record_ref.id)
-        assert record is not None and record.revision == 1
+    assert receipt.operation_id == "lost-1"
+    assert receipt.replayed  # answered from its receipt: applied once
+    [record_ref] = receipt.records
+    record = store.session(SCOPE).get(record_ref.id)
+    assert record is not None and record.revision == 1
 
 
-def test_a_wait_on_an_event_loop_asks_again_too(
-    store: Store,
-    redis_url: str,
-    start_worker: Callable[..., InProcessWorker],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_wait_on_an_event_loop_asks_again_too(answered: Producer) -> None:
     """``Pending.replied``: how the HTTP API's ``?wait=`` and MCP's writes wait."""
-    monkeypatch.setattr(producer, "REASK_AFTER_S", 0.5)
-    with start_worker(store), Producer.from_url(redis_url, partitions=FAST.partitions) as p:
-        pending = _answered_then_lost(p, "Lovelace's reply went too.", "lost-3")
+    pending = _answered_then_lost(answered, "Lovelace's reply went too.", "lost-3")
 
-        with ThreadPoolExecutor(1) as pool:  # its own loop, whatever ran on this thread
-            receipt = pool.submit(asyncio.run, pending.replied(10)).result()
+    with ThreadPoolExecutor(1) as pool:  # its own loop, whatever ran on this thread
+        receipt = pool.submit(asyncio.run, pending.replied(10)).result()
 
-        assert receipt is not None and receipt.operation_id == "lost-3"
-        assert receipt.replayed
+    assert receipt is not None and receipt.operation_id == "lost-3"
+    assert receipt.replayed
 
 
-def test_a_wait_by_id_alone_does_not_ask_again(
-    store: Store,
-    redis_url: str,
-    start_worker: Callable[..., InProcessWorker],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_wait_by_id_alone_does_not_ask_again(answered: Producer) -> None:
     """Without the operation at hand (``Producer.wait(operation_id)``) nothing is sent:
     the wait ends as it always did."""
-    monkeypatch.setattr(producer, "REASK_AFTER_S", 0.2)
-    with start_worker(store), Producer.from_url(redis_url, partitions=FAST.partitions) as p:
-        _answered_then_lost(p, "Grace waits by id.", "lost-2")
-        with pytest.raises(WaitTimeout):
-            p.wait("lost-2", 1.0)
-        assert not p.client.exists(keys.reply("lost-2"))
+    _answered_then_lost(answered, "Grace waits by id.", "lost-2")
+    with pytest.raises(WaitTimeout):
+        answered.wait("lost-2", 1.5)  # three times the re-ask's
+    assert not answered.client.exists(keys.reply("lost-2"))
