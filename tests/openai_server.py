@@ -66,7 +66,7 @@ class OpenAIServer:
         self.respond = respond
         self.requests: list[Request] = []
         self.hung_up = threading.Event()  # a client closed a connection mid-trickle
-        self._lock = threading.Lock()
+        self._seen = threading.Condition()  # a request recorded
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -83,8 +83,9 @@ class OpenAIServer:
                 except ValueError:
                     body = raw
                 request = Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-                with server._lock:
+                with server._seen:
                     server.requests.append(request)
+                    server._seen.notify_all()
                 reply = server.respond(request)
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
@@ -140,6 +141,14 @@ class OpenAIServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def received(self, count: int, timeout_s: float = 10.0) -> list[Request]:
+        """The requests recorded, once there are ``count`` (or ``timeout_s`` has passed).
+        A client that gave up on an attempt may have done so before this server read
+        it: its request is recorded a little later, and counting at once would miss it."""
+        with self._seen:
+            self._seen.wait_for(lambda: len(self.requests) >= count, timeout_s)
+            return list(self.requests)
 
     def start(self) -> OpenAIServer:
         self._thread.start()

@@ -107,12 +107,11 @@ def test_a_500_then_success_succeeds() -> None:
 def test_a_slow_endpoint_times_out_and_is_retried() -> None:
     slow = chat(ANSWER)
     slow.delay_s = 1.5
-    with (
-        serving(scripted(slow), timeout_s=0.2, max_retries=1) as (server, llm),
-        pytest.raises(ModelUnavailableError) as info,
-    ):
-        llm(PROMPT)
-    assert info.value.reason == "timeout" and len(server.requests) == 2
+    with serving(scripted(slow), timeout_s=0.2, max_retries=1) as (server, llm):
+        with pytest.raises(ModelUnavailableError) as info:
+            llm(PROMPT)
+        assert len(server.received(2)) == 2
+    assert info.value.reason == "timeout"
 
 
 def test_nothing_is_waited_for_past_the_prompts_deadline() -> None:
@@ -126,7 +125,7 @@ def test_nothing_is_waited_for_past_the_prompts_deadline() -> None:
         with pytest.raises(ModelUnavailableError):
             llm(prompt)
         assert time.monotonic() - started < 2.5  # the deadline (0.3 s), not the server (5 s)
-    assert len(server.requests) == 1
+        assert len(server.received(1)) == 1
 
 
 def test_a_retry_after_longer_than_the_deadline_fails_at_once() -> None:
@@ -239,7 +238,8 @@ def test_the_timeout_per_attempt_bounds_a_trickling_answer_too() -> None:
             llm(PROMPT)
         assert time.monotonic() - started < 2.5  # two attempts of 0.5 s and a back-off
         assert server.hung_up.wait(5)
-    assert info.value.reason == "timeout" and len(server.requests) == 2
+        assert len(server.received(2)) == 2
+    assert info.value.reason == "timeout"
 
 
 def test_the_environments_proxy_is_used_as_httpx_would() -> None:
@@ -270,4 +270,5 @@ def test_a_proxy_in_the_environment_carries_the_calls_and_the_deadline_holds_thr
             with pytest.raises(ModelUnavailableError) as failed:
                 llm(replace(PROMPT, deadline=time.monotonic() + 1.0))
             assert failed.value.reason == "deadline" and time.monotonic() - started < 3
-    assert [r.path for r in proxy.requests] == ["http://model.test/v1/chat/completions"] * 2
+        paths = [r.path for r in proxy.received(2)]
+    assert paths == ["http://model.test/v1/chat/completions"] * 2
