@@ -200,6 +200,9 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
         lease_ttl_ms=settings.worker.lease_ttl_ms,
     )
     logging.getLogger("uvicorn.error").addFilter(_NoColour())
+    # A jobs' Redis that cannot be named is refused before a port is bound (or a taken
+    # default one is said to give way): the refusal is all that is said.
+    jobs_redis.connect(settings).close()
     if args.fd is not None:
         sock, config = inherited(args.fd, config)
     else:
