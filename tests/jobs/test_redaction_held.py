@@ -201,7 +201,7 @@ def test_a_standby_snapshot_holds_the_redaction_pending_naming_it_until_it_ends(
             return isinstance(reply, StreamReceipt) and reply.redaction == "complete"
 
         wait_until(done, timeout=90, what="the redaction complete once the snapshot is gone")
-    assert stored(fresh_dsn, op_id) == ("complete", None, 0)
+    assert stored(fresh_dsn, op_id) == ("complete", None, handovers)
     assert heap_holds(postgres.data_dir, fresh_dsn, marker) == []
 
 
