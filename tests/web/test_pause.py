@@ -11,6 +11,11 @@ import pytest
 from engram.worker.admin import pause
 from tests.web_fixtures import Browser, Web
 
+# Resolves when htmx has handled the next answer to one of its requests (swapped or not).
+NEXT_HTMX_ANSWER = (
+    "() => new Promise(done => document.addEventListener('htmx:afterRequest', done, {once: true}))"
+)
+
 
 def audit_rows(w: Web, action: str) -> list[Any]:
     return [e for e in w.store.audit.page(limit=200).items if e.action == action]
@@ -145,7 +150,12 @@ def test_pause_and_resume_from_the_overview_in_chromium(
     page.get_by_role("button", name="Resume partition 1").click()
     expect(page.locator("#paused")).to_contain_text("Nothing is paused.")
     assert pause.paused_numbers(client) == set()
-    page.get_by_role("button", name="Pause jobs").click()
+    # A press held across the overview's poll still clicks: the refresh does not swap
+    # the button out from under the pointer (the browser would drop the click).
+    page.get_by_role("button", name="Pause jobs").hover()
+    page.mouse.down()
+    page.evaluate(NEXT_HTMX_ANSWER)  # the poll, answered while the button is held
+    page.mouse.up()
     expect(page.locator("#paused")).to_contain_text("Jobs paused by local")
     page.get_by_role("button", name="Resume jobs").click()
     expect(page.locator("#paused")).to_contain_text("Nothing is paused.")
