@@ -24,6 +24,8 @@ import redis
 
 from engram.procs import die_with_parent
 from engram.store import LLM, Embedder, HashingEmbedder, Store
+from engram.worker import keys
+from engram.worker.consuming import groups
 from engram.worker.consuming.partition import ForgetHook
 from engram.worker.consuming.worker import Worker
 from engram.worker.embedded.runtime import connect_redis
@@ -52,6 +54,17 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def not_acknowledged(client: redis.Redis, partition: int) -> int:
+    """How many of ``partition``'s entries the workers were given and have not
+    acknowledged: 0 before a worker first read the stream and so made its group."""
+    try:
+        return int(client.xpending(keys.stream(partition), keys.GROUP)["pending"])
+    except redis.ResponseError as exc:
+        if groups.is_missing(exc):
+            return 0
+        raise
 
 
 def unauthenticated_reply(port: int, *command: str) -> bytes:

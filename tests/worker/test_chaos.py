@@ -23,7 +23,7 @@ from engram.worker import Pending, Producer, QueueUnavailableError, keys
 from engram.worker.consuming.membership import live_workers
 from engram.worker.embedded.valkey import EmbeddedValkey
 from engram.worker.settings import WorkerConfig
-from tests.redis_fixtures import FAST, WorkerProcess, wait_until
+from tests.redis_fixtures import FAST, WorkerProcess, not_acknowledged, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -143,18 +143,13 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_doubles_nothing(
     victim.signal(signal.SIGKILL)
     victim.process.wait()
     client = producer.client
-    pending = sum(
-        client.xpending(keys.stream(p), keys.GROUP)["pending"] for p in range(FAST.partitions)
-    )
+    pending = sum(not_acknowledged(client, p) for p in range(FAST.partitions))
     assert pending > 0, "the victim held no batch when it died"
     worker_processes(database_url=fresh_dsn, redis_url=redis_url)
     receipts = [p.wait(30) for p in sent]
     assert {r.operation_id for r in receipts} == {p.operation_id for p in sent}
     assert_applied_once(db, fresh_dsn, sent)
-    assert (
-        sum(client.xpending(keys.stream(p), keys.GROUP)["pending"] for p in range(FAST.partitions))
-        == 0
-    )
+    assert sum(not_acknowledged(client, p) for p in range(FAST.partitions)) == 0
     assert client.xlen(keys.DEAD_LETTERS) == 0
 
 

@@ -19,7 +19,7 @@ from engram.worker.consuming.partition import Partition
 from engram.worker.protocol import encode_entry, partition_of
 from engram.worker.settings import WorkerConfig
 from tests.helpers import CountingEmbedder
-from tests.redis_fixtures import wait_until
+from tests.redis_fixtures import not_acknowledged, wait_until
 
 CONFIG = WorkerConfig(partitions=3, block_ms=50, lease_ttl_ms=1000, lease_margin_ms=200)
 
@@ -92,7 +92,7 @@ def test_a_lingering_consumer_commits_what_arrives_meanwhile_in_the_same_cycle(
     try:
         first = producer.remember(_scope_in(0), "the first fact")
         wait_until(
-            lambda: redis_client.xpending(keys.stream(0), keys.GROUP)["pending"] == 1,
+            lambda: not_acknowledged(redis_client, 0) == 1,
             timeout=5,
             what="the first entry read (the consumer lingers now)",
         )
