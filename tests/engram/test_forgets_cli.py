@@ -101,15 +101,30 @@ def test_check_exits_1_until_repaired(
     assert code == 0 and "missing from the ledger" in out
 
 
-@pytest.mark.parametrize("since", ["last tuesday", "off", "0"])
 def test_a_bad_since_is_refused_and_changes_nothing(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, fresh_dsn: str, since: str
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_dsn: str,
+    postgres: EmbeddedPostgres,
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setenv("DATABASE_URL", fresh_dsn)
-    Store.connect(fresh_dsn).close()
-    code, _, err = run(capsys, "forgets", "replay", "--since", since)
-    assert code == 2
-    assert f"--since: {since!r} is neither an ISO 8601 time nor a duration such as 36h" in err
+    ledger = ForgetLedger(tmp_path / "ledger")
+    with Store.connect(fresh_dsn, ledger=ledger) as store:
+        mem = store.session(SCOPE, embedder=HashingEmbedder(64))
+        record_id = mem.remember("Lin's pin is quokkaberry.").records[0].id
+        pg_dump(fresh_dsn, tmp_path / "dump")
+        mem.forget(record_id)
+    restored = pg_restore(postgres.dsn(), postgres.dsn, tmp_path / "dump", "r_bad_since")
+    monkeypatch.setenv("DATABASE_URL", restored)
+    for since in ["last tuesday", "off", "0"]:
+        code, out, err = run(capsys, "forgets", "replay", "--since", since)
+        assert (code, out) == (2, "")
+        assert f"--since: {since!r} is neither an ISO 8601 time nor a duration such as 36h" in err
+        with psycopg.connect(restored) as conn:  # the forget after the dump is not replayed
+            assert len(rows_containing(conn, "quokkaberry")) > 0
+            assert conn.execute("SELECT count(*) FROM engram_forgotten").fetchone()[0] == 0
+    code, out, _ = run(capsys, "forgets", "replay", "--since", "1h", "--json")
+    assert code == 0 and json.loads(out)["reapplied"] == 1  # a good one does
 
 
 def test_since_takes_a_time_or_a_duration_back() -> None:
