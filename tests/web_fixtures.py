@@ -240,14 +240,21 @@ def chromium_path() -> str:
     return path
 
 
+# How long an ``expect`` in a browser test waits for the page to show what it asserts.
+EXPECT_TIMEOUT_MS = 15_000
+
+
 @pytest.fixture(scope="module")
 def playwright_driver() -> Iterator[Any]:
     """Playwright's driver, for one test module: its sync API keeps an event loop
     running in this thread while it lives, and a later module's ``asyncio.run`` or
     ``anyio.run`` (the MCP client, the LangGraph store's async methods) would then fail
     with "Cannot run the event loop while another loop is running"."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    # What a page shows after a worker or a job acted, and its poll brought it: on a
+    # machine running the whole suite on every core, 5 s (the default) is not enough.
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     with sync_playwright() as p:
         yield p
 
