@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import pytest
 from playwright.sync_api import expect
 
 from engram.jobs.keys import MAINTENANCE_QUEUE
@@ -17,12 +18,14 @@ from tests.web.test_filters import T0, add_letter, seed_failed_jobs
 from tests.web_fixtures import EMBEDDER, Browser, Served
 
 
+@pytest.fixture
+def served(serve_web: Callable[..., Served], fresh_dsn: str, redis_url: str) -> Served:
+    """``engram web`` on this test's database and the suite's valkey."""
+    return serve_web(database_url=fresh_dsn, redis_url=redis_url)
+
+
 def test_receipts_filtered_by_scope_field_and_who_asked(
-    serve_web: Callable[..., Served],
-    fresh_store: Store,
-    fresh_dsn: str,
-    redis_url: str,
-    browser: Browser,
+    served: Served, fresh_store: Store, browser: Browser
 ) -> None:
     for op_id, scope, by in [
         ("op-ada-agent", {"user_id": "ada", "agent_id": "x"}, "grace"),
@@ -31,7 +34,6 @@ def test_receipts_filtered_by_scope_field_and_who_asked(
     ]:
         op = Operation.build("remember", scope, {"text": "t"}, op_id, requested_by=by)
         fresh_store.execute([op], EMBEDDER)
-    served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
     page = browser.page
     page.goto(served.url + "/receipts")
     rows = page.locator("#receipt-list")
@@ -56,18 +58,13 @@ def test_receipts_filtered_by_scope_field_and_who_asked(
 
 
 def test_dead_letters_filtered_by_kind_and_error_code(
-    serve_web: Callable[..., Served],
-    fresh_store: Store,
-    fresh_dsn: str,
-    redis_url: str,
-    browser: Browser,
+    served: Served, redis_url: str, browser: Browser
 ) -> None:
     client = connect_redis(redis_url)
     client.delete(keys.DEAD_LETTERS)
     forget = add_letter(client, "failed", "dead_lettered", "forget", 0, T0)
     wanted = add_letter(client, "failed", "dead_lettered", "remember", 1, T0 + 1)
     other = add_letter(client, "failed", "store_unavailable", "remember", 1, T0 + 2)
-    served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
     page = browser.page
     page.goto(served.url + "/dead-letters")
     expect(page.locator("#dead-letter-list tr")).to_have_count(4)
@@ -96,15 +93,10 @@ def test_dead_letters_filtered_by_kind_and_error_code(
 
 
 def test_jobs_hide_the_maintenance_ticks_until_asked(
-    serve_web: Callable[..., Served],
-    fresh_store: Store,
-    fresh_dsn: str,
-    redis_url: str,
-    browser: Browser,
+    served: Served, redis_url: str, browser: Browser
 ) -> None:
     client = connect_redis(redis_url)
     seed_failed_jobs(client)
-    served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
     page = browser.page
     page.goto(f"{served.url}/jobs?queue={MAINTENANCE_QUEUE}&state=failed")
     jobs = page.locator("#jobs")
@@ -133,16 +125,11 @@ def test_jobs_hide_the_maintenance_ticks_until_asked(
 
 
 def test_scopes_narrow_as_you_type_and_leaving_the_field_does_not_reload_them(
-    serve_web: Callable[..., Served],
-    fresh_store: Store,
-    fresh_dsn: str,
-    redis_url: str,
-    browser: Browser,
+    served: Served, fresh_store: Store, browser: Browser
 ) -> None:
     for user in ["ada", "ada-lovelace", "bob"]:
         op = Operation.build("remember", {"user_id": user}, {"text": "t"}, f"op-{user}")
         fresh_store.execute([op], EMBEDDER)
-    served = serve_web(database_url=fresh_dsn, redis_url=redis_url)
     page = browser.page
     page.goto(served.url + "/scopes")
     listed = page.locator("#scope-list")
