@@ -32,6 +32,7 @@ from collections.abc import Iterator, Mapping
 from types import FrameType
 from typing import Any
 
+import redis
 import uvicorn
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
@@ -64,12 +65,16 @@ def build(
     *,
     embedder: bool = True,
     stopping: threading.Event | None = None,
+    jobs_client: redis.Redis | None = None,
 ) -> Iterator[ASGIApp]:
     """The app on connections to the configured servers, closed on exit: the dashboard,
     and ``/mcp`` beside it when the MCP SDK is installed. A jobs' Redis that cannot be
     named (``REDIS_URL`` a cluster, ``ENGRAM_JOBS_REDIS_URL`` unset) is a ``ConfigError``
-    before anything is served. Once ``stopping`` is set, every wait for a receipt ends."""
-    jobs_client = jobs_redis.connect(settings)
+    before anything is served; ``jobs_client`` is one the caller connected already (and
+    closes). Once ``stopping`` is set, every wait for a receipt ends."""
+    owns_jobs_client = jobs_client is None
+    if jobs_client is None:
+        jobs_client = jobs_redis.connect(settings)
     client = runtime.connect_redis(runtime.redis_url(settings))
     shared = jobs_redis.jobs_url(settings) == runtime.redis_url(settings)
     store = Store.connect(
@@ -120,7 +125,8 @@ def build(
     finally:
         producer.close()
         store.close()
-        jobs_client.close()
+        if owns_jobs_client:
+            jobs_client.close()
 
 
 def _with_mcp(
@@ -200,15 +206,33 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
         lease_ttl_ms=settings.worker.lease_ttl_ms,
     )
     logging.getLogger("uvicorn.error").addFilter(_NoColour())
-    # A jobs' Redis that cannot be named is refused before a port is bound (or a taken
-    # default one is said to give way): the refusal is all that is said.
-    jobs_redis.connect(settings).close()
-    if args.fd is not None:
-        sock, config = inherited(args.fd, config)
-    else:
-        sock, config = listen(config, chosen=port_chosen(args.port))
+    # The jobs' Redis first: one that cannot be named is refused before a port is bound
+    # (or a taken default one is said to give way), so the refusal is all that is said.
+    with jobs_redis.opened(settings) as jobs_client:
+        if args.fd is not None:
+            sock, config = inherited(args.fd, config)
+        else:
+            sock, config = listen(config, chosen=port_chosen(args.port))
+        serve(settings, config, sock, jobs_client, embedder=not args.no_embedder)
+    return 0
+
+
+def serve(
+    settings: Settings,
+    config: WebConfig,
+    sock: socket.socket,
+    jobs_client: redis.Redis,
+    *,
+    embedder: bool,
+) -> None:
+    """Serve the app on ``sock`` until told to stop (SIGTERM, SIGINT)."""
     stopping = threading.Event()
-    with sock, build(settings, config, embedder=not args.no_embedder, stopping=stopping) as app:
+    with (
+        sock,
+        build(
+            settings, config, embedder=embedder, stopping=stopping, jobs_client=jobs_client
+        ) as app,
+    ):
         server = _QuietServer(
             stopping,
             uvicorn.Config(
@@ -232,7 +256,6 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
             extra={"token": "required" if config.needs_token else "none (loopback)"},
         )
         server.run(sockets=[sock])
-    return 0
 
 
 class _QuietServer(uvicorn.Server):
