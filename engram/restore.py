@@ -1,8 +1,11 @@
 """``engram restore``: the home's PostgreSQL back to a base backup or a point in time,
 then every forget of the ledger re-applied, before anything serves it.
 
-Under the home lock (refused while ``engram up`` holds it), in this order, each
-step safe to run again:
+First what can be checked is: the base backup, and the WAL archive it replays
+(the one the operator names, the backup folder's ``wal``, or the one the backup's
+own ``backup.json`` names: owned by the server's user, writable by no one else,
+``store.backup.check_archive``). Then, under the home lock (refused while
+``engram up`` holds it), in this order, each step safe to run again:
 
 1. ``ENGRAM_HOME/restore.json`` is written (flushed): from here to the last step
    the home's server does not start (``store.server``), so nothing serves.
@@ -71,6 +74,7 @@ _READY_S = 600.0  # recovery replays the archive: up to this long
 @dataclass(frozen=True, slots=True)
 class RestoreReport:
     backup: str
+    archive: str
     target: str
     replayed: int
     set_aside: str | None
@@ -80,6 +84,7 @@ class RestoreReport:
     def as_dict(self) -> dict[str, Any]:
         return {
             "backup": self.backup,
+            "archive": self.archive,
             "target": self.target,
             "forgets_replayed": self.replayed,
             "previous_database": self.set_aside,
@@ -88,7 +93,9 @@ class RestoreReport:
         }
 
 
-def run_restore(settings: Settings, source: Path, to: str | None) -> RestoreReport:
+def run_restore(
+    settings: Settings, source: Path, to: str | None, archive: Path | None = None
+) -> RestoreReport:
     if settings.database_url:
         raise ConfigError(
             "engram restore restores the embedded home's PostgreSQL; DATABASE_URL is set:"
@@ -96,13 +103,14 @@ def run_restore(settings: Settings, source: Path, to: str | None) -> RestoreRepo
         )
     target = backups.parse_time(to) if to else None
     info = backups.choose(source, target if isinstance(target, datetime) else None)
+    wal = backups.check_archive(backups.archive_of(source, info, archive))
     home = Path(settings.home)
     t0 = time.monotonic()
     session = HomeSession(home, COMMAND).open()
     try:
         aside = _set_aside(home, info, target)
         backups.place(info, postgres_dir(home))
-        with _recovering(session, home, backups.recovery_settings(info, target)) as dsn:
+        with _recovering(session, home, backups.recovery_settings(wal, target)) as dsn:
             _mark(dsn, info, target)
             r0 = time.monotonic()
             with Store.connect(dsn, restoring=True, max_connections=2) as store:
@@ -118,6 +126,7 @@ def run_restore(settings: Settings, source: Path, to: str | None) -> RestoreRepo
         session.close()
     return RestoreReport(
         backup=info.label,
+        archive=str(wal),
         target=_target_text(target),
         replayed=result.reapplied,
         set_aside=str(aside) if aside else None,

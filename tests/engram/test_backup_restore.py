@@ -362,3 +362,52 @@ def test_archiving_follows_engram_backup_dir_at_each_start(home: Path) -> None:
         assert archive_mode(server) == "off"
     finally:
         server.stop()
+
+
+def test_a_restore_of_one_backup_copied_elsewhere_replays_the_archive_its_manifest_names(
+    home: Path, opened: list[Home]
+) -> None:
+    before, after = marker_text(7), marker_text(8)
+    h = open_home(home, opened)
+    h.mem.remember(before, operation_id="op-before")
+    close_home(opened)
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    h.mem.remember(after, operation_id="op-after")  # in the archive only
+    h.archive_now()
+    close_home(opened)
+    # The one backup copied to a folder of its own; where its ../../wal would be, a
+    # folder any local user could have made (empty: replayed, it would lose the write).
+    [info] = backups.list_backups(backup_dir(home))
+    copy = home.parent / "x" / "b"
+    shutil.copytree(info.path, copy)
+    planted = home.parent / "wal"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)
+
+    assert engram("restore", "--from", str(copy), "--to", "latest") == 0
+
+    h = open_home(home, opened)
+    assert h.texts() == sorted([before, after])
+    assert list(planted.iterdir()) == []
+
+
+def test_a_restore_refuses_an_archive_the_server_does_not_own_and_changes_nothing(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Home(home).close()
+    assert engram("backup") == 0
+    wal = backup_dir(home) / "wal"
+    before = sorted(p.name for p in home.iterdir())
+    capsys.readouterr()
+
+    if os.geteuid() == 0:  # as CI runs: a folder can be given to another user
+        os.chown(wal, 65534, 65534)
+        assert engram("restore", "--from", str(backup_dir(home))) == 2
+        assert "belongs to uid 65534" in capsys.readouterr().err
+        os.chown(wal, backups.archive_owner(), -1)
+    wal.chmod(0o777)  # the server's, but anyone may add to it
+    assert engram("restore", "--from", str(backup_dir(home))) == 2
+    assert "may be written by others" in capsys.readouterr().err
+    assert sorted(p.name for p in home.iterdir()) == before
+    assert not list(home.glob("postgres.before-restore-*"))
