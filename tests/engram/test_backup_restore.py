@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -31,7 +32,7 @@ from engram.store.server import data_dir as postgres_dir
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.helpers import marker_text, rows_containing
 from tests.redis_fixtures import REPO, wait_until
-from tests.web_fixtures import free_port
+from tests.web_fixtures import Served, free_port
 
 SCOPE = {"user_id": "backup-test"}
 
@@ -411,3 +412,48 @@ def test_a_restore_refuses_an_archive_the_server_does_not_own_and_changes_nothin
     assert "may be written by others" in capsys.readouterr().err
     assert sorted(p.name for p in home.iterdir()) == before
     assert not list(home.glob("postgres.before-restore-*"))
+
+
+def test_a_token_revoked_after_the_backup_stays_revoked_after_a_restore(
+    home: Path,
+    opened: list[Home],
+    redis_url: str,
+    serve_web: Callable[..., Served],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    Home(home).close()
+    secrets = {}
+    for name in ("leaked", "kept"):
+        assert (
+            engram("tokens", "create", "--scope", '{"user_id": "ada"}', "--name", name, "--json")
+            == 0
+        )
+        secrets[name] = json.loads(capsys.readouterr().out)["token"]
+    assert engram("backup") == 0
+    assert engram("tokens", "revoke", "leaked", "--by", "grace") == 0
+    [(where, revocation)] = ForgetLedger(home / "ledger").revocations()
+    assert where.startswith("revocations-") and revocation.token == "leaked"
+    assert secrets["leaked"] not in (home / "ledger" / where.split(":")[0]).read_text()
+
+    capsys.readouterr()
+    assert engram("restore", "--from", str(backup_dir(home)), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["tokens_revoked_again"] == 1
+
+    assert engram("tokens", "list", "--json") == 0
+    listed = {t["name"]: t for t in json.loads(capsys.readouterr().out)}
+    assert listed["leaked"]["revoked_by"] == "grace"
+    assert listed["leaked"]["revoked_at"] == revocation.at.isoformat()
+    assert listed["kept"]["revoked_at"] is None
+    h = open_home(home, opened)
+    served = serve_web(database_url=h.server.dsn(), redis_url=redis_url)
+    url = served.url + "/api/v1/records/no-such-record"
+    leaked = httpx.get(url, headers={"Authorization": f"Bearer {secrets['leaked']}"})
+    assert leaked.status_code == 401
+    kept = httpx.get(url, headers={"Authorization": f"Bearer {secrets['kept']}"})
+    assert kept.status_code == 404  # a live token of the same backup still answers
+    audit = h.sql("SELECT requested_by FROM engram_audit WHERE action = 'token.revoke'")
+    assert audit == [("ledger-replay",)]
+    # A replay after it finds the token revoked already.
+    close_home(opened)
+    assert engram("forgets", "replay", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["tokens_revoked"] == 0
