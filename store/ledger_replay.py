@@ -226,14 +226,14 @@ def _vet(store: Store, lines: Sequence[_Line]) -> _Vetted:
     ops = [line.entry.operation_id for line in built]
     with store.pool.connection() as conn:
         forgotten = dict(
-            conn.execute(  # type: ignore[arg-type]
+            conn.execute(
                 "SELECT f.record_id, s.key FROM engram_forgotten f"
                 " JOIN engram_scopes s ON s.id = f.scope_id WHERE f.record_id = ANY(%s)",
                 (ids,),
             ).fetchall()
         )
         held = dict(
-            conn.execute(  # type: ignore[arg-type]
+            conn.execute(
                 "SELECT r.id, s.key FROM engram_records r"
                 " JOIN engram_scopes s ON s.id = r.scope_id WHERE r.id = ANY(%s)",
                 (ids,),
