@@ -457,3 +457,29 @@ def test_a_token_revoked_after_the_backup_stays_revoked_after_a_restore(
     close_home(opened)
     assert engram("forgets", "replay", "--json") == 0
     assert json.loads(capsys.readouterr().out)["tokens_revoked"] == 0
+
+
+def test_a_restore_skips_a_ledger_line_it_cannot_apply_and_finishes(
+    home: Path, opened: list[Home], capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = marker_text(9)
+    h = open_home(home, opened)
+    x = h.mem.remember(f"X: {secret}", operation_id="op-x").records[0]
+    h.mem.remember("kept", operation_id="op-kept")
+    close_home(opened)
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    h.mem.forget(x.id, operation_id="forget-x")
+    # Then a line as a writer appends it, its checksum right, which no store can take.
+    bad = LedgerEntry("other", SCOPE, "o" * 201, datetime.now(UTC), h.store.database_key)
+    ForgetLedger(home / "ledger").append([bad])
+    close_home(opened)
+    capsys.readouterr()
+
+    assert engram("restore", "--from", str(backup_dir(home)), "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["forgets_replayed"], report["ledger_lines_refused"]) == (1, 1)
+    assert not (home / backups.RESTORE_STATE).exists()
+    h = open_home(home, opened)  # served: the marker is gone
+    assert h.texts() == ["kept"]
+    assert h.sql(f"SELECT to_regclass('{backups.RESTORE_PENDING_TABLE}')") == [(None,)]
