@@ -13,7 +13,7 @@ import pytest
 
 from engram.store import ForgetEvent, HashingEmbedder, Operation, Store, ledger_replay
 from engram.store.errors import EngramError, LedgerUnavailableError
-from engram.store.ledger import ForgetLedger, LedgerEntry
+from engram.store.ledger import ForgetLedger, LedgerEntry, Revocation
 from engram.store.ledger_replay import REPLAY_BY, check, replay
 from engram.store.server import EmbeddedPostgres
 from tests.helpers import pg_dump, pg_restore, rows_containing
@@ -240,3 +240,32 @@ def test_a_revocation_goes_to_the_ledger_and_stands_when_the_ledger_cannot_be_wr
         found = check(store, ForgetLedger(tmp_path / "ledger"), repair=True)
         assert (found.revocations_missing, found.repaired) == (1, 1)
         assert check(store, ForgetLedger(tmp_path / "ledger")).ok
+
+
+def test_a_replayed_revocation_revokes_only_the_token_it_names(
+    fresh_dsn: str, ledger: ForgetLedger
+) -> None:
+    with Store.connect(fresh_dsn) as store:
+        secret, _ = store.tokens.create("agent-a", {"user_id": "ada"}, by="grace")
+        made = store.tokens.get("agent-a")
+        assert made is not None
+        here = store.database_key
+        # An older token of that name (lost to a restore), and this one in another database.
+        older = made.created_at - timedelta(days=1)
+        ledger.append(
+            [
+                Revocation("agent-a", older, "grace", _now(), here),
+                Revocation("agent-a", made.created_at, "grace", _now(), "0123456789abcdef"),
+            ]
+        )
+        dry = replay(store, ledger, dry_run=True)
+        assert (dry.tokens_revoked, dry.other_databases) == (0, 1)
+        assert replay(store, ledger).tokens_revoked == 0
+        assert store.tokens.verify(secret) is not None
+
+        ledger.append([Revocation("agent-a", made.created_at, "grace", _now(), here)])
+        assert replay(store, ledger, dry_run=True).tokens_revoked == 1
+        assert store.tokens.verify(secret) is not None  # a dry run changes nothing
+        assert replay(store, ledger).tokens_revoked == 1
+        assert store.tokens.verify(secret) is None
+        assert replay(store, ledger).tokens_revoked == 0  # idempotent
