@@ -81,7 +81,8 @@ def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
-    report = run_restore(settings, Path(args.source), args.to)
+    archive = Path(args.archive) if args.archive else None
+    report = run_restore(settings, Path(args.source), args.to, archive)
     if args.json:
         print_json(report.as_dict())
         return exits.OK
@@ -123,6 +124,12 @@ def register(sub: Any) -> None:
         "--to",
         default=None,
         help="an ISO 8601 time (UTC unless it says), or latest; default: the backup itself",
+    )
+    restore.add_argument(
+        "--archive",
+        default=None,
+        help="the WAL archive to replay (default: the backup folder's wal, or the one"
+        " the backup's backup.json names)",
     )
     json_flag(restore)
     restore.set_defaults(run=cmd_restore)

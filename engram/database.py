@@ -77,9 +77,11 @@ def command_database(settings: Settings, command: str, *, create: bool = False) 
 
 
 @contextmanager
-def open_store(settings: Settings, command: str, *, connections: int = 2) -> Iterator[Store]:
+def open_store(
+    settings: Settings, command: str, *, connections: int = 2, ledger: ForgetLedger | None = None
+) -> Iterator[Store]:
     """The store a one-off command reads or audits in (never migrated: ``up`` or
-    ``engram migrate`` does that)."""
+    ``engram migrate`` does that). ``ledger``: where what it revokes is appended."""
     with (
         command_database(settings, command) as dsn,
         Store.connect(
@@ -87,6 +89,7 @@ def open_store(settings: Settings, command: str, *, connections: int = 2) -> Ite
             migrate=False,
             max_connections=connections,
             read_dsn=settings.database_read_url,  # the reads that allow it, on a replica
+            ledger=ledger,
         ) as store,
     ):
         yield store

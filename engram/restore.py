@@ -1,8 +1,11 @@
 """``engram restore``: the home's PostgreSQL back to a base backup or a point in time,
 then every forget of the ledger re-applied, before anything serves it.
 
-Under the home lock (refused while ``engram up`` holds it), in this order, each
-step safe to run again:
+First what can be checked is: the base backup, and the WAL archive it replays
+(the one the operator names, the backup folder's ``wal``, or the one the backup's
+own ``backup.json`` names: owned by the server's user, writable by no one else,
+``store.backup.check_archive``). Then, under the home lock (refused while
+``engram up`` holds it), in this order, each step safe to run again:
 
 1. ``ENGRAM_HOME/restore.json`` is written (flushed): from here to the last step
    the home's server does not start (``store.server``), so nothing serves.
@@ -18,10 +21,12 @@ step safe to run again:
    itself refuses every store but the restore's (``Store.connect``), wherever it
    is started.
 5. The ledger is replayed (``store.ledger_replay.replay``): each forget the restored
-   database does not know is applied. When the ledger lists any forget, the freed
-   space that may still hold a forgotten text is rewritten out of the tables'
-   files (``VACUUM FULL``: nothing else runs), and the WAL that held it removed
-   (segments switched and checkpointed, not recycled).
+   database does not know is applied, and each token revoked since is revoked again
+   (a line the store would refuse is named in the log and skipped). When the
+   ledger lists any forget, the freed space that may still hold a forgotten text
+   is rewritten out of the tables' files (``VACUUM FULL``: nothing else runs),
+   and the WAL that held it removed (segments switched and checkpointed, not
+   recycled).
 6. The marker is dropped, the server stopped, ``restore.json`` removed.
 
 A restore killed anywhere is finished by running it again: it starts over from
@@ -71,8 +76,11 @@ _READY_S = 600.0  # recovery replays the archive: up to this long
 @dataclass(frozen=True, slots=True)
 class RestoreReport:
     backup: str
+    archive: str
     target: str
     replayed: int
+    tokens_revoked: int
+    lines_refused: int
     set_aside: str | None
     seconds: float
     replay_seconds: float
@@ -80,15 +88,20 @@ class RestoreReport:
     def as_dict(self) -> dict[str, Any]:
         return {
             "backup": self.backup,
+            "archive": self.archive,
             "target": self.target,
             "forgets_replayed": self.replayed,
+            "tokens_revoked_again": self.tokens_revoked,
+            "ledger_lines_refused": self.lines_refused,
             "previous_database": self.set_aside,
             "seconds": self.seconds,
             "replay_seconds": self.replay_seconds,
         }
 
 
-def run_restore(settings: Settings, source: Path, to: str | None) -> RestoreReport:
+def run_restore(
+    settings: Settings, source: Path, to: str | None, archive: Path | None = None
+) -> RestoreReport:
     if settings.database_url:
         raise ConfigError(
             "engram restore restores the embedded home's PostgreSQL; DATABASE_URL is set:"
@@ -96,20 +109,21 @@ def run_restore(settings: Settings, source: Path, to: str | None) -> RestoreRepo
         )
     target = backups.parse_time(to) if to else None
     info = backups.choose(source, target if isinstance(target, datetime) else None)
+    wal = backups.check_archive(backups.archive_of(source, info, archive))
     home = Path(settings.home)
     t0 = time.monotonic()
     session = HomeSession(home, COMMAND).open()
     try:
         aside = _set_aside(home, info, target)
         backups.place(info, postgres_dir(home))
-        with _recovering(session, home, backups.recovery_settings(info, target)) as dsn:
+        with _recovering(session, home, backups.recovery_settings(wal, target)) as dsn:
             _mark(dsn, info, target)
             r0 = time.monotonic()
             with Store.connect(dsn, restoring=True, max_connections=2) as store:
                 result = replay(store, ForgetLedger(settings.ledger_dir))
             replay_s = time.monotonic() - r0
-            if result.failed:
-                log.warning("ledger forgets the restored store refused", extra=result.as_dict())
+            if result.failed:  # named in the log, one by one; the rest was applied
+                log.warning("ledger lines the restore skipped", extra={"lines": result.failed})
             _scrub(dsn, result.in_ledger > 0)
             _unmark(dsn)
         (home / backups.RESTORE_STATE).unlink()
@@ -118,8 +132,11 @@ def run_restore(settings: Settings, source: Path, to: str | None) -> RestoreRepo
         session.close()
     return RestoreReport(
         backup=info.label,
+        archive=str(wal),
         target=_target_text(target),
         replayed=result.reapplied,
+        tokens_revoked=result.tokens_revoked,
+        lines_refused=result.failed,
         set_aside=str(aside) if aside else None,
         seconds=round(time.monotonic() - t0, 3),
         replay_seconds=round(replay_s, 3),

@@ -2,7 +2,8 @@
 
 A token is bound to one exact scope and the capabilities given; its secret is
 printed once, by ``create``, and only its hash is kept. ``create`` and
-``revoke`` write their audit rows under ``--by`` (``cli:<login>`` by default)."""
+``revoke`` write their audit rows under ``--by`` (``cli:<login>`` by default);
+``revoke`` appends to the forget ledger too, so that a restore keeps it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from engram.jobs.settings import parse_duration
 from engram.store.errors import NotFoundError
+from engram.store.ledger import ForgetLedger
 from engram.store.tokens import CAPABILITIES
 from engram.worker.admin.deadletters import check_why
 from engram.worker.settings import Settings
@@ -98,7 +100,9 @@ def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_revoke(settings: Settings, args: argparse.Namespace) -> int:
-    with open_store(settings, "engram tokens revoke") as store:
+    # The revocation goes to the ledger too: a restore of an older backup revokes it again.
+    ledger = ForgetLedger(settings.ledger_dir)
+    with open_store(settings, "engram tokens revoke", ledger=ledger) as store:
         known = store.tokens.get(args.name)
         if known is None:
             raise NotFoundError(f"no token {args.name}")

@@ -41,6 +41,7 @@ from engram.jobs import reembed
 from engram.jobs.settings import JobsSettings
 from engram.store import Store
 from engram.store.errors import ConfigError
+from engram.store.ledger import ForgetLedger
 from engram.store.vectors.embedders import EmbedderResolver
 from engram.web import Services, WebConfig, create_app
 from engram.web.auth import Keys
@@ -88,6 +89,8 @@ def build(
         # an operator's action sets off in maintenance has its own, longer bound.
         statement_timeout_s=config.statement_timeout_s,
         admin_statement_timeout_s=config.admin_statement_timeout_s,
+        # A token revoked on the dashboard goes to the ledger too (store.tokens).
+        ledger=ForgetLedger(settings.ledger_dir),
     )
     producer = Producer(client, partitions=settings.worker.partitions, stopping=stopping)
     registry = wiring.registry(settings)

@@ -224,12 +224,14 @@ def to_ledger(ctx: JobContext, batch: Sequence[ForgetEvent]) -> None:
     _crash_point_for_tests()
     at = forgets.committed_at(ctx.store.pool, [e.operation_id for e in batch])
     now = datetime.now(UTC)
+    database = ctx.store.database_key
     ledger.append(
         LedgerEntry(
             record_id=e.record_id,
             scope=e.scope.as_dict(),
             operation_id=e.operation_id,
             at=at.get(e.operation_id, now),
+            database=database,
         )
         for e in batch
     )

@@ -5,13 +5,17 @@ recovery settings a restore starts a server with.
 
 - ``base/<label>/``: one base backup each (``pg_basebackup``, plain format, its WAL
   streamed alongside so it is consistent on its own), with ``backup.json`` (when it
-  began and ended, the first WAL segment it needs, its size);
+  began and ended, the first WAL segment it needs, its size, and the WAL archive it
+  was taken beside: a restore of that one backup replays that archive, never a
+  folder guessed from where the backup sits);
 - ``wal/``: the segments the server archived since (``archive_command``), which a
   restore replays to reach a point in time.
 
 A segment is archived under a temporary name, flushed to disk, then renamed:
 a crash never leaves a partial segment under a real name. The server runs the
-command as itself (as root: the library's own user), so ``wal/`` is that user's.
+command as itself (as root: the library's own user), so ``wal/`` is that user's;
+a restore replays an archive only if that user owns it and no one else may write
+to it (``check_archive``).
 
 Retention (``ENGRAM_BACKUP_KEEP``): a count (``7``: the seven newest base backups)
 or an age (``14d``, ``36h``: those that ended within it, and always the newest);
@@ -31,6 +35,7 @@ import pwd
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -116,8 +121,9 @@ def archive_command(backup_dir: Path) -> str:
     )
 
 
-def restore_command(backup_dir: Path) -> str:
-    wal = shlex.quote(str(Path(backup_dir).resolve() / WAL))
+def restore_command(archive: Path) -> str:
+    """Copy a segment out of ``archive`` (a WAL archive itself, ``<backup dir>/wal``)."""
+    wal = shlex.quote(str(Path(archive).resolve()))
     return f"cp {wal}/%f %p"
 
 
@@ -145,6 +151,9 @@ class BackupInfo:
     start_wal: str  # the first WAL segment it needs
     size_bytes: int
     seconds: float
+    # The WAL archive the server was archiving into when it was taken (absolute). None
+    # in the backup.json of an older engram: a restore of it alone names it itself.
+    archive: str | None = None
 
     @property
     def finished(self) -> datetime:
@@ -184,6 +193,7 @@ def base_backup(dsn: str, backup_dir: Path, *, keep: str | None = None) -> Backu
         start_wal=_start_wal(target),
         size_bytes=_size(target),
         seconds=round(time.monotonic() - t0, 3),
+        archive=str(backup_dir / WAL),
     )
     (target / INFO_FILE).write_text(json.dumps(info.as_dict(), indent=1))
     target.rename(backup_dir / BASE / label)
@@ -293,21 +303,69 @@ def choose(source: Path, to: datetime | None) -> BackupInfo:
     return backups[-1]
 
 
-def archive_of(info: BackupInfo) -> Path:
-    """The backup folder a base backup sits in (its ``wal`` is the archive)."""
-    return Path(info.path).parent.parent
+def archive_of(source: Path, info: BackupInfo, named: Path | None = None) -> Path:
+    """The WAL archive a restore of ``info`` (chosen from ``source``) replays: ``named``
+    when the operator names one; else the ``wal`` folder of the backup folder
+    ``source`` (its ``base`` holds ``info``); else, ``source`` being one base backup,
+    the archive its ``backup.json`` names. Never a folder guessed from where a
+    backup sits: copied elsewhere, its ``../../wal`` may be anyone's."""
+    if named is not None:
+        return Path(named).resolve()
+    source = Path(source)
+    if not (source / INFO_FILE).is_file():
+        return source.resolve() / WAL
+    if info.archive is None:
+        raise ConfigError(
+            f"base backup {info.label} does not name its WAL archive (its {INFO_FILE} is"
+            " from an older engram): name it with --archive DIR (the wal folder beside the"
+            " base folder it was taken into), or restore with --from that backup folder"
+        )
+    return Path(info.archive)
 
 
-def recovery_settings(info: BackupInfo, to: datetime | str | None) -> dict[str, str]:
+def archive_owner() -> int:
+    """The uid that owns a WAL archive the server wrote: the server's user (as root,
+    the library's own), else ours."""
+    user = server_user()
+    return pwd.getpwnam(user).pw_uid if user is not None else os.geteuid()
+
+
+def check_archive(archive: Path) -> Path:
+    """``archive``, if a restore may replay it: a folder (not a link to one) that the
+    server's user owns and no one else may write to. A segment planted there would be
+    replayed into the database as if the server had written it. ``ConfigError``
+    otherwise, before anything is changed."""
+    try:
+        found = os.lstat(archive)
+    except OSError as exc:
+        raise ConfigError(f"the WAL archive {archive} cannot be read: {exc.strerror}") from None
+    if not stat.S_ISDIR(found.st_mode):
+        raise ConfigError(f"the WAL archive {archive} is not a folder (a link is refused)")
+    owner = archive_owner()
+    if found.st_uid != owner:
+        raise ConfigError(
+            f"the WAL archive {archive} belongs to uid {found.st_uid}, not to the user the"
+            f" database server runs as (uid {owner}): refused, anyone who owns it could"
+            " have put segments there"
+        )
+    if found.st_mode & 0o022:
+        raise ConfigError(
+            f"the WAL archive {archive} may be written by others (mode"
+            f" {stat.S_IMODE(found.st_mode):o}): refused; make it 0700"
+        )
+    return archive
+
+
+def recovery_settings(archive: Path, to: datetime | str | None) -> dict[str, str]:
     """The settings a restore starts the server with (on its command line: never kept in
     the data folder, so a restore interrupted before recovery ends cannot be started
     by anything else: PostgreSQL refuses ``recovery.signal`` without them).
 
     ``to``: None restores the backup itself (recovery stops once consistent);
     ``"latest"`` replays every archived segment; a time stops before the first
-    commit after it."""
+    commit after it. ``archive``: the WAL archive it replays (``check_archive``)."""
     settings = {
-        "restore_command": restore_command(archive_of(info)),
+        "restore_command": restore_command(archive),
         "recovery_target_action": "promote",
         "recovery_target_timeline": "latest",
         "archive_mode": "off",

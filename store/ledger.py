@@ -1,38 +1,46 @@
-"""The forget ledger: every forget, content-free, in files outside the database it protects.
+"""The forget ledger: every forget, and every token revocation, content-free, in files
+outside the database it protects.
 
-A backup taken before a forget still holds the forgotten text; restoring it would
-bring the text back. The ledger outlives the database (it sits in a directory of its
-own, by default ``ENGRAM_HOME/ledger``, or ``ENGRAM_FORGET_LEDGER_DIR``, which may be
-another disk or a shared mount) and ``replay`` forgets again, in any database, what
-it lists (docs/backups.md).
+A backup taken before a forget still holds the forgotten text, and one taken before
+a token's revocation still holds the token live; restoring it would bring either
+back. The ledger outlives the database (it sits in a directory of its own, by
+default ``ENGRAM_HOME/ledger``, or ``ENGRAM_FORGET_LEDGER_DIR``, which may be another
+disk or a shared mount) and ``replay`` applies again, in any database, what it
+lists (``ledger_replay``, docs/backups.md).
 
-On disk: append-only JSON Lines, one file per UTC day of appending
-(``forgets-YYYY-MM-DD.jsonl``). One line per forget: the record id, its scope, the
-forget's operation id and when it committed, and a CRC-32 of those (``crc``), never
-anything of the text. An append takes an exclusive ``flock`` on the day's file,
-first cuts a torn last line (a writer killed mid-append) back to the last newline,
-then writes its lines at once and fsyncs the file (and the directory, for a new
-file) before returning. On read a line that does not parse or whose checksum is
-wrong is skipped and counted (``scan``): the torn last line such a crash leaves is
-harmless, the next append repairs it.
+On disk: append-only JSON Lines, one file per kind and UTC day of appending
+(``forgets-YYYY-MM-DD.jsonl``, ``revocations-YYYY-MM-DD.jsonl``). One line per
+forget: the record id, its scope, the forget's operation id and when it committed;
+one per revocation: the token's name and when it was created (which tells it from
+a later token of the same name), who revoked it and when. Each line names its
+database (``db``, ``database_key``: lines appended before there was one name none)
+and carries a CRC-32 of its fields (``crc``); never anything of a text or a secret.
+An append takes an exclusive ``flock`` on the day's file, first cuts a torn last
+line (a writer killed mid-append) back to the last newline, then writes its lines
+at once and fsyncs the file (and the directory, for a new file) before returning.
+On read a line that does not parse or whose checksum is wrong is skipped and
+counted (``scan``): the torn last line such a crash leaves is harmless, the next
+append repairs it.
 
-An entry's ``at`` is its forget's commit time, never after the day it was appended,
-so ``entries(since=…)`` skips the files of the days before ``since``.
+An entry's ``at`` is its forget's (or revocation's) commit time, never after the
+day it was appended, so ``entries(since=…)`` skips the files of the days before
+``since``.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hmac
 import json
 import logging
 import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .env import Env
 from .errors import InvalidRequestError, LedgerUnavailableError
@@ -42,7 +50,21 @@ from .values import Scope
 log = logging.getLogger(__name__)
 
 LEDGER_DIR_ENV = "ENGRAM_FORGET_LEDGER_DIR"
-_FILE = re.compile(r"^forgets-(\d{4}-\d{2}-\d{2})\.jsonl$")
+FORGETS = "forgets"
+REVOCATIONS = "revocations"
+_FILE = re.compile(r"^(forgets|revocations)-(\d{4}-\d{2}-\d{2})\.jsonl$")
+_DATABASE = re.compile(r"[0-9a-f]{16}")
+
+
+def database_key(conn: Any) -> str:
+    """The name a ledger line gives its database: 16 hex digits, a keyed digest of the
+    store's own secret (``engram_secrets``, migration 007). Every copy of a database
+    has it (a base backup, a point in time, a ``pg_dump``), another database never
+    does, and the digest tells nothing of the secret."""
+    row = conn.execute("SELECT secret FROM engram_secrets WHERE name = 'request_digest'").fetchone()
+    if row is None:
+        raise LedgerUnavailableError("the store has no secret to name it by: run `engram migrate`")
+    return hmac.new(bytes(row[0]), b"engram ledger database", "sha256").hexdigest()[:16]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,38 +75,97 @@ class LedgerEntry:
     scope: dict[str, str]
     operation_id: str
     at: datetime
+    database: str | None = None  # ``database_key``; None in lines from before it
 
     def body(self) -> dict[str, Any]:
-        return {
+        body = {
             "at": self.at.astimezone(UTC).isoformat(),
             "id": self.record_id,
             "op": self.operation_id,
             "scope": dict(sorted(self.scope.items())),
         }
+        return body if self.database is None else {**body, "db": self.database}
 
     def to_line(self) -> str:
-        body = self.body()
-        return json.dumps({**body, "crc": _crc(body)}, separators=(",", ":")) + "\n"
+        return _line(self.body())
 
     @classmethod
     def from_line(cls, line: str) -> LedgerEntry | None:
         """The entry a line holds; None for a torn or damaged line."""
+        data = _checked(line, {"at", "id", "op", "scope"})
         try:
-            data = json.loads(line)
-            if not isinstance(data, dict):
-                return None
-            crc = data.pop("crc", None)
-            if crc != _crc(data) or set(data) != {"at", "id", "op", "scope"}:
+            if data is None or not isinstance(data["id"], str) or not isinstance(data["op"], str):
                 return None
             scope = Scope.of(data["scope"]).as_dict()
-            at = datetime.fromisoformat(data["at"])
-            if at.tzinfo is None:
-                return None
-            if not isinstance(data["id"], str) or not isinstance(data["op"], str):
-                return None
         except (ValueError, TypeError, InvalidRequestError):
             return None
-        return cls(record_id=data["id"], scope=scope, operation_id=data["op"], at=at)
+        return cls(data["id"], scope, data["op"], data["at"], data.get("db"))
+
+
+@dataclass(frozen=True, slots=True)
+class Revocation:
+    """One token's revocation: its name and creation time (a later token may take the
+    name of a revoked one after a restore to before it), who revoked it, and when."""
+
+    token: str
+    created_at: datetime
+    by: str
+    at: datetime
+    database: str
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "at": self.at.astimezone(UTC).isoformat(),
+            "by": self.by,
+            "created": self.created_at.astimezone(UTC).isoformat(),
+            "db": self.database,
+            "token": self.token,
+        }
+
+    def to_line(self) -> str:
+        return _line(self.body())
+
+    @classmethod
+    def from_line(cls, line: str) -> Revocation | None:
+        data = _checked(line, {"at", "by", "created", "db", "token"})
+        if data is None or "db" not in data:
+            return None
+        if not isinstance(data["token"], str) or not isinstance(data["by"], str):
+            return None
+        try:
+            created = _utc(data["created"])
+        except (ValueError, TypeError):
+            return None
+        if created is None:
+            return None
+        return cls(data["token"], created, data["by"], data["at"], data["db"])
+
+
+def _line(body: Mapping[str, Any]) -> str:
+    return json.dumps({**body, "crc": _crc(body)}, separators=(",", ":")) + "\n"
+
+
+def _checked(line: str, fields: set[str]) -> dict[str, Any] | None:
+    """A line's fields, its checksum right and its ``at`` (and ``db``, when there is
+    one) read; None when it is not so."""
+    try:
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            return None
+        crc = data.pop("crc", None)
+        if crc != _crc(data) or set(data) - {"db"} != fields - {"db"}:
+            return None
+        if "db" in data and not (isinstance(data["db"], str) and _DATABASE.fullmatch(data["db"])):
+            return None
+        data["at"] = _utc(data["at"])
+    except (ValueError, TypeError):
+        return None
+    return data if data["at"] is not None else None
+
+
+def _utc(text: Any) -> datetime | None:
+    at = datetime.fromisoformat(text)
+    return at if at.tzinfo is not None else None
 
 
 def _crc(body: Mapping[str, Any]) -> str:
@@ -102,6 +183,9 @@ class Scan:
     damaged_at: list[str] = field(default_factory=list)  # "file:line", the first few
 
 
+_E = TypeVar("_E", LedgerEntry, Revocation)
+
+
 def default_dir(env: Mapping[str, str] | None = None) -> Path:
     """``ENGRAM_FORGET_LEDGER_DIR``, else ``ENGRAM_HOME/ledger`` (home: ``.engram``)."""
     read = Env(env)
@@ -112,7 +196,7 @@ def default_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 class ForgetLedger:
-    """An append-only, content-free record of forgets in ``directory``."""
+    """An append-only, content-free record of forgets and revocations in ``directory``."""
 
     def __init__(self, directory: Path | None = None) -> None:
         self.directory = Path(directory) if directory is not None else default_dir()
@@ -122,12 +206,19 @@ class ForgetLedger:
 
     # -- writing ------------------------------------------------------------------
 
-    def append(self, entries: Iterable[LedgerEntry]) -> None:
-        """Append ``entries``; durable (file and directory fsynced) when it returns."""
-        lines = "".join(e.to_line() for e in entries)
-        if not lines:
-            return
-        path = self.directory / f"forgets-{datetime.now(UTC).date().isoformat()}.jsonl"
+    def append(self, entries: Iterable[LedgerEntry | Revocation]) -> None:
+        """Append ``entries`` (each to its kind's file of the day); durable (file and
+        directory fsynced) when it returns."""
+        lines: dict[str, list[str]] = {}
+        for e in entries:
+            lines.setdefault(REVOCATIONS if isinstance(e, Revocation) else FORGETS, []).append(
+                e.to_line()
+            )
+        day = datetime.now(UTC).date().isoformat()
+        for kind, text in lines.items():
+            self._append(self.directory / f"{kind}-{day}.jsonl", "".join(text).encode())
+
+    def _append(self, path: Path, data: bytes) -> None:
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             created = not path.exists()
@@ -135,7 +226,7 @@ class ForgetLedger:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 _cut_torn_tail(fd, path)
-                _write_all(fd, lines.encode())
+                _write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)  # releases the lock
@@ -148,8 +239,9 @@ class ForgetLedger:
 
     # -- reading ------------------------------------------------------------------
 
-    def files(self, since: datetime | None = None) -> list[Path]:
-        """The ledger's files, oldest first (those of days before ``since`` left out)."""
+    def files(self, since: datetime | None = None, kind: str = FORGETS) -> list[Path]:
+        """The ledger's files of ``kind``, oldest first (those of days before ``since``
+        left out)."""
         if not self.directory.is_dir():
             return []
         if since is not None and since.tzinfo is None:
@@ -158,23 +250,45 @@ class ForgetLedger:
         found = []
         for path in self.directory.iterdir():
             m = _FILE.match(path.name)
-            if m and date.fromisoformat(m.group(1)) >= first:
+            if m and m.group(1) == kind and date.fromisoformat(m.group(2)) >= first:
                 found.append(path)
         return sorted(found)
 
     def entries(
         self, since: datetime | None = None, scan: Scan | None = None
     ) -> Iterator[LedgerEntry]:
-        """Every good entry, in the order appended (``at`` >= ``since`` only; a naive
-        ``since`` is UTC); damaged lines are skipped, and counted in ``scan`` when given."""
+        """Every good forget entry, in the order appended (``at`` >= ``since`` only; a
+        naive ``since`` is UTC); damaged lines are skipped, and counted in ``scan``."""
+        for _, entry in self.located(since, scan):
+            yield entry
+
+    def located(
+        self, since: datetime | None = None, scan: Scan | None = None
+    ) -> Iterator[tuple[str, LedgerEntry]]:
+        """``entries`` with where each is: ``file:line``, to report a line by."""
+        return self._read(FORGETS, LedgerEntry.from_line, since, scan)
+
+    def revocations(
+        self, since: datetime | None = None, scan: Scan | None = None
+    ) -> Iterator[tuple[str, Revocation]]:
+        """Every good revocation with where it is, in the order appended."""
+        return self._read(REVOCATIONS, Revocation.from_line, since, scan)
+
+    def _read(
+        self,
+        kind: str,
+        parse: Callable[[str], _E | None],
+        since: datetime | None,
+        scan: Scan | None,
+    ) -> Iterator[tuple[str, _E]]:
         if since is not None and since.tzinfo is None:
             since = since.replace(tzinfo=UTC)
-        for path in self.files(since):
+        for path in self.files(since, kind):
             if scan is not None:
                 scan.files += 1
             with path.open("r", encoding="utf-8", errors="replace", newline="\n") as f:
                 for number, line in enumerate(f, 1):
-                    entry = LedgerEntry.from_line(line) if line.endswith("\n") else None
+                    entry = parse(line) if line.endswith("\n") else None
                     if entry is None:
                         if line.strip():
                             _damaged(scan, path, number, torn=not line.endswith("\n"))
@@ -183,12 +297,14 @@ class ForgetLedger:
                         continue
                     if scan is not None:
                         scan.entries += 1
-                    yield entry
+                    yield f"{path.name}:{number}", entry
 
     def scan(self) -> Scan:
         """Read the whole ledger: how many files, good entries and damaged lines."""
         found = Scan()
-        for _ in self.entries(scan=found):
+        for _ in self.located(scan=found):
+            pass
+        for _ in self.revocations(scan=found):
             pass
         return found
 

@@ -113,7 +113,8 @@ class Session:
         result = self._run("forget", forget_request(record_id), operation_id)
         if self.store.ledger is not None and (result.revisions or result.already_forgotten):
             # Before the listeners, and before its redaction may say ``complete``.
-            self.store.ledger.append([ledger_entry(self.scope, record_id, result)])
+            entry = ledger_entry(self.scope, record_id, result, self.store.database_key)
+            self.store.ledger.append([entry])
         if result.receipt.redaction in (None, "none") or not self.on_forget:
             return result
         status = run_forget_listeners(
@@ -166,13 +167,14 @@ class Session:
         return result
 
 
-def ledger_entry(scope: Scope, record_id: str, result: WriteResult) -> LedgerEntry:
-    """What the forget ledger keeps of a committed forget."""
+def ledger_entry(scope: Scope, record_id: str, result: WriteResult, database: str) -> LedgerEntry:
+    """What the forget ledger keeps of a committed forget in ``database``."""
     return LedgerEntry(
         record_id=record_id,
         scope=scope.as_dict(),
         operation_id=result.receipt.operation_id,
         at=result.receipt.committed_at,
+        database=database,
     )
 
 

@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool
 from . import backup, migrations
 from .audit import Audit
 from .errors import InvalidRequestError, SchemaVersionError
-from .ledger import ForgetLedger
+from .ledger import ForgetLedger, database_key
 from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
 from .models.llm import LLM
 from .read.browse import Browse
@@ -87,12 +87,13 @@ class Store:
         self.cursors = Cursors(cursor_key or secrets.token_bytes(32))
         self.browse = Browse(self.reads, self.cursors)
         self.audit = Audit(pool, self.cursors)
-        # Scoped access tokens and the log of what each read (always the primary's).
-        self.tokens = Tokens(pool)
-        # Where this process's forgets are appended before their redaction is complete
-        # (``store.ledger``); None: not by this process (``engram forgets check --repair``
-        # appends them later).
+        # Where this process's forgets (and token revocations) are appended before their
+        # redaction is complete (``store.ledger``); None: not by this process (``engram
+        # forgets check --repair`` appends them later).
         self.ledger = ledger
+        self._database_key: str | None = None
+        # Scoped access tokens and the log of what each read (always the primary's).
+        self.tokens = Tokens(pool, ledger=ledger)
 
     @classmethod
     def connect(
@@ -155,6 +156,14 @@ class Store:
             admin_statement_timeout_s=admin_statement_timeout_s if statement_timeout_s else None,
             ledger=ledger,
         )
+
+    @property
+    def database_key(self) -> str:
+        """The name the ledger's lines give this database (``ledger.database_key``)."""
+        if self._database_key is None:
+            with self.pool.connection() as conn:
+                self._database_key = database_key(conn)
+        return self._database_key
 
     def close(self) -> None:
         self.reads.close()

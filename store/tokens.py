@@ -26,7 +26,8 @@ from typing import Any
 import psycopg
 
 from . import audit
-from .errors import InvalidRequestError, TokenNameTakenError
+from .errors import InvalidRequestError, LedgerUnavailableError, TokenNameTakenError
+from .ledger import ForgetLedger, Revocation, database_key
 from .limits import MAX_ID_CHARS
 from .rows import scope_from_key
 from .values import Scope
@@ -186,8 +187,12 @@ def check_capabilities(can: Iterable[str]) -> frozenset[str]:
 
 
 class Tokens:
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, *, ledger: ForgetLedger | None = None) -> None:
         self.pool = pool
+        # Where a revocation is appended once committed, so that a restore of a backup
+        # taken before it revokes the token again (``ledger_replay``). None: appended by
+        # the next ``engram forgets check --repair`` (the jobs' hourly schedule).
+        self.ledger = ledger
 
     def create(
         self,
@@ -253,18 +258,33 @@ class Tokens:
 
     def revoke(self, name: str, *, by: str, why: str | None = None) -> bool:
         """Revoke the live token ``name`` (its audit row, ``token.revoke``, commits with
-        it); False when there is none (unknown, or already revoked)."""
+        it), then append the revocation to the ledger; False when there is none
+        (unknown, or already revoked). The revocation stands even when the ledger cannot
+        be written: ``LedgerUnavailableError`` then says so."""
         check_name(name)
+        key = None
         with self.pool.connection() as conn, conn.transaction():
             row = conn.execute(
                 "UPDATE engram_tokens SET revoked_at = clock_timestamp(), revoked_by = %s"
-                " WHERE name = %s AND revoked_at IS NULL RETURNING id",
+                " WHERE name = %s AND revoked_at IS NULL RETURNING id, created_at, revoked_at",
                 (by, name),
             ).fetchone()
             if row is not None:
                 detail = {"reason": why} if why is not None else {}
                 audit.insert(conn, by, "token.revoke", ACTOR_PREFIX + name, detail)
-        return row is not None
+                key = database_key(conn) if self.ledger is not None else None
+        if row is None:
+            return False
+        if self.ledger is not None and key is not None:
+            revocation = Revocation(name, row[1], by, row[2], key)
+            try:
+                self.ledger.append([revocation])
+            except LedgerUnavailableError as exc:
+                raise LedgerUnavailableError(
+                    f"token {name} is revoked, but not in the ledger ({exc.message}): a restore"
+                    " would bring it back until `engram forgets check --repair` appends it"
+                ) from None
+        return True
 
     def list(self) -> list[TokenInfo]:
         """Every token, live or not, newest first (never a secret)."""

@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -31,7 +32,7 @@ from engram.store.server import data_dir as postgres_dir
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.helpers import marker_text, rows_containing
 from tests.redis_fixtures import REPO, wait_until
-from tests.web_fixtures import free_port
+from tests.web_fixtures import Served, free_port
 
 SCOPE = {"user_id": "backup-test"}
 
@@ -362,3 +363,123 @@ def test_archiving_follows_engram_backup_dir_at_each_start(home: Path) -> None:
         assert archive_mode(server) == "off"
     finally:
         server.stop()
+
+
+def test_a_restore_of_one_backup_copied_elsewhere_replays_the_archive_its_manifest_names(
+    home: Path, opened: list[Home]
+) -> None:
+    before, after = marker_text(7), marker_text(8)
+    h = open_home(home, opened)
+    h.mem.remember(before, operation_id="op-before")
+    close_home(opened)
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    h.mem.remember(after, operation_id="op-after")  # in the archive only
+    h.archive_now()
+    close_home(opened)
+    # The one backup copied to a folder of its own; where its ../../wal would be, a
+    # folder any local user could have made (empty: replayed, it would lose the write).
+    [info] = backups.list_backups(backup_dir(home))
+    copy = home.parent / "x" / "b"
+    shutil.copytree(info.path, copy)
+    planted = home.parent / "wal"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)
+
+    assert engram("restore", "--from", str(copy), "--to", "latest") == 0
+
+    h = open_home(home, opened)
+    assert h.texts() == sorted([before, after])
+    assert list(planted.iterdir()) == []
+
+
+def test_a_restore_refuses_an_archive_the_server_does_not_own_and_changes_nothing(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Home(home).close()
+    assert engram("backup") == 0
+    wal = backup_dir(home) / "wal"
+    before = sorted(p.name for p in home.iterdir())
+    capsys.readouterr()
+
+    if os.geteuid() == 0:  # as CI runs: a folder can be given to another user
+        os.chown(wal, 65534, 65534)
+        assert engram("restore", "--from", str(backup_dir(home))) == 2
+        assert "belongs to uid 65534" in capsys.readouterr().err
+        os.chown(wal, backups.archive_owner(), -1)
+    wal.chmod(0o777)  # the server's, but anyone may add to it
+    assert engram("restore", "--from", str(backup_dir(home))) == 2
+    assert "may be written by others" in capsys.readouterr().err
+    assert sorted(p.name for p in home.iterdir()) == before
+    assert not list(home.glob("postgres.before-restore-*"))
+
+
+def test_a_token_revoked_after_the_backup_stays_revoked_after_a_restore(
+    home: Path,
+    opened: list[Home],
+    redis_url: str,
+    serve_web: Callable[..., Served],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    Home(home).close()
+    secrets = {}
+    for name in ("leaked", "kept"):
+        assert (
+            engram("tokens", "create", "--scope", '{"user_id": "ada"}', "--name", name, "--json")
+            == 0
+        )
+        secrets[name] = json.loads(capsys.readouterr().out)["token"]
+    assert engram("backup") == 0
+    assert engram("tokens", "revoke", "leaked", "--by", "grace") == 0
+    [(where, revocation)] = ForgetLedger(home / "ledger").revocations()
+    assert where.startswith("revocations-") and revocation.token == "leaked"
+    assert secrets["leaked"] not in (home / "ledger" / where.split(":")[0]).read_text()
+
+    capsys.readouterr()
+    assert engram("restore", "--from", str(backup_dir(home)), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["tokens_revoked_again"] == 1
+
+    assert engram("tokens", "list", "--json") == 0
+    listed = {t["name"]: t for t in json.loads(capsys.readouterr().out)}
+    assert listed["leaked"]["revoked_by"] == "grace"
+    assert listed["leaked"]["revoked_at"] == revocation.at.isoformat()
+    assert listed["kept"]["revoked_at"] is None
+    h = open_home(home, opened)
+    served = serve_web(database_url=h.server.dsn(), redis_url=redis_url)
+    url = served.url + "/api/v1/records/no-such-record"
+    leaked = httpx.get(url, headers={"Authorization": f"Bearer {secrets['leaked']}"})
+    assert leaked.status_code == 401
+    kept = httpx.get(url, headers={"Authorization": f"Bearer {secrets['kept']}"})
+    assert kept.status_code == 404  # a live token of the same backup still answers
+    audit = h.sql("SELECT requested_by FROM engram_audit WHERE action = 'token.revoke'")
+    assert audit == [("ledger-replay",)]
+    # A replay after it finds the token revoked already.
+    close_home(opened)
+    assert engram("forgets", "replay", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["tokens_revoked"] == 0
+
+
+def test_a_restore_skips_a_ledger_line_it_cannot_apply_and_finishes(
+    home: Path, opened: list[Home], capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = marker_text(9)
+    h = open_home(home, opened)
+    x = h.mem.remember(f"X: {secret}", operation_id="op-x").records[0]
+    h.mem.remember("kept", operation_id="op-kept")
+    close_home(opened)
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    h.mem.forget(x.id, operation_id="forget-x")
+    # Then a line as a writer appends it, its checksum right, which no store can take.
+    bad = LedgerEntry("other", SCOPE, "o" * 201, datetime.now(UTC), h.store.database_key)
+    ForgetLedger(home / "ledger").append([bad])
+    close_home(opened)
+    capsys.readouterr()
+
+    assert engram("restore", "--from", str(backup_dir(home)), "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["forgets_replayed"], report["ledger_lines_refused"]) == (1, 1)
+    assert not (home / backups.RESTORE_STATE).exists()
+    h = open_home(home, opened)  # served: the marker is gone
+    assert h.texts() == ["kept"]
+    assert h.sql(f"SELECT to_regclass('{backups.RESTORE_PENDING_TABLE}')") == [(None,)]

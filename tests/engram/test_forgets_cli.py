@@ -5,6 +5,7 @@ check finds what the ledger lacks and repairs it; bad input changes nothing."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from engram.cli import main
 from engram.forgets_cli import since_arg
 from engram.store import HashingEmbedder, Store
-from engram.store.ledger import ForgetLedger
+from engram.store.ledger import ForgetLedger, LedgerEntry
 from engram.store.server import EmbeddedPostgres
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.helpers import pg_dump, pg_restore, rows_containing
@@ -55,7 +56,9 @@ def test_replay_after_a_pg_dump_restore_reapplies_the_later_forgets_once(
 
     code, out, _ = run(capsys, "forgets", "replay", "--dry-run", "--json")
     assert code == 0
-    assert json.loads(out) | {"dry_run": True} == {
+    with Store.connect(restored) as store:
+        database = store.database_key  # the dump's copy is the same database
+    assert json.loads(out) == {
         "in_ledger": 3,
         "already_forgotten": 1,
         "reapplied": 2,
@@ -63,7 +66,11 @@ def test_replay_after_a_pg_dump_restore_reapplies_the_later_forgets_once(
         "failed": 0,
         "erased": 0,
         "damaged_lines": 0,
+        "other_databases": 0,
+        "tokens_revoked": 0,
         "dry_run": True,
+        "database": database,
+        "refused_at": [],
     }
     with psycopg.connect(restored) as conn:
         assert len(rows_containing(conn, "pangolinade")) > 0
@@ -133,3 +140,119 @@ def test_since_takes_a_time_or_a_duration_back() -> None:
     assert since_arg("2026-12-01T10:00:00", now) == datetime(2026, 12, 1, 10, tzinfo=UTC)
     assert since_arg("2026-12-01T10:00:00+02:00", now) == datetime(2026, 12, 1, 8, tzinfo=UTC)
     assert since_arg(None) is None
+
+
+def _restored_after_forget(
+    fresh_dsn: str, postgres: EmbeddedPostgres, tmp_path: Path, name: str, texts: list[str]
+) -> tuple[str, list[str], str]:
+    """A database with ``texts`` recorded, dumped, then the first forgotten (in the
+    ledger), and the dump restored as database ``name``: its DSN, the record ids, and
+    the database's ledger name."""
+    with Store.connect(fresh_dsn, ledger=ForgetLedger(tmp_path / "ledger")) as store:
+        mem = store.session(SCOPE, embedder=HashingEmbedder(64))
+        ids = [mem.remember(t).records[0].id for t in texts]
+        pg_dump(fresh_dsn, tmp_path / "dump")
+        mem.forget(ids[0], operation_id="forget-first")
+        database = store.database_key
+    return pg_restore(postgres.dsn(), postgres.dsn, tmp_path / "dump", name), ids, database
+
+
+def _forgotten(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        return sorted(r[0] for r in conn.execute("SELECT record_id FROM engram_forgotten"))
+
+
+def test_a_line_the_store_cannot_take_is_named_by_the_dry_run_and_skipped_by_the_replay(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_dsn: str,
+    postgres: EmbeddedPostgres,
+    tmp_path: Path,
+) -> None:
+    restored, ids, database = _restored_after_forget(
+        fresh_dsn, postgres, tmp_path, "r_long_op", ["Lin's pin is wombatine.", "kept"]
+    )
+    # A line as a writer appends it, its checksum right, its operation id 201 characters.
+    ledger = ForgetLedger(tmp_path / "ledger")
+    ledger.append([LedgerEntry(ids[1], SCOPE, "o" * 201, datetime.now(UTC), database)])
+    monkeypatch.setenv("DATABASE_URL", restored)
+
+    code, out, err = run(capsys, "forgets", "replay", "--dry-run", "--json")
+    dry = json.loads(out)
+    assert code == 1 and dry["failed"] == 1 and dry["reapplied"] == 1
+    [why] = dry["refused_at"]
+    assert re.fullmatch(r"forgets-\d{4}-\d{2}-\d{2}\.jsonl:2: .*longer than 200.*", why), why
+    assert why in err
+    assert _forgotten(restored) == []  # the dry run changed nothing
+
+    code, out, err = run(capsys, "forgets", "replay", "--json")
+    real = json.loads(out)
+    assert code == 1 and real["refused_at"] == [why] and real["reapplied"] == 1
+    assert _forgotten(restored) == [ids[0]]  # the good line applied, the bad one skipped
+    with psycopg.connect(restored) as conn:
+        assert rows_containing(conn, "wombatine") == []
+        assert [r[0] for r in conn.execute("SELECT id FROM engram_records")] == [ids[1]]
+
+
+def test_a_line_whose_scope_is_not_its_records_is_refused_and_the_record_stays(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_dsn: str,
+    postgres: EmbeddedPostgres,
+    tmp_path: Path,
+) -> None:
+    restored, ids, database = _restored_after_forget(
+        fresh_dsn, postgres, tmp_path, "r_wrong_scope", ["Lin's pin is numbatlace.", "Lin's key"]
+    )
+    eve = {"user_id": "eve"}  # the record is lin's
+    ledger = ForgetLedger(tmp_path / "ledger")
+    ledger.append([LedgerEntry(ids[1], eve, "f-eve", datetime.now(UTC), database)])
+    monkeypatch.setenv("DATABASE_URL", restored)
+
+    for dry_run in (["--dry-run"], []):
+        code, out, _ = run(capsys, "forgets", "replay", *dry_run, "--json")
+        result = json.loads(out)
+        assert code == 1 and result["failed"] == 1 and result["reapplied"] == 1
+        assert result["refused_at"][0].endswith(
+            f"record {ids[1]} is another scope's, not the line's"
+        )
+    assert _forgotten(restored) == [ids[0]]
+    with psycopg.connect(restored) as conn:
+        assert [r[0] for r in conn.execute("SELECT id FROM engram_records")] == [ids[1]]
+        assert len(rows_containing(conn, "Lin's key")) > 0
+        assert conn.execute(
+            "SELECT count(*) FROM engram_receipts WHERE operation_id = 'f-eve'"
+        ).fetchone() == (0,)
+
+
+def test_a_ledger_shared_with_another_database_hides_none_of_this_ones_forgets(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_dsn: str,
+    postgres: EmbeddedPostgres,
+    tmp_path: Path,
+) -> None:
+    ledger = ForgetLedger(tmp_path / "ledger")
+    with Store.connect(fresh_dsn, ledger=ledger) as store:
+        mem = store.session(SCOPE, embedder=HashingEmbedder(64))
+        record_id = mem.remember("Lin's pin is dingoquill.").records[0].id
+        pg_dump(fresh_dsn, tmp_path / "dump")
+        # Another database sharing the directory forgot a record of the same id in a
+        # scope of its own, first: its line comes before this database's.
+        at = datetime.now(UTC)
+        ledger.append(
+            [LedgerEntry(record_id, {"user_id": "zed"}, "zed-op", at, "0123456789abcdef")]
+        )
+        mem.forget(record_id, operation_id="forget-dingo")
+    restored = pg_restore(postgres.dsn(), postgres.dsn, tmp_path / "dump", "r_shared")
+    monkeypatch.setenv("DATABASE_URL", restored)
+
+    code, out, _ = run(capsys, "forgets", "replay", "--json")
+    result = json.loads(out)
+    assert code == 0, result
+    assert (result["reapplied"], result["other_databases"], result["failed"]) == (1, 1, 0)
+    assert _forgotten(restored) == [record_id]
+    with psycopg.connect(restored) as conn:
+        assert rows_containing(conn, "dingoquill") == []
+    code, out, _ = run(capsys, "forgets", "check", "--json")
+    assert code == 0 and json.loads(out)["unknown_to_store"] == 0

@@ -3,6 +3,7 @@ repair against the tombstones, and replay on a database restored from a dump."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from engram.store import ForgetEvent, HashingEmbedder, Operation, Store, ledger_replay
 from engram.store.errors import EngramError, LedgerUnavailableError
-from engram.store.ledger import ForgetLedger, LedgerEntry
+from engram.store.ledger import ForgetLedger, LedgerEntry, Revocation
 from engram.store.ledger_replay import REPLAY_BY, check, replay
 from engram.store.server import EmbeddedPostgres
 from tests.helpers import pg_dump, pg_restore, rows_containing
@@ -180,7 +181,9 @@ def test_a_replay_killed_before_its_vacuum_is_finished_by_the_next_run(
     entries = [LedgerEntry(rid, scope, f"forget-{rid}", _now()) for rid in ids]
     ledger.append(entries)
     # The replay's commit step alone, as a run killed right after it leaves it.
-    ledger_replay._forget(fresh_store, entries)
+    ledger_replay._forget(
+        fresh_store, [ledger_replay._Line(f"l:{i}", e) for i, e in enumerate(entries)]
+    )
 
     def states() -> list[str]:
         with psycopg.connect(fresh_dsn) as conn:
@@ -207,3 +210,62 @@ def test_since_reads_only_the_later_forgets(ledger: ForgetLedger) -> None:
     naive = (now - timedelta(hours=2)).replace(tzinfo=None)  # read as UTC
     assert [e.record_id for e in ledger.entries(since=naive)] == ["recent"]
     assert list(ledger.entries(since=now + timedelta(days=2))) == []  # its file skipped
+
+
+def test_a_revocation_goes_to_the_ledger_and_stands_when_the_ledger_cannot_be_written(
+    fresh_dsn: str, tmp_path: Path
+) -> None:
+    with Store.connect(fresh_dsn, ledger=ForgetLedger(tmp_path / "ledger")) as store:
+        secret, _ = store.tokens.create("agent-leaked", {"user_id": "ada"}, by="grace")
+        assert store.tokens.revoke("agent-leaked", by="grace")
+        [(_, revocation)] = store.ledger.revocations()  # type: ignore[union-attr]
+        made = store.tokens.get("agent-leaked")
+        assert made is not None and revocation.database == store.database_key
+        assert (revocation.token, revocation.created_at) == (made.name, made.created_at)
+        assert (revocation.by, revocation.at) == ("grace", made.revoked_at)
+        raw = b"".join(p.read_bytes() for p in (tmp_path / "ledger").iterdir())
+        assert secret.encode() not in raw and hashlib.sha256(
+            secret.encode()
+        ).hexdigest() not in str(raw)
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with Store.connect(fresh_dsn, ledger=ForgetLedger(blocker / "ledger")) as store:
+        store.tokens.create("agent-other", {"user_id": "ada"}, by="grace")
+        with pytest.raises(LedgerUnavailableError) as caught:
+            store.tokens.revoke("agent-other", by="grace")
+        assert "agent-other is revoked, but not in the ledger" in caught.value.message
+        assert store.tokens.get("agent-other").revoked_at is not None  # type: ignore[union-attr]
+        # The schedule's repair appends it (to a ledger that can be written).
+        found = check(store, ForgetLedger(tmp_path / "ledger"), repair=True)
+        assert (found.revocations_missing, found.repaired) == (1, 1)
+        assert check(store, ForgetLedger(tmp_path / "ledger")).ok
+
+
+def test_a_replayed_revocation_revokes_only_the_token_it_names(
+    fresh_dsn: str, ledger: ForgetLedger
+) -> None:
+    with Store.connect(fresh_dsn) as store:
+        secret, _ = store.tokens.create("agent-a", {"user_id": "ada"}, by="grace")
+        made = store.tokens.get("agent-a")
+        assert made is not None
+        here = store.database_key
+        # An older token of that name (lost to a restore), and this one in another database.
+        older = made.created_at - timedelta(days=1)
+        ledger.append(
+            [
+                Revocation("agent-a", older, "grace", _now(), here),
+                Revocation("agent-a", made.created_at, "grace", _now(), "0123456789abcdef"),
+            ]
+        )
+        dry = replay(store, ledger, dry_run=True)
+        assert (dry.tokens_revoked, dry.other_databases) == (0, 1)
+        assert replay(store, ledger).tokens_revoked == 0
+        assert store.tokens.verify(secret) is not None
+
+        ledger.append([Revocation("agent-a", made.created_at, "grace", _now(), here)])
+        assert replay(store, ledger, dry_run=True).tokens_revoked == 1
+        assert store.tokens.verify(secret) is not None  # a dry run changes nothing
+        assert replay(store, ledger).tokens_revoked == 1
+        assert store.tokens.verify(secret) is None
+        assert replay(store, ledger).tokens_revoked == 0  # idempotent
