@@ -89,7 +89,7 @@ def replay(
     scan = Scan()
     wanted = _first_by_record(ledger, since, scan)
     already = reapplied = tombstoned = failed = 0
-    forgotten_again: list[str] = []
+    forgotten_again: list[tuple[str, str]] = []  # (scope key, operation id)
     ids = list(wanted)
     for start in range(0, len(ids), BATCH_SIZE):
         batch = [wanted[i] for i in ids[start : start + BATCH_SIZE]]
@@ -104,7 +104,7 @@ def replay(
         failed += refused
         reapplied += sum(1 for e in done if e.record_id in present)
         tombstoned += _tombstone(store, [e for e in done if e.record_id not in present])
-        forgotten_again += [e.operation_id for e in done if e.record_id in present]
+        forgotten_again += [(_scope_key(e), e.operation_id) for e in done if e.record_id in present]
     # With those a replay killed before its VACUUM left pending: this run finishes them.
     to_erase = [] if dry_run else sorted({*forgotten_again, *_unfinished(store)})
     if to_erase:
@@ -200,19 +200,22 @@ def _scope_key(entry: LedgerEntry) -> str:
     return Scope.of(entry.scope).key
 
 
-def _unfinished(store: Store) -> list[str]:
-    """Replayed forgets still ``pending``: committed by a replay that did not get to
-    its VACUUM (killed, or held)."""
+def _unfinished(store: Store) -> list[tuple[str, str]]:
+    """Replayed forgets still ``pending`` (scope key, operation id): committed by a replay
+    that did not get to its VACUUM (killed, or held)."""
     with store.pool.connection() as conn:
         rows = conn.execute(
-            "SELECT operation_id FROM engram_receipts WHERE kind = 'forget'"
-            " AND requested_by = %s AND redaction = 'pending'",
+            "SELECT s.key, c.operation_id FROM engram_receipts c"
+            " JOIN engram_scopes s ON s.id = c.scope_id WHERE c.kind = 'forget'"
+            " AND c.requested_by = %s AND c.redaction = 'pending'",
             (REPLAY_BY,),
         ).fetchall()
-    return [r[0] for r in rows]
+    return [(r[0], r[1]) for r in rows]
 
 
-def _erase(store: Store, record_ids: list[str], operation_ids: list[str], wait_s: float) -> None:
+def _erase(
+    store: Store, record_ids: list[str], operation_ids: list[tuple[str, str]], wait_s: float
+) -> None:
     """The deleted row versions leave the tables and the text index; then the replayed
     forgets are ``complete`` (until then ``pending``: the sweeper of a running jobs
     worker would finish them)."""
