@@ -136,7 +136,7 @@ def _redis(url: str) -> redis.Redis:
 def _answer(client: redis.Redis, op_ids: list[str]) -> None:
     pipe = client.pipeline(transaction=False)
     for op_id in op_ids:
-        key = keys.reply(op_id)
+        key = keys.reply("", op_id)  # the baselines' answers: the collector reads the id
         pipe.delete(key)
         pipe.rpush(key, json.dumps({"entry": None, "receipt": {"operation_id": op_id}}))
         pipe.expire(key, 3600)
@@ -394,7 +394,7 @@ def _collect(redis_kwargs: dict[str, Any], expected: int, conn: Connection) -> N
     while pubsub.get_message(timeout=0.1) is not None:
         pass  # the subscription is live once this returns
     conn.send("ready")
-    prefix = keys.reply("").encode()
+    prefix = f"{keys.PREFIX}:reply:".encode()  # then the scope's tag, ":", the id
     seen: dict[str, float] = {}
     deadline = time.monotonic() + 900
     while len(seen) < expected and time.monotonic() < deadline:
@@ -404,7 +404,7 @@ def _collect(redis_kwargs: dict[str, Any], expected: int, conn: Connection) -> N
         now = time.perf_counter()  # CLOCK_MONOTONIC: the same clock in every process
         key: bytes = message["data"]
         if key.startswith(prefix):  # not another list (RQ's queue, say)
-            seen.setdefault(key.removeprefix(prefix).decode(), now)
+            seen.setdefault(key.removeprefix(prefix).decode().split(":", 1)[-1], now)
     conn.send(seen)
 
 

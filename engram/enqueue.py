@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from engram.store import Operation
+from engram.store import Operation, Scope
 from engram.store.errors import EngramError
 from engram.worker.admin import pause
 from engram.worker.embedded import runtime
@@ -49,16 +49,19 @@ def cmd_enqueue(settings: Settings, args: argparse.Namespace) -> int:
         return _answer(
             lambda: pending.wait(args.wait),
             where,
+            op.scope.as_dict(),
             args.wait,
             lambda: _held(producer, pending.partition),
         )
 
 
 def cmd_wait(settings: Settings, args: argparse.Namespace) -> int:
+    scope = Scope.of(json_value(args.scope, "--scope"))  # an id is its scope's
     with _producer(settings) as producer:
         return _answer(
-            lambda: producer.wait(args.operation_id, args.timeout),
+            lambda: producer.wait(scope, args.operation_id, args.timeout),
             {"operation_id": args.operation_id},
+            scope.as_dict(),
             args.timeout,
         )
 
@@ -81,10 +84,12 @@ def _held(producer: Producer, partition: int) -> str | None:
 def _answer(
     wait: Any,
     where: dict[str, Any],
+    scope_fields: dict[str, str],
     timeout_s: float,
     why_waiting: Callable[[], str | None] = lambda: None,
 ) -> int:
     op_id = where["operation_id"]
+    scope = json.dumps(scope_fields, separators=(",", ":"), ensure_ascii=False)
     try:
         receipt = wait()
     except WaitTimeout:
@@ -94,7 +99,8 @@ def _answer(
         )
         print(
             f"engram: no reply for {op_id} within {timeout_s:g}s. It is enqueued. {why} "
-            f"Wait again with: engram wait {_quoted(op_id)} --timeout 60. Sent before a"
+            f"Wait again with: engram wait {_quoted(op_id)} --scope {_quoted(scope)}"
+            " --timeout 60. Sent before a"
             " restore of the database, it may have been lost: it then has no receipt"
             f" (engram receipts --refused --operation-id {_quoted(op_id)} prints none).",
             file=sys.stderr,
@@ -140,5 +146,6 @@ def register(sub: Any) -> None:
     enqueue.set_defaults(run=cmd_enqueue)
     wait = sub.add_parser("wait", help="wait for an enqueued operation's reply and print it")
     wait.add_argument("operation_id")
+    scope_arg(wait)
     wait.add_argument("--timeout", type=positive_float, default=30.0, metavar="SECONDS")
     wait.set_defaults(run=cmd_wait)

@@ -222,7 +222,7 @@ def to_ledger(ctx: JobContext, batch: Sequence[ForgetEvent]) -> None:
     if ledger is None:
         return
     _crash_point_for_tests()
-    at = forgets.committed_at(ctx.store.pool, [e.operation_id for e in batch])
+    at = forgets.committed_at(ctx.store.pool, [e.key for e in batch])
     now = datetime.now(UTC)
     database = ctx.store.database_key
     ledger.append(
@@ -230,7 +230,7 @@ def to_ledger(ctx: JobContext, batch: Sequence[ForgetEvent]) -> None:
             record_id=e.record_id,
             scope=e.scope.as_dict(),
             operation_id=e.operation_id,
-            at=at.get(e.operation_id, now),
+            at=at.get(e.key, now),
             database=database,
         )
         for e in batch
@@ -273,15 +273,15 @@ def finish(
 def _record(
     ctx: JobContext, batch: Sequence[ForgetEvent], status: Redaction, reason: str | None
 ) -> None:
-    op_ids = [e.operation_id for e in batch]
-    forgets.set_redaction(ctx.store.pool, op_ids, status, reason)
-    missing = [op for op in op_ids if not _update_reply(ctx.streams_client, op, status, reason)]
+    op_keys = [e.key for e in batch]
+    forgets.set_redaction(ctx.store.pool, op_keys, status, reason)
+    missing = [k for k in op_keys if not _update_reply(ctx.streams_client, k, status, reason)]
     if missing and ctx.streams_redis is not None:
         # On a Redis of their own the jobs may hear of a forget just before its worker's
         # reply lands on the streams' Redis: a moment later, it is there.
         time.sleep(_REPLY_GRACE_S)
-        for op_id in missing:
-            _update_reply(ctx.streams_client, op_id, status, reason)
+        for op_key in missing:
+            _update_reply(ctx.streams_client, op_key, status, reason)
 
 
 def sweep(ctx: JobContext) -> int:
@@ -336,7 +336,7 @@ def _count_handover(
     again. A forget handed over ``max_handovers`` times already ends ``failed``.
     Without ``count_held``, a held forget's hand-over is not counted (its job was not
     lost: it ended held)."""
-    by_op = {e["operation_id"]: e for e in events}
+    by_op = {_event_key(e): e for e in events}
     limit = ctx.settings.redaction.max_handovers
     reason = (
         f"handed over {limit} times, its redaction never finished: its jobs worker "
@@ -345,14 +345,14 @@ def _count_handover(
     again, failed = forgets.hand_over_again(
         ctx.store.pool, list(by_op), max_handovers=limit, reason=reason, count_held=count_held
     )
-    for op_id in failed:
-        _update_reply(ctx.streams_client, op_id, "failed", reason)
+    for op_key in failed:
+        _update_reply(ctx.streams_client, op_key, "failed", reason)
     if failed:
         log.error(
             "redactions failed: handed over too many times",
             extra={"events": len(failed), "max_handovers": limit},
         )
-    return [by_op[op_id] for op_id in again]
+    return [by_op[op_key] for op_key in again]
 
 
 def _worker_dead(client: redis.Redis, name: str | None) -> bool:
@@ -401,10 +401,10 @@ def _redaction_jobs(client: redis.Redis) -> int:
 
 
 def _update_reply(
-    client: redis.Redis, operation_id: str, status: Redaction, reason: str | None = None
+    client: redis.Redis, op_key: tuple[str, str], status: Redaction, reason: str | None = None
 ) -> bool:
     """Whether there was a reply (updated, or not a forget's) to update."""
-    key = stream_keys.reply(operation_id)
+    key = stream_keys.reply(*op_key)
     for _ in range(3):
         raw = client.lindex(key, 0)
         if raw is None:
@@ -425,7 +425,12 @@ def _update_reply(
 
 def _unique(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One event per forget operation (a redelivered forget may have been handed twice)."""
-    return list({e["operation_id"]: e for e in events}.values())
+    return list({_event_key(e): e for e in events}.values())
+
+
+def _event_key(event: dict[str, Any]) -> tuple[str, str]:
+    """A forget event's operation (scope key, operation id), as JSON (``events``)."""
+    return event_json.from_dict(event).key
 
 
 def _text(value: Any) -> str:

@@ -81,6 +81,35 @@ class OperationConflictError(EngramError):
     status = 409
 
 
+class OperationAmbiguousError(EngramError):
+    """An operation id asked for without its scope is in more than one scope (an
+    operation id identifies an operation within its scope). Only the operator looks
+    an id up across scopes: ``scopes`` lists the scope keys that hold it, to choose
+    from. A scoped token's look-up is always in its own scope and never meets it."""
+
+    code = "operation_ambiguous"
+    status = 409
+
+    def __init__(self, message: str, *, scopes: list[dict[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.scopes = list(scopes or [])
+
+    def details(self) -> dict[str, Any]:
+        return {"scopes": self.scopes}
+
+    @classmethod
+    def from_dict(cls, message: str, data: Mapping[str, Any]) -> Self:
+        scopes = data.get("scopes")
+        return cls(
+            message,
+            scopes=[
+                {str(k): str(v) for k, v in s.items()}
+                for s in (scopes if isinstance(scopes, list) else [])
+                if isinstance(s, Mapping)
+            ],
+        )
+
+
 class RevisionConflictError(EngramError):
     """The record is not at the revision the caller planned against.
 

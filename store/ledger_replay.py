@@ -134,7 +134,7 @@ def replay(
     wanted, others = _wanted(ledger, since, scan, here)
     already = reapplied = tombstoned = 0
     refused: list[str] = []
-    forgotten_again: list[str] = []
+    forgotten_again: list[tuple[str, str]] = []  # (scope key, operation id)
     lines = list(wanted.values())
     for start in range(0, len(lines), BATCH_SIZE):
         vetted = _vet(store, lines[start : start + BATCH_SIZE])
@@ -153,7 +153,7 @@ def replay(
                 refused.append(f"{line.where}: the store did not forget record {_id(line)}")
         again = [line for line in vetted.present if _key(line.entry) in gone]
         reapplied += len(again)
-        forgotten_again += [line.entry.operation_id for line in again]
+        forgotten_again += [(_key(line.entry)[0], line.entry.operation_id) for line in again]
         absent = [line.entry for line in vetted.absent if line.where in done]
         tombstoned += _tombstone(store, absent)
     revoked, others_revoked = _revocations(store, ledger, since, scan, here, dry_run)
@@ -212,9 +212,9 @@ def _vet(store: Store, lines: Sequence[_Line]) -> _Vetted:
     """What the store would make of each line, decided the same way for a dry run and
     a real one: the operation it would run (a line it could not take is refused), then
     the database's state: forgotten already, the record in the line's scope, in
-    another's (refused), or never here; an operation id with a receipt that is not
-    this forget's (another kind, scope or record, or a refusal) is refused: the store
-    would answer that receipt, forgetting nothing."""
+    another's (refused), or never here; an operation id whose receipt in the line's
+    scope is not this forget's (another kind or record, or a refusal) is refused: the
+    store would answer that receipt, forgetting nothing."""
     vetted = _Vetted([], [], [], [])
     built: list[_Line] = []
     for line in lines:
@@ -239,10 +239,11 @@ def _vet(store: Store, lines: Sequence[_Line]) -> _Vetted:
                 (ids,),
             ).fetchall()
         )
+        # An operation id is its scope's (the same id in another scope is another operation).
         receipts = {
-            r[0]: (r[1], r[2], r[3])
+            (r[0], r[1]): (r[2], r[3])
             for r in conn.execute(
-                "SELECT r.operation_id, r.kind, s.key, r.error IS NOT NULL FROM engram_receipts r"
+                "SELECT s.key, r.operation_id, r.kind, r.error IS NOT NULL FROM engram_receipts r"
                 " JOIN engram_scopes s ON s.id = r.scope_id WHERE r.operation_id = ANY(%s)",
                 (ops,),
             ).fetchall()
@@ -250,14 +251,14 @@ def _vet(store: Store, lines: Sequence[_Line]) -> _Vetted:
     for line in built:
         scope, record_id = _key(line.entry)
         holder = forgotten.get(record_id, held.get(record_id))
-        receipt = receipts.get(line.entry.operation_id)
+        receipt = receipts.get((scope, line.entry.operation_id))
         if forgotten.get(record_id) == scope:
             vetted.already.append(line)
         elif holder is not None and holder != scope:
             vetted.refused.append(
                 f"{line.where}: record {record_id} is another scope's, not the line's"
             )
-        elif receipt is not None and (receipt != ("forget", scope, False) or holder is not None):
+        elif receipt is not None and (receipt != ("forget", False) or holder is not None):
             vetted.refused.append(
                 f"{line.where}: operation id {line.entry.operation_id} is another operation's"
             )
@@ -366,19 +367,22 @@ def _revocations(
     return revoked, others
 
 
-def _unfinished(store: Store) -> list[str]:
-    """Replayed forgets still ``pending``: committed by a replay that did not get to
-    its VACUUM (killed, or held)."""
+def _unfinished(store: Store) -> list[tuple[str, str]]:
+    """Replayed forgets still ``pending`` (scope key, operation id): committed by a replay
+    that did not get to its VACUUM (killed, or held)."""
     with store.pool.connection() as conn:
         rows = conn.execute(
-            "SELECT operation_id FROM engram_receipts WHERE kind = 'forget'"
-            " AND requested_by = %s AND redaction = 'pending'",
+            "SELECT s.key, c.operation_id FROM engram_receipts c"
+            " JOIN engram_scopes s ON s.id = c.scope_id WHERE c.kind = 'forget'"
+            " AND c.requested_by = %s AND c.redaction = 'pending'",
             (REPLAY_BY,),
         ).fetchall()
-    return [r[0] for r in rows]
+    return [(r[0], r[1]) for r in rows]
 
 
-def _erase(store: Store, record_ids: list[str], operation_ids: list[str], wait_s: float) -> None:
+def _erase(
+    store: Store, record_ids: list[str], operation_ids: list[tuple[str, str]], wait_s: float
+) -> None:
     """The deleted row versions leave the tables and the text index; then the replayed
     forgets are ``complete`` (until then ``pending``: the sweeper of a running jobs
     worker would finish them)."""

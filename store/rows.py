@@ -23,9 +23,11 @@ RECEIPT_COLUMNS = """
     c.model_calls, c.requested_by, c.replays, c.last_replayed_at, c.redaction_reason, c.proposed,
     coalesce((SELECT json_agg(json_build_array(rr.record_id, rr.revision, rr.status)
                               ORDER BY rr.record_id, rr.revision)
-              FROM engram_receipt_records rr WHERE rr.operation_id = c.operation_id), '[]'),
+              FROM engram_receipt_records rr
+              WHERE rr.scope_id = c.scope_id AND rr.operation_id = c.operation_id), '[]'),
     EXISTS (SELECT 1 FROM engram_vouched_operations vo
-            WHERE vo.operation_id = c.operation_id AND vo.requested_by = c.requested_by)
+            WHERE vo.scope_key = s.key AND vo.operation_id = c.operation_id
+            AND vo.requested_by = c.requested_by)
 """
 
 _scope_cache: dict[str, Scope] = {}

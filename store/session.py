@@ -45,6 +45,11 @@ class ForgetEvent:
     operation_id: str
     already_forgotten: bool
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """The forget's identity: (scope key, operation id)."""
+        return (self.scope.key, self.operation_id)
+
 
 ForgetListener = Callable[[ForgetEvent], None]
 
@@ -127,7 +132,7 @@ class Session:
                 already_forgotten=result.already_forgotten,
             ),
         )
-        self.store.set_redaction(result.receipt.operation_id, status)
+        self.store.set_redaction(result.receipt.operation_id, status, self.scope)
         return replace(result, receipt=replace(result.receipt, redaction=status))  # type: ignore[arg-type]
 
     # ``after``: a receipt's ``position``; the read then sees that write (see Store.get).

@@ -17,7 +17,7 @@ from psycopg_pool import ConnectionPool
 
 from . import backup, migrations
 from .audit import Audit
-from .errors import InvalidRequestError, SchemaVersionError
+from .errors import InvalidRequestError, OperationAmbiguousError, SchemaVersionError
 from .ledger import ForgetLedger, database_key
 from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
 from .models.llm import LLM
@@ -221,7 +221,7 @@ class Store:
         decided = options.decisions
 
         def has_phase(op: Operation) -> bool:
-            return op.operation_id not in decided and needs_model(op.request, llm is not None)
+            return op.key not in decided and needs_model(op.request, llm is not None)
 
         if not any(has_phase(op) for op in ops):
             return self.writer.execute(ops, embedder, options)
@@ -238,15 +238,19 @@ class Store:
         deadline: float | None = None,
     ) -> Prepared:
         """Run ``op``'s model phase now, outside any transaction (``prepare``); commit
-        it later with ``execute(..., decisions={op.operation_id: prepared.decision})``."""
+        it later with ``execute(..., decisions={op.key: prepared.decision})``."""
         return prepare(self.pool, op, embedder=embedder, llm=llm, deadline=deadline)
 
-    def set_redaction(self, operation_id: str, status: str) -> None:
+    def set_redaction(
+        self, operation_id: str, status: str, scope: Scope | Mapping[str, Any]
+    ) -> None:
+        """Set the redaction of the forget ``operation_id`` of ``scope``."""
         with self.pool.connection() as conn:
             conn.execute(
-                "UPDATE engram_receipts SET redaction = %s WHERE operation_id = %s"
-                " AND kind = 'forget'",
-                (status, operation_id),
+                "UPDATE engram_receipts c SET redaction = %s FROM engram_scopes s"
+                " WHERE s.id = c.scope_id AND s.key = %s AND c.operation_id = %s"
+                " AND c.kind = 'forget'",
+                (status, Scope.of(scope).key, operation_id),
             )
 
     # -- reads ----------------------------------------------------------------------
@@ -280,8 +284,19 @@ class Store:
         rows = self.reads.run(read, after=after)
         return [ScopeSummary(scope_from_key(r[0]), r[1], r[2]) for r in rows]
 
-    def receipt(self, operation_id: str) -> Receipt | None:
-        found = self.receipts(operation_id=operation_id, limit=1, refused=True)
+    def receipt(
+        self, operation_id: str, scope: Scope | Mapping[str, Any] | None = None
+    ) -> Receipt | None:
+        """The receipt of ``operation_id`` in ``scope`` (an operation id identifies an
+        operation within its scope). Without a scope: the one scope's that holds the id;
+        ``OperationAmbiguousError`` (naming those scopes) when several do."""
+        found = self.receipts(scope=scope, operation_id=operation_id, limit=2, refused=True)
+        if len(found) > 1:
+            everywhere = self.receipts(operation_id=operation_id, limit=1000, refused=True)
+            raise OperationAmbiguousError(
+                f"operation {operation_id} is in {len(everywhere)} scopes: name its scope",
+                scopes=[r.scope.as_dict() for r in everywhere],
+            )
         return found[0] if found else None
 
     def receipts(
@@ -305,8 +320,8 @@ class Store:
             params["key"] = Scope.of(scope).key  # type: ignore[assignment]
         if record_id is not None:
             clauses.append(
-                "c.operation_id IN (SELECT operation_id FROM engram_receipt_records"
-                " WHERE record_id = %(rid)s)"
+                "(c.scope_id, c.operation_id) IN (SELECT scope_id, operation_id"
+                " FROM engram_receipt_records WHERE record_id = %(rid)s)"
             )
             params["rid"] = record_id  # type: ignore[assignment]
         if kind is not None:

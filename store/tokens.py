@@ -306,24 +306,27 @@ class Tokens:
     def vouch(self, grant: Grant, operation_id: str) -> str:
         """Say that ``grant``'s token asked for ``operation_id``, before it is enqueued:
         its receipt then shows ``grant.actor`` as authenticated, not claimed. Returns the
-        actor to put in the operation's ``requested_by``. An id vouched for already (the
-        same operation sent again) keeps its first row."""
+        actor to put in the operation's ``requested_by``. An id vouched for already in the
+        token's scope (the same operation sent again) keeps its first row; a vouch is its
+        scope's, as an operation id is, and says nothing of the same id elsewhere."""
         if len(operation_id) > MAX_ID_CHARS:
             raise InvalidRequestError(f"operation id is longer than {MAX_ID_CHARS} characters")
         with self.pool.connection() as conn:
             conn.execute(
-                "INSERT INTO engram_vouched_operations (operation_id, requested_by, token_id)"
-                " VALUES (%s, %s, %s) ON CONFLICT (operation_id) DO NOTHING",
-                (operation_id, grant.actor, grant.token_id),
+                "INSERT INTO engram_vouched_operations"
+                " (scope_key, operation_id, requested_by, token_id) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT (scope_key, operation_id) DO NOTHING",
+                (Scope.of(grant.scope).key, operation_id, grant.actor, grant.token_id),
             )
         return grant.actor
 
     def made(self, grant: Grant, operation_id: str) -> bool:
-        """Whether ``grant``'s token asked for ``operation_id`` (it may see its state)."""
+        """Whether ``grant``'s token asked for ``operation_id`` in its scope."""
         with self.pool.connection() as conn:
             row = conn.execute(
-                "SELECT 1 FROM engram_vouched_operations WHERE operation_id = %s AND token_id = %s",
-                (operation_id, grant.token_id),
+                "SELECT 1 FROM engram_vouched_operations"
+                " WHERE scope_key = %s AND operation_id = %s AND token_id = %s",
+                (Scope.of(grant.scope).key, operation_id, grant.token_id),
             ).fetchone()
         return row is not None
 

@@ -11,6 +11,8 @@ single-key commands.
 
 from __future__ import annotations
 
+import hashlib
+
 PREFIX = "engram"
 
 # The consumer group every worker reads the partition streams through.
@@ -68,9 +70,18 @@ def fence_name(partition: int, epoch: int = 0) -> str:
     return f"partition:{partition}" if epoch == 0 else f"partition:e{epoch}.{partition}"
 
 
-def reply(operation_id: str) -> str:
-    """LIST holding the one reply of an operation (a receipt or an error), with a TTL."""
-    return f"{PREFIX}:reply:{operation_id}"
+def reply(scope_key: str, operation_id: str) -> str:
+    """LIST holding the one reply of an operation (a receipt or an error), with a TTL.
+
+    An operation id identifies an operation within its scope: the key carries a digest
+    of the scope's key (``Scope.key``) before the id, so the same id in another scope
+    has another reply, and the key names no scope field."""
+    return f"{PREFIX}:reply:{scope_tag(scope_key)}:{operation_id}"
+
+
+def scope_tag(scope_key: str) -> str:
+    """A fixed-length digest of a scope's key, for the keys that belong to one scope."""
+    return hashlib.sha256(scope_key.encode()).hexdigest()[:32]
 
 
 def rate(interval: int) -> str:

@@ -77,9 +77,14 @@ class Pending:
     partition: int
     entry_id: str
     producer: Producer
-    stream: str = ""
-    # To ask again for a lost reply (``wait``); its text is never shown.
-    op: Operation | None = field(default=None, repr=False, compare=False)
+    stream: str
+    # Its scope names its reply; to ask again for a lost reply (``wait``). Its text is
+    # never shown.
+    op: Operation = field(repr=False, compare=False)
+
+    @property
+    def scope(self) -> Scope:
+        return self.op.scope
 
     def wait(self, timeout: float = 30.0) -> StreamReceipt:
         """The receipt, as ``Producer.wait``; and a reply that was lost is asked again.
@@ -91,7 +96,9 @@ class Pending:
         after ``REASK_AFTER_S`` looks for its entry; gone from its stream, the operation
         is enqueued once more under its id, and its receipt comes back as a replay
         (nothing is applied twice)."""
-        return self.producer.wait(self.operation_id, timeout, entry_id=self.entry_id, asked=self)
+        return self.producer.wait(
+            self.scope, self.operation_id, timeout, entry_id=self.entry_id, asked=self
+        )
 
     async def replied(self, wait_s: float) -> StreamReceipt | None:
         """The receipt (its error raised) within ``wait_s``, waited for on an event loop
@@ -106,7 +113,9 @@ class Pending:
         next_look = time.monotonic() + REASK_AFTER_S
         asked, pause_s = self, FIRST_POLL_S
         while not producer.stopping.is_set():
-            read_now = partial(producer.wait, self.operation_id, 0.0, entry_id=asked.entry_id)
+            read_now = partial(
+                producer.wait, self.scope, self.operation_id, 0.0, entry_id=asked.entry_id
+            )
             try:
                 return await anyio.to_thread.run_sync(read_now)  # never blocks
             except WaitTimeout:
@@ -469,13 +478,16 @@ class Producer:
 
     def wait(
         self,
+        scope: Scope | Mapping[str, Any],
         operation_id: str,
         timeout: float = 30.0,
         *,
         entry_id: str | None = None,
         asked: Pending | None = None,
     ) -> StreamReceipt:
-        """The operation's receipt; raises its typed error, or ``WaitTimeout``.
+        """The receipt of the operation ``operation_id`` of ``scope`` (an operation id
+        identifies an operation within its scope); raises its typed error, or
+        ``WaitTimeout``.
 
         Any number of callers may wait for the same id, before or after the
         reply arrives: the reply stays in Redis for the reply TTL. With
@@ -483,7 +495,7 @@ class Producer:
         enqueue of the same operation id is passed over. With ``asked`` (``Pending.wait``
         passes itself), a reply lost after its entry was acknowledged is asked again.
         """
-        key = keys.reply(operation_id)
+        key = keys.reply(Scope.of(scope).key, operation_id)
         deadline = time.monotonic() + timeout
         unreachable: Exception | None = None
         next_look = time.monotonic() + REASK_AFTER_S
@@ -521,7 +533,7 @@ class Producer:
         """``asked``, or its operation enqueued again when its entry has left its stream
         with no reply (``Pending.wait``). Anything unsure (Redis unreachable, the
         operation not at hand) keeps waiting on ``asked``."""
-        if asked.op is None or not asked.stream:
+        if not asked.stream:
             return asked
         try:
             if self.client.xrange(asked.stream, asked.entry_id, asked.entry_id, count=1):
@@ -538,12 +550,16 @@ class Producer:
         )
         return again
 
-    def results(self, operation_ids: Iterable[str]) -> dict[str, StreamReceipt | EngramError]:
-        """The replies already there, without waiting: receipts, or errors as values."""
+    def results(
+        self, scope: Scope | Mapping[str, Any], operation_ids: Iterable[str]
+    ) -> dict[str, StreamReceipt | EngramError]:
+        """The replies already there of these operations of ``scope``, without waiting:
+        receipts, or errors as values, by operation id."""
         ids = list(operation_ids)
+        key = Scope.of(scope).key
         pipe = self.client.pipeline(transaction=False)
         for op_id in ids:
-            pipe.lindex(keys.reply(op_id), -1)
+            pipe.lindex(keys.reply(key, op_id), -1)
         try:
             raws = pipe.execute()
         except cluster.REDIS_FAILURES as exc:

@@ -59,6 +59,8 @@ class Malformed:
     error: InvalidRequestError
     raw: str | None  # the op field as sent, kept in the dead letter for inspection
     operation_id: str | None  # when readable, so a waiting producer gets the error
+    # The scope's key when readable too: the reply key is the scope's and the id's.
+    scope_key: str | None = None
 
 
 def _text(value: str | bytes, errors: str = "strict") -> str:
@@ -141,7 +143,13 @@ def _decode(
     try:
         op = Operation.from_dict(data)
     except InvalidRequestError as exc:
-        return Malformed(eid, MalformedEntryError(exc.message, cause=refusal(data)), raw, op_id)
+        return Malformed(
+            eid,
+            MalformedEntryError(exc.message, cause=refusal(data)),
+            raw,
+            op_id,
+            _scope_key(data),
+        )
     expected = partition_of(op.scope, partitions)
     if expected != partition:
         return Malformed(
@@ -153,6 +161,7 @@ def _decode(
             ),
             raw,
             op.operation_id,
+            op.scope.key,
         )
     return Entry(eid, op)
 
@@ -183,6 +192,17 @@ def _operation_id(data: object) -> str | None:
         try:
             return check_string(value, "operation_id", max_chars=MAX_ID_CHARS)
         except InvalidRequestError:
+            return None
+    return None
+
+
+def _scope_key(data: object) -> str | None:
+    """The scope key of a refused entry, when its scope is readable (with its operation
+    id, it names the reply key the refusal is sent to)."""
+    if isinstance(data, dict):
+        try:
+            return Scope.of(data["scope"]).key
+        except Exception:  # any shape at all: then no producer can be told
             return None
     return None
 

@@ -145,7 +145,10 @@ class Memory:
             ),
             record_id=args.record_id,
         )
-        if answer.data["state"] == "committed" and not answer.data.get("replayed"):
+        # Only a forget that found the record (or its tombstone) in this scope is the
+        # operator's business: a no-op names nothing of another scope (issue 36).
+        found = answer.data.get("revisions") or answer.data.get("already_forgotten")
+        if answer.data["state"] == "committed" and not answer.data.get("replayed") and found:
             detail = {"operation_id": op_id, "reason": args.reason}
             await anyio.to_thread.run_sync(
                 lambda: self.store.audit.record(
@@ -291,10 +294,8 @@ class Memory:
         (in this scope's partition stream), else not found: the same answer as for an
         id another scope used."""
         scope = access.scope
-        receipt = self.store.receipt(op_id)
+        receipt = self.store.receipt(op_id, scope)  # an operation id is its scope's
         if receipt is not None:
-            if receipt.scope.key != scope.key:
-                raise _no_operation(op_id)
             refused = receipt.error is not None
             return {
                 "state": "refused" if refused else "committed",
@@ -302,12 +303,12 @@ class Memory:
                 "receipt": receipt_json(receipt),
             }
         if self._sent_by(access, op_id):
-            reply = self.producer.results([op_id]).get(op_id)
+            reply = self.producer.results(scope, [op_id]).get(op_id)
             if isinstance(reply, EngramError):
                 return {"state": "failed", "operation_id": op_id, "error": reply.to_dict()}
         if self._queued(scope, op_id):
             return {"state": "queued", "operation_id": op_id}
-        if self.store.receipt(op_id) is not None:  # committed while the streams were read
+        if self.store.receipt(op_id, scope) is not None:  # committed while the streams were read
             return self._operation(access, op_id)
         raise _no_operation(op_id)
 

@@ -101,7 +101,7 @@ class RedisListener:
             entry_id
             for entry_id, fields in _entries(self.client, stream_keys.DEAD_LETTERS)
             if forgotten.holds(fields.get(b"op"))
-            or _text(fields.get(b"operation_id")) in forgotten.operation_ids
+            or forgotten.wrote(_text(fields.get(b"operation_id")), fields.get(b"op"))
         ]
         if letters:
             self.client.xdel(stream_keys.DEAD_LETTERS, *letters)
@@ -142,12 +142,16 @@ class RedisListener:
         pipe = self.client.pipeline(transaction=False)
         if isinstance(item, Entry):
             op = item.operation
-            entries = WriteOptions(stream_entries={op.operation_id: entry_id})
+            entries = WriteOptions(stream_entries={op.key: entry_id})
             [outcome] = self.ctx.store.execute([op], None, options=entries)
-            send_reply(pipe, op.operation_id, encode_reply(outcome, entry_id), self.ctx.reply_ttl_s)
-        elif item.operation_id is not None:  # never appliable: what the worker would answer
+            send_reply(pipe, op.key, encode_reply(outcome, entry_id), self.ctx.reply_ttl_s)
+        elif item.operation_id is not None and item.scope_key is not None:
+            # Never appliable: what the worker would answer.
             send_reply(
-                pipe, item.operation_id, encode_reply(item.error, entry_id), self.ctx.reply_ttl_s
+                pipe,
+                (item.scope_key, item.operation_id),
+                encode_reply(item.error, entry_id),
+                self.ctx.reply_ttl_s,
             )
         pipe.xack(stream, stream_keys.GROUP, entry_id)
         pipe.xdel(stream, entry_id)

@@ -15,9 +15,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engram.store import Operation
+from engram.store import Operation, Scope
 from engram.store.errors import EngramError
 from engram.store.write.apply import referenced_ids
+from engram.store.write.operations import OpKey
 
 # Kinds whose request holds nothing but ids and numbers.
 _CONTENT_FREE_KINDS = ("forget", "retract")
@@ -26,25 +27,50 @@ _CONTENT_FREE_KINDS = ("forget", "retract")
 @dataclass(frozen=True, slots=True)
 class Forgotten:
     record_ids: frozenset[str]
-    operation_ids: frozenset[str]  # the operations that wrote those records
+    # The operations that wrote those records, as (scope key, operation id): an operation
+    # id is its scope's, and the same id in another scope wrote nothing of these.
+    operations: frozenset[OpKey]
 
     @classmethod
-    def of(cls, record_ids: Iterable[str], operation_ids: Iterable[str]) -> Forgotten:
-        return cls(frozenset(record_ids), frozenset(operation_ids))
+    def of(cls, record_ids: Iterable[str], operations: Iterable[OpKey]) -> Forgotten:
+        return cls(frozenset(record_ids), frozenset(operations))
 
     def holds(self, raw_op: str | bytes | None) -> bool:
         """True when this operation (the ``op`` field as sent) may hold forgotten text."""
         data = parse(raw_op)
         if data is None or data.get("kind") in _CONTENT_FREE_KINDS:
             return False
-        if data.get("operation_id") in self.operation_ids:
-            return True
         try:
-            named = referenced_ids(Operation.from_dict(data))
+            op = Operation.from_dict(data)
         except (EngramError, TypeError, ValueError, KeyError):
+            op = None
+        if op is None:
+            if _key_of(data) in self.operations:
+                return True
             request = data.get("request")
             named = [str(request.get("id"))] if isinstance(request, Mapping) else []
+        else:
+            if op.key in self.operations:
+                return True
+            named = referenced_ids(op)
         return any(rid in self.record_ids for rid in named)
+
+    def wrote(self, operation_id: str | None, raw_op: str | bytes | None) -> bool:
+        """True when a dead letter of ``operation_id`` (its ``op`` field as sent) is one
+        of the operations that wrote the records, read from its scope."""
+        data = parse(raw_op)
+        if operation_id is None or data is None:
+            return False
+        key = _key_of(data)
+        return key is not None and (key[0], operation_id) in self.operations
+
+
+def _key_of(data: Mapping[str, Any]) -> OpKey | None:
+    """(scope key, operation id) of an operation as sent, when both can be read."""
+    try:
+        return (Scope.of(data["scope"]).key, str(data["operation_id"]))
+    except Exception:  # any shape at all: untrusted
+        return None
 
 
 def parse(raw_op: str | bytes | None) -> dict[str, Any] | None:

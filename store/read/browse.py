@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from ..errors import InvalidRequestError
+from ..errors import InvalidRequestError, OperationAmbiguousError
 from ..limits import MAX_SCOPE_VALUE_CHARS
 from ..rows import (
     RECEIPT_COLUMNS,
@@ -26,7 +26,7 @@ from ..rows import (
     scope_from_key,
     superseded_by,
 )
-from ..values import SCOPE_FIELDS, Generation, Record, check_string
+from ..values import SCOPE_FIELDS, Generation, Record, Scope, check_string
 from .cursors import Cursors, InvalidCursorError
 from .listed import Backlink, GenerationItem, ReceiptItem, RecordItem, ScopeRow, Tombstone
 from .paging import DEFAULT_PAGE_SIZE, Page, check_limit, paged
@@ -306,11 +306,17 @@ class Browse:
         # One scope's receipts are read through the (scope, time) index, ordered by scope
         # first: with the scope only equal to itself, the planner would count on finding
         # them early in the time index, wrong for a scope whose last write is old.
+        # An operation id is its scope's: the same id in two scopes may share a commit
+        # time (one batch), so across scopes the scope breaks the tie.
         keys, values = ["c.committed_at", "c.operation_id"], ["%(at)s", "%(op)s"]
         if where.scope_id is not None:
             keys, values = ["c.scope_id", *keys], ["%(scope)s", *values]
+        else:
+            keys, values = [*keys, "c.scope_id"], [*values, "%(sid)s"]
         if cursor is not None:
-            params["at"], params["op"] = self.cursors.decode(cursor, "receipts", (datetime, str))
+            params["at"], params["op"], params["sid"] = self.cursors.decode(
+                cursor, "receipts", (datetime, str, int)
+            )
             clauses.append(f"({', '.join(keys)}) < ({', '.join(values)})")
         order = ", ".join(f"{k} DESC" for k in keys)
         with self.primary.connection() as conn:
@@ -325,32 +331,54 @@ class Browse:
             rows,
             limit,
             (self.cursors, "receipts"),
-            lambda r: (r[4], r[0]),
+            lambda r: (r[4], r[0], r[RECEIPT_WIDTH]),
             lambda r: ReceiptItem(receipt_from_row(r), r[RECEIPT_WIDTH], r[RECEIPT_WIDTH + 1]),
         )
 
-    def asked_by(self, operation_ids: Sequence[str]) -> dict[str, str | None]:
-        """Who each operation says asked for it (its receipt's ``requested_by``)."""
+    def asked_by(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], str | None]:
+        """Who each operation, as (scope key, operation id), says asked for it (its
+        receipt's ``requested_by``)."""
         with self.primary.connection() as conn:
             rows = conn.execute(
-                "SELECT operation_id, requested_by FROM engram_receipts"
-                " WHERE operation_id = ANY(%s)",
-                (list(operation_ids),),
+                "SELECT s.key, c.operation_id, c.requested_by"
+                " FROM unnest(%s::text[], %s::text[]) AS k(scope_key, op)"
+                " JOIN engram_scopes s ON s.key = k.scope_key"
+                " JOIN engram_receipts c ON c.scope_id = s.id AND c.operation_id = k.op",
+                ([k[0] for k in keys], [k[1] for k in keys]),
             ).fetchall()
-        return {op_id: by for op_id, by in rows}
+        return {(key, op_id): by for key, op_id, by in rows}
 
-    def receipt(self, operation_id: str) -> ReceiptItem | None:
+    def receipt(self, operation_id: str, scope: Scope | None = None) -> ReceiptItem | None:
+        """The receipt of ``operation_id`` in ``scope`` (an operation id identifies an
+        operation within its scope). Without a scope, the operator's look-up in every
+        scope: the one that holds it, or ``OperationAmbiguousError`` naming the scopes
+        when several do."""
+        found = self.receipts_of(operation_id, scope)
+        if len(found) > 1:
+            raise OperationAmbiguousError(
+                f"operation {operation_id} is in {len(found)} scopes: name its scope",
+                scopes=[item.receipt.scope.as_dict() for item in found],
+            )
+        return found[0] if found else None
+
+    def receipts_of(self, operation_id: str, scope: Scope | None = None) -> list[ReceiptItem]:
+        """Every receipt of ``operation_id``: in ``scope`` (one at most), or in every
+        scope (the operator's), oldest scope first."""
+        clause, params = "c.operation_id = %(op)s", {"op": operation_id}
+        if scope is not None:
+            clause += " AND s.key = %(key)s"
+            params["key"] = scope.key
         with self.primary.connection() as conn:
-            row = conn.execute(
+            rows = conn.execute(
                 f"""SELECT {RECEIPT_COLUMNS}, c.scope_id, c.request->>'id' FROM engram_receipts c
-                    JOIN engram_scopes s ON s.id = c.scope_id WHERE c.operation_id = %s""",
-                (operation_id,),
-            ).fetchone()
-        return (
+                    JOIN engram_scopes s ON s.id = c.scope_id WHERE {clause}
+                    ORDER BY c.scope_id LIMIT 100""",
+                params,
+            ).fetchall()
+        return [
             ReceiptItem(receipt_from_row(row), row[RECEIPT_WIDTH], row[RECEIPT_WIDTH + 1])
-            if row
-            else None
-        )
+            for row in rows
+        ]
 
     # -- generations ----------------------------------------------------------------
 
@@ -392,7 +420,8 @@ _SCOPE_ROW = """
 
 _TOMBSTONE = """
     SELECT f.record_id, f.scope_id, f.forgotten_at, f.operation_id, c.requested_by
-    FROM engram_forgotten f LEFT JOIN engram_receipts c ON c.operation_id = f.operation_id
+    FROM engram_forgotten f
+    LEFT JOIN engram_receipts c ON c.scope_id = f.scope_id AND c.operation_id = f.operation_id
 """
 
 

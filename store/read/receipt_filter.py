@@ -62,19 +62,20 @@ def receipt_clauses(f: ReceiptFilter) -> tuple[list[str], dict[str, Any]]:
         clauses.append(_scope_clause(f.scope, params))
     if f.record_id is not None:
         clauses.append(
-            "c.operation_id IN (SELECT operation_id FROM engram_receipt_records"
-            " WHERE record_id = %(rid)s UNION ALL"
-            " SELECT operation_id FROM engram_forgotten WHERE record_id = %(rid)s UNION ALL"
+            "(c.scope_id, c.operation_id) IN (SELECT scope_id, operation_id"
+            " FROM engram_receipt_records WHERE record_id = %(rid)s UNION ALL"
+            " SELECT scope_id, operation_id FROM engram_forgotten WHERE record_id = %(rid)s"
             # A refusal touched no record: its request names the one it was about.
-            " SELECT operation_id FROM engram_receipts"
+            " UNION ALL SELECT scope_id, operation_id FROM engram_receipts"
             " WHERE error IS NOT NULL AND request ->> 'id' = %(rid)s)"
         )
         params["rid"] = f.record_id
     if f.record_prefix is not None:
         clauses.append(
-            "c.operation_id IN (SELECT operation_id FROM engram_receipt_records"
+            "(c.scope_id, c.operation_id) IN (SELECT scope_id, operation_id"
+            " FROM engram_receipt_records"
             f" WHERE {_begins('record_id', 'rp', f.record_prefix, params)} UNION ALL"
-            " SELECT operation_id FROM engram_forgotten"
+            " SELECT scope_id, operation_id FROM engram_forgotten"
             f" WHERE {_begins('record_id', 'rp', f.record_prefix, params, collate_c=True)})"
         )
     if f.kind is not None:  # one of OPERATION_KINDS, checked: a literal is safe

@@ -21,7 +21,7 @@ from ..rows import REVISION_COLUMNS, record_from_row
 from ..values import SCOPE_FIELDS
 from . import wire
 from .extraction import readable_sources
-from .operations import Extract, Operation, Remember, derived_record_id
+from .operations import Extract, Operation, OpKey, Remember
 from .planner import Current, Plan, ScopeState, StoredReceipt
 from .reconcile import Decision
 
@@ -29,36 +29,45 @@ Pairs = Sequence[tuple[ScopeState, Plan]]
 
 
 # A stored receipt as the planner needs it, with the records it wrote or named (read
-# for repeats only: a batch of first deliveries finds no receipt).
+# for repeats only: a batch of first deliveries finds no receipt). Found by what
+# identifies an operation: its scope and its id.
 STORED_RECEIPTS = """
-SELECT c.operation_id, c.request_digest, c.error, c.redacted,
+SELECT s.key, c.operation_id, c.request_digest, c.error, c.redacted,
        ARRAY(SELECT rr.record_id FROM engram_receipt_records rr
-             WHERE rr.operation_id = c.operation_id
+             WHERE rr.scope_id = c.scope_id AND rr.operation_id = c.operation_id
              UNION SELECT n.record_id FROM engram_receipt_named n
-             WHERE n.operation_id = c.operation_id)
-FROM engram_receipts c WHERE c.operation_id = ANY(%b::text[])
+             WHERE n.scope_id = c.scope_id AND n.operation_id = c.operation_id)
+FROM unnest(%b::text[], %b::text[]) AS k(scope_key, operation_id)
+JOIN engram_scopes s ON s.key = k.scope_key
+JOIN engram_receipts c ON c.scope_id = s.id AND c.operation_id = k.operation_id
 """
 
 
-def stored_receipts(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, StoredReceipt]:
-    return _stored(conn.execute(STORED_RECEIPTS, (op_ids,)).fetchall())
+def _keys_param(keys: Sequence[OpKey]) -> tuple[list[str], list[str]]:
+    return [k[0] for k in keys], [k[1] for k in keys]
 
 
-def _stored(rows: Sequence[Sequence[Any]]) -> dict[str, StoredReceipt]:
-    return {r[0]: StoredReceipt(r[0], r[1], r[2], r[3], frozenset(r[4])) for r in rows}
+def stored_receipts(
+    conn: psycopg.Connection[Any], keys: Sequence[OpKey]
+) -> dict[OpKey, StoredReceipt]:
+    return _stored(conn.execute(STORED_RECEIPTS, _keys_param(keys)).fetchall())
+
+
+def _stored(rows: Sequence[Sequence[Any]]) -> dict[OpKey, StoredReceipt]:
+    return {(r[0], r[1]): StoredReceipt(r[1], r[2], r[3], r[4], frozenset(r[5])) for r in rows}
 
 
 def referenced_ids(op: Operation, decision: Decision | None = None) -> list[str]:
     """The record ids an operation may read or write."""
     if decision is not None:
-        created = [derived_record_id(op.operation_id, i) for i in range(decision.creates)]
+        created = [op.derived_id(i) for i in range(decision.creates)]
         return created + decision.targets
     r = op.request
     if isinstance(r, Remember):
-        return [r.id or derived_record_id(op.operation_id, 0)]
+        return [r.id or op.derived_id(0)]
     if isinstance(r, Extract):
         count = len(readable_sources(r.messages, r.trusted_tools, op.scope.chat_id))
-        return [derived_record_id(op.operation_id, i) for i in range(count)]
+        return [op.derived_id(i) for i in range(count)]
     return [r.id]
 
 
@@ -79,18 +88,14 @@ class Loading:
         self,
         conn: psycopg.Connection[Any],
         groups: dict[str, list[Operation]],
-        decisions: Mapping[str, Decision],
+        decisions: Mapping[OpKey, Decision],
     ) -> None:
         self.groups = groups
         self.keys = sorted(groups)
         scopes = [groups[k][0].scope for k in self.keys]
         self.ids = {
             k: sorted(
-                {
-                    rid
-                    for op in groups[k]
-                    for rid in referenced_ids(op, decisions.get(op.operation_id))
-                }
+                {rid for op in groups[k] for rid in referenced_ids(op, decisions.get(op.key))}
             )
             for k in self.keys
         }
@@ -119,16 +124,17 @@ class Loading:
             (every_id,),
         )
         self._receipts = conn.execute(
-            STORED_RECEIPTS, ([op.operation_id for k in self.keys for op in groups[k]],)
+            STORED_RECEIPTS, _keys_param([op.key for k in self.keys for op in groups[k]])
         )
 
     def states(self) -> list[ScopeState]:
         locked = {r[0]: (r[1], r[2]) for r in self._locked.fetchall()}
         records = {r[2]: (r[0], _current(r)) for r in self._records.fetchall()}
         forgotten = {r[0]: r[1] for r in self._forgotten.fetchall()}
-        # One dict for the whole batch: an id committed by one scope's plan is seen
-        # by the next (a repeat in another scope is a conflict).
-        receipts = _stored(self._receipts.fetchall())
+        # Each scope's own: the same operation id in another scope is another operation.
+        receipts: dict[str, dict[str, StoredReceipt]] = {k: {} for k in self.keys}
+        for (key, op_id), stored in _stored(self._receipts.fetchall()).items():
+            receipts[key][op_id] = stored
         states = []
         for key in self.keys:
             scope_id, revision = locked[key]
@@ -146,7 +152,7 @@ class Loading:
                     records=mine,
                     taken=taken,
                     forgotten={i for i in ids if forgotten.get(i) == scope_id},
-                    receipts=receipts,
+                    receipts=receipts[key],
                 )
             )
         return states
@@ -235,12 +241,17 @@ RECEIPT_INSERT: Columns = (
     ("proposed", "jsonb"),
 )
 RECEIPT_RECORD_INSERT: Columns = (
+    ("scope_id", "int8"),
     ("operation_id", "text"),
     ("record_id", "text"),
     ("revision", "int4"),
     ("status", "text"),
 )
-RECEIPT_NAMED_INSERT: Columns = (("operation_id", "text"), ("record_id", "text"))
+RECEIPT_NAMED_INSERT: Columns = (
+    ("scope_id", "int8"),
+    ("operation_id", "text"),
+    ("record_id", "text"),
+)
 TOMBSTONE_INSERT: Columns = (
     ("record_id", "text"),
     ("scope_id", "int8"),
@@ -368,15 +379,20 @@ def write_plans(
         (
             RECEIPT_RECORD_INSERT,
             [
-                (r.operation_id, ref.id, ref.revision, ref.status)
-                for _, p in pairs
+                (s.scope_id, r.operation_id, ref.id, ref.revision, ref.status)
+                for s, p in pairs
                 for r in p.receipts
                 for ref in r.refs
             ],
         ),
         (
             RECEIPT_NAMED_INSERT,
-            [(r.operation_id, rid) for _, p in pairs for r in p.receipts for rid in r.named],
+            [
+                (s.scope_id, r.operation_id, rid)
+                for s, p in pairs
+                for r in p.receipts
+                for rid in r.named
+            ],
         ),
         (
             TOMBSTONE_INSERT,
@@ -406,10 +422,12 @@ def _delete_replaced(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
     if gone:
         cur.execute(
             "UPDATE engram_receipts SET request = NULL, request_digest = '', redacted = true"
-            " WHERE kind <> 'forget' AND operation_id IN"
-            " (SELECT operation_id FROM engram_receipt_records WHERE record_id = ANY(%b::text[])"
+            " WHERE kind <> 'forget' AND (scope_id, operation_id) IN"
+            " (SELECT scope_id, operation_id FROM engram_receipt_records"
+            " WHERE record_id = ANY(%b::text[])"
             " UNION ALL"
-            " SELECT operation_id FROM engram_receipt_named WHERE record_id = ANY(%b::text[]))",
+            " SELECT scope_id, operation_id FROM engram_receipt_named"
+            " WHERE record_id = ANY(%b::text[]))",
             (gone, gone),
         )
         for table, column in (
@@ -543,12 +561,13 @@ def _receipts(pairs: Pairs) -> list[tuple[Any, ...]]:
 def note_replays(conn: psycopg.Connection[Any], pairs: Pairs, now: datetime) -> None:
     """Count the operations this batch answered from their stored receipts, on those
     receipts (so replays can be found later). A batch of first deliveries sends nothing."""
-    replayed = [op_id for _, p in pairs for op_id in p.replayed]
+    replayed = [(s.scope_id, op_id) for s, p in pairs for op_id in p.replayed]
     if replayed:
         conn.execute(
-            "UPDATE engram_receipts SET replays = replays + 1, last_replayed_at = %b"
-            " WHERE operation_id = ANY(%b::text[])",
-            (now, replayed),
+            "UPDATE engram_receipts c SET replays = replays + 1, last_replayed_at = %b"
+            " FROM unnest(%b::int8[], %b::text[]) AS k(scope_id, operation_id)"
+            " WHERE c.scope_id = k.scope_id AND c.operation_id = k.operation_id",
+            (now, [k[0] for k in replayed], [k[1] for k in replayed]),
         )
 
 

@@ -24,6 +24,7 @@ from ..rows import scope_from_key
 from ..session import ForgetEvent
 from ..values import Redaction
 from . import horizon
+from .operations import OpKey
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +39,32 @@ FORGET_TABLES = (
 )
 
 
-def writers(pool: Any, record_ids: Sequence[str]) -> dict[str, list[str]]:
-    """The operation ids whose receipts wrote each record (the forgets' own excluded)."""
-    found: dict[str, list[str]] = defaultdict(list)
+# The operations a call names, by (scope key, operation id): an operation id identifies
+# an operation within its scope. Joined as ``k`` with its scope ``s``.
+_KEYS = (
+    " unnest(%(scope_keys)s::text[], %(op_ids)s::text[]) AS k(scope_key, op)"
+    " JOIN engram_scopes s ON s.key = k.scope_key"
+)
+
+
+def _keys(keys: Sequence[OpKey]) -> dict[str, Any]:
+    return {"scope_keys": [k[0] for k in keys], "op_ids": [k[1] for k in keys]}
+
+
+def writers(pool: Any, record_ids: Sequence[str]) -> dict[str, list[OpKey]]:
+    """The operations, as (scope key, operation id), whose receipts wrote each record (the
+    forgets' own excluded)."""
+    found: dict[str, list[OpKey]] = defaultdict(list)
     if not record_ids:
         return found
     with pool.connection() as conn:
-        for record_id, op_id in conn.execute(
-            "SELECT rr.record_id, rr.operation_id FROM engram_receipt_records rr"
+        for record_id, key, op_id in conn.execute(
+            "SELECT rr.record_id, s.key, rr.operation_id FROM engram_receipt_records rr"
+            " JOIN engram_scopes s ON s.id = rr.scope_id"
             " WHERE rr.record_id = ANY(%s) ORDER BY rr.record_id, rr.revision",
             (list(record_ids),),
         ).fetchall():
-            found[record_id].append(op_id)
+            found[record_id].append((key, op_id))
     return found
 
 
@@ -75,27 +90,31 @@ def pending(pool: Any, committed_before: datetime, limit: int = 1000) -> list[Fo
     ]
 
 
-def committed_at(pool: Any, operation_ids: Sequence[str]) -> dict[str, datetime]:
-    """When these forgets committed, by operation id (those whose receipt is still there)."""
+def committed_at(pool: Any, keys: Sequence[OpKey]) -> dict[OpKey, datetime]:
+    """When these forgets (scope key, operation id) committed (those whose receipt is
+    still there)."""
     with pool.connection() as conn:
         rows = conn.execute(
-            "SELECT operation_id, committed_at FROM engram_receipts"
-            " WHERE operation_id = ANY(%s) AND kind = 'forget'",
-            (list(operation_ids),),
+            f"SELECT s.key, c.operation_id, c.committed_at FROM {_KEYS}"
+            " JOIN engram_receipts c ON c.scope_id = s.id AND c.operation_id = k.op"
+            " WHERE c.kind = 'forget'",
+            _keys(keys),
         ).fetchall()
-    return {op_id: at for op_id, at in rows}
+    return {(key, op_id): at for key, op_id, at in rows}
 
 
 def set_redaction(
-    pool: Any, operation_ids: Sequence[str], status: Redaction, reason: str | None = None
+    pool: Any, keys: Sequence[OpKey], status: Redaction, reason: str | None = None
 ) -> int:
-    """Record how the listeners of these forgets did, and why when they failed or, still
-    ``pending``, are held (content-free); returns how many receipts changed."""
+    """Record how the listeners of these forgets (scope key, operation id) did, and why
+    when they failed or, still ``pending``, are held (content-free); returns how many
+    receipts changed."""
     with pool.connection() as conn:
         cur = conn.execute(
-            "UPDATE engram_receipts SET redaction = %s, redaction_reason = %s"
-            " WHERE operation_id = ANY(%s) AND kind = 'forget'",
-            (status, reason, list(operation_ids)),
+            "UPDATE engram_receipts c SET redaction = %(status)s, redaction_reason = %(reason)s"
+            f" FROM {_KEYS}"
+            " WHERE c.scope_id = s.id AND c.operation_id = k.op AND c.kind = 'forget'",
+            {"status": status, "reason": reason, **_keys(keys)},
         )
         count: int = cur.rowcount
     return count
@@ -114,37 +133,39 @@ def held(conn: Any) -> tuple[int, str | None]:
 
 def hand_over_again(
     pool: Any,
-    operation_ids: Sequence[str],
+    keys: Sequence[OpKey],
     *,
     max_handovers: int,
     reason: str,
     count_held: bool = True,
-) -> tuple[list[str], list[str]]:
-    """Count one more hand-over of these pending forgets, in one transaction:
-    (those to hand over again, those that had reached ``max_handovers`` and are now
-    ``failed`` with ``reason``). Forgets no longer pending are in neither.
+) -> tuple[list[OpKey], list[OpKey]]:
+    """Count one more hand-over of these pending forgets (scope key, operation id), in
+    one transaction: (those to hand over again, those that had reached ``max_handovers``
+    and are now ``failed`` with ``reason``). Forgets no longer pending are in neither.
 
     A held forget (pending with the reason its holders gave, ``set_redaction``) whose
     job ended is handed over again until they are gone: with ``count_held`` off (the
     sweeper's), that hand-over is not counted, as no job was lost."""
-    ids = list(operation_ids)
-    counted = "(%(count_held)s OR redaction_reason IS NULL)"
-    params = {"ids": ids, "max": max_handovers, "reason": reason, "count_held": count_held}
+    counted = "(%(count_held)s OR c.redaction_reason IS NULL)"
+    params = {"max": max_handovers, "reason": reason, "count_held": count_held, **_keys(keys)}
+    matched = (
+        f" FROM {_KEYS} WHERE c.scope_id = s.id AND c.operation_id = k.op"
+        " AND c.kind = 'forget' AND c.redaction = 'pending'"
+    )
     with pool.connection() as conn, conn.transaction():
         failed = conn.execute(
-            "UPDATE engram_receipts SET redaction = 'failed', redaction_reason = %(reason)s"
-            " WHERE operation_id = ANY(%(ids)s) AND kind = 'forget' AND redaction = 'pending'"
-            f" AND redaction_handovers >= %(max)s AND {counted} RETURNING operation_id",
+            "UPDATE engram_receipts c SET redaction = 'failed', redaction_reason = %(reason)s"
+            f"{matched} AND c.redaction_handovers >= %(max)s AND {counted}"
+            " RETURNING s.key, c.operation_id",
             params,
         ).fetchall()
         again = conn.execute(
-            "UPDATE engram_receipts SET redaction_handovers = redaction_handovers"
-            f" + CASE WHEN {counted} THEN 1 ELSE 0 END"
-            " WHERE operation_id = ANY(%(ids)s) AND kind = 'forget' AND redaction = 'pending'"
-            " RETURNING operation_id",
+            "UPDATE engram_receipts c SET redaction_handovers = c.redaction_handovers"
+            f" + CASE WHEN {counted} THEN 1 ELSE 0 END{matched}"
+            " RETURNING s.key, c.operation_id",
             params,
         ).fetchall()
-    return [r[0] for r in again], [r[0] for r in failed]
+    return [(r[0], r[1]) for r in again], [(r[0], r[1]) for r in failed]
 
 
 def vacuum(pool: Any, *, wait_s: float = 60.0, record_ids: Sequence[str] = ()) -> datetime:

@@ -53,14 +53,20 @@ def new_operation_id() -> str:
     return f"op_{uuid.uuid4().hex}"
 
 
-def derived_record_id(operation_id: str, index: int) -> str:
+# An operation's identity: its scope's key and its operation id. An operation id
+# identifies an operation within its scope; the same id in two scopes is two operations.
+OpKey = tuple[str, str]
+
+
+def derived_record_id(scope_key: str, operation_id: str, index: int) -> str:
     """The id of the index-th record an operation creates.
 
-    Derived from the operation id so that a redelivered operation whose
-    receipt was pruned aims at the same id (and meets its tombstone or its
-    record) instead of creating a copy.
+    Derived from the operation (its scope and its id) so that a redelivered operation
+    whose receipt was pruned aims at the same id (and meets its tombstone or its
+    record) instead of creating a copy, while the same operation id in another scope
+    aims elsewhere.
     """
-    digest = hashlib.sha256(f"{operation_id}\x00{index}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{scope_key}\x00{operation_id}\x00{index}".encode()).hexdigest()
     return f"mem_{digest[:26]}"
 
 
@@ -406,6 +412,15 @@ class Operation:
     @property
     def kind(self) -> OperationKind:
         return self.request.kind_name
+
+    @property
+    def key(self) -> OpKey:
+        """What identifies the operation: (scope key, operation id)."""
+        return (self.scope.key, self.operation_id)
+
+    def derived_id(self, index: int) -> str:
+        """The id of the index-th record this operation creates (``derived_record_id``)."""
+        return derived_record_id(self.scope.key, self.operation_id, index)
 
     @classmethod
     def from_dict(cls, data: object) -> Operation:

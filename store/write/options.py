@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ..values import Fence
+from .operations import OpKey
 from .reconcile import Decision
 
 
@@ -17,15 +18,15 @@ class WriteOptions:
     fences: tuple[Fence, ...] = ()
     # The forget listeners will run after the commit (a forget's redaction: pending).
     listeners: bool = False
-    # The stream entry each operation came in, by operation id (kept on its receipt).
-    stream_entries: Mapping[str, str] = field(default_factory=dict)
+    # The stream entry each operation came in, by ``Operation.key`` (kept on its receipt).
+    stream_entries: Mapping[OpKey, str] = field(default_factory=dict)
     # Look the receipts up before embedding (replays cost no embedding); the stream
     # worker skips it for entries read the first time.
     check_replays: bool = True
-    # What the model phase decided, by operation id (``prepare``): no model is asked.
-    decisions: Mapping[str, Decision] = field(default_factory=dict)
+    # What the model phase decided, by ``Operation.key`` (``prepare``): no model is asked.
+    decisions: Mapping[OpKey, Decision] = field(default_factory=dict)
 
-    def deciding(self, more: Mapping[str, Decision]) -> WriteOptions:
+    def deciding(self, more: Mapping[OpKey, Decision]) -> WriteOptions:
         return replace(self, decisions={**self.decisions, **more})
 
 

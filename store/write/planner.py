@@ -37,10 +37,10 @@ from .operations import (
     Extract,
     Forget,
     Operation,
+    OpKey,
     Remember,
     Retract,
     Revise,
-    derived_record_id,
     keyed_digest,
     text_digest,
 )
@@ -88,7 +88,7 @@ class ScopeState:
     records: dict[str, Current]  # this scope's records the batch names
     taken: set[str]  # ids held by another scope, or forgotten in another scope
     forgotten: set[str]  # ids forgotten in this scope
-    receipts: dict[str, StoredReceipt]
+    receipts: dict[str, StoredReceipt]  # by operation id, this scope's only
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,15 +166,15 @@ class PlanContext:
         return self.options.listeners
 
     @property
-    def stream_entries(self) -> Mapping[str, str]:
+    def stream_entries(self) -> Mapping[OpKey, str]:
         return self.options.stream_entries
 
     @property
-    def decisions(self) -> Mapping[str, Decision]:
+    def decisions(self) -> Mapping[OpKey, Decision]:
         return self.options.decisions
 
-    def model_calls(self, operation_id: str) -> int:
-        decision = self.decisions.get(operation_id)
+    def model_calls(self, key: OpKey) -> int:
+        decision = self.decisions.get(key)
         return decision.model_calls if decision is not None else 0
 
     def request_digest(self, op: Operation) -> str:
@@ -186,8 +186,9 @@ class PlanContext:
 def plan_batch(state: ScopeState, ops: list[Operation], ctx: PlanContext) -> Plan:
     """Apply ``ops`` in order to a copy of ``state``; say what to write.
 
-    ``state.receipts`` holds what was committed under these operation ids
-    before (a receipt, or a refusal), including earlier in the same batch.
+    ``state.receipts`` holds what was committed under these operation ids in this
+    scope before (a receipt, or a refusal), including earlier in the same batch. An
+    operation id of another scope is another operation: it is not there.
     """
     plan = Plan(scope_revision=state.revision)
     records = dict(state.records)
@@ -231,8 +232,8 @@ class _ReceiptBase:
             scope_revision=scope_revision,
             committed_at=self.at,
             refs=refs,
-            stream_entry=self.ctx.stream_entries.get(op_id),
-            model_calls=self.ctx.model_calls(op_id),
+            stream_entry=self.ctx.stream_entries.get(self.op.key),
+            model_calls=self.ctx.model_calls(self.op.key),
             requested_by=self.op.requested_by,
         )
 
@@ -443,7 +444,7 @@ class _Step:
     # -- operations ------------------------------------------------------------
 
     def _remember(self, r: Remember) -> list[RevisionRow]:
-        decision = self.ctx.decisions.get(self.op.operation_id)
+        decision = self.ctx.decisions.get(self.op.key)
         if decision is not None:
             return self._decided(
                 decision, r.origin, r.kind, r.importance, r.metadata, r.links, r.ttl_ms
@@ -452,7 +453,7 @@ class _Step:
             raise missing_model(r)
         return [
             self._create(
-                r.id or derived_record_id(self.op.operation_id, 0),
+                r.id or self.op.derived_id(0),
                 text=r.text,
                 kind=r.kind,
                 importance=r.importance,
@@ -465,7 +466,7 @@ class _Step:
         ]
 
     def _extract(self, r: Extract) -> list[RevisionRow]:
-        decision = self.ctx.decisions.get(self.op.operation_id)
+        decision = self.ctx.decisions.get(self.op.key)
         if decision is not None:
             kind = r.kind or DEFAULT_KIND
             return self._decided(decision, "inferred", kind, None, None, r.links, r.ttl_ms)
@@ -474,7 +475,7 @@ class _Step:
         readable = readable_sources(r.messages, r.trusted_tools, self.state.scope.chat_id)
         return [
             self._create(
-                derived_record_id(self.op.operation_id, i),
+                self.op.derived_id(i),
                 text=item.text,
                 kind=r.kind or RAW_EXTRACT_KIND,
                 importance=None,
@@ -517,7 +518,7 @@ class _Step:
             if isinstance(action, Create):
                 writes.append(
                     self._create(
-                        derived_record_id(self.op.operation_id, len(writes)),
+                        self.op.derived_id(len(writes)),
                         text=action.text,
                         kind=action.kind or kind,
                         importance=action.importance

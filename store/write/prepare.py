@@ -64,7 +64,7 @@ def prepare(
     """Run ``op``'s model phase. Typed errors are returned; a database error raises
     (the phase may be run again: its calls come after every read that can fail but one)."""
     with pool.connection() as conn:
-        if stored_receipts(conn, [op.operation_id]):
+        if stored_receipts(conn, [op.key]):
             return Prepared()
     if llm is None:
         return Prepared(error=missing_model(op.request))

@@ -97,7 +97,7 @@ def execute_in_waves(
             if prepared.error is not None:
                 results[i] = prepared.error  # nothing committed: it may be sent again
             elif prepared.decision is not None:
-                decided[op.operation_id] = prepared.decision
+                decided[op.key] = prepared.decision
         committing = [i for i in wave if results[i] is None]
         if committing:
             outcomes = writer.execute(

@@ -35,7 +35,7 @@ from ..vectors.embedders import Embedder, EmbedderResolver, Vectors, embed_check
 from ..vectors.embeddings import HOLD_SWITCH_SHARED
 from .apply import Loading, note_replays, stored_receipts, write_plans
 from .extraction import readable_sources
-from .operations import Extract, Operation, Remember, Revise, text_digest
+from .operations import Extract, Operation, OpKey, Remember, Revise, text_digest
 from .options import DEFAULTS, WriteOptions
 from .planner import (
     Applied,
@@ -96,13 +96,13 @@ class Writer:
                 self._digest_key = digest_key(conn)
             ctx = replace(ctx, digest_key=self._digest_key)
             generation = self._generation
-            stored: dict[str, Any] = {}
+            stored: dict[OpKey, Any] = {}
             if options.check_replays or generation is _UNKNOWN:
                 # A replay is answered from its receipt: no embedding call for it.
                 with conn.pipeline():
-                    stored = stored_receipts(conn, [op.operation_id for op in ops])
+                    stored = stored_receipts(conn, [op.key for op in ops])
                     generation = _active_generation(conn)
-            fresh = [op for op in ops if op.operation_id not in stored]
+            fresh = [op for op in ops if op.key not in stored]
             retries = 0
             embedded_for: Any = False  # the generation the vectors were computed for
             while True:
@@ -114,7 +114,7 @@ class Writer:
                     # knows it (a fixed embedder of the old model is refused instead).
                     vectors, refused, used = self._embed(fresh, resolver, generation, ctx.decisions)
                     embedded_for = generation
-                batch = [i for i, op in enumerate(ops) if op.operation_id not in refused]
+                batch = [i for i, op in enumerate(ops) if op.key not in refused]
                 try:
                     outcomes, position = self._commit(
                         conn, [ops[i] for i in batch], used, generation, vectors, ctx
@@ -129,15 +129,20 @@ class Writer:
                     continue
                 break
             for i, op in enumerate(ops):
-                if op.operation_id in refused:
-                    results[i] = refused[op.operation_id]
+                if op.key in refused:
+                    results[i] = refused[op.key]
             replays = load_results(
-                conn, [o.operation_id for o in outcomes if isinstance(o, Replayed)]
+                conn,
+                [
+                    ops[i].key
+                    for i, o in zip(batch, outcomes, strict=True)
+                    if isinstance(o, Replayed)
+                ],
             )
             for i, outcome in zip(batch, outcomes, strict=True):
                 if isinstance(outcome, Replayed):
                     # Committed before this batch's commit, so seen at its position too.
-                    results[i] = _at(replays[outcome.operation_id], position)
+                    results[i] = _at(replays[ops[i].key], position)
                 elif isinstance(outcome, Applied):
                     results[i] = WriteResult(
                         receipt=_receipt(outcome, ops[i], position),
@@ -156,14 +161,14 @@ class Writer:
         ops: Sequence[Operation],
         resolver: EmbedderResolver,
         generation: ActiveGeneration | None,
-        decisions: Mapping[str, Decision],
-    ) -> tuple[dict[str, np.ndarray], dict[str, EngramError], Embedder | None]:
+        decisions: Mapping[OpKey, Decision],
+    ) -> tuple[dict[str, np.ndarray], dict[OpKey, EngramError], Embedder | None]:
         """The vectors by text digest, the operations refused, and the embedder used."""
         texts: dict[str, str] = {}
-        needs: dict[str, list[str]] = {}
+        needs: dict[OpKey, list[str]] = {}
         for op in ops:
-            op_texts = _texts_to_embed(op, decisions.get(op.operation_id))
-            needs[op.operation_id] = op_texts
+            op_texts = _texts_to_embed(op, decisions.get(op.key))
+            needs[op.key] = op_texts
             for text in op_texts:
                 texts.setdefault(text_digest(text), text)
         if not texts:
@@ -381,32 +386,35 @@ def _receipt(outcome: Applied, op: Operation, position: str | None = None) -> Re
     )
 
 
-def load_results(conn: psycopg.Connection[Any], op_ids: list[str]) -> dict[str, WriteResult]:
-    """The stored receipts of ``op_ids`` as replayed results, with the revisions still present."""
-    if not op_ids:
+def load_results(conn: psycopg.Connection[Any], keys: Sequence[OpKey]) -> dict[OpKey, WriteResult]:
+    """The stored receipts of the operations ``keys`` name (scope key, operation id) as
+    replayed results, with the revisions still present."""
+    if not keys:
         return {}
+    params = ([k[0] for k in keys], [k[1] for k in keys])
     receipts = {
-        row[0]: receipt_from_row(row)
+        (row[2], row[0]): receipt_from_row(row)
         for row in conn.execute(
-            f"SELECT {RECEIPT_COLUMNS} FROM engram_receipts c"
-            " JOIN engram_scopes s ON s.id = c.scope_id WHERE c.operation_id = ANY(%b::text[])",
-            (op_ids,),
+            f"SELECT {RECEIPT_COLUMNS} FROM unnest(%b::text[], %b::text[]) AS k(scope_key, op)"
+            " JOIN engram_scopes s ON s.key = k.scope_key"
+            " JOIN engram_receipts c ON c.scope_id = s.id AND c.operation_id = k.op",
+            params,
         ).fetchall()
     }
-    records: dict[str, list[Any]] = defaultdict(list)
+    records: dict[OpKey, list[Any]] = defaultdict(list)
     for row in conn.execute(
-        f"SELECT rr.operation_id, {REVISION_COLUMNS} FROM engram_receipt_records rr"
+        f"SELECT s.key, rr.operation_id, {REVISION_COLUMNS}"
+        " FROM unnest(%b::text[], %b::text[]) AS k(scope_key, op)"
+        " JOIN engram_scopes s ON s.key = k.scope_key"
+        " JOIN engram_receipt_records rr ON rr.scope_id = s.id AND rr.operation_id = k.op"
         " JOIN engram_revisions v ON v.record_id = rr.record_id AND v.revision = rr.revision"
-        " JOIN engram_scopes s ON s.id = v.scope_id"
-        " WHERE rr.operation_id = ANY(%b::text[]) ORDER BY rr.record_id, rr.revision",
-        (op_ids,),
+        " ORDER BY rr.record_id, rr.revision",
+        params,
     ).fetchall():
-        records[row[0]].append(record_from_row(row[1:]))
+        records[(row[0], row[1])].append(record_from_row(row[2:]))
     return {
-        op_id: WriteResult(
-            receipt=_as_repeat(receipt), replayed=True, records=tuple(records[op_id])
-        )
-        for op_id, receipt in receipts.items()
+        key: WriteResult(receipt=_as_repeat(receipt), replayed=True, records=tuple(records[key]))
+        for key, receipt in receipts.items()
     }
 
 

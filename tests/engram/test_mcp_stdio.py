@@ -12,7 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from engram.store import Store
+from engram.store import Scope, Store
+from engram.worker import keys
 from engram.worker.embedded.runtime import connect_redis
 from tests.helpers import rows_containing
 from tests.mcp_support import (
@@ -229,7 +230,8 @@ def test_a_write_past_the_bound_is_queued_and_operation_tells_the_rest(
             with start_worker(store):
                 client = connect_redis(redis_url)
                 try:
-                    wait_until(lambda: client.exists(f"engram:reply:{op_id}") == 1, timeout=30)
+                    reply = keys.reply(Scope.of({"user_id": "queued"}).key, op_id)
+                    wait_until(lambda: client.exists(reply) == 1, timeout=30)
                 finally:
                     client.close()
             state = await ok(s, "operation", operation_id=op_id)
@@ -256,3 +258,38 @@ def test_logs_go_to_stderr_and_hold_no_memory_text(
     logged = log.read_text()
     assert "tool call" in logged  # stderr carried the logs (stdout only the protocol)
     assert "WOMBATLANTERN" not in logged
+
+
+def test_an_operation_id_of_another_scope_is_another_operation(
+    env: dict[str, str], tmp_path: Path, store: Store, worker: Any
+) -> None:
+    """Issue 36: bob remembers under an id, then forgets the record (its receipt is
+    redacted); ada's remember under the same id is applied as hers, not answered with
+    bob's receipt as a replay, and her ``operation`` shows her receipt, not his. Ada's
+    forget of bob's record is a no-op that writes no audit row naming it."""
+    log = tmp_path / "mcp.log"
+    bob_scope, ada_scope = {"user_id": "mcp-ids-bob"}, {"user_id": "mcp-ids-ada"}
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any], str]:
+        async with stdio_session(bob_scope, env, log) as b:
+            kept = await ok(b, "remember", text="Bob's alarm code is 7316.", operation_id="chat-7")
+            rid = kept["records"][0]["id"]
+            await ok(b, "forget", record_id=rid)
+            bobs_record = await ok(b, "remember", text="Bob's other note.")
+        async with stdio_session(ada_scope, env, log) as a:
+            mine = await ok(a, "remember", text="Ada cycles to work.", operation_id="chat-7")
+            state = await ok(a, "operation", operation_id="chat-7")
+            noop = await ok(a, "forget", record_id=bobs_record["records"][0]["id"])
+            assert noop["revisions"] == [] and noop["already_forgotten"] is False
+        return mine, state, bobs_record["records"][0]["id"]
+
+    mine, state, bobs = run(main)
+    assert mine["state"] == "committed" and mine["replayed"] is False
+    [written] = mine["records"]
+    ada_record = store.get(ada_scope, written["id"])
+    assert ada_record is not None and ada_record.text == "Ada cycles to work."
+    assert state["state"] == "committed" and state["receipt"]["records"] == mine["records"]
+    bob_receipt = store.receipt("chat-7", bob_scope)
+    assert bob_receipt is not None and bob_receipt.redacted and bob_receipt.replays == 0
+    assert store.audit.about(bobs) == []  # item 9: nothing names bob's record
+    assert store.get(bob_scope, bobs) is not None

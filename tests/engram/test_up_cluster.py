@@ -23,8 +23,8 @@ from tests.redis_fixtures import wait_until
 pytestmark = pytest.mark.slow
 
 
-def _redaction(producer: Producer, op_id: str) -> str | None:
-    reply = producer.results([op_id]).get(op_id)
+def _redaction(producer: Producer, scope: dict[str, str], op_id: str) -> str | None:
+    reply = producer.results(scope, [op_id]).get(op_id)
     if isinstance(reply, StreamReceipt) and reply.redaction in ("complete", "failed"):
         return reply.redaction
     return None
@@ -58,7 +58,9 @@ def test_up_on_a_cluster_runs_the_jobs_on_its_embedded_valkey(
         forget = producer.forget({"user_id": "up"}, record_id.records[0].id)
         assert forget.wait(30).redaction == "pending"
         final = wait_until(
-            lambda: _redaction(producer, forget.operation_id), timeout=120, what="redaction"
+            lambda: _redaction(producer, {"user_id": "up"}, forget.operation_id),
+            timeout=120,
+            what="redaction",
         )
     assert final == "complete", up.log()
     # RQ's keys are on the embedded valkey, none on the cluster.

@@ -160,15 +160,19 @@ def test_a_wait_that_runs_out_is_not_a_failure_and_can_be_waited_again(
     pending = json.loads(captured.out)
     assert pending["operation_id"] == "cli:late" and pending["status"] == "pending"
     assert "error" not in pending
-    assert "engram wait cli:late" in captured.err
-    assert main(["wait", "cli:late", "--timeout", "0.2"]) == 3
+    scoped = json.dumps(scope, separators=(",", ":"))
+    assert f"engram wait cli:late --scope '{scoped}'" in captured.err
+    assert main(["wait", "cli:late", "--scope", scoped, "--timeout", "0.2"]) == 3
+    capsys.readouterr()
+    # An operation id is its scope's: another scope has no such operation.
+    assert main(["wait", "cli:late", "--scope", '{"user_id":"bob"}', "--timeout", "0.2"]) == 3
     capsys.readouterr()
     with start_worker(store):
-        assert main(["wait", "cli:late", "--timeout", "10"]) == 0
+        assert main(["wait", "cli:late", "--scope", scoped, "--timeout", "10"]) == 0
     receipt = json.loads(capsys.readouterr().out)
     assert receipt["operation_id"] == "cli:late" and receipt["scope_revision"] == 1
     with pytest.raises(SystemExit) as exited:
-        main(["wait", "cli:late", "--timeout", "0"])
+        main(["wait", "cli:late", "--scope", scoped, "--timeout", "0"])
     assert exited.value.code == 2
 
 

@@ -68,8 +68,8 @@ def holding(valkey_cluster: ValkeyCluster, marker: str) -> list[str]:
     return found
 
 
-def _redaction(producer: Producer, op_id: str) -> str | None:
-    reply = producer.results([op_id]).get(op_id)
+def _redaction(producer: Producer, scope: dict[str, str], op_id: str) -> str | None:
+    reply = producer.results(scope, [op_id]).get(op_id)
     if isinstance(reply, StreamReceipt) and reply.redaction in ("complete", "failed"):
         return reply.redaction
     return None
@@ -115,7 +115,7 @@ def test_a_forget_on_the_cluster_is_redacted_by_jobs_on_their_own_redis(
     forget = producer.forget(scope, record_id)
     assert forget.wait(30).redaction == "pending"
     final = wait_until(
-        lambda: _redaction(producer, forget.operation_id), timeout=120, what="the redaction"
+        lambda: _redaction(producer, scope, forget.operation_id), timeout=120, what="the redaction"
     )
     assert final == "complete"
 

@@ -35,7 +35,7 @@ def _letter_of(client: redis.Redis, operation_id: str) -> str | None:
 
 
 def _redaction(producer: Producer, op_id: str) -> str | None:
-    reply = producer.results([op_id]).get(op_id)
+    reply = producer.results(SCOPE, [op_id]).get(op_id)
     if isinstance(reply, StreamReceipt) and reply.redaction in ("complete", "failed"):
         return reply.redaction
     return None

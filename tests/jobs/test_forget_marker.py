@@ -144,7 +144,7 @@ def test_a_forgotten_text_is_nowhere_once_its_redaction_is_complete(
     [letter] = client.xrange(keys.DEAD_LETTERS)
     assert b"op-unrelated" in letter[1][b"op"]
     for op_id in ("op-late", "op-ghost"):
-        reply = producer.results([op_id])[op_id]
+        reply = producer.results(SCOPE, [op_id])[op_id]
         assert getattr(reply, "code", None) == "revision_conflict", reply
     assert client.xlen(keys.stream(home)) == 0
     # The failed re-embedding kept its job record, without the text.
@@ -156,7 +156,7 @@ def test_a_forgotten_text_is_nowhere_once_its_redaction_is_complete(
 
 
 def _redaction(producer: Producer, op_id: str) -> str | None:
-    reply = producer.results([op_id]).get(op_id)
+    reply = producer.results(SCOPE, [op_id]).get(op_id)
     if isinstance(reply, StreamReceipt) and reply.redaction in ("complete", "failed"):
         return reply.redaction
     time.sleep(0.1)

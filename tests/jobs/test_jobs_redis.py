@@ -174,11 +174,13 @@ def test_a_redaction_waits_a_moment_for_a_reply_not_there_yet(
         streams_redis=cluster,
     )
     reply = {"receipt": {"kind": "forget", "redaction": "pending"}}
-    late = threading.Timer(0.3, lambda: cluster.rpush(keys.reply("op-forget"), json.dumps(reply)))
+    late = threading.Timer(
+        0.3, lambda: cluster.rpush(keys.reply(EVENT.scope.key, "op-forget"), json.dumps(reply))
+    )
     late.start()
     redaction.finish(ctx, [EVENT], "complete")
     late.join()
-    [raw] = cluster.lrange(keys.reply("op-forget"), 0, -1)
+    [raw] = cluster.lrange(keys.reply(EVENT.scope.key, "op-forget"), 0, -1)
     assert json.loads(raw)["receipt"]["redaction"] == "complete"
     ctx.client.close()
     cluster.close()

@@ -7,15 +7,19 @@ import json
 import pytest
 
 from engram.jobs.listeners.matching import Forgotten
+from engram.store import Scope
 from engram.store.write.operations import derived_record_id
 
 SCOPE = {"user_id": "ada"}
-GONE = Forgotten.of(["rec-1", derived_record_id("op-remember", 0)], ["op-wrote-it"])
+KEY = Scope.of(SCOPE).key
+GONE = Forgotten.of(["rec-1", derived_record_id(KEY, "op-remember", 0)], [(KEY, "op-wrote-it")])
 
 
-def op(kind: str, request: dict[str, object], operation_id: str = "op-x") -> str:
+def op(
+    kind: str, request: dict[str, object], operation_id: str = "op-x", scope: object = SCOPE
+) -> str:
     return json.dumps(
-        {"operation_id": operation_id, "kind": kind, "scope": SCOPE, "request": request}
+        {"operation_id": operation_id, "kind": kind, "scope": scope, "request": request}
     )
 
 
@@ -29,6 +33,9 @@ def op(kind: str, request: dict[str, object], operation_id: str = "op-x") -> str
         (op("remember", {"text": "t"}, "op-wrote-it"), True),  # wrote it
         (op("revise", {"id": "rec-2", "text": "t"}), False),
         (op("remember", {"text": "t"}, "op-other"), False),
+        # The same operation ids in another scope are other operations (issue 36).
+        (op("remember", {"text": "t"}, "op-wrote-it", {"user_id": "bob"}), False),
+        (op("remember", {"text": "t"}, "op-remember", {"user_id": "bob"}), False),
         (op("forget", {"id": "rec-1"}), False),  # ids only
         (op("retract", {"id": "rec-1"}), False),
         # Not a valid operation (here: an unknown field), still recognised by its id.
@@ -44,6 +51,14 @@ def test_holds(raw: str | None, holds: bool) -> None:
 
 def test_an_extract_whose_derived_ids_include_the_record_holds_it() -> None:
     messages = [{"id": f"m{i}", "message": {"role": "user", "content": f"c{i}"}} for i in range(3)]
-    gone = Forgotten.of([derived_record_id("op-extract", 2)], [])
+    gone = Forgotten.of([derived_record_id(KEY, "op-extract", 2)], [])
     assert gone.holds(op("extract", {"messages": messages}, "op-extract"))
     assert not gone.holds(op("extract", {"messages": messages[:2]}, "op-extract"))
+
+
+def test_a_dead_letter_is_matched_by_its_scope_and_its_operation_id() -> None:
+    unreadable = json.dumps({"operation_id": "op-wrote-it", "scope": SCOPE, "kind": "nope"})
+    assert GONE.wrote("op-wrote-it", unreadable)
+    other = json.dumps({"operation_id": "op-wrote-it", "scope": {"user_id": "bob"}})
+    assert not GONE.wrote("op-wrote-it", other)
+    assert not GONE.wrote("op-wrote-it", None)

@@ -44,7 +44,7 @@ def redaction_of(producer: Producer, op_id: str, timeout: float = 60.0) -> Strea
     """The forget's reply once its redaction is over."""
 
     def done() -> StreamReceipt | None:
-        reply = producer.results([op_id]).get(op_id)
+        reply = producer.results(SCOPE, [op_id]).get(op_id)
         if reply is None:
             return None  # not committed yet
         assert isinstance(reply, StreamReceipt), reply

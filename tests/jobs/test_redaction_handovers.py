@@ -102,7 +102,7 @@ def test_a_forget_that_kills_its_jobs_worker_every_time_ends_failed_and_others_g
     assert sum(p.process.poll() == -signal.SIGKILL for p in started) == MAX_HANDOVERS + 1
 
     # The reply a producer reads says failed, and why.
-    reply = producer.results([forget.operation_id])[forget.operation_id]
+    reply = producer.results(SCOPE, [forget.operation_id])[forget.operation_id]
     assert isinstance(reply, StreamReceipt)
     assert reply.redaction == "failed" and reply.redaction_reason == reason
 

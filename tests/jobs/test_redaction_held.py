@@ -27,7 +27,7 @@ from starlette.testclient import TestClient
 from engram.cli import main
 from engram.jobs import keys, redaction
 from engram.jobs.listeners.in_postgres import PostgresListener
-from engram.store import ForgetEvent, HashingEmbedder, Store
+from engram.store import ForgetEvent, HashingEmbedder, Scope, Store
 from engram.store.errors import RedactionHeldError
 from engram.store.server import EmbeddedPostgres
 from engram.store.write import forgets
@@ -159,7 +159,7 @@ def test_a_standby_snapshot_holds_the_redaction_pending_naming_it_until_it_ends(
             op_id = producer.forget(SCOPE, fact).operation_id
 
             def held_or_over() -> StreamReceipt | None:
-                reply = producer.results([op_id]).get(op_id)
+                reply = producer.results(SCOPE, [op_id]).get(op_id)
                 if not isinstance(reply, StreamReceipt):
                     return None  # not committed yet
                 over = reply.redaction != "pending" or reply.redaction_reason is not None
@@ -197,7 +197,7 @@ def test_a_standby_snapshot_holds_the_redaction_pending_naming_it_until_it_ends(
             standby.rollback()
 
         def done() -> bool:
-            reply = producer.results([op_id]).get(op_id)
+            reply = producer.results(SCOPE, [op_id]).get(op_id)
             return isinstance(reply, StreamReceipt) and reply.redaction == "complete"
 
         wait_until(done, timeout=90, what="the redaction complete once the snapshot is gone")
@@ -321,8 +321,9 @@ def test_the_sweeper_hands_a_held_forget_over_again_uncounted(
     )
     pool = fresh_store.pool
     reason = "held by prepared transaction 'x'"
-    forgets.set_redaction(pool, [held_op, lost_op], "pending")
-    forgets.set_redaction(pool, [held_op], "pending", reason)
+    key = Scope.of(SCOPE).key
+    forgets.set_redaction(pool, [(key, held_op), (key, lost_op)], "pending")
+    forgets.set_redaction(pool, [(key, held_op)], "pending", reason)
     client = connect_redis(redis_url)
     client.delete(keys.FORGET_INBOX)
     wait_until(

@@ -69,7 +69,7 @@ def test_a_forgotten_record_waiting_in_a_later_epoch_is_settled_and_erased(
 
     assert not bytes_hold(redis_values(client), marker), "a Redis key still holds it"
     with Producer.from_url(redis_url, partitions=FAST.partitions) as producer:
-        replies = producer.results(waiting)
+        replies = producer.results(SCOPE, waiting)
     for op_id in waiting:
         assert not isinstance(replies[op_id], StreamReceipt), replies[op_id]
         assert getattr(replies[op_id], "code", None) in {"revision_conflict", "not_found"}
@@ -107,6 +107,6 @@ def test_a_forgotten_record_stranded_in_a_replaced_epoch_is_settled_and_erased(
     assert not bytes_hold(redis_values(client), marker), "a Redis key still holds it"
     assert layout.stranded(client, FAST.partitions) == []
     with Producer.from_url(redis_url, partitions=FAST.partitions) as producer:
-        reply = producer.results(["stranded-e0"])["stranded-e0"]
+        reply = producer.results(SCOPE, ["stranded-e0"])["stranded-e0"]
     assert getattr(reply, "code", None) in {"revision_conflict", "not_found"}, reply
     client.close()

@@ -10,6 +10,7 @@ from engram.store import (
     KeywordEmbedder,
     NotFoundError,
     Operation,
+    OperationAmbiguousError,
     OperationConflictError,
     RevisionConflictError,
     Store,
@@ -71,12 +72,45 @@ def test_one_id_created_by_two_scopes_in_one_batch_goes_to_the_first(fresh_store
     assert fresh_store.scope_revision({"user_id": "b"}) == 0
 
 
-def test_one_operation_id_in_two_scopes_of_one_batch_is_a_conflict(fresh_store: Store) -> None:
+def test_one_operation_id_in_two_scopes_is_two_operations(fresh_store: Store) -> None:
+    """An operation id identifies an operation within its scope (issue 36): the same id
+    in two scopes of one batch is applied once in each, and each repeat replays its own."""
     a = Operation.build("remember", {"user_id": "a"}, {"text": "x"}, "same-id")
-    b = Operation.build("remember", {"user_id": "b"}, {"text": "x"}, "same-id")
+    b = Operation.build("remember", {"user_id": "b"}, {"text": "y"}, "same-id")
     first, second = fresh_store.execute([a, b])
-    assert isinstance(first, WriteResult)
-    assert isinstance(second, OperationConflictError)
+    assert isinstance(first, WriteResult) and isinstance(second, WriteResult)
+    assert not first.replayed and not second.replayed
+    assert first.records[0].id != second.records[0].id  # derived ids are the scope's too
+    assert fresh_store.scope_revision({"user_id": "a"}) == 1
+    assert fresh_store.scope_revision({"user_id": "b"}) == 1
+    again_b, again_a = fresh_store.execute([b, a])
+    assert isinstance(again_a, WriteResult) and again_a.replayed
+    assert isinstance(again_b, WriteResult) and again_b.replayed
+    assert again_a.records[0].text == "x" and again_b.records[0].text == "y"
+    # A different request under the id is a conflict in its own scope only.
+    other = Operation.build("remember", {"user_id": "a"}, {"text": "z"}, "same-id")
+    [conflict] = fresh_store.execute([other])
+    assert isinstance(conflict, OperationConflictError)
+    assert fresh_store.receipt("same-id", {"user_id": "b"}).scope.user_id == "b"  # type: ignore[union-attr]
+    with pytest.raises(OperationAmbiguousError) as ambiguous:
+        fresh_store.receipt("same-id")
+    assert sorted(s["user_id"] for s in ambiguous.value.scopes) == ["a", "b"]
+
+
+def test_a_forget_in_one_scope_redacts_nothing_of_the_same_id_in_another(
+    fresh_store: Store,
+) -> None:
+    """Bob's redacted receipt under an id does not answer ada's write under it as a
+    replay: ada's is applied, and bob's stays redacted."""
+    bob = fresh_store.session({"user_id": "bob"})
+    kept = bob.remember("bob's secret", operation_id="chat-7")
+    bob.forget(kept.records[0].id)
+    ada = Operation.build("remember", {"user_id": "ada"}, {"text": "ada's"}, "chat-7")
+    [result] = fresh_store.execute([ada])
+    assert isinstance(result, WriteResult) and not result.replayed
+    assert result.records[0].text == "ada's"
+    assert fresh_store.receipt("chat-7", {"user_id": "bob"}).redacted  # type: ignore[union-attr]
+    assert not fresh_store.receipt("chat-7", {"user_id": "ada"}).redacted  # type: ignore[union-attr]
 
 
 def test_an_empty_batch_raises_only_the_fence(fresh_store: Store) -> None:

@@ -93,3 +93,46 @@ def test_013_drops_the_indexes_that_held_every_row_and_leaves_the_vectors_fresh(
             "SELECT indexdef LIKE '%settled%' FROM pg_indexes"
             " WHERE indexname = 'engram_vectors_hnsw_g1_s1'"
         ).fetchone() == (True,)
+
+
+def test_017_keys_the_receipts_and_vouches_stored_before_by_their_scope(empty_dsn: str) -> None:
+    """A database at version 16 with a receipt, the records it wrote and named, and a
+    token's vouch: 017 gives each row its receipt's (or token's) scope, so the receipt
+    reads back the same in its scope, authenticated, and the same operation id in
+    another scope is another operation."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        conn.execute(
+            "CREATE TABLE engram_schema (version integer PRIMARY KEY,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, sql in migrations.available():
+            if version <= 16:
+                conn.execute(sql.encode())
+                conn.execute("INSERT INTO engram_schema (version) VALUES (%s)", (version,))
+        conn.execute(
+            """INSERT INTO engram_scopes (key, user_id) VALUES ('{"user_id":"ada"}', 'ada');
+            INSERT INTO engram_receipts (operation_id, scope_id, kind, request_digest,
+                scope_revision, committed_at, request, requested_by)
+            VALUES ('op-1', 1, 'remember', 'x', 1, now(), '{"text": "t"}', 'token:ada');
+            INSERT INTO engram_receipt_records VALUES ('op-1', 'mem_1', 1, 'active');
+            INSERT INTO engram_receipt_named VALUES ('op-1', 'mem_0');
+            INSERT INTO engram_tokens (name, secret_sha256, scope_key, can, created_by)
+            VALUES ('ada', '\\x00', '{"user_id":"ada"}', '{remember}', 'test');
+            INSERT INTO engram_vouched_operations (operation_id, requested_by, token_id)
+            VALUES ('op-1', 'token:ada', 1)"""
+        )
+        assert migrations.migrate(conn) == migrations.code_version()
+        assert conn.execute(
+            "SELECT (SELECT scope_id FROM engram_receipt_records),"
+            " (SELECT scope_id FROM engram_receipt_named),"
+            " (SELECT scope_key FROM engram_vouched_operations)"
+        ).fetchone() == (1, 1, '{"user_id":"ada"}')
+    with Store.connect(empty_dsn) as store:
+        receipt = store.receipt("op-1", {"user_id": "ada"})
+        assert receipt is not None and receipt.authenticated
+        assert [r.id for r in receipt.records] == ["mem_1"]
+        assert store.receipt("op-1", {"user_id": "bob"}) is None
+        bob = store.session({"user_id": "bob"}).remember("Bob's.", operation_id="op-1")
+        assert not bob.replayed and bob.receipt.scope.user_id == "bob"
+        assert store.receipt("op-1", {"user_id": "ada"}) == receipt

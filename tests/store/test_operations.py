@@ -153,10 +153,13 @@ def test_an_operation_without_id_gets_a_fresh_one() -> None:
     assert a.operation_id != b.operation_id
 
 
-def test_created_record_ids_derive_from_the_operation_id() -> None:
-    assert derived_record_id("op-1", 0) == derived_record_id("op-1", 0)
-    assert derived_record_id("op-1", 0) != derived_record_id("op-1", 1)
-    assert derived_record_id("op-1", 0) != derived_record_id("op-2", 0)
+def test_created_record_ids_derive_from_the_operation_and_its_scope() -> None:
+    ada, bob = '{"user_id":"ada"}', '{"user_id":"bob"}'
+    assert derived_record_id(ada, "op-1", 0) == derived_record_id(ada, "op-1", 0)
+    assert derived_record_id(ada, "op-1", 0) != derived_record_id(ada, "op-1", 1)
+    assert derived_record_id(ada, "op-1", 0) != derived_record_id(ada, "op-2", 0)
+    # An operation id is its scope's: the same id elsewhere creates other ids.
+    assert derived_record_id(ada, "op-1", 0) != derived_record_id(bob, "op-1", 0)
 
 
 def test_text_without_a_utf8_form_is_refused_in_every_field() -> None:

@@ -198,7 +198,7 @@ def test_nothing_is_written_through_the_read_pool(
     gone = mem.remember("to be forgotten")
     mem.forget(gone.records[0].id)
     mem.extract([{"id": "m1", "message": {"role": "user", "content": "I like tea"}}])
-    replicated.set_redaction(gone.receipt.operation_id, "complete")
+    replicated.set_redaction(gone.receipt.operation_id, "complete", scope)
     replicated.prune_history(older_than=_long_ago())
     replicated.prune_operations(older_than=_long_ago())
     replicated.audit.record("tester", "record.forget", gone.records[0].id, {"n": 1})

@@ -6,6 +6,7 @@ import base64
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from rq import Queue
 from starlette.testclient import TestClient
@@ -36,7 +37,8 @@ def test_enqueue_answers_202_then_the_operation_can_be_followed(
     assert accepted.status_code == 202
     body = accepted.json()
     assert body["operation_id"] == "api:1" and body["state"] == "enqueued"
-    assert body["status_url"] == "/api/v1/operations/api:1" and body["entry"]
+    # The operator's status URL names the scope: an operation id is its scope's.
+    assert body["status_url"] == f"/api/v1/operations/api:1?{urlencode(scope)}" and body["entry"]
     assert web.client.get(body["status_url"]).json()["state"] == "waiting"
     typo = web.client.get("/api/v1/operations/api:2")
     assert typo.status_code == 404 and typo.json()["error"]["code"] == "not_found"
@@ -179,18 +181,19 @@ def test_a_well_formed_cursor_not_signed_with_this_servers_key_is_refused(web: W
     first = web.client.get(url).json()
     cursor = first["next"]
     payload, signature = cursor.rsplit(".", 1)
-    kind, (at, operation_id) = json.loads(
+    kind, (at, operation_id, scope_id) = json.loads(
         base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
     )
     assert kind == "receipts" and web.client.get(f"{url}&cursor={cursor}").status_code == 200
     # Another position: a day later, so the page would show the first receipt again.
-    later = (datetime.fromisoformat(at["t"]) + timedelta(days=1), operation_id)
+    later = (datetime.fromisoformat(at["t"]) + timedelta(days=1), operation_id, scope_id)
     ours = web.store.cursors.encode("receipts", later)
     again = web.client.get(f"{url}&cursor={ours}")
     assert again.status_code == 200 and again.json()["items"] == first["items"]
 
     body = json.dumps(
-        ["receipts", [{"t": later[0].isoformat()}, operation_id]], separators=(",", ":")
+        ["receipts", [{"t": later[0].isoformat()}, operation_id, scope_id]],
+        separators=(",", ":"),
     )
     moved = base64.urlsafe_b64encode(body.encode()).decode().rstrip("=")
     assert ours.startswith(f"{moved}."), "the forgery is encoded as the server encodes"
@@ -198,7 +201,9 @@ def test_a_well_formed_cursor_not_signed_with_this_servers_key_is_refused(web: W
     for forged in (
         f"{moved}.{signature}",  # the position changed, the signature kept
         another_process.encode("receipts", later),
-        another_process.encode("receipts", (datetime.fromisoformat(at["t"]), operation_id)),
+        another_process.encode(
+            "receipts", (datetime.fromisoformat(at["t"]), operation_id, scope_id)
+        ),
     ):
         refused = web.client.get(f"{url}&cursor={forged}")
         assert refused.status_code == 400, forged

@@ -139,8 +139,9 @@ def test_prefixes_and_scope_fields_are_read_through_indexes(
             " 'user-' || i FROM generate_series(1, 5000) i"
         )
         conn.execute(
-            "INSERT INTO engram_receipt_records (operation_id, record_id, revision, status)"
-            " SELECT 'op' || i, 'mem_' || md5(i::text), 1, 'active'"
+            "INSERT INTO engram_receipt_records"
+            " (scope_id, operation_id, record_id, revision, status)"
+            " SELECT 1 + i % 500, 'op' || i, 'mem_' || md5(i::text), 1, 'active'"
             " FROM generate_series(1, 5000) i"
         )
         conn.execute(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 from typing import Any
+from urllib.parse import urlencode
 
 import psycopg
 import redis
@@ -75,7 +76,9 @@ def test_forget_from_the_dashboard_leaves_only_a_tombstone(
     assert "revisions deleted</dt><dd>1, 2" in html
     assert f'href="/records/{rid}">{rid}</a> <span class="badge forgotten">' in html
 
-    op_id = status_url.removeprefix("/operations/")
+    # An operation id is its scope's: the page is told whose (?user_id=...).
+    op_id, _, query = status_url.removeprefix("/operations/").partition("?")
+    assert query == urlencode(web.store.browse.receipt(op_id).receipt.scope.as_dict())  # type: ignore[union-attr]
     receipt = web.store.browse.receipt(op_id)
     assert receipt is not None and receipt.receipt.requested_by == "local"
     assert receipt.named_record == rid
@@ -114,7 +117,7 @@ def test_a_forget_s_why_is_kept_in_the_audit_trail_and_shown_on_its_tombstone(
             f"/forget/{one}", data={"csrf": token, "why": "she asked us to, ticket 88"}
         )
         assert posted.status_code == 303
-        op_id = posted.headers["location"].rsplit("/", 1)[1]
+        op_id = posted.headers["location"].rsplit("/", 1)[1].partition("?")[0]
         wait_until(lambda: web.store.browse.record(one) is None, what="the first forget")
 
         # Through the API: the reason goes with a forget only, and is checked first.

@@ -5,6 +5,7 @@ until the retry commits. In a real headless Chromium too, with a real worker."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from urllib.parse import urlencode
 
 import redis
 from playwright.sync_api import expect
@@ -34,7 +35,7 @@ def dead_lettered(client: redis.Redis, op: Operation) -> str:
         error=DeadLetteredError("the embedder was down"),
         deliveries=1,
     )
-    send_reply(pipe, op.operation_id, encode_reply(DeadLetteredError("no"), "5-0"), 60)
+    send_reply(pipe, op.key, encode_reply(DeadLetteredError("no"), "5-0"), 60)
     dead_id: bytes = pipe.execute()[0]
     return dead_id.decode()
 
@@ -46,23 +47,31 @@ def test_a_failed_reply_left_by_the_first_delivery_is_not_the_outcome_of_a_retry
 ) -> None:
     op = Operation.build("remember", scope, {"text": "Committed on its retry."}, "op:retry:1")
     dead_id = dead_lettered(web.redis, op)
-    assert web.client.get(f"/api/v1/operations/{op.operation_id}").json()["state"] == "failed"
+    # An operation id is its scope's: a failed delivery's reply is found with its scope.
+    of_scope = f"?{urlencode(scope)}"
+    assert (
+        web.client.get(f"/api/v1/operations/{op.operation_id}{of_scope}").json()["state"]
+        == "failed"
+    )
     assert deadletters.retry(web.redis, dead_id) is not None
     # A retry that could not take the reply with it (on a Redis Cluster the reply is in
     # another slot): the entry in the backlog says a delivery is still to come.
-    send_reply(web.redis, op.operation_id, encode_reply(DeadLetteredError("no"), "5-0"), 60)
-    assert web.client.get(f"/api/v1/operations/{op.operation_id}").json()["state"] == "waiting"
-    page = web.client.get(f"/operations/{op.operation_id}")
+    send_reply(web.redis, op.key, encode_reply(DeadLetteredError("no"), "5-0"), 60)
+    assert (
+        web.client.get(f"/api/v1/operations/{op.operation_id}{of_scope}").json()["state"]
+        == "waiting"
+    )
+    page = web.client.get(f"/operations/{op.operation_id}{of_scope}")
     assert "Enqueued again" in page.text and 'hx-trigger="every 1s"' in page.text
     with start_worker(web.store):
         wait_until(
             lambda: (
-                web.client.get(f"/api/v1/operations/{op.operation_id}").json()["state"]
+                web.client.get(f"/api/v1/operations/{op.operation_id}{of_scope}").json()["state"]
                 == "committed"
             ),
             what="the retry committed",
         )
-    assert "badge committed" in web.client.get(f"/operations/{op.operation_id}").text
+    assert "badge committed" in web.client.get(f"/operations/{op.operation_id}{of_scope}").text
 
 
 def test_the_page_a_retry_redirects_to_ends_on_committed(

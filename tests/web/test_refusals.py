@@ -6,8 +6,10 @@ in any case; a bulk retry or discard that succeeded names what it did, with link
 
 from __future__ import annotations
 
+import json
 import re
 from html import unescape
+from urllib.parse import urlencode
 
 from rq import Queue
 
@@ -60,14 +62,14 @@ def test_a_changed_selection_shows_what_matches_now_with_the_filter_and_why(web:
 def test_a_bulk_retry_names_each_operation_to_follow(web: Web) -> None:
     web.redis.delete(keys.DEAD_LETTERS)
     first, second = letter(web, "failed", user="a"), letter(web, "failed", user="b")
-    ops = {f[b"operation_id"].decode() for _, f in stream(web)}
+    ops = {f[b"operation_id"].decode(): json.loads(f[b"op"])["scope"] for _, f in stream(web)}
     url = "/dead-letters/bulk?action=retry&reason=failed"
     form = dry_run_form(web, url, "action", "reason", "count", "digest")
     done = web.client.post("/dead-letters/bulk", data={**form, "why": WHY})
     assert done.status_code == 200, done.text
     assert "Retried 2 dead letters" in done.text and first in done.text and second in done.text
-    for op in ops:
-        assert f'href="/operations/{op}"' in done.text
+    for op, scope in ops.items():  # an operation id is its scope's: the link names it
+        assert f'href="/operations/{op}?{urlencode(scope)}"' in done.text
     assert "partition " in done.text and "ticket 7" in done.text
 
 

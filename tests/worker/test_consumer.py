@@ -126,7 +126,7 @@ def test_a_stale_fence_at_the_start_fails_only_its_partition(
     assert fresh_store.scope_revision(_scope_in(2)) == 0
     # Partition 2's entries were never read: they wait for its owner.
     assert redis_client.xlen(keys.stream(2)) == 2
-    assert producer.results(w.operation_id for w in pending[2]) == {}
+    assert all(producer.results(w.scope, [w.operation_id]) == {} for w in pending[2])
     assert held[0].lost is None and held[1].lost is None
 
 
@@ -255,7 +255,7 @@ def test_an_entry_read_by_a_consumer_whose_lease_ran_out_is_claimed_and_committe
         stale.xreadgroup(keys.GROUP, "old-holder", {stream: ">"}, count=1)
         stale.execute()
         assert redis_client.xpending(stream, keys.GROUP)["consumers"][0]["name"] == b"old-holder"
-        receipt = producer.wait(op.operation_id, 10)
+        receipt = producer.wait(op.scope, op.operation_id, 10)
         assert receipt.scope_revision == 2
         wait_until(lambda: redis_client.xpending(stream, keys.GROUP)["pending"] == 0)
     finally:
@@ -281,7 +281,7 @@ def test_a_partition_whose_lease_renewal_is_late_is_not_read(
         seen = consumer.cycles + 10
         wait_until(lambda: consumer.cycles >= seen, what="ten cycles after the send")
         assert redis_client.xpending(keys.stream(0), keys.GROUP)["pending"] == 0
-        assert producer.results([late.operation_id]) == {}
+        assert producer.results(late.scope, [late.operation_id]) == {}
         held[0].valid_until = time.monotonic() + 60  # renewed
         assert late.wait(10).scope_revision == 2
     finally:

@@ -71,7 +71,7 @@ def test_a_retried_letter_is_committed_and_a_discarded_one_is_gone(
     stream = keys.stream(partition_of(op.scope, FAST.partitions))
     assert [e[0].decode() for e in redis_client.xrange(stream)] == [new_entry]
     with start_worker(store), Producer.from_url(redis_url, partitions=FAST.partitions) as p:
-        receipt = p.wait("dl:retry:1", timeout=20)
+        receipt = p.wait(scope, "dl:retry:1", timeout=20)
     assert receipt.records and store.get(scope, receipt.records[0].id) is not None
     assert deadletters.discard(redis_client, other) is True
     assert deadletters.discard(redis_client, other) is False
@@ -91,14 +91,15 @@ def test_a_retry_takes_away_the_failed_delivery_s_reply(
     op = Operation.build("remember", scope, {"text": "Retried, then committed."}, "dl:retry:2")
     dead_id = _letter(redis_client, op)
     pipe = redis_client.pipeline(transaction=False)
-    send_reply(pipe, op.operation_id, encode_reply(DeadLetteredError("no"), "5-0"), 60)
+    send_reply(pipe, op.key, encode_reply(DeadLetteredError("no"), "5-0"), 60)
     pipe.execute()
     with Producer.from_url(redis_url, partitions=FAST.partitions) as p:
-        assert isinstance(p.results([op.operation_id])[op.operation_id], DeadLetteredError)
+        answered = p.results(scope, [op.operation_id])[op.operation_id]
+        assert isinstance(answered, DeadLetteredError)
         assert deadletters.retry(redis_client, dead_id) is not None
-        assert p.results([op.operation_id]) == {}
+        assert p.results(scope, [op.operation_id]) == {}
         with start_worker(store):
-            receipt = p.wait(op.operation_id, timeout=20)
+            receipt = p.wait(scope, op.operation_id, timeout=20)
     assert receipt.records and receipt.error is None
 
 

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 import redis
 
-from engram.store import Store
+from engram.store import Scope, Store
 from engram.store.limits import MAX_TEXT_CHARS
 from engram.worker import keys
 from engram.worker.admin.deadletters import read as read_dead_letters
@@ -200,7 +200,9 @@ def test_no_entry_stalls_a_worker(
 
     wait_until(drained, timeout=180, interval=0.5, what="every entry to be handled")
 
-    replies = _replies(redis_client, list(valid))
+    replies = _replies(
+        redis_client, [(Scope.of(op["scope"]).key, op_id) for op_id, op in valid.items()]
+    )
     assert all("receipt" in r for r in replies.values()), [
         (k, r) for k, r in replies.items() if "receipt" not in r
     ][:3]
@@ -218,12 +220,13 @@ def test_no_entry_stalls_a_worker(
     assert "consumer crashed" not in log and "Traceback" not in log
 
 
-def _replies(client: redis.Redis, op_ids: list[str]) -> dict[str, dict[str, Any]]:
+def _replies(client: redis.Redis, ops: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    """The replies of these operations (scope key, operation id), by operation id."""
     pipe = client.pipeline(transaction=False)
-    for op_id in op_ids:
-        pipe.lindex(keys.reply(op_id), -1)
+    for scope_key, op_id in ops:
+        pipe.lindex(keys.reply(scope_key, op_id), -1)
     return {
         op_id: json.loads(raw)
-        for op_id, raw in zip(op_ids, pipe.execute(), strict=True)
+        for (_, op_id), raw in zip(ops, pipe.execute(), strict=True)
         if raw is not None
     }

@@ -114,7 +114,7 @@ def test_a_worker_with_an_older_token_commits_nothing(
     stream = keys.stream(0)
     assert redis_client.xpending(stream, keys.GROUP)["pending"] == 3  # not acknowledged
     assert metrics.read_counters(redis_client)["commits_fenced_total"] == 1
-    assert producer.results(p.operation_id for p in pending) == {}
+    assert all(producer.results(p.scope, [p.operation_id]) == {} for p in pending)
 
     # An even older holder is refused as soon as it starts.
     stale, stale_partition = _consume(fresh_store, redis_client, 5, HashingEmbedder(64), config)

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engram.store import Store
+from engram.store import Scope, Store
 from engram.worker import Pending, Producer, WaitTimeout, keys, producer
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
 
@@ -30,10 +30,10 @@ def _answered_then_lost(p: Producer, text: str, operation_id: str) -> Pending:
 
     def answered() -> bool:
         gone = not p.client.xrange(pending.stream, pending.entry_id, pending.entry_id)
-        return gone and bool(p.client.exists(keys.reply(operation_id)))
+        return gone and bool(p.client.exists(keys.reply(pending.scope.key, operation_id)))
 
     wait_until(answered, timeout=30, what="the answer")
-    p.client.delete(keys.reply(operation_id))
+    p.client.delete(keys.reply(pending.scope.key, operation_id))
     return pending
 
 
@@ -81,5 +81,5 @@ def test_a_wait_by_id_alone_does_not_ask_again(answered: Producer) -> None:
     the wait ends as it always did."""
     _answered_then_lost(answered, "Grace waits by id.", "lost-2")
     with pytest.raises(WaitTimeout):
-        answered.wait("lost-2", 1.5)  # three times the re-ask's
-    assert not answered.client.exists(keys.reply("lost-2"))
+        answered.wait(SCOPE, "lost-2", 1.5)  # three times the re-ask's
+    assert not answered.client.exists(keys.reply(Scope.of(SCOPE).key, "lost-2"))

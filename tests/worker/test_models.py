@@ -147,7 +147,7 @@ def test_a_slow_model_stalls_neither_other_scopes_nor_other_partitions(
                 done = producer.remember(other, f"Fact {i}.", supersede="add").wait(5)
                 assert done.scope_revision == i + 1
         # ... and the slow scope's next operation waits behind the one that needs the model.
-        assert producer.results([held.operation_id, after.operation_id]) == {}
+        assert producer.results(slow, [held.operation_id, after.operation_id]) == {}
         gate.opened.set()
         assert [held.wait(10).scope_revision, after.wait(10).scope_revision] == [2, 3]
 

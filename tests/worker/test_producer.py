@@ -12,6 +12,7 @@ import time
 import pytest
 import redis
 
+from engram.store import Scope
 from engram.store.errors import InvalidRequestError, NotFoundError, RevisionConflictError
 from engram.worker import (
     Operation,
@@ -55,11 +56,12 @@ def _receipt_reply(op_id: str, revision: int = 1, entry: str | None = None) -> s
     )
 
 
-def _reply(client: redis.Redis, op_id: str, body: str) -> None:
+def _reply(client: redis.Redis, op_id: str, body: str, scope: dict[str, str] = SCOPE) -> None:
     """As a worker replies: the one reply replaces any earlier one."""
-    client.delete(keys.reply(op_id))
-    client.rpush(keys.reply(op_id), body)
-    client.expire(keys.reply(op_id), 60)
+    key = keys.reply(Scope.of(scope).key, op_id)
+    client.delete(key)
+    client.rpush(key, body)
+    client.expire(key, 60)
 
 
 def test_enqueue_writes_one_entry_on_the_scope_partition(
@@ -163,7 +165,7 @@ def test_wait_returns_the_receipt(producer: Producer, redis_client: redis.Redis)
     assert receipt.operation_id == "w1" and receipt.scope_revision == 1
     # The reply stays: a second wait, by id, returns it at once.
     start = time.monotonic()
-    assert producer.wait("w1", timeout=5) == receipt
+    assert producer.wait(SCOPE, "w1", timeout=5) == receipt
     assert time.monotonic() - start < 0.5
 
 
@@ -179,7 +181,7 @@ def test_a_pending_wait_passes_over_the_reply_to_an_earlier_enqueue(
     with pytest.raises(InvalidRequestError):
         second.wait(timeout=2)
     with pytest.raises(InvalidRequestError):  # by id: the latest reply
-        producer.wait("again", timeout=1)
+        producer.wait(SCOPE, "again", timeout=1)
 
 
 def test_many_waiters_on_one_operation_are_all_woken(
@@ -187,7 +189,7 @@ def test_many_waiters_on_one_operation_are_all_woken(
 ) -> None:
     got: list[StreamReceipt] = []
     waiters = [
-        threading.Thread(target=lambda: got.append(producer.wait("w2", timeout=30)))
+        threading.Thread(target=lambda: got.append(producer.wait(SCOPE, "w2", timeout=30)))
         for _ in range(4)
     ]
     for w in waiters:
@@ -199,23 +201,23 @@ def test_many_waiters_on_one_operation_are_all_woken(
         w.join()
     # Woken by the reply, long before their own time runs out.
     assert len(got) == 4 and time.monotonic() - start < 10
-    assert redis_client.llen(keys.reply("w2")) == 1
+    assert redis_client.llen(keys.reply(Scope.of(SCOPE).key, "w2")) == 1
 
 
 def test_wait_raises_the_typed_error(producer: Producer, redis_client: redis.Redis) -> None:
     _reply(redis_client, "e1", encode_reply(RevisionConflictError("stale", expected=1, actual=3)))
     _reply(redis_client, "e2", encode_reply(NotFoundError("no record mem_9")))
     with pytest.raises(RevisionConflictError) as info:
-        producer.wait("e1", timeout=1)
+        producer.wait(SCOPE, "e1", timeout=1)
     assert (info.value.expected, info.value.actual, info.value.attempts) == (1, 3, 1)
     with pytest.raises(NotFoundError):
-        producer.wait("e2", timeout=1)
+        producer.wait(SCOPE, "e2", timeout=1)
 
 
 def test_wait_times_out(producer: Producer) -> None:
     start = time.monotonic()
     with pytest.raises(WaitTimeout) as info:
-        producer.wait("never", timeout=0.3)
+        producer.wait(SCOPE, "never", timeout=0.3)
     assert 0.25 < time.monotonic() - start < 1.5
     assert isinstance(info.value, TimeoutError)
     assert info.value.code == "timeout"
@@ -226,10 +228,15 @@ def test_results_reads_replies_without_waiting(
 ) -> None:
     _reply(redis_client, "r1", _receipt_reply("r1"))
     _reply(redis_client, "r2", encode_reply(InvalidRequestError("bad")))
-    got = producer.results(["r1", "r2", "r3"])
+    got = producer.results(SCOPE, ["r1", "r2", "r3"])
     assert set(got) == {"r1", "r2"}
     assert isinstance(got["r1"], StreamReceipt)
     assert isinstance(got["r2"], InvalidRequestError)
+    # An operation id is its scope's: another scope's replies under the same ids are not
+    # these (issue 36).
+    assert producer.results({"user_id": "bob"}, ["r1", "r2"]) == {}
+    with pytest.raises(WaitTimeout):
+        producer.wait({"user_id": "bob"}, "r1", timeout=0.2)
 
 
 def test_a_full_stream_refuses_with_a_typed_error(
@@ -380,4 +387,4 @@ def test_an_unreachable_redis_is_a_clear_error_not_a_silent_drop() -> None:
     with pytest.raises(QueueUnavailableError, match="retry them with the same operation ids"):
         producer.enqueue_many([op])
     with pytest.raises(WaitTimeout, match="redis unreachable"):
-        producer.wait("lost:1", timeout=0.3)
+        producer.wait(SCOPE, "lost:1", timeout=0.3)

@@ -303,12 +303,18 @@ def test_wait_timeout_is_both_an_engram_error_and_a_timeout() -> None:
     assert issubclass(WaitTimeout, EngramError) and issubclass(WaitTimeout, TimeoutError)
 
 
-def test_unique_segments_cut_on_a_repeated_operation_id() -> None:
+def test_unique_segments_cut_on_a_repeated_operation() -> None:
     a, b = op(text="a"), op(text="b")
     entries = [Entry("1", a), Entry("2", b), Entry("3", a), Entry("4", a)]
-    segments = unique_segments(entries, lambda e: e.operation.operation_id)
+    segments = unique_segments(entries, lambda e: e.operation.key)
     assert [[e.entry_id for e in s] for s in segments] == [["1", "2"], ["3"], ["4"]]
-    assert unique_segments([], str) == []
+    assert unique_segments([], lambda e: ("", "")) == []
+    # The same id in another scope is another operation: no cut.
+    elsewhere = Operation.from_dict({**a.to_dict(), "scope": {"user_id": "someone-else"}})
+    both = [Entry("1", a), Entry("2", elsewhere)]
+    assert [[e.entry_id for e in s] for s in unique_segments(both, lambda e: e.operation.key)] == [
+        ["1", "2"]
+    ]
 
 
 @pytest.mark.parametrize(("workers", "partitions"), [(1, 16), (3, 16), (5, 16), (16, 4), (4, 4)])

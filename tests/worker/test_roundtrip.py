@@ -103,7 +103,7 @@ def test_a_raw_xadd_from_any_language_is_accepted(
     stream = keys.stream(partition_of(scope, FAST.partitions))
     redis_client.execute_command("XADD", stream, "*", "op", json.dumps(body))
     with start_worker(store):
-        assert producer.wait("raw:1", timeout=10).scope_revision == 1
+        assert producer.wait(scope, "raw:1", timeout=10).scope_revision == 1
 
 
 def test_a_redelivered_entry_is_replayed(
@@ -124,7 +124,7 @@ def test_a_redelivered_entry_is_replayed(
     redis_client.xreadgroup(keys.GROUP, "dead-worker", {stream: ">"}, count=10)
     [first] = store.execute([op], embedder)  # type: ignore[arg-type]
     with start_worker(store):
-        receipt = producer.wait("redeliver:1", timeout=10)
+        receipt = producer.wait(scope, "redeliver:1", timeout=10)
         # The producer retries its enqueue (same id, same request): replayed again.
         producer.enqueue(op)
         wait_until(lambda: redis_client.xlen(stream) == 0, what="the retry to be processed")
@@ -162,7 +162,7 @@ def test_conflicts_surface_as_typed_errors(
             keys.stream(partition_of(scope, FAST.partitions)), {"op": json.dumps(body)}
         )
         with pytest.raises(InvalidRequestError, match="colour"):
-            producer.wait("c:bad", timeout=10)
+            producer.wait(scope, "c:bad", timeout=10)
     assert store.scope_revision(scope) == 2
     counters = metrics.read_counters(redis_client)
     assert counters['ops_failed_total{code="revision_conflict"}'] == 1
@@ -246,7 +246,7 @@ def test_batches_keep_each_scope_in_order(
     with start_worker(store):
         for s in scopes:
             for op_id in sent[s["user_id"]]:
-                producer.wait(op_id, timeout=20)
+                producer.wait(s, op_id, timeout=20)
     for i, s in enumerate(scopes):
         got = sorted(store.receipts(scope=s, limit=100), key=lambda r: r.scope_revision)
         assert [r.operation_id for r in got] == sent[s["user_id"]]

@@ -81,6 +81,13 @@ _SCOPE_FILTERS = [
     ],
     _query("exact", _FLAG, "true: fields equal the values given."),
 ]
+# An operation id is its scope's: the scope an operation is looked up in. A token's is
+# its own (another is 404); the operator's may be left out when one scope holds the id.
+_OPERATION_SCOPE = [
+    _query(f, string(MAX_SCOPE_VALUE_CHARS), "The operation's scope, by its fields.")
+    for f in SCOPE_FIELDS
+]
+
 _RECEIPT_FILTERS = [
     _query("scope", {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}, "A scope's id."),
     *[
@@ -122,7 +129,9 @@ _ERRORS = {
         "A revision or operation conflict, or an asserted record a model may not change "
         "(revision_conflict, operation_conflict, asserted_record, embedding_mismatch), or "
         "a bulk action's letters changed since its dry run (selection_changed), or a "
-        "generation that is not pending cannot be cancelled (generation_not_pending)."
+        "generation that is not pending cannot be cancelled (generation_not_pending), or "
+        "an operation id the operator left the scope out of is in several scopes "
+        "(operation_ambiguous, with the scopes that hold it)."
     ),
     "413": "The body is too large (code too_large).",
     "415": "The body is not application/json (code unsupported_media_type).",
@@ -370,11 +379,13 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/operations/{operation_id}": {
         "get": _op(
-            "An operation's state: waiting, committed, refused or failed (dead-lettered); "
-            "404 when it has no receipt, no reply and no entry in the streams' backlog",
+            "An operation's state in its scope: waiting, committed, refused or failed "
+            "(dead-lettered); 404 when it has no receipt, no reply and no entry in the "
+            "streams' backlog; 409 operation_ambiguous when the scope is left out and "
+            "several scopes hold the id",
             {"200": _json(ref("OperationState"), "Its state.")},
-            parameters=[_OPERATION_ID],
-            errors=("400", "401", "404", "503"),
+            parameters=[_OPERATION_ID, *_OPERATION_SCOPE],
+            errors=("400", "401", "404", "409", "503"),
         )
     },
     "/api/v1/receipts": {
@@ -387,9 +398,10 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/receipts/{operation_id}": {
         "get": _op(
-            "A receipt (a refusal's too)",
+            "A receipt (a refusal's too) in its scope, as the operation's state",
             {"200": _json(ref("Receipt"), "The receipt.")},
-            parameters=[_OPERATION_ID],
+            parameters=[_OPERATION_ID, *_OPERATION_SCOPE],
+            errors=("400", "401", "404", "409", "503"),
         )
     },
     "/api/v1/records/{record_id}": {

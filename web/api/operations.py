@@ -4,6 +4,7 @@ receipt), an operation's state, receipts."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -11,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from engram.store import Operation, Scope
 from engram.store.errors import EngramError, InvalidRequestError, NotFoundError
+from engram.store.values import SCOPE_FIELDS
 from engram.store.write.operations import OPERATION_KINDS, Forget, new_operation_id
 from engram.worker import Pending
 
@@ -18,9 +20,9 @@ from ..auth import grant_of
 from ..bodies import read_json, why_of
 from ..params import Query, ident
 from ..render import path_quote
-from ..scoped import capable, hide_unless_own, own_scope
+from ..scoped import capable, own_scope
 from ..state import actor_of, web_of
-from ..views.receipts import RECEIPT_FILTERS, operation_state, receipt_filter, unknown_operation
+from ..views.receipts import RECEIPT_FILTERS, asked_scope, operation_state, receipt_filter
 from ..views.records import audit_forget
 from .serialize import page_json, receipt_json
 
@@ -43,7 +45,9 @@ async def enqueue(request: Request) -> Response:
     replied = await pending.replied(wait)
     if replied is None:
         return JSONResponse(accepted, status_code=202)
-    item = await run_in_threadpool(web.services.store.browse.receipt, pending.operation_id)
+    item = await run_in_threadpool(
+        web.services.store.browse.receipt, pending.operation_id, pending.scope
+    )
     if item is None:  # the receipt was pruned meanwhile: say what the worker said
         raise NotFoundError(f"operation {pending.operation_id} committed, but its receipt is gone")
     # The commit position (with a read replica): a read passing it as ``after`` sees this.
@@ -77,13 +81,15 @@ def _enqueue(request: Request, body: Any) -> tuple[float | None, Pending, dict[s
         web.services.store.tokens.vouch(grant, op.operation_id)
     pending = web.services.producer.enqueue(op)
     if isinstance(op.request, Forget):
-        audit_forget(request, op.request.id, op.operation_id, why)
+        audit_forget(request, op.request.id, op.operation_id, why, op.scope)
     accepted = {
         "operation_id": op.operation_id,
         "partition": pending.partition,
         "entry": pending.entry_id,
         "state": "enqueued",
-        "status_url": f"/api/v1/operations/{path_quote(op.operation_id)}",
+        # An operation id is its scope's: the operator's look-up names it.
+        "status_url": f"/api/v1/operations/{path_quote(op.operation_id)}"
+        + ("" if grant is not None else f"?{urlencode(op.scope.as_dict())}"),
     }
     return wait, pending, accepted
 
@@ -99,14 +105,13 @@ def _scope_given(body: dict[str, Any]) -> Any:
 
 
 def operation(request: Request) -> Response:
-    """A token sees the operations it asked for, and those its scope's receipts record."""
-    Query.of(request)  # takes none
+    """An operation of the asker's scope: a token's own (an id used only in another scope
+    is 404, as one never used); the operator's, named by its fields or, left out, the
+    one scope that holds the id (409 ``operation_ambiguous``, naming them, if several)."""
+    q = Query.of(request, *SCOPE_FIELDS)
     op_id = ident(request.path_params["operation_id"], "operation id")
-    grant = capable(request, "operation")
-    if grant is not None and not web_of(request).services.store.tokens.made(grant, op_id):
-        item = web_of(request).services.store.browse.receipt(op_id)
-        hide_unless_own(grant, item.receipt.scope if item else None, unknown_operation(op_id))
-    state = operation_state(request, op_id)
+    capable(request, "operation")
+    state = operation_state(request, op_id, asked_scope(request, q))
     return JSONResponse(
         {
             "operation_id": op_id,
@@ -126,12 +131,11 @@ def receipts(request: Request) -> Response:
 
 
 def receipt(request: Request) -> Response:
-    Query.of(request)  # takes none
+    """As ``operation``: the receipt of an operation of the asker's scope."""
+    q = Query.of(request, *SCOPE_FIELDS)
     op_id = ident(request.path_params["operation_id"], "operation id")
-    grant = capable(request, "operation")
-    item = web_of(request).services.store.browse.receipt(op_id)
-    unknown = NotFoundError(f"no receipt for operation {op_id} (maybe lost to a restore)")
+    capable(request, "operation")
+    item = web_of(request).services.store.browse.receipt(op_id, asked_scope(request, q))
     if item is None:
-        raise unknown
-    hide_unless_own(grant, item.receipt.scope, unknown)
+        raise NotFoundError(f"no receipt for operation {op_id} (maybe lost to a restore)")
     return JSONResponse(receipt_json(item))

@@ -230,7 +230,9 @@ def earlier_attempts(request: Request, letter: DeadLetter) -> list[AuditEntry]:
 def retry(request: Request, form: dict[str, str]) -> Response:
     letter, _, _ = retry_letter(request, why_of(form.get("why")))
     if letter.operation_id:
-        return RedirectResponse(f"/operations/{path_quote(letter.operation_id)}", 303)
+        scope = letter.scope  # an operation id is its scope's: the page is told which
+        query = f"?{urlencode(scope.as_dict())}" if scope is not None else ""
+        return RedirectResponse(f"/operations/{path_quote(letter.operation_id)}{query}", 303)
     return RedirectResponse("/dead-letters", 303)
 
 

@@ -4,18 +4,22 @@ from enqueued to committed (and, for a forget, its redaction), polled until done
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engram.store import ReceiptFilter, ReceiptItem
-from engram.store.errors import EngramError, NotFoundError
+from engram.store import ReceiptFilter, ReceiptItem, Scope
+from engram.store.errors import EngramError, NotFoundError, OperationAmbiguousError
+from engram.store.rows import scope_from_key
 from engram.store.values import SCOPE_FIELDS
 from engram.store.write.operations import OPERATION_KINDS
-from engram.worker import layout
+from engram.worker import keys, layout
 
-from ..backlog import Backlog, find
+from ..auth import grant_of
+from ..backlog import Backlog, find, scopes_holding
 from ..params import Query, ident
+from ..scoped import own_scope
 from ..state import web_of
 
 RECEIPT_FILTERS = (
@@ -68,10 +72,23 @@ def receipt_list(request: Request) -> Response:
     )
 
 
+def asked_scope(request: Request, q: Query) -> Scope | None:
+    """The scope an operation id is looked up in (an operation id identifies an operation
+    within its scope): a token's own, whatever is asked (another is 404, as for an id
+    never used); the operator's, given by its fields (``?user_id=ada``), or None: then
+    every scope is looked in (``OperationAmbiguousError`` when several hold the id)."""
+    given = q.scope_match()
+    scope = Scope.of(given) if given else None
+    grant = grant_of(request)
+    if grant is not None:
+        return Scope.of(own_scope(grant, scope))
+    return scope
+
+
 def receipt_page(request: Request) -> Response:
-    Query.of(request)  # takes none
+    q = Query.of(request, *SCOPE_FIELDS)
     op_id = ident(request.path_params["operation_id"], "operation id")
-    item = web_of(request).services.store.browse.receipt(op_id)
+    item = web_of(request).services.store.browse.receipt(op_id, asked_scope(request, q))
     if item is None:
         raise NotFoundError(f"no receipt for operation {op_id} (maybe lost to a restore)")
     return web_of(request).render.page(request, "receipt.html", item=item, receipt=item.receipt)
@@ -86,6 +103,12 @@ class OperationState:
     # Waiting again: an earlier delivery failed (this error), and the operation was
     # enqueued again (a dead letter retried) since.
     earlier: EngramError | None = None
+    scope: Scope | None = None  # whose operation it is, when known
+
+    @property
+    def scope_query(self) -> str:
+        """The scope as the query of this operation's links (``?user_id=ada``), or ''."""
+        return "?" + urlencode(self.scope.as_dict()) if self.scope is not None else ""
 
     @property
     def done(self) -> bool:
@@ -95,31 +118,59 @@ class OperationState:
         return self.item is None or self.item.receipt.redaction != "pending"
 
 
-def operation_state(request: Request, op_id: str) -> OperationState:
+def operation_state(request: Request, op_id: str, scope: Scope | None) -> OperationState:
     """``NotFoundError`` for an id with no receipt, no reply and no entry in the
-    backlog: one never sent (or mistyped) would otherwise wait forever.
+    backlog (of ``scope``): one never sent (or mistyped) would otherwise wait forever.
+    Without a scope (the operator's look-up), the scope is the one whose receipt holds
+    the id (``OperationAmbiguousError`` when several do).
 
     A failure is final for one delivery, not for the operation: while the operation is
     in the backlog again (its dead letter retried), it is waiting, and the page goes on
     following it."""
-    known = _settled_state(request, op_id)
+    if scope is None:
+        scope = _scope_of(request, op_id)
+    known = _settled_state(request, op_id, scope)
     if known is not None and known.state != "failed":
         return known
-    backlog = _backlog(request, op_id)
+    backlog = _backlog(request, op_id, scope)
     if backlog is Backlog.FOUND:
-        return OperationState(op_id, "waiting", None, None, earlier=known.error if known else None)
+        earlier = known.error if known else None
+        return OperationState(op_id, "waiting", None, None, earlier=earlier, scope=scope)
     # It may have committed (its entry deleted) while the streams were read.
-    again = _settled_state(request, op_id)
+    again = _settled_state(request, op_id, scope)
     if again is not None:
         return again
     if backlog is Backlog.ABSENT:
         raise unknown_operation(op_id)
-    return OperationState(op_id, "waiting", None, None)
+    return OperationState(op_id, "waiting", None, None, scope=scope)
 
 
-def _backlog(request: Request, op_id: str) -> Backlog:
+def _scope_of(request: Request, op_id: str) -> Scope | None:
+    """The operator's look-up without a scope: the scope whose receipt holds the id, else
+    the scope of its entries still in the backlog or the dead letters (a failed delivery's
+    reply is found by its scope); ``OperationAmbiguousError`` when several hold it."""
+    item = web_of(request).services.store.browse.receipt(op_id)
+    if item is not None:
+        return item.receipt.scope
     producer = web_of(request).services.producer
-    return find(producer.client, op_id, layout.live_streams(producer.client, producer.partitions))
+    streams = [*layout.live_streams(producer.client, producer.partitions), keys.DEAD_LETTERS]
+    found = sorted(scopes_holding(producer.client, op_id, streams))
+    if len(found) > 1:
+        raise OperationAmbiguousError(
+            f"operation {op_id} is in {len(found)} scopes: name its scope",
+            scopes=[scope_from_key(k).as_dict() for k in found],
+        )
+    return scope_from_key(found[0]) if found else None
+
+
+def _backlog(request: Request, op_id: str, scope: Scope | None) -> Backlog:
+    producer = web_of(request).services.producer
+    return find(
+        producer.client,
+        op_id,
+        layout.live_streams(producer.client, producer.partitions),
+        scope_key=scope.key if scope is not None else None,
+    )
 
 
 def unknown_operation(op_id: str) -> NotFoundError:
@@ -129,24 +180,26 @@ def unknown_operation(op_id: str) -> NotFoundError:
     )
 
 
-def _settled_state(request: Request, op_id: str) -> OperationState | None:
+def _settled_state(request: Request, op_id: str, scope: Scope | None) -> OperationState | None:
+    if scope is None:  # no receipt in any scope; a reply is found by its scope
+        return None
     services = web_of(request).services
-    item = services.store.browse.receipt(op_id)
+    item = services.store.browse.receipt(op_id, scope)
     if item is not None:
         refused = item.receipt.error is not None
-        return OperationState(op_id, "refused" if refused else "committed", item, None)
+        state = "refused" if refused else "committed"
+        return OperationState(op_id, state, item, None, scope=scope)
     # Not in the store: the reply says if it was dead-lettered.
-    reply = services.producer.results([op_id]).get(op_id)
+    reply = services.producer.results(scope, [op_id]).get(op_id)
     if isinstance(reply, EngramError):
-        return OperationState(op_id, "failed", None, reply)
+        return OperationState(op_id, "failed", None, reply, scope=scope)
     if reply is not None:  # committed, its receipt not (or no longer) readable: as before
-        return OperationState(op_id, "waiting", None, None)
+        return OperationState(op_id, "waiting", None, None, scope=scope)
     return None
 
 
 def operation_page(request: Request) -> Response:
-    Query.of(request)  # takes none
+    q = Query.of(request, *SCOPE_FIELDS)
     op_id = ident(request.path_params["operation_id"], "operation id")
-    return web_of(request).render.page(
-        request, "operation.html", "_operation.html", op=operation_state(request, op_id)
-    )
+    op = operation_state(request, op_id, asked_scope(request, q))
+    return web_of(request).render.page(request, "operation.html", "_operation.html", op=op)

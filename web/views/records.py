@@ -4,11 +4,12 @@ ways, the receipts that touched it; forgetting it, after a confirmation."""
 from __future__ import annotations
 
 import uuid
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from engram.store import ReceiptFilter
+from engram.store import ReceiptFilter, Scope
 from engram.store.errors import NotFoundError
 
 from ..bodies import why_of
@@ -56,7 +57,12 @@ def record_page(request: Request) -> Response:
         history_paged=q.cursor() is not None,
         revisions=browse.revision_count(record_id),
         diffs=diffs,
-        asked_by=browse.asked_by([r.operation_id for r in history.items]),
+        asked_by={
+            op_id: by
+            for (_, op_id), by in browse.asked_by(
+                [(item.record.scope.key, r.operation_id) for r in history.items]
+            ).items()
+        },
         backlinks=browse.linked_from(record_id, item.scope_id),
         receipts=receipts,
         readers=web.services.store.tokens.reads_of_record(record_id),
@@ -104,13 +110,25 @@ def forget(request: Request, form: dict[str, str]) -> Response:
         operation_id=f"dashboard:forget:{uuid.uuid4().hex}",
         requested_by=operator_of(request).name,
     )
-    audit_forget(request, record_id, pending.operation_id, why_of(form.get("why")))
-    return RedirectResponse(f"/operations/{path_quote(pending.operation_id)}", status_code=303)
+    audit_forget(request, record_id, pending.operation_id, why_of(form.get("why")), scope)
+    return RedirectResponse(
+        f"/operations/{path_quote(pending.operation_id)}?{urlencode(scope.as_dict())}",
+        status_code=303,
+    )
 
 
-def audit_forget(request: Request, record_id: str, operation_id: str, why: str | None) -> None:
+def audit_forget(
+    request: Request, record_id: str, operation_id: str, why: str | None, scope: Scope
+) -> None:
     """A forget sent from the dashboard or the API: who asked, and why, in the audit
-    trail (the receipt says who too; the why has no other home)."""
+    trail (the receipt says who too; the why has no other home). Only for a record (or
+    a tombstone) of the forget's scope: a forget of an id the scope does not hold is a
+    no-op, and writes nothing that names another scope's record (issue 36)."""
+    store = web_of(request).services.store
+    if store.get(scope, record_id, include_expired=True) is None:
+        tombstone = store.browse.tombstone(record_id)
+        if tombstone is None or tombstone.scope_id != store.scope_id(scope):
+            return
     detail = {"operation_id": operation_id}
     if why is not None:
         detail["reason"] = why

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from engram.store import Scope
 from engram.store.errors import (
     EmbedderUnavailableError,
     EngramError,
@@ -84,6 +85,18 @@ class DeadLetter:
             found = _APPLIED.search(str(self.error.get("message", "")))
             return _LEGACY.get(found.group(1), code) if found else code
         return code
+
+    @property
+    def scope(self) -> Scope | None:
+        """The scope of the operation as sent, when it can be read (an operation id is
+        its scope's: the letter's operation is found by both)."""
+        if not self.op:
+            return None
+        try:
+            data = json.loads(self.op)
+            return Scope.of(data["scope"]) if isinstance(data, dict) else None
+        except Exception:  # anything at all: what was sent is untrusted
+            return None
 
     @property
     def detail(self) -> str | None:
@@ -197,6 +210,15 @@ return id
 # the backlog and follows the retry all the same (``web.views.receipts``).
 
 
+def _reply_key(letter: DeadLetter) -> str | None:
+    """The reply key of the letter's operation, when its id and its scope can be read
+    from what was sent (an operation id is its scope's)."""
+    scope = letter.scope
+    if not letter.operation_id or scope is None:
+        return None
+    return keys.reply(scope.key, letter.operation_id)
+
+
 def home_partition(letter: DeadLetter, now: Epoch) -> int | None:
     """The partition a retry of the letter should go to, or None when it can never succeed.
 
@@ -288,18 +310,18 @@ def requeue(
                 _take_back(client, stream, _s(new_id))
                 return None
         else:
-            reply = keys.reply(letter.operation_id or "")
+            reply = _reply_key(letter)
             new_id = client.eval(
                 _RETRY,
                 4,
                 stream,
                 keys.DEAD_LETTERS,
                 closed,
-                reply,
+                reply or keys.reply("", ""),
                 dead_id,
                 letter.op,
                 stream_max_len,
-                "1" if letter.operation_id else "0",
+                "1" if reply else "0",
             )
     except redis.ResponseError as exc:
         if str(exc).startswith(layout.MOVED):

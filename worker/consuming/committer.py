@@ -19,6 +19,7 @@ import redis
 from engram.store import Embedder, Store, WriteOptions
 from engram.store.errors import FencedError
 from engram.store.vectors.embedders import EmbedderResolver
+from engram.store.write.operations import OpKey
 from engram.store.write.reconcile import Decision
 from engram.worker import keys
 from engram.worker.causes import Cause, cause_of, strings_in
@@ -57,12 +58,13 @@ class Unappliable(Exception):
         self.cause = cause
 
 
-def unique_segments(items: Sequence[T], operation_id: Callable[[T], str]) -> list[list[T]]:
-    """Cut a batch where an operation id repeats: the store sees each id once per call."""
+def unique_segments(items: Sequence[T], operation_key: Callable[[T], OpKey]) -> list[list[T]]:
+    """Cut a batch where an operation (scope key, operation id) repeats: the store sees
+    each operation once per call."""
     segments: list[list[T]] = [[]]
-    seen: set[str] = set()
+    seen: set[OpKey] = set()
     for item in items:
-        op_id = operation_id(item)
+        op_id = operation_key(item)
         if op_id in seen:
             segments.append([])
             seen.clear()
@@ -90,12 +92,12 @@ class Committer:
         self.wait_out = wait_out
 
     def commit(
-        self, good: list[Item], *, check_replays: bool, decisions: dict[str, Decision]
+        self, good: list[Item], *, check_replays: bool, decisions: dict[OpKey, Decision]
     ) -> tuple[Outcomes, Failed]:
         """The outcomes, and the entries no commit could take (with what was raised)."""
         outcomes: Outcomes = []
         failed: Failed = []
-        for segment in unique_segments(good, lambda item: item[1].operation.operation_id):
+        for segment in unique_segments(good, lambda item: item[1].operation.key):
             try:
                 outcomes += self.execute(partitions_of(segment), segment, check_replays, decisions)
                 continue
@@ -114,7 +116,7 @@ class Committer:
         partitions: list[Partition],
         items: list[Item],
         check_replays: bool = True,
-        decisions: dict[str, Decision] | None = None,
+        decisions: dict[OpKey, Decision] | None = None,
     ) -> Outcomes:
         """Commit ``items`` under the fences of ``partitions``; the items of a partition
         lost on the way are left out (neither answered nor acknowledged)."""
@@ -132,7 +134,7 @@ class Committer:
                 options = WriteOptions(
                     fences=tuple(p.fence for p in partitions),
                     listeners=self.listeners,
-                    stream_entries={e.operation.operation_id: e.entry_id for _, e in items},
+                    stream_entries={e.operation.key: e.entry_id for _, e in items},
                     check_replays=check_replays,
                     # Decided by the model phase, on other threads: no model is called here.
                     decisions=decisions or {},

@@ -34,7 +34,7 @@ from engram.store.errors import EngramError, ModelUnavailableError
 from engram.store.models.llm import CallKind, ModelCall
 from engram.store.vectors.embedders import EmbedderResolver
 from engram.store.write.needs import infers, needs_model
-from engram.store.write.operations import Extract, Operation
+from engram.store.write.operations import Extract, Operation, OpKey
 from engram.store.write.prepare import Prepared
 from engram.store.write.reconcile import Decision
 from engram.store.write.waves import held_back, next_wave
@@ -74,7 +74,7 @@ class Released:
     unexpected), and the model calls made, for the metrics."""
 
     items: list[Item] = field(default_factory=list)
-    decisions: dict[str, Decision] = field(default_factory=dict)
+    decisions: dict[OpKey, Decision] = field(default_factory=dict)
     failures: list[tuple[Item, EngramError]] = field(default_factory=list)
     broken: list[tuple[Item, Cause]] = field(default_factory=list)
     calls: list[ModelCall] = field(default_factory=list)
@@ -234,7 +234,7 @@ class ModelPhase:
             out.failures.append((head.item, prepared.error))
         else:
             if prepared.decision is not None:
-                out.decisions[op.operation_id] = prepared.decision
+                out.decisions[op.key] = prepared.decision
             out.items.append(head.item)  # with a decision, or a replay its receipt answers
         return True
 

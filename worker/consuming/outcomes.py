@@ -87,9 +87,7 @@ class Answers:
     def add_to(self, pipe: Any) -> None:
         ttl = self.reply_ttl_s
         for (_, entry), outcome in self.outcomes:
-            send_reply(
-                pipe, entry.operation.operation_id, encode_reply(outcome, entry.entry_id), ttl
-            )
+            send_reply(pipe, entry.operation.key, encode_reply(outcome, entry.entry_id), ttl)
         for d in self.dead:
             deadletters.add(
                 pipe,
@@ -102,8 +100,10 @@ class Answers:
                 deliveries=d.deliveries,
                 epoch=d.partition.lease.epoch,
             )
-            if d.operation_id is not None:
-                send_reply(pipe, d.operation_id, encode_reply(d.error, d.entry_id), ttl)
+            if d.operation_id is not None and d.scope_key is not None:
+                send_reply(
+                    pipe, (d.scope_key, d.operation_id), encode_reply(d.error, d.entry_id), ttl
+                )
         if self.on_forget is not None:
             forgets = forget_events(self.outcomes)
             if forgets:

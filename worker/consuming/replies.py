@@ -8,10 +8,11 @@ from typing import Any
 from engram.worker import keys
 
 
-def send_reply(pipe: Any, operation_id: str, body: str, ttl_s: int) -> None:
-    """Answer an operation on its reply key (in the caller's pipeline). One element at
-    most: a redelivered operation's reply replaces the first."""
-    key = keys.reply(operation_id)
+def send_reply(pipe: Any, op_key: tuple[str, str], body: str, ttl_s: int) -> None:
+    """Answer an operation, named by (scope key, operation id), on its reply key (in the
+    caller's pipeline). One element at most: a redelivered operation's reply replaces
+    the first."""
+    key = keys.reply(*op_key)
     pipe.delete(key)
     pipe.rpush(key, body)
     pipe.expire(key, ttl_s)

@@ -40,6 +40,7 @@ class Dead:
     reason: str
     error: EngramError
     deliveries: int
+    scope_key: str | None = None  # with the operation id, where its refusal is answered
 
 
 # By (partition, entry id): two streams may give out the same entry id.
@@ -71,6 +72,7 @@ class Triage:
                         detail=cause.detail,
                     ),
                     self.deliveries.get(key, 1),
+                    entry.operation.scope.key,
                 )
             )
 
@@ -101,8 +103,9 @@ def triage(
                     item.raw,
                     item.error,
                 )
+                scope_key = item.scope_key
             elif count > max_deliveries:
-                op_id = item.operation.operation_id
+                op_id, scope_key = item.operation.operation_id, item.operation.scope.key
                 reason, raw = deadletters.DELIVERIES, raw_op(fields or {})
                 error = DeadLetteredError(
                     f"operation {op_id} was delivered {count} times without being committed",
@@ -112,5 +115,5 @@ def triage(
                 out.good.append((p, item))
                 out.raws[p.number, item.entry_id] = raw_op(fields or {})
                 continue
-            out.dead.append(Dead(p, item.entry_id, op_id, raw, reason, error, count))
+            out.dead.append(Dead(p, item.entry_id, op_id, raw, reason, error, count, scope_key))
     return out
