@@ -26,7 +26,7 @@ from ..rows import (
     scope_from_key,
     superseded_by,
 )
-from ..values import SCOPE_FIELDS, Generation, Record, check_string
+from ..values import SCOPE_FIELDS, Generation, Receipt, Record, check_string
 from .cursors import Cursors, InvalidCursorError
 from .listed import Backlink, GenerationItem, ReceiptItem, RecordItem, ScopeRow, Tombstone
 from .paging import DEFAULT_PAGE_SIZE, Page, check_limit, paged
@@ -329,15 +329,19 @@ class Browse:
             lambda r: ReceiptItem(receipt_from_row(r), r[RECEIPT_WIDTH], r[RECEIPT_WIDTH + 1]),
         )
 
-    def asked_by(self, operation_ids: Sequence[str]) -> dict[str, str | None]:
-        """Who each operation says asked for it (its receipt's ``requested_by``)."""
+    def asked_by(self, operation_ids: Sequence[str]) -> dict[str, Receipt]:
+        """The receipt of each operation: who asked for it (``requested_by``), and
+        whether that name is authenticated (a scoped token's) or only claimed, read as
+        the receipts API reads it."""
         with self.primary.connection() as conn:
             rows = conn.execute(
-                "SELECT operation_id, requested_by FROM engram_receipts"
-                " WHERE operation_id = ANY(%s)",
+                f"""SELECT {RECEIPT_COLUMNS} FROM engram_receipts c
+                    JOIN engram_scopes s ON s.id = c.scope_id
+                    WHERE c.operation_id = ANY(%s)""",
                 (list(operation_ids),),
             ).fetchall()
-        return {op_id: by for op_id, by in rows}
+        receipts = [receipt_from_row(r) for r in rows]
+        return {r.operation_id: r for r in receipts}
 
     def receipt(self, operation_id: str) -> ReceiptItem | None:
         with self.primary.connection() as conn:
