@@ -390,10 +390,25 @@ class Store:
         return found[0] if found else None
 
     def history(
-        self, scope: Scope | Mapping[str, Any], record_id: str, *, after: str | None = None
+        self,
+        scope: Scope | Mapping[str, Any],
+        record_id: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        before_revision: int | None = None,
     ) -> list[Record]:
-        """Every stored revision of a record of this scope, oldest first."""
-        params = (record_id, Scope.of(scope).key)
+        """The stored revisions of a record of this scope, oldest first: every one, or
+        with ``limit`` the newest ``limit`` (read so in SQL, never more), of those before
+        ``before_revision`` when it is given."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise InvalidRequestError("a history's limit must be a whole number")
+        params = {
+            "id": record_id,
+            "key": Scope.of(scope).key,
+            "n": limit,
+            "before": before_revision,
+        }
 
         def read() -> list[Any]:
             with self.reads.connection() as conn:
@@ -504,9 +519,14 @@ _RECORD = f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
     WHERE r.id = %(id)s AND s.key = %(key)s
       AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now())"""
 
-_HISTORY = f"""SELECT {REVISION_COLUMNS} FROM engram_revisions v
+# The newest %(n)s (NULL: all) before %(before)s (NULL: any), turned oldest first.
+_HISTORY = f"""SELECT * FROM (
+    SELECT {REVISION_COLUMNS} FROM engram_revisions v
     JOIN engram_scopes s ON s.id = v.scope_id
-    WHERE v.record_id = %s AND s.key = %s ORDER BY v.revision"""
+    WHERE v.record_id = %(id)s AND s.key = %(key)s
+      AND (%(before)s::integer IS NULL OR v.revision < %(before)s::integer)
+    ORDER BY v.revision DESC LIMIT %(n)s::integer
+) newest ORDER BY revision"""
 
 
 def _with_superseded_by(conn: psycopg.Connection[Any], rows: list[Any]) -> list[Record]:

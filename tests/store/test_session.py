@@ -369,3 +369,20 @@ def test_recorded_as_of_returns_what_the_store_believed_then(store: Store, scope
     past = mem.recall("coffee", recorded_as_of=then)
     assert [(h.record.text, h.record.revision) for h in past] == [("Ada drinks coffee.", 1)]
     assert [h.record.revision for h in mem.recall("tea", include_retracted=True)] == [3]
+
+
+def test_history_with_a_limit_reads_only_the_newest_revisions(fresh_store: Store) -> None:
+    """The bound is the query's (``LIMIT``): a page of a long history, never all of it."""
+    mem = fresh_store.session({"user_id": "ada"}, embedder=KEYWORDS)
+    fact = mem.remember("r1").records[0]
+    for n in range(2, 8):
+        mem.revise(fact.id, text=f"r{n}", expected_revision=n - 1)
+    history = fresh_store.history
+    scope = {"user_id": "ada"}
+    assert [r.revision for r in history(scope, fact.id, limit=3)] == [5, 6, 7]
+    assert [r.revision for r in history(scope, fact.id, limit=3, before_revision=5)] == [2, 3, 4]
+    assert [r.revision for r in history(scope, fact.id, limit=3, before_revision=2)] == [1]
+    assert len(history(scope, fact.id)) == 7
+    assert history({"user_id": "bob"}, fact.id, limit=3) == []
+    with pytest.raises(InvalidRequestError):
+        history(scope, fact.id, limit="3")  # type: ignore[arg-type]
