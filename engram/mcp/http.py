@@ -30,6 +30,7 @@ import anyio.to_thread
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
+from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -108,7 +109,9 @@ class Sessions(StreamableHTTPSessionManager):
         """How many open sessions the token ``subject`` holds."""
         return sum(1 for owner in self._session_owners.values() if owner["subject"] == subject)
 
-    def _admit_session(self, requestor: AuthorizationContext | None) -> Any:
+    def _admit_session(
+        self, requestor: AuthorizationContext | None
+    ) -> StreamableHTTPServerTransport | None:
         if requestor is not None and self.held_by(requestor["subject"]) >= self.per_token:
             raise TooManySessionsError(
                 f"this token holds {self.per_token} open MCP sessions, as many as it may"

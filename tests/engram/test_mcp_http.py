@@ -238,8 +238,10 @@ def test_a_token_at_its_session_cap_is_refused_and_another_token_is_not(
 ) -> None:
     env = server_env(dsn, redis_url, tmp_path / "home", ENGRAM_MCP_SESSIONS_PER_TOKEN="2")
     served = serve_web(database_url=dsn, redis_url=redis_url, env=env)
-    adaro, _ = store.tokens.create("adaro", {"user_id": "ada"}, can=["recall", "get"], by="test")
-    bob, _ = store.tokens.create("bob", {"user_id": "bob"}, by="test")
+    adaro, _ = store.tokens.create(
+        "cap-adaro", {"user_id": "ada"}, can=["recall", "get"], by="test"
+    )
+    bob, _ = store.tokens.create("cap-bob", {"user_id": "bob"}, by="test")
 
     sessions = []
     for _ in range(2):
