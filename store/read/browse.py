@@ -21,6 +21,7 @@ from ..rows import (
     RECEIPT_COLUMNS,
     RECEIPT_WIDTH,
     REVISION_COLUMNS,
+    VOUCHED,
     receipt_from_row,
     record_from_row,
     scope_from_key,
@@ -394,8 +395,9 @@ _SCOPE_ROW = """
     FROM engram_scopes s
 """
 
-_TOMBSTONE = """
-    SELECT f.record_id, f.scope_id, f.forgotten_at, f.operation_id, c.requested_by
+_TOMBSTONE = f"""
+    SELECT f.record_id, f.scope_id, f.forgotten_at, f.operation_id, c.requested_by,
+        c.operation_id IS NOT NULL AND {VOUCHED}
     FROM engram_forgotten f LEFT JOIN engram_receipts c ON c.operation_id = f.operation_id
 """
 

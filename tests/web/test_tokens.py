@@ -236,7 +236,13 @@ def test_a_tokens_write_is_authenticated_on_its_receipt_and_in_the_audit(
     assert web.client.get(f"/api/v1/operations/{op_id}", headers=bearer(other)).status_code == 404
     assert web.client.get(f"/api/v1/receipts/{op_id}", headers=bearer(other)).status_code == 404
     # A forget keeps the read log content-free; the forgotten record's page still says who read.
-    assert "Ada likes tea" not in web.client.get(f"/records/{record}").text
+    forgotten = web.client.get(f"/records/{record}").text
+    assert "Ada likes tea" not in forgotten
+    # It names who asked as the receipt does: the token, authenticated.
+    assert '<span class="authenticated"' in forgotten and "(claimed) token:" not in forgotten
+    scope_id = web.store.browse.tombstone(record).scope_id  # type: ignore[union-attr]
+    listed = web.client.get(f"/scopes/{scope_id}?status=forgotten").text
+    assert '<span class="authenticated"' in listed and "(claimed) token:" not in listed
 
 
 def test_the_record_page_and_the_receipts_api_agree_a_tokens_write_is_authenticated(
