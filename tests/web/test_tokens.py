@@ -142,7 +142,11 @@ def test_a_missing_capability_is_403(web: Web) -> None:
     secret, _ = web.store.tokens.create("agent-recall-only", scope, ["recall"], by="grace")
     auth = bearer(secret)
     assert web.client.get(f"/api/v1/records/{record}", headers=auth).status_code == 403
-    assert web.client.get(f"/api/v1/history/{record}", headers=auth).status_code == 403
+    refused = web.client.get(f"/api/v1/history/{record}", headers=auth)
+    assert refused.status_code == 403
+    assert refused.json()["error"]["message"].startswith(
+        "token agent-recall-only lacks the 'history' capability; it may use recall."
+    )
     forget = web.client.post(
         "/api/v1/operations", headers=auth, json={"kind": "forget", "request": {"id": record}}
     )
