@@ -28,6 +28,10 @@ from engram.worker.admin.deadletters import MAX_WHY_CHARS
 # in SQL; ``truncated`` says there are older ones), and how many by default.
 MAX_HISTORY = 100
 DEFAULT_HISTORY = 20
+# The most text a history answer carries, past its first revision: two revisions of the
+# longest text. A page of short revisions holds ``limit`` of them; one of long ones,
+# fewer (``truncated`` and ``next_before_revision`` page on), so no answer is large.
+MAX_HISTORY_BYTES = 256_000
 
 RecordId = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, description="a record's id")]
 OperationId = Annotated[
@@ -212,8 +216,8 @@ TOOLS: tuple[Tool, ...] = (
         title="A record's history",
         description=f"The revisions of one record, oldest first: how a fact changed, and"
         f" what it said before. Answers the newest {DEFAULT_HISTORY} (limit: up to"
-        f" {MAX_HISTORY}); when there are older ones, truncated is true and"
-        " next_before_revision pages back to them." + _FIELDS_NOTE,
+        f" {MAX_HISTORY}; fewer when their texts are long); when there are older ones,"
+        " truncated is true and next_before_revision pages back to them." + _FIELDS_NOTE,
         arguments=History,
         writes=False,
         read_only=True,

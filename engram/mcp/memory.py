@@ -260,30 +260,30 @@ class Memory:
         )
 
     async def history(self, access: Access, args: contract.History) -> Answer:
-        """A page of the newest revisions, read with ``LIMIT`` (one more than asked, to
-        know whether older ones remain): a record of a thousand revisions costs a page."""
-        found = await anyio.to_thread.run_sync(
-            lambda: self.store.history(
+        """A page of the newest revisions, bounded in the query by count and by bytes of
+        text: a record of a thousand long revisions costs a page."""
+        page = await anyio.to_thread.run_sync(
+            lambda: self.store.history_page(
                 access.scope,
                 args.record_id,
-                limit=args.limit + 1,
+                limit=args.limit,
+                max_bytes=contract.MAX_HISTORY_BYTES,
                 before_revision=args.before_revision,
             )
         )
-        if not found and args.before_revision is None:
+        kept = page.revisions
+        if not kept and args.before_revision is None:
             raise _not_found(args.record_id)
-        kept = found[-args.limit :]
-        more = len(found) > len(kept)
         await self._log_reads(access, "history", kept)
         return Answer(
             _count(len(kept), "revision")
             + f" of record {args.record_id}"
-            + (" (older ones: page back with next_before_revision)" if more else ""),
+            + (" (older ones: page back with next_before_revision)" if page.older else ""),
             {
                 "record_id": args.record_id,
                 "revisions": [record_json(r) for r in kept],
-                "truncated": more,
-                "next_before_revision": kept[0].revision if more else None,
+                "truncated": page.older,
+                "next_before_revision": kept[0].revision if page.older else None,
             },
         )
 
