@@ -45,6 +45,8 @@ from engram.store.ledger import ForgetLedger
 from engram.store.vectors.embedders import EmbedderResolver
 from engram.web import Services, WebConfig, create_app
 from engram.web.auth import Keys
+from engram.web.origins import Hosts
+from engram.web.state import WebState
 from engram.worker.embedded import runtime
 from engram.worker.producer import Producer
 from engram.worker.settings import Settings
@@ -145,8 +147,17 @@ def _with_mcp(
     except ImportError:
         log.info("no MCP at /mcp: the SDK is not installed (pip install 'engram[mcp]')")
         return app
-    memory = Memory(store, producer, embedder=embedder, wait_s=McpSettings.from_env().wait_s)
-    return http.mount(app, memory, model=settings.llm is not None)
+    mcp = McpSettings.from_env()
+    memory = Memory(store, producer, embedder=embedder, wait_s=mcp.wait_s)
+    web: WebState = app.state.web
+    return http.mount(
+        app,
+        memory,
+        mcp,
+        model=settings.llm is not None,
+        hosts=Hosts(web.config.hosts),
+        limiter=web.limiter,
+    )
 
 
 def port_chosen(port: int | None = None, env: Mapping[str, str] | None = None) -> bool:

@@ -24,7 +24,7 @@ from .read.metadata_filter import MetadataFilter
 from .read.paging import Page
 from .read.receipt_filter import ReceiptFilter
 from .session import ForgetEvent, ForgetListener, Session
-from .store import ScopeSummary, Store
+from .store import RevisionPage, ScopeSummary, Store
 from .tokens import Grant, Tokens
 from .values import (
     Fence,
@@ -90,6 +90,7 @@ __all__ = [
     "RecordRef",
     "ReembedResult",
     "RevisionConflictError",
+    "RevisionPage",
     "SchemaVersionError",
     "Scope",
     "ScopeRow",

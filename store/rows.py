@@ -15,9 +15,16 @@ REVISION_COLUMNS = """
     v.sources, v.links, v.status, v.digest, v.operation_id, v.recorded_at, v.expires_at
 """
 
+# Whether receipt c's requested_by is authenticated: the server that verified a scoped
+# token vouched for the operation under that name in its scope (s, the receipt's:
+# store.tokens); else it is claimed.
+VOUCHED = """EXISTS (SELECT 1 FROM engram_vouched_operations vo
+            WHERE vo.scope_key = s.key AND vo.operation_id = c.operation_id
+            AND vo.requested_by = c.requested_by)"""
+
 # How many columns RECEIPT_COLUMNS selects: a query may select more after them.
 RECEIPT_WIDTH = 19  # the columns RECEIPT_COLUMNS names
-RECEIPT_COLUMNS = """
+RECEIPT_COLUMNS = f"""
     c.operation_id, c.kind, s.key, c.scope_revision, c.committed_at, c.redacted,
     c.forgotten_revisions, c.already_forgotten, c.redaction, c.stream_entry, c.error,
     c.model_calls, c.requested_by, c.replays, c.last_replayed_at, c.redaction_reason, c.proposed,
@@ -25,9 +32,7 @@ RECEIPT_COLUMNS = """
                               ORDER BY rr.record_id, rr.revision)
               FROM engram_receipt_records rr
               WHERE rr.scope_id = c.scope_id AND rr.operation_id = c.operation_id), '[]'),
-    EXISTS (SELECT 1 FROM engram_vouched_operations vo
-            WHERE vo.scope_key = s.key AND vo.operation_id = c.operation_id
-            AND vo.requested_by = c.requested_by)
+    {VOUCHED}
 """
 
 _scope_cache: dict[str, Scope] = {}

@@ -63,6 +63,15 @@ class ScopeSummary:
     records: int
 
 
+@dataclass(frozen=True, slots=True)
+class RevisionPage:
+    """The newest revisions of a record asked for, oldest first, and whether older
+    ones remain (``Store.history_page``)."""
+
+    revisions: list[Record]
+    older: bool
+
+
 class Store:
     def __init__(
         self,
@@ -414,16 +423,68 @@ class Store:
         return found[0] if found else None
 
     def history(
-        self, scope: Scope | Mapping[str, Any], record_id: str, *, after: str | None = None
+        self,
+        scope: Scope | Mapping[str, Any],
+        record_id: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        before_revision: int | None = None,
     ) -> list[Record]:
-        """Every stored revision of a record of this scope, oldest first."""
-        params = (record_id, Scope.of(scope).key)
+        """The stored revisions of a record of this scope, oldest first: every one, or
+        with ``limit`` the newest ``limit`` (read so in SQL, never more), of those before
+        ``before_revision`` when it is given."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise InvalidRequestError("a history's limit must be a whole number")
+        params = {
+            "id": record_id,
+            "key": Scope.of(scope).key,
+            "n": limit,
+            "before": before_revision,
+        }
 
         def read() -> list[Any]:
             with self.reads.connection() as conn:
                 return conn.execute(_HISTORY, params).fetchall()
 
         return [record_from_row(r) for r in self.reads.run(read, after=after)]
+
+    def history_page(
+        self,
+        scope: Scope | Mapping[str, Any],
+        record_id: str,
+        *,
+        limit: int,
+        max_bytes: int,
+        before_revision: int | None = None,
+    ) -> RevisionPage:
+        """A page of a record's history for a reader that must stay bounded: the newest
+        revisions (before ``before_revision``), at most ``limit`` of them and, past the
+        first, no more than ``max_bytes`` of text in all. Both bounds are the query's:
+        it reads the page and one revision past it (to say whether older ones remain),
+        never the rest, whatever the record holds."""
+        for value, what in ((limit, "limit"), (max_bytes, "max_bytes")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidRequestError(
+                    f"a history page's {what} must be a whole number, 1 or more"
+                )
+        params = {
+            "id": record_id,
+            "key": Scope.of(scope).key,
+            "n": limit + 1,
+            "before": before_revision,
+            "budget": max_bytes,
+        }
+
+        def read() -> list[Any]:
+            with self.reads.connection() as conn:
+                return conn.execute(_HISTORY_PAGE, params).fetchall()
+
+        rows = self.reads.run(read)
+        kept = [r for r in rows if r[-2] == 1 or (r[-1] <= max_bytes and r[-2] <= limit)]
+        return RevisionPage(
+            [record_from_row(r) for r in reversed(kept)], older=len(rows) > len(kept)
+        )
 
     def recall(
         self,
@@ -528,9 +589,31 @@ _RECORD = f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
     WHERE r.id = %(id)s AND s.key = %(key)s
       AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now())"""
 
-_HISTORY = f"""SELECT {REVISION_COLUMNS} FROM engram_revisions v
+# The newest %(n)s (NULL: all) before %(before)s (NULL: any), turned oldest first.
+_HISTORY = f"""SELECT * FROM (
+    SELECT {REVISION_COLUMNS} FROM engram_revisions v
     JOIN engram_scopes s ON s.id = v.scope_id
-    WHERE v.record_id = %s AND s.key = %s ORDER BY v.revision"""
+    WHERE v.record_id = %(id)s AND s.key = %(key)s
+      AND (%(before)s::integer IS NULL OR v.revision < %(before)s::integer)
+    ORDER BY v.revision DESC LIMIT %(n)s::integer
+) newest ORDER BY revision"""
+
+
+# Newest first: each revision with its rank and the bytes of text up to and including
+# it. Kept: the first, and the next ones while within the budget and the limit (the
+# caller's test); read: those, and the one just past them (its text the only one more).
+_HISTORY_PAGE = f"""SELECT * FROM (
+    SELECT {REVISION_COLUMNS},
+        row_number() OVER newest AS rank,
+        sum(octet_length(v.text)) OVER newest AS upto
+    FROM engram_revisions v
+    JOIN engram_scopes s ON s.id = v.scope_id
+    WHERE v.record_id = %(id)s AND s.key = %(key)s
+      AND (%(before)s::integer IS NULL OR v.revision < %(before)s::integer)
+    WINDOW newest AS (ORDER BY v.revision DESC ROWS UNBOUNDED PRECEDING)
+    ORDER BY v.revision DESC LIMIT %(n)s::integer
+) page WHERE rank <= 2 OR upto - octet_length(text) <= %(budget)s::bigint
+ORDER BY rank"""
 
 
 def _with_superseded_by(conn: psycopg.Connection[Any], rows: list[Any]) -> list[Record]:

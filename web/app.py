@@ -36,7 +36,12 @@ from .auth import Authenticator
 from .config import WebConfig
 from .csrf import Csrf
 from .endpoints import form_endpoint, json_endpoint
-from .errors import BadRequestError, MethodNotAllowedError, StatementTimeoutError
+from .errors import (
+    BadRequestError,
+    MethodNotAllowedError,
+    RateLimitedError,
+    StatementTimeoutError,
+)
 from .middleware import (
     CHALLENGE,
     AccessLog,
@@ -46,6 +51,7 @@ from .middleware import (
     statement_timeout,
     wants_json,
 )
+from .ratelimit import Limiter
 from .render import Renderer
 from .scoped import for_tokens, refuse_unless_marked
 from .services import Services
@@ -241,6 +247,7 @@ def create_app(config: WebConfig, services: Services) -> Starlette:
         auth=auth,
         csrf=csrf,
         render=Renderer(csrf, needs_token=config.needs_token),
+        limiter=Limiter(services.redis, config.rate_limits),
     )
     return app
 
@@ -294,7 +301,7 @@ def error_page(request: Request, exc: EngramError) -> Response:
         response = web_of(request).render.page(
             request, "error.html", status_code=exc.status, error=exc, back=back_of(request)
         )
-    if isinstance(exc, StatementTimeoutError):
+    if isinstance(exc, StatementTimeoutError | RateLimitedError):
         response.headers["retry-after"] = str(exc.retry_after_s)
     if exc.status == 401:
         response.headers["www-authenticate"] = CHALLENGE

@@ -12,6 +12,8 @@ from engram.store.env import Env
 from engram.store.errors import ConfigError
 from engram.worker import defaults as worker_defaults
 
+from .ratelimit import RateLimits
+
 DEFAULT_PORT = 8700
 # Job queues the jobs page shows when ENGRAM_JOB_QUEUES does not say.
 DEFAULT_JOB_QUEUES = jobs_keys.QUEUES
@@ -64,6 +66,8 @@ class WebConfig:
     # None: no bound (``off``).
     statement_timeout_s: float | None = STATEMENT_TIMEOUT_S
     admin_statement_timeout_s: float | None = ADMIN_STATEMENT_TIMEOUT_S
+    # What a scoped token may do per minute, on the API and over MCP (web.ratelimit).
+    rate_limits: RateLimits = field(default_factory=RateLimits)
 
     @property
     def retry_after_s(self) -> int:
@@ -135,6 +139,7 @@ class WebConfig:
             admin_statement_timeout_s=read.duration_or_off(
                 "ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT", ADMIN_STATEMENT_TIMEOUT_S
             ),
+            rate_limits=RateLimits.from_env(env),
         )
 
 

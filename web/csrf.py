@@ -15,13 +15,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
 from .auth import Operator
 from .errors import ForbiddenError
+from .origins import foreign_origin
 
 CSRF_COOKIE = "engram_csrf"
 CSRF_FIELD = "csrf"
@@ -77,9 +77,5 @@ def check_same_origin(conn: HTTPConnection) -> None:
         return
     if conn.headers.get("sec-fetch-site") in ("cross-site", "same-site"):
         raise ForbiddenError("cross-site requests may not change anything")
-    origin = conn.headers.get("origin")
-    if origin is None:
-        return
-    host = conn.headers.get("host", "")
-    if origin == "null" or urlsplit(origin).netloc.lower() != host.lower():
+    if foreign_origin(conn):
         raise ForbiddenError("cross-site requests may not change anything")

@@ -44,6 +44,26 @@ class UnsupportedMediaTypeError(EngramError):
     status = 415
 
 
+class RateLimitedError(EngramError):
+    """A scoped token past its reads or writes per minute (ENGRAM_TOKEN_READS_PER_MINUTE,
+    ENGRAM_TOKEN_WRITES_PER_MINUTE): nothing was done. Answered 429 with ``Retry-After``
+    over HTTP, as a tool error over MCP; other tokens are not held back."""
+
+    code = "rate_limited"
+    status = 429
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def details(self) -> dict[str, Any]:
+        return {"retry_after_s": self.retry_after_s}
+
+    @classmethod
+    def from_dict(cls, message: str, data: Mapping[str, Any]) -> Self:
+        return cls(message, retry_after_s=int(data.get("retry_after_s", 1)))
+
+
 class UnavailableError(EngramError):
     """A server engram needs (PostgreSQL, Redis) or a feature (jobs) is not there."""
 

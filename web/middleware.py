@@ -26,7 +26,13 @@ from engram.store.tokens import Tokens
 
 from .auth import Authenticator, presented_token, verify_bearer
 from .csrf import check_same_origin
-from .errors import BadRequestError, StatementTimeoutError, UnauthorizedError, UnavailableError
+from .errors import (
+    RateLimitedError,
+    StatementTimeoutError,
+    UnauthorizedError,
+    UnavailableError,
+)
+from .origins import Hosts
 
 log = logging.getLogger("engram.web")
 access_log = logging.getLogger("engram.web.access")
@@ -197,12 +203,12 @@ class Gate(HttpLayer):
         super().__init__(app)
         self.auth = auth
         self.tokens = tokens
-        self.hosts = None if "*" in hosts else {h.lower() for h in hosts}
+        self.hosts = Hosts(hosts)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         conn = HTTPConnection(scope)
         try:
-            self._check_host(conn)
+            self.hosts.check(conn)
             check_same_origin(conn)
         except EngramError as exc:
             await error_response(scope, exc)(scope, receive, send)
@@ -231,16 +237,6 @@ class Gate(HttpLayer):
                 return
         await self.app(scope, receive, send)
 
-    def _check_host(self, conn: HTTPConnection) -> None:
-        if self.hosts is None:
-            return
-        host = conn.headers.get("host", "").lower()
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        if name not in self.hosts:
-            raise BadRequestError(
-                "this dashboard does not answer to that Host: see ENGRAM_DASHBOARD_HOSTS"
-            )
-
 
 def wants_json(scope: Scope) -> bool:
     path: str = scope.get("path", "")
@@ -256,7 +252,7 @@ def error_response(scope: Scope, exc: EngramError) -> Response:
         response = Response(f"{exc.status}: {exc.message}\n", exc.status, media_type="text/plain")
     if exc.status == 401:
         response.headers["www-authenticate"] = CHALLENGE
-    if isinstance(exc, StatementTimeoutError):
+    if isinstance(exc, StatementTimeoutError | RateLimitedError):
         response.headers["retry-after"] = str(exc.retry_after_s)
     return response
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from engram.store.errors import NotFoundError
-from engram.store.tokens import Grant
+from engram.store.tokens import CAPABILITIES, Grant
 from engram.store.values import Scope
 
 from .auth import grant_of
@@ -47,11 +47,23 @@ def refuse_unless_marked(request: Request, view: Callable[..., Any]) -> None:
 
 
 def capable(request: Request, capability: str) -> Grant | None:
-    """The request's grant if it has ``capability`` (403 if not); None for an operator."""
+    """The request's grant if it has ``capability`` (403 if not) and is within its rate
+    limit (429 if not); None for an operator."""
     grant = grant_of(request)
-    if grant is not None and not grant.allows(capability):
-        raise ForbiddenError(f"this token may not {capability}")
+    if grant is not None:
+        if not grant.allows(capability):
+            raise ForbiddenError(refusal(grant, capability))
+        web_of(request).limiter.take(grant, capability)
     return grant
+
+
+def refusal(grant: Grant, capability: str) -> str:
+    """Why a token may not use ``capability``, and what it may use instead."""
+    allowed = ", ".join(c for c in CAPABILITIES if c in grant.can)
+    return (
+        f"token {grant.name} lacks the {capability!r} capability; it may use {allowed}."
+        " Ask the operator for a token that has it"
+    )
 
 
 def own_scope(grant: Grant, given: Mapping[str, Any] | Scope | None) -> dict[str, str]:

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from .auth import Authenticator, Operator, grant_of
 from .config import WebConfig
 from .csrf import Csrf
+from .ratelimit import Limiter
 from .render import Renderer
 from .services import Services
 
@@ -48,6 +49,7 @@ class WebState:
     auth: Authenticator
     csrf: Csrf
     render: Renderer
+    limiter: Limiter
     costly: Costly = field(default_factory=Costly)
 
 

@@ -104,6 +104,13 @@ def lag(minute_number: int) -> str:
     return f"{PREFIX}:lag:{minute_number}"
 
 
+def token_rate(token_id: int, kind: str) -> str:
+    """STRING: when (ms since the epoch) a scoped token's ``kind`` (reads or writes)
+    allowance is whole again, whichever door its requests came by; expires then
+    (``web.ratelimit``)."""
+    return f"{PREFIX}:token-rate:{token_id}:{kind}"
+
+
 def worker(worker_id: str) -> str:
     """HASH: a live worker's host, pid, partitions, last beat and counters."""
     return f"{PREFIX}:worker:{worker_id}"

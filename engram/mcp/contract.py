@@ -24,8 +24,14 @@ from engram.store.limits import (
 )
 from engram.worker.admin.deadletters import MAX_WHY_CHARS
 
-# The most revisions a history answer carries (the newest; ``truncated`` says so).
+# The most revisions a history answer carries (the newest of those asked for, read so
+# in SQL; ``truncated`` says there are older ones), and how many by default.
 MAX_HISTORY = 100
+DEFAULT_HISTORY = 20
+# The most text a history answer carries, past its first revision: two revisions of the
+# longest text. A page of short revisions holds ``limit`` of them; one of long ones,
+# fewer (``truncated`` and ``next_before_revision`` page on), so no answer is large.
+MAX_HISTORY_BYTES = 256_000
 
 RecordId = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, description="a record's id")]
 OperationId = Annotated[
@@ -91,6 +97,18 @@ class Get(Arguments):
 
 class History(Arguments):
     record_id: RecordId
+    limit: Annotated[
+        int,
+        Field(ge=1, le=MAX_HISTORY, description="how many revisions at most (the newest)"),
+    ] = DEFAULT_HISTORY
+    before_revision: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="only revisions before this one: the next_before_revision of the"
+            " previous answer, to page back through older revisions",
+        ),
+    ] = None
 
 
 class Revise(Arguments):
@@ -196,8 +214,10 @@ TOOLS: tuple[Tool, ...] = (
     Tool(
         name="history",
         title="A record's history",
-        description=f"Every revision of one record, oldest first (at most the newest"
-        f" {MAX_HISTORY}): how a fact changed, and what it said before." + _FIELDS_NOTE,
+        description=f"The revisions of one record, oldest first: how a fact changed, and"
+        f" what it said before. Answers the newest {DEFAULT_HISTORY} (limit: up to"
+        f" {MAX_HISTORY}; fewer when their texts are long); when there are older ones,"
+        " truncated is true and next_before_revision pages back to them." + _FIELDS_NOTE,
         arguments=History,
         writes=False,
         read_only=True,

@@ -8,6 +8,13 @@ belongs to the token that opened it (the SDK refuses it to another), and each to
 call reads the grant verified for the very request that carries it, so a token
 revoked mid-session is refused at its next request.
 
+Before the token, the Host and the Origin are checked as the dashboard's are
+(``web.origins``, against DNS rebinding): a Host the server does not answer to is a
+400, an Origin of another site a 403. A token holds at most
+``ENGRAM_MCP_SESSIONS_PER_TOKEN`` sessions open at once (past it, its ``initialize``
+is a 429 ``too_many_sessions``, and no other token's is touched), and a session idle
+for ``ENGRAM_MCP_SESSION_IDLE`` is closed and its memory freed (the SDK reaps it).
+
 ``Doors`` puts the two apps on one ASGI server: ``/mcp`` to the MCP endpoint,
 everything else to the dashboard, and the lifespan runs the SDK's session manager
 (its task group must outlive every request).
@@ -20,23 +27,32 @@ import logging
 from typing import Any
 
 import anyio.to_thread
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
+from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engram.store import Grant, Tokens
+from engram.store.errors import EngramError, InvalidRequestError
+from engram.store.limits import MAX_ID_CHARS
 from engram.web.errors import UnauthorizedError
+from engram.web.origins import Hosts, check_origin
+from engram.web.ratelimit import Limiter
 
 from .memory import Access, Memory
 from .server import Tools
+from .settings import McpSettings
 
 log = logging.getLogger("engram.mcp")
 
 PATH = "/mcp"
 GRANT = "engram.grant"  # where a verified request's grant waits in the ASGI scope's state
 SESSION_HEADER = "mcp-session-id"
+# The id a client names itself by, so its derived operation ids are its own (opids).
+CLIENT_HEADER = "engram-client-id"
 
 
 def grant_of(ctx: ServerRequestContext[Any, Any]) -> Access:
@@ -47,22 +63,91 @@ def grant_of(ctx: ServerRequestContext[Any, Any]) -> Access:
     if request is None or not isinstance(grant, Grant):
         raise UnauthorizedError("this request carries no verified token")
     # Checked by the session manager already: the session this token opened.
-    return Access.of_grant(grant, request.headers.get(SESSION_HEADER) or "")
+    return Access.of_grant(
+        grant, request.headers.get(SESSION_HEADER), client_id(request.headers.get(CLIENT_HEADER))
+    )
+
+
+def client_id(value: str | None) -> str | None:
+    """The id a client names itself by (``Engram-Client-Id``): 1 to 200 printable
+    characters, or a refusal; none, None."""
+    if value is None:
+        return None
+    if not 0 < len(value) <= MAX_ID_CHARS or not value.isprintable():
+        raise InvalidRequestError(
+            f"{CLIENT_HEADER} is 1 to {MAX_ID_CHARS} printable characters: the id this"
+            " client names itself by"
+        )
+    return value
+
+
+class TooManySessionsError(EngramError):
+    """A token already holds as many MCP sessions as it may (ENGRAM_MCP_SESSIONS_PER_TOKEN)."""
+
+    code = "too_many_sessions"
+    status = 429
+
+
+class Sessions(StreamableHTTPSessionManager):
+    """The SDK's session manager with a cap per token. The SDK admits a session under
+    its lock and keeps each session's owner (the token, by id, as ``subject``) until the
+    session ends, however it ends (DELETE, idle, crash): counted there, concurrent
+    ``initialize`` requests of one token cannot pass the cap, and a closed session
+    frees its place."""
+
+    def __init__(self, app: Any, *, per_token: int, idle_s: float, max_sessions: int) -> None:
+        super().__init__(
+            app,
+            # Plain JSON answers (no event stream): any HTTP client can read them.
+            json_response=True,
+            session_idle_timeout=idle_s,
+            max_sessions=max_sessions,
+        )
+        self.per_token = per_token
+
+    def held_by(self, subject: str | None) -> int:
+        """How many open sessions the token ``subject`` holds."""
+        return sum(1 for owner in self._session_owners.values() if owner["subject"] == subject)
+
+    def _admit_session(
+        self, requestor: AuthorizationContext | None
+    ) -> StreamableHTTPServerTransport | None:
+        if requestor is not None and self.held_by(requestor["subject"]) >= self.per_token:
+            raise TooManySessionsError(
+                f"this token holds {self.per_token} open MCP sessions, as many as it may"
+                " (ENGRAM_MCP_SESSIONS_PER_TOKEN): end one (DELETE /mcp with its"
+                " Mcp-Session-Id) or wait for an idle one to close"
+                f" (ENGRAM_MCP_SESSION_IDLE, {self.session_idle_timeout:g} s)"
+            )
+        return super()._admit_session(requestor)
 
 
 class Endpoint:
-    """``/mcp``: the token checked, then the SDK's session manager."""
+    """``/mcp``: the Host, the Origin and the token checked, then the SDK's session
+    manager."""
 
-    def __init__(self, manager: StreamableHTTPSessionManager, tokens: Tokens) -> None:
+    def __init__(self, manager: Sessions, tokens: Tokens, hosts: Hosts) -> None:
         self.manager = manager
         self.tokens = tokens
+        self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        conn = HTTPConnection(scope)
+        try:
+            self.hosts.check(conn)
+            check_origin(conn)
+        except EngramError as exc:
+            log.warning(
+                "mcp request refused: its Host or Origin",
+                extra={"status": exc.status, "code": exc.code},
+            )
+            await _refuse(send, exc)
+            return
         secret = _bearer(scope)
         grant = await anyio.to_thread.run_sync(self.tokens.verify, secret) if secret else None
         if grant is None:
             log.info("mcp request refused: no live scoped token", extra={"status": 401})
-            await _unauthorized(send)
+            await _refuse(send, UNAUTHORIZED)
             return
         # The SDK binds a session to the principal that opened it: the token, by id.
         scope["user"] = AuthenticatedUser(
@@ -74,7 +159,11 @@ class Endpoint:
             )
         )
         scope.setdefault("state", {})[GRANT] = grant
-        await self.manager.handle_request(scope, receive, send)
+        try:
+            await self.manager.handle_request(scope, receive, send)
+        except TooManySessionsError as exc:  # raised before anything was sent
+            log.warning("mcp session refused: too many", extra={"status": exc.status})
+            await _refuse(send, exc)
 
 
 class Doors:
@@ -113,15 +202,25 @@ class Doors:
         await send({"type": "lifespan.shutdown.complete"})
 
 
-def mount(web: ASGIApp, memory: Memory, *, model: bool) -> Doors:
-    """The dashboard with ``/mcp`` beside it, on ``memory``'s services."""
-    tools = Tools(memory, grant_of, model=model)
-    manager = StreamableHTTPSessionManager(
-        app=tools.server(),
-        # Plain JSON answers (no event stream): any HTTP client can read them.
-        json_response=True,
+def mount(
+    web: ASGIApp,
+    memory: Memory,
+    settings: McpSettings,
+    *,
+    model: bool,
+    hosts: Hosts,
+    limiter: Limiter,
+) -> Doors:
+    """The dashboard with ``/mcp`` beside it, on ``memory``'s services, answering the
+    dashboard's Host names and counting against its rate limits."""
+    tools = Tools(memory, grant_of, model=model, limiter=limiter)
+    manager = Sessions(
+        tools.server(),
+        per_token=settings.sessions_per_token,
+        idle_s=settings.session_idle_s,
+        max_sessions=settings.max_sessions,
     )
-    return Doors(web, Endpoint(manager, memory.store.tokens))
+    return Doors(web, Endpoint(manager, memory.store.tokens, hosts))
 
 
 def _bearer(scope: Scope) -> str | None:
@@ -133,21 +232,19 @@ def _bearer(scope: Scope) -> str | None:
     return None
 
 
-async def _unauthorized(send: Send) -> None:
-    error = UnauthorizedError(
-        "/mcp needs a live scoped token: Authorization: Bearer egt_... (docs/agents.md)"
-    )
+UNAUTHORIZED = UnauthorizedError(
+    "/mcp needs a live scoped token: Authorization: Bearer egt_... (docs/agents.md)"
+)
+
+
+async def _refuse(send: Send, error: EngramError) -> None:
     body = json.dumps({"error": error.to_dict()}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"www-authenticate", b'Bearer realm="engram mcp"'),
-                (b"cache-control", b"no-store"),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"),
+    ]
+    if error.status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="engram mcp"'))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -45,17 +45,20 @@ BACKLOG_SCAN = 10_000
 @dataclass(frozen=True, slots=True)
 class Access:
     """Who is calling, and on what: the one scope every tool acts on (``--scope``, or the
-    token's), the session a derived operation id is bound to, and the token's grant
+    token's), the client a derived operation id is bound to (``opids``; None: a client
+    with nothing of its own, whose writes each get a fresh id), and the token's grant
     (None over stdio). A token's writes name it (``token:NAME``) as their authenticated
     actor; stdio's name no one (the local user runs the server)."""
 
     scope: Scope
-    session: str
+    session: str | None
     grant: Grant | None = None
 
     @classmethod
-    def of_grant(cls, grant: Grant, session: str) -> Access:
-        return cls(Scope.of(grant.scope), session, grant)
+    def of_grant(cls, grant: Grant, session: str | None, client_id: str | None = None) -> Access:
+        return cls(
+            Scope.of(grant.scope), opids.client_of(grant.token_id, session, client_id), grant
+        )
 
     @property
     def actor(self) -> str | None:
@@ -181,6 +184,8 @@ class Memory:
         given = getattr(args, "operation_id", None)
         if isinstance(given, str):
             return given
+        if access.session is None:
+            return opids.fresh()
         request = args.model_dump(exclude={"operation_id", *leave_out}, exclude_none=True)
         return opids.derive(access.scope, tool, request, access.session)
 
@@ -258,19 +263,30 @@ class Memory:
         )
 
     async def history(self, access: Access, args: contract.History) -> Answer:
-        revisions = await anyio.to_thread.run_sync(
-            lambda: self.store.history(access.scope, args.record_id)
+        """A page of the newest revisions, bounded in the query by count and by bytes of
+        text: a record of a thousand long revisions costs a page."""
+        page = await anyio.to_thread.run_sync(
+            lambda: self.store.history_page(
+                access.scope,
+                args.record_id,
+                limit=args.limit,
+                max_bytes=contract.MAX_HISTORY_BYTES,
+                before_revision=args.before_revision,
+            )
         )
-        if not revisions:
+        kept = page.revisions
+        if not kept and args.before_revision is None:
             raise _not_found(args.record_id)
-        kept = revisions[-contract.MAX_HISTORY :]
         await self._log_reads(access, "history", kept)
         return Answer(
-            _count(len(kept), "revision") + f" of record {args.record_id}",
+            _count(len(kept), "revision")
+            + f" of record {args.record_id}"
+            + (" (older ones: page back with next_before_revision)" if page.older else ""),
             {
                 "record_id": args.record_id,
                 "revisions": [record_json(r) for r in kept],
-                "truncated": len(kept) < len(revisions),
+                "truncated": page.older,
+                "next_before_revision": kept[0].revision if page.older else None,
             },
         )
 

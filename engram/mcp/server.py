@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import anyio.to_thread
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -25,6 +26,8 @@ from pydantic import ValidationError
 
 from engram.store.errors import EngramError, InvalidRequestError
 from engram.web.errors import ForbiddenError
+from engram.web.ratelimit import Limiter
+from engram.web.scoped import refusal
 
 from . import contract
 from .memory import Access, Answer, Memory
@@ -49,9 +52,17 @@ class UnknownToolError(EngramError):
 class Tools:
     """The tools offered (``extract`` only with a model) and how a call is answered."""
 
-    def __init__(self, memory: Memory, access_of: AccessOf, *, model: bool) -> None:
+    def __init__(
+        self,
+        memory: Memory,
+        access_of: AccessOf,
+        *,
+        model: bool,
+        limiter: Limiter | None = None,
+    ) -> None:
         self.memory = memory
         self.access_of = access_of
+        self.limiter = limiter
         self.offered = {
             t.name: t for t in contract.TOOLS if model or t.name not in contract.NEEDS_MODEL
         }
@@ -70,7 +81,12 @@ class Tools:
     async def list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=self.listed)
+        """The tools this caller may call: a token's capabilities decide (a read-only
+        token is offered the reads only); over stdio, all."""
+        grant = self.access_of(ctx).grant
+        if grant is None:
+            return types.ListToolsResult(tools=self.listed)
+        return types.ListToolsResult(tools=[t for t in self.listed if grant.allows(t.name)])
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
@@ -114,11 +130,11 @@ class Tools:
                 f"there is no tool {params.name[:64]!r}; the tools are " + ", ".join(self.offered)
             )
         access = self.access_of(ctx)
-        if access.grant is not None and not access.grant.allows(tool.name):
-            raise ForbiddenError(
-                f"this token may not {tool.name}: it lacks that capability; ask for a"
-                " token that has it"
-            )
+        grant = access.grant
+        if grant is not None and not grant.allows(tool.name):
+            raise ForbiddenError(f"the {tool.name} tool was refused: {refusal(grant, tool.name)}")
+        if self.limiter is not None:
+            await anyio.to_thread.run_sync(self.limiter.take, grant, tool.name)
         try:
             args = tool.arguments.model_validate(params.arguments or {})
         except ValidationError as exc:

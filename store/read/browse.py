@@ -21,12 +21,13 @@ from ..rows import (
     RECEIPT_COLUMNS,
     RECEIPT_WIDTH,
     REVISION_COLUMNS,
+    VOUCHED,
     receipt_from_row,
     record_from_row,
     scope_from_key,
     superseded_by,
 )
-from ..values import SCOPE_FIELDS, Generation, Record, Scope, check_string
+from ..values import SCOPE_FIELDS, Generation, Receipt, Record, Scope, check_string
 from .cursors import Cursors, InvalidCursorError
 from .listed import Backlink, GenerationItem, ReceiptItem, RecordItem, ScopeRow, Tombstone
 from .paging import DEFAULT_PAGE_SIZE, Page, check_limit, paged
@@ -335,18 +336,20 @@ class Browse:
             lambda r: ReceiptItem(receipt_from_row(r), r[RECEIPT_WIDTH], r[RECEIPT_WIDTH + 1]),
         )
 
-    def asked_by(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], str | None]:
-        """Who each operation, as (scope key, operation id), says asked for it (its
-        receipt's ``requested_by``)."""
+    def asked_by(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Receipt]:
+        """The receipt of each operation, as (scope key, operation id): who asked for it
+        (``requested_by``), and whether that name is authenticated (a scoped token's) or
+        only claimed, read as the receipts API reads it."""
         with self.primary.connection() as conn:
             rows = conn.execute(
-                "SELECT s.key, c.operation_id, c.requested_by"
-                " FROM unnest(%s::text[], %s::text[]) AS k(scope_key, op)"
-                " JOIN engram_scopes s ON s.key = k.scope_key"
-                " JOIN engram_receipts c ON c.scope_id = s.id AND c.operation_id = k.op",
+                f"""SELECT {RECEIPT_COLUMNS}
+                    FROM unnest(%s::text[], %s::text[]) AS k(scope_key, op)
+                    JOIN engram_scopes s ON s.key = k.scope_key
+                    JOIN engram_receipts c ON c.scope_id = s.id AND c.operation_id = k.op""",
                 ([k[0] for k in keys], [k[1] for k in keys]),
             ).fetchall()
-        return {(key, op_id): by for key, op_id, by in rows}
+        receipts = [receipt_from_row(r) for r in rows]
+        return {(r.scope.key, r.operation_id): r for r in receipts}
 
     def receipt(self, operation_id: str, scope: Scope | None = None) -> ReceiptItem | None:
         """The receipt of ``operation_id`` in ``scope`` (an operation id identifies an
@@ -418,9 +421,11 @@ _SCOPE_ROW = """
     FROM engram_scopes s
 """
 
-_TOMBSTONE = """
-    SELECT f.record_id, f.scope_id, f.forgotten_at, f.operation_id, c.requested_by
+_TOMBSTONE = f"""
+    SELECT f.record_id, f.scope_id, f.forgotten_at, f.operation_id, c.requested_by,
+        c.operation_id IS NOT NULL AND {VOUCHED}
     FROM engram_forgotten f
+    JOIN engram_scopes s ON s.id = f.scope_id
     LEFT JOIN engram_receipts c ON c.scope_id = f.scope_id AND c.operation_id = f.operation_id
 """
 

@@ -33,6 +33,8 @@ class Tombstone:
     forgotten_at: datetime
     operation_id: str
     requested_by: str | None
+    # A scoped token asked (its server vouched for the forget), as on the receipt.
+    authenticated: bool = False
 
 
 @dataclass(frozen=True, slots=True)

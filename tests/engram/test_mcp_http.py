@@ -13,12 +13,11 @@ import psycopg
 import pytest
 from mcp import MCPError
 
-from engram.store import Store
-from engram.store.tokens import CAPABILITIES
+from engram.store import Operation, Store, WriteResult
 from tests.helpers import rows_containing
 from tests.mcp_support import TOOLS, http_session, ok, refused, run, server_env
 from tests.redis_fixtures import InProcessWorker, wait_until
-from tests.web_fixtures import Served
+from tests.web_fixtures import EMBEDDER, Served
 
 DASHBOARD_TOKEN = "the-operators-dashboard-token-0123"
 INITIALIZE = {
@@ -154,23 +153,25 @@ def test_the_tools_through_a_token(served: Served, store: Store, dsn: str, worke
         assert rows_containing(conn, "PANGOLINSTAR") == []
 
 
-def test_a_token_without_the_capability_gets_a_tool_error(
+def test_a_token_is_offered_only_its_tools_and_told_why_another_is_refused(
     served: Served, store: Store, worker: Any
 ) -> None:
     scope = {"user_id": "reader-only"}
-    reads = [c for c in CAPABILITIES if c in ("recall", "get", "history", "operation")]
-    secret, _ = store.tokens.create("reader", scope, can=reads, by="test")
+    secret, _ = store.tokens.create("adaro", scope, can=["recall", "get"], by="test")
 
     async def main() -> None:
         async with http_session(served.url + "/mcp", secret) as s:
+            assert [t.name for t in (await s.list_tools()).tools] == ["recall", "get"]
             for tool, arguments in (
                 ("remember", {"text": "Not allowed."}),
                 ("forget", {"record_id": "x"}),
                 ("revise", {"record_id": "x", "text": "y", "expected_revision": 1}),
+                ("history", {"record_id": "x"}),
             ):
                 error = await refused(s, tool, **arguments)
                 assert error["code"] == "forbidden"
-                assert tool in error["message"]
+                assert error["message"].startswith(f"the {tool} tool was refused: token adaro")
+                assert "it may use recall, get." in error["message"]
             assert (await ok(s, "recall", query="anything"))["records"] == []
 
     run(main)
@@ -206,3 +207,215 @@ def test_bad_input_over_http_and_the_server_keeps_serving(
             assert len((await ok(s, "recall", query="serving"))["records"]) == 1
 
     run(main)
+
+
+# -- sessions: a cap per token, idle ones closed ---------------------------------------
+
+
+def opened(url: str, token: str, **headers: str) -> httpx.Response:
+    """An ``initialize`` with extra headers (Host, Origin, ...)."""
+    sent = {
+        "Accept": "application/json, text/event-stream",
+        "Authorization": f"Bearer {token}",
+        **headers,
+    }
+    return httpx.post(url + "/mcp", json=INITIALIZE, headers=sent, timeout=10)
+
+
+def ping(url: str, token: str, session: str) -> httpx.Response:
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Authorization": f"Bearer {token}",
+        "Mcp-Session-Id": session,
+        "Mcp-Protocol-Version": "2025-06-18",
+    }
+    body = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+    return httpx.post(url + "/mcp", json=body, headers=headers, timeout=10)
+
+
+def test_a_token_at_its_session_cap_is_refused_and_another_token_is_not(
+    store: Store, dsn: str, redis_url: str, tmp_path: Path, serve_web: Callable[..., Served]
+) -> None:
+    env = server_env(dsn, redis_url, tmp_path / "home", ENGRAM_MCP_SESSIONS_PER_TOKEN="2")
+    served = serve_web(database_url=dsn, redis_url=redis_url, env=env)
+    adaro, _ = store.tokens.create(
+        "cap-adaro", {"user_id": "ada"}, can=["recall", "get"], by="test"
+    )
+    bob, _ = store.tokens.create("cap-bob", {"user_id": "bob"}, by="test")
+
+    sessions = []
+    for _ in range(2):
+        answer = opened(served.url, adaro)
+        assert answer.status_code == 200
+        sessions.append(answer.headers["mcp-session-id"])
+    over = opened(served.url, adaro)
+    assert over.status_code == 429
+    assert over.json()["error"]["code"] == "too_many_sessions"
+    assert "mcp-session-id" not in over.headers
+    # Its sessions are untouched, and bob's initialize is not refused.
+    assert all(ping(served.url, adaro, s).status_code == 200 for s in sessions)
+    assert opened(served.url, bob).status_code == 200
+    # A session ended (DELETE) frees its place.
+    ended = httpx.delete(
+        served.url + "/mcp",
+        headers={"Authorization": f"Bearer {adaro}", "Mcp-Session-Id": sessions[0]},
+        timeout=10,
+    )
+    assert ended.status_code == 200
+    assert opened(served.url, adaro).status_code == 200
+    assert opened(served.url, adaro).status_code == 429
+
+
+def test_an_idle_session_is_closed_and_frees_its_place(
+    store: Store, dsn: str, redis_url: str, tmp_path: Path, serve_web: Callable[..., Served]
+) -> None:
+    env = server_env(
+        dsn,
+        redis_url,
+        tmp_path / "home",
+        ENGRAM_MCP_SESSIONS_PER_TOKEN="1",
+        ENGRAM_MCP_SESSION_IDLE="1s",
+    )
+    served = serve_web(database_url=dsn, redis_url=redis_url, env=env)
+    ada, _ = store.tokens.create("idle-ada", {"user_id": "ada"}, by="test")
+    first = opened(served.url, ada)
+    assert first.status_code == 200
+    # Refused while the first is open; admitted once the server closed it for idling
+    # (the refused attempts are not requests of that session: they do not keep it up).
+    wait_until(
+        lambda: opened(served.url, ada).status_code == 200,
+        timeout=30,
+        interval=0.5,
+        what="the idle session to be closed",
+    )
+    assert ping(served.url, ada, first.headers["mcp-session-id"]).status_code == 404
+
+
+# -- Host and Origin, against DNS rebinding --------------------------------------------
+
+
+def test_a_foreign_host_or_origin_is_refused_before_any_session(
+    store: Store, dsn: str, redis_url: str, tmp_path: Path, serve_web: Callable[..., Served]
+) -> None:
+    env = server_env(dsn, redis_url, tmp_path / "home", ENGRAM_MCP_SESSIONS_PER_TOKEN="1")
+    served = serve_web(database_url=dsn, redis_url=redis_url, env=env)
+    ada, _ = store.tokens.create("origin-ada", {"user_id": "ada"}, by="test")
+    port = served.url.rsplit(":", 1)[1]
+
+    rebound = opened(served.url, ada, Host=f"evil.example:{port}", Origin="http://evil.example")
+    assert rebound.status_code == 400
+    assert rebound.json()["error"]["code"] == "invalid_request"
+    for origin in ("http://evil.example", f"http://evil.example:{port}", "null"):
+        foreign = opened(served.url, ada, Origin=origin)
+        assert foreign.status_code == 403, origin
+        assert foreign.json()["error"]["code"] == "forbidden"
+    # None of them opened a session (the token's one place is free), and the server's
+    # own names pass, with or without an Origin.
+    own = opened(served.url, ada, Host=f"localhost:{port}", Origin=f"http://localhost:{port}")
+    assert own.status_code == 200
+    assert opened(served.url, ada).status_code == 429  # its one session is that one
+
+
+# -- derived operation ids without a session -------------------------------------------
+
+MODERN = "2026-07-28"
+
+
+def stateless_call(
+    url: str, token: str, tool: str, arguments: dict[str, Any], client: str | None = None
+) -> dict[str, Any]:
+    """A ``tools/call`` of the stateless protocol: no initialize, no session id."""
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Authorization": f"Bearer {token}",
+        "Mcp-Protocol-Version": MODERN,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": tool,
+        **({"Engram-Client-Id": client} if client is not None else {}),
+    }
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments, "_meta": meta},
+    }
+    answer = httpx.post(url + "/mcp", json=body, headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert "mcp-session-id" not in answer.headers
+    result: dict[str, Any] = answer.json()["result"]
+    assert not result.get("isError"), result
+    structured: dict[str, Any] = result["structuredContent"]
+    return structured
+
+
+def test_identical_writes_of_two_clients_without_a_session_are_both_applied(
+    served: Served, store: Store, worker: Any
+) -> None:
+    scope = {"user_id": "two-clients"}
+    laptop, _ = store.tokens.create("ada-laptop", scope, by="test")
+    phone, _ = store.tokens.create("ada-phone", scope, by="test")
+    note = {"text": "Ada takes her tea without sugar."}
+
+    # Two tokens of one scope, each its own client.
+    first = stateless_call(served.url, laptop, "remember", note)
+    second = stateless_call(served.url, phone, "remember", note)
+    # One token, two clients naming themselves.
+    third = stateless_call(served.url, laptop, "remember", note, client="laptop-1")
+    fourth = stateless_call(served.url, laptop, "remember", note, client="laptop-2")
+    # One token, a client naming nothing: each write its own operation.
+    fifth = stateless_call(served.url, laptop, "remember", note)
+    answers = [first, second, third, fourth, fifth]
+    assert all(a["state"] == "committed" and not a["replayed"] for a in answers)
+    assert len({a["operation_id"] for a in answers}) == 5
+    assert len({a["records"][0]["id"] for a in answers}) == 5
+    # A named client's retry of the same write applies once.
+    again = stateless_call(served.url, laptop, "remember", note, client="laptop-1")
+    assert again["replayed"] and again["operation_id"] == third["operation_id"]
+    assert store.scope_revision(scope) == 5
+
+
+# -- bounded reads ---------------------------------------------------------------------
+
+
+def test_history_answers_a_bounded_page_and_pages_back(
+    served: Served, store: Store, worker: Any
+) -> None:
+    scope = {"user_id": "long-history"}
+    [made] = store.execute([Operation.build("remember", scope, {"text": "v1"})], EMBEDDER)
+    assert isinstance(made, WriteResult)
+    rid = made.records[0].id
+    revises = [
+        Operation.build("revise", scope, {"id": rid, "text": f"v{n}", "expected_revision": n - 1})
+        for n in range(2, 131)
+    ]
+    store.execute(revises, EMBEDDER)
+    secret, _ = store.tokens.create("long-reader", scope, by="test")
+
+    async def main() -> list[int]:
+        async with http_session(served.url + "/mcp", secret) as s:
+            page = await ok(s, "history", record_id=rid)
+            assert [r["revision"] for r in page["revisions"]] == list(range(111, 131))
+            assert page["truncated"] and page["next_before_revision"] == 111
+            widest = await ok(s, "history", record_id=rid, limit=100)
+            assert [r["revision"] for r in widest["revisions"]] == list(range(31, 131))
+            assert (await refused(s, "history", record_id=rid, limit=101))["code"] == (
+                "invalid_request"
+            )
+            seen: list[int] = []
+            before = None
+            while True:  # paging back, oldest page last
+                args = {"before_revision": before} if before is not None else {}
+                page = await ok(s, "history", record_id=rid, limit=50, **args)
+                seen = [r["revision"] for r in page["revisions"]] + seen
+                before = page["next_before_revision"]
+                if not page["truncated"]:
+                    return seen
+
+    assert run(main) == list(range(1, 131))
+    # The read log holds what was returned, each page's revisions once.
+    logged = [r.revision for r in store.tokens.reads_by_token("long-reader", limit=1000)]
+    assert len(logged) == 20 + 100 + 130

@@ -10,6 +10,7 @@ from engram.store import LLMConfig
 from engram.store.env import Env, parse_duration
 from engram.store.errors import ConfigError
 from engram.web.config import WebConfig
+from engram.web.ratelimit import RateLimits
 from engram.worker.settings import Settings
 
 V = "ENGRAM_SOMETHING"
@@ -139,3 +140,18 @@ def test_the_model_the_dashboard_and_mcp_keep_their_forms() -> None:
         assert McpSettings.from_env({"ENGRAM_MCP_WAIT_S": wait}).wait_s == 2.0
     with pytest.raises(ConfigError, match="ENGRAM_MCP_WAIT_S"):
         McpSettings.from_env({"ENGRAM_MCP_WAIT_S": "2 minutes"})
+    mcp = McpSettings.from_env(
+        {"ENGRAM_MCP_SESSIONS_PER_TOKEN": "4", "ENGRAM_MCP_SESSION_IDLE": "90s"}
+    )
+    assert (mcp.sessions_per_token, mcp.session_idle_s, mcp.max_sessions) == (4, 90.0, 1000)
+    for name, bad in (
+        ("ENGRAM_MCP_SESSIONS_PER_TOKEN", "0"),
+        ("ENGRAM_MCP_SESSION_IDLE", "0"),
+        ("ENGRAM_MCP_SESSION_IDLE", "2d"),
+        ("ENGRAM_MCP_MAX_SESSIONS", "none"),
+    ):
+        with pytest.raises(ConfigError, match=name):
+            McpSettings.from_env({name: bad})
+    assert WebConfig.from_env({"ENGRAM_TOKEN_READS_PER_MINUTE": "off"}).rate_limits == (
+        RateLimits(None, 300)
+    )

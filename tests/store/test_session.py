@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from engram.store import (
     NotFoundError,
     OperationConflictError,
     RevisionConflictError,
+    RevisionPage,
     Store,
 )
 from tests.helpers import CountingEmbedder
@@ -369,3 +371,48 @@ def test_recorded_as_of_returns_what_the_store_believed_then(store: Store, scope
     past = mem.recall("coffee", recorded_as_of=then)
     assert [(h.record.text, h.record.revision) for h in past] == [("Ada drinks coffee.", 1)]
     assert [h.record.revision for h in mem.recall("tea", include_retracted=True)] == [3]
+
+
+def test_history_with_a_limit_reads_only_the_newest_revisions(fresh_store: Store) -> None:
+    """The bound is the query's (``LIMIT``): a page of a long history, never all of it."""
+    mem = fresh_store.session({"user_id": "ada"}, embedder=KEYWORDS)
+    fact = mem.remember("r1").records[0]
+    for n in range(2, 8):
+        mem.revise(fact.id, text=f"r{n}", expected_revision=n - 1)
+    history = fresh_store.history
+    scope = {"user_id": "ada"}
+    assert [r.revision for r in history(scope, fact.id, limit=3)] == [5, 6, 7]
+    assert [r.revision for r in history(scope, fact.id, limit=3, before_revision=5)] == [2, 3, 4]
+    assert [r.revision for r in history(scope, fact.id, limit=3, before_revision=2)] == [1]
+    assert len(history(scope, fact.id)) == 7
+    assert history({"user_id": "bob"}, fact.id, limit=3) == []
+    with pytest.raises(InvalidRequestError):
+        history(scope, fact.id, limit="3")  # type: ignore[arg-type]
+
+
+def test_a_history_page_is_bounded_by_count_and_by_bytes_of_text(fresh_store: Store) -> None:
+    """``history_page``: the newest revisions within a limit and a text budget (the first
+    always), and whether older ones remain."""
+    scope = {"user_id": "ada"}
+    mem = fresh_store.session(scope, embedder=KEYWORDS)
+    sizes = {1: 10, 2: 10, 3: 300, 4: 10, 5: 10, 6: 500}  # bytes of each revision's text
+    fact = mem.remember("a" * sizes[1]).records[0]
+    for n in range(2, 7):
+        mem.revise(fact.id, text=chr(96 + n) * sizes[n], expected_revision=n - 1)
+
+    def page(**kwargs: Any) -> tuple[list[int], bool]:
+        found = fresh_store.history_page(scope, fact.id, **kwargs)
+        return [r.revision for r in found.revisions], found.older
+
+    assert page(limit=10, max_bytes=10_000) == ([1, 2, 3, 4, 5, 6], False)
+    assert page(limit=2, max_bytes=10_000) == ([5, 6], True)
+    # The newest (500 bytes) is over a budget of 100: alone, and older ones remain.
+    assert page(limit=10, max_bytes=100) == ([6], True)
+    assert page(limit=10, max_bytes=520) == ([4, 5, 6], True)
+    assert page(limit=10, max_bytes=100, before_revision=4) == ([3], True)
+    assert page(limit=10, max_bytes=100, before_revision=3) == ([1, 2], False)
+    assert fresh_store.history_page({"user_id": "bob"}, fact.id, limit=5, max_bytes=100) == (
+        RevisionPage([], older=False)
+    )
+    with pytest.raises(InvalidRequestError):
+        fresh_store.history_page(scope, fact.id, limit=0, max_bytes=100)

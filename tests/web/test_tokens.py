@@ -15,11 +15,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.testclient import TestClient
 
-from engram.store import Store
+from engram.store import Operation, Store, WriteResult
 from engram.web import WebConfig
 from engram.web.app import routes
 from engram.web.auth import require_grant
-from tests.web_fixtures import BASE_URL, TOKEN, Web, make_app
+from tests.web_fixtures import BASE_URL, EMBEDDER, TOKEN, Web, make_app
 
 # What a scoped token may call (web.scoped): every other route must refuse it.
 TOKEN_ROUTES = {
@@ -142,7 +142,11 @@ def test_a_missing_capability_is_403(web: Web) -> None:
     secret, _ = web.store.tokens.create("agent-recall-only", scope, ["recall"], by="grace")
     auth = bearer(secret)
     assert web.client.get(f"/api/v1/records/{record}", headers=auth).status_code == 403
-    assert web.client.get(f"/api/v1/history/{record}", headers=auth).status_code == 403
+    refused = web.client.get(f"/api/v1/history/{record}", headers=auth)
+    assert refused.status_code == 403
+    assert refused.json()["error"]["message"].startswith(
+        "token agent-recall-only lacks the 'history' capability; it may use recall."
+    )
     forget = web.client.post(
         "/api/v1/operations", headers=auth, json={"kind": "forget", "request": {"id": record}}
     )
@@ -236,7 +240,44 @@ def test_a_tokens_write_is_authenticated_on_its_receipt_and_in_the_audit(
     assert web.client.get(f"/api/v1/operations/{op_id}", headers=bearer(other)).status_code == 404
     assert web.client.get(f"/api/v1/receipts/{op_id}", headers=bearer(other)).status_code == 404
     # A forget keeps the read log content-free; the forgotten record's page still says who read.
-    assert "Ada likes tea" not in web.client.get(f"/records/{record}").text
+    forgotten = web.client.get(f"/records/{record}").text
+    assert "Ada likes tea" not in forgotten
+    # It names who asked as the receipt does: the token, authenticated.
+    assert '<span class="authenticated"' in forgotten and "(claimed) token:" not in forgotten
+    scope_id = web.store.browse.tombstone(record).scope_id  # type: ignore[union-attr]
+    listed = web.client.get(f"/scopes/{scope_id}?status=forgotten").text
+    assert '<span class="authenticated"' in listed and "(claimed) token:" not in listed
+
+
+def test_the_record_page_and_the_receipts_api_agree_a_tokens_write_is_authenticated(
+    web: Web, start_worker: Any
+) -> None:
+    """The record page's "asked by" of each revision reads the receipt as the API does:
+    a token's write authenticated, a producer's name claimed."""
+    scope = {"user_id": "tok-page-agrees"}
+    secret, _ = web.store.tokens.create("bob-assistant", scope, by="grace")
+    with start_worker(web.store):
+        written = web.client.post(
+            "/api/v1/operations?wait=10",
+            headers=bearer(secret),
+            json={"kind": "remember", "request": {"text": "Bob prefers mornings."}},
+        )
+        assert written.status_code == 200, written.text
+    receipt = written.json()
+    assert receipt["authenticated"] is True
+    record = receipt["records"][0]["id"]
+    page = web.client.get(f"/records/{record}").text
+    asked = page[page.index('class="asked-by"') :]
+    assert asked.startswith('class="asked-by"><span class="authenticated"')
+    assert "token:bob-assistant" in asked and "(claimed) token:bob-assistant" not in page
+    # The same name sent by a producer, which nothing verified, stays claimed.
+    forged = Operation.build(
+        "remember", scope, {"text": "Planted."}, requested_by="token:bob-assistant"
+    )
+    [made] = web.store.execute([forged], EMBEDDER)
+    assert isinstance(made, WriteResult)
+    other = web.client.get(f"/records/{made.records[0].id}").text
+    assert "(claimed) token:bob-assistant" in other
 
 
 def test_the_operator_creates_lists_and_revokes_tokens_on_their_page(web: Web) -> None:

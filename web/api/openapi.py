@@ -135,6 +135,10 @@ _ERRORS = {
     ),
     "413": "The body is too large (code too_large).",
     "415": "The body is not application/json (code unsupported_media_type).",
+    "429": (
+        "A scoped token past its reads or writes of the minute (code rate_limited, with "
+        "Retry-After and retry_after_s): nothing was read or enqueued."
+    ),
     "422": "An invalid operation or argument (code invalid_request).",
     "500": "With ?wait: the operation was dead-lettered (code dead_lettered).",
     "502": "With ?wait: the model's answer was unusable (code model_output).",
@@ -665,6 +669,17 @@ PATHS: dict[str, Schema] = {
         )
     },
 }
+
+# The routes a scoped token may call (web.scoped): each counts against its rate limits.
+for _path_name, _method in (
+    ("/api/v1/operations", "post"),
+    ("/api/v1/operations/{operation_id}", "get"),
+    ("/api/v1/receipts/{operation_id}", "get"),
+    ("/api/v1/records/{record_id}", "get"),
+    ("/api/v1/history/{record_id}", "get"),
+    ("/api/v1/recall", "post"),
+):
+    PATHS[_path_name][_method]["responses"]["429"] = _json(ref("Error"), _ERRORS["429"])
 
 DOCUMENT: dict[str, Any] = {
     "openapi": "3.1.0",

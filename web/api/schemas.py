@@ -288,8 +288,9 @@ SCHEMAS: dict[str, Schema] = {
                 "required": ["code", "message"],
                 "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
                 "description": "A revision conflict adds expected, actual and attempts; "
-                "a statement_timeout (503, with Retry-After) adds retry_after_s; an "
-                "operation_ambiguous (409) adds scopes, the scopes that hold the id.",
+                "a statement_timeout (503) and a rate_limited (429), both with Retry-After, "
+                "add retry_after_s; an operation_ambiguous (409) adds scopes, the scopes "
+                "that hold the id.",
             }
         }
     ),

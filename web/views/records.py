@@ -58,8 +58,8 @@ def record_page(request: Request) -> Response:
         revisions=browse.revision_count(record_id),
         diffs=diffs,
         asked_by={
-            op_id: by
-            for (_, op_id), by in browse.asked_by(
+            op_id: receipt
+            for (_, op_id), receipt in browse.asked_by(
                 [(item.record.scope.key, r.operation_id) for r in history.items]
             ).items()
         },
