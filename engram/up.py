@@ -90,7 +90,7 @@ def run_up(
         raise InvalidRequestError("--workers (ENGRAM_WORKERS) must be at least 1")
     # A dashboard that would refuse to start (another address without a token) stops
     # ``up`` before anything starts.
-    dashboard = _dashboard_config() if web else None
+    dashboard = web_cli.dashboard_config(settings) if web else None
     session = HomeSession(settings.home, UP).open()  # or HomeInUseError
     stop = StopRequest()  # set by the signal handler: takes no lock
 
@@ -263,10 +263,6 @@ def _restore_signals(previous: dict[signal.Signals, Any]) -> None:
         signal.signal(signum, handler)
 
 
-def _dashboard_config() -> WebConfig:
-    return WebConfig.from_env()
-
-
 def _record(session: HomeSession, name: str, pid: int | None, signum: int, timeout: float) -> None:
     if pid:
         session.record(ProcessRecord.of(name, pid, stop_signal=signum, stop_timeout_s=timeout))
@@ -309,6 +305,11 @@ def _print_where(
     if dashboard is not None:
         taken = f"; port {default_port} was taken" if dashboard.port != default_port else ""
         web = f"  dashboard   {dashboard.url}  (the JSON API: /api/v1{taken})\n"
+        # The link only to a terminal: an output that is a file may be a log others read.
+        said = web_cli.sign_in_said(
+            dashboard, terminal=sys.stdout.isatty(), signin_command="engram signin"
+        )
+        web += f"  sign in     {said}\n"
     print(
         f"engram is up (ENGRAM_HOME={home}, pid {os.getpid()})\n"
         f"  PostgreSQL  {mask_url(database_url)}  ({pg})\n"

@@ -1,10 +1,14 @@
-"""The dashboard's settings, read once from the environment into a typed object."""
+"""The dashboard's settings, read once from the environment into a typed object.
+
+The operator authenticates by default: with ENGRAM_DASHBOARD_TOKEN, with the token
+of the home (``engram up`` and ``engram web`` pass it), or, for a throwaway local
+demo and only when asked (ENGRAM_DASHBOARD_OPEN), not at all."""
 
 from __future__ import annotations
 
 import ipaddress
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from engram.jobs import keys as jobs_keys
@@ -12,6 +16,7 @@ from engram.store.env import Env
 from engram.store.errors import ConfigError
 from engram.worker import defaults as worker_defaults
 
+DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8700
 # Job queues the jobs page shows when ENGRAM_JOB_QUEUES does not say.
 DEFAULT_JOB_QUEUES = jobs_keys.QUEUES
@@ -45,9 +50,15 @@ def is_loopback(host: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class WebConfig:
-    host: str = "127.0.0.1"
+    host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     token: str | None = field(default=None, repr=False)
+    # No operator token, on purpose (ENGRAM_DASHBOARD_OPEN, loopback only): whoever
+    # reaches the port is the operator ``local``, while no scoped token is live.
+    open: bool = False
+    # The token is the home's own (``engram.web.signin.home_token``): sign-in links
+    # may be printed for it to its owner.
+    home_token: bool = False
     partitions: int = worker_defaults.PARTITIONS
     lease_ttl_ms: int = worker_defaults.LEASE_TTL_MS
     job_queues: tuple[str, ...] = DEFAULT_JOB_QUEUES
@@ -80,6 +91,17 @@ class WebConfig:
                 f"refusing to serve the dashboard on {self.host}, which is not a loopback "
                 "address, without ENGRAM_DASHBOARD_TOKEN: set a token (every page and API call "
                 "will then need it), or bind 127.0.0.1"
+            )
+        if self.open and self.token is not None:
+            raise ConfigError(
+                "ENGRAM_DASHBOARD_OPEN serves the dashboard without a token: it cannot go"
+                " with ENGRAM_DASHBOARD_TOKEN; set one or the other"
+            )
+        if self.token is None and not self.open:
+            raise ConfigError(
+                "the dashboard needs an operator token: ENGRAM_DASHBOARD_TOKEN, or the home's"
+                " (engram up and engram web make one), or ENGRAM_DASHBOARD_OPEN=on for a"
+                " throwaway local demo"
             )
         for proxy in self.trusted_proxies:
             try:
@@ -118,12 +140,21 @@ class WebConfig:
         port: int | None = None,
         partitions: int = worker_defaults.PARTITIONS,
         lease_ttl_ms: int = worker_defaults.LEASE_TTL_MS,
+        home_token: Callable[[], str] | None = None,
     ) -> WebConfig:
+        """The settings of the environment. Without ENGRAM_DASHBOARD_TOKEN or
+        ENGRAM_DASHBOARD_OPEN the operator's token is ``home_token()`` (the home's, which
+        ``engram up`` and ``engram web`` pass), else there is none: a ``ConfigError``."""
         read = Env(env)
+        token = read.optional("ENGRAM_DASHBOARD_TOKEN")
+        opened = read.switch("ENGRAM_DASHBOARD_OPEN", False)
+        from_home = token is None and not opened and home_token is not None
         return cls(
-            host=host or read.text("ENGRAM_DASHBOARD_HOST", _DEFAULTS.host),
+            host=host or read.text("ENGRAM_DASHBOARD_HOST", DEFAULT_HOST),
             port=port or read.integer("ENGRAM_DASHBOARD_PORT", DEFAULT_PORT),
-            token=read.optional("ENGRAM_DASHBOARD_TOKEN"),
+            token=home_token() if from_home and home_token is not None else token,
+            open=opened,
+            home_token=from_home,
             partitions=partitions,
             lease_ttl_ms=lease_ttl_ms,
             job_queues=read.items("ENGRAM_JOB_QUEUES", ()) or DEFAULT_JOB_QUEUES,
@@ -136,6 +167,3 @@ class WebConfig:
                 "ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT", ADMIN_STATEMENT_TIMEOUT_S
             ),
         )
-
-
-_DEFAULTS = WebConfig()

@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 import anyio.to_thread
+import redis
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
@@ -27,6 +28,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engram.store import Grant, Tokens
+from engram.web import auth_refusals
 from engram.web.errors import UnauthorizedError
 
 from .memory import Access, Memory
@@ -51,17 +53,24 @@ def grant_of(ctx: ServerRequestContext[Any, Any]) -> Access:
 
 
 class Endpoint:
-    """``/mcp``: the token checked, then the SDK's session manager."""
+    """``/mcp``: the token checked, then the SDK's session manager. A refusal is logged
+    at WARNING and counted (``web.auth_refusals``)."""
 
-    def __init__(self, manager: StreamableHTTPSessionManager, tokens: Tokens) -> None:
+    def __init__(
+        self,
+        manager: StreamableHTTPSessionManager,
+        tokens: Tokens,
+        redis_client: redis.Redis | None = None,
+    ) -> None:
         self.manager = manager
         self.tokens = tokens
+        self.redis = redis_client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         secret = _bearer(scope)
         grant = await anyio.to_thread.run_sync(self.tokens.verify, secret) if secret else None
         if grant is None:
-            log.info("mcp request refused: no live scoped token", extra={"status": 401})
+            await anyio.to_thread.run_sync(self._note_refusal, secret, scope["path"])
             await _unauthorized(send)
             return
         # The SDK binds a session to the principal that opened it: the token, by id.
@@ -75,6 +84,10 @@ class Endpoint:
         )
         scope.setdefault("state", {})[GRANT] = grant
         await self.manager.handle_request(scope, receive, send)
+
+    def _note_refusal(self, secret: str | None, path: str) -> None:
+        reason, name = auth_refusals.why_token_refused(self.tokens, secret)
+        auth_refusals.note(self.redis, door="mcp", reason=reason, path=path, token_name=name)
 
 
 class Doors:
@@ -121,7 +134,7 @@ def mount(web: ASGIApp, memory: Memory, *, model: bool) -> Doors:
         # Plain JSON answers (no event stream): any HTTP client can read them.
         json_response=True,
     )
-    return Doors(web, Endpoint(manager, memory.store.tokens))
+    return Doors(web, Endpoint(manager, memory.store.tokens, memory.producer.client))
 
 
 def _bearer(scope: Scope) -> str | None:

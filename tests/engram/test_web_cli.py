@@ -12,7 +12,7 @@ import httpx
 
 from engram.store import Store
 from tests.redis_fixtures import REPO
-from tests.web_fixtures import TOKEN, Served, free_port
+from tests.web_fixtures import OPERATOR, TOKEN, Served, free_port
 
 
 def test_any_bind_but_loopback_without_a_token_refuses_to_start(dsn: str, redis_url: str) -> None:
@@ -41,17 +41,17 @@ def test_served_on_loopback_it_logs_ids_never_query_strings(
     serve_web: Callable[..., Served], store: Store, dsn: str, redis_url: str
 ) -> None:
     served = serve_web(database_url=dsn, redis_url=redis_url)
-    page = httpx.get(served.url + "/scopes?user_id=someone-private%40example.com")
+    page = httpx.get(served.url + "/scopes?user_id=someone-private%40example.com", headers=OPERATOR)
     assert page.status_code == 200 and "content-security-policy" in page.headers
     assert "server" not in page.headers  # no version banner
-    httpx.get(served.url + "/api/v1/records/mem_1?token=leaked-text")
+    httpx.get(served.url + "/api/v1/records/mem_1?token=leaked-text", headers=OPERATOR)
     served.process.send_signal(signal.SIGTERM)
     # uvicorn finishes the requests in hand, then ends by the signal it was sent.
     assert served.process.wait(timeout=20) in (0, -signal.SIGTERM)
     log = served.log()
     assert "Finished server process" in log and "color_message" not in log
     assert "engram dashboard: http://127.0.0.1:" in log
-    assert "path=/scopes status=200" in log and "operator=local" in log
+    assert "path=/scopes status=200" in log and "operator=api" in log
     assert "someone-private" not in log and "leaked-text" not in log
     assert '"GET /scopes' not in log  # uvicorn's own access log is off
 
@@ -84,7 +84,7 @@ def test_the_dashboards_connections_send_at_once() -> None:
     from engram.web.config import WebConfig
     from engram.web_cli import listen
 
-    sock, config = listen(WebConfig(host="127.0.0.1", port=free_port()), chosen=True)
+    sock, config = listen(WebConfig(host="127.0.0.1", port=free_port(), token=TOKEN), chosen=True)
     assert sock.proto == socket.IPPROTO_TCP
     nodelay: list[int] = []
 
