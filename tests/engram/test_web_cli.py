@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 
@@ -105,3 +107,68 @@ def test_the_dashboards_connections_send_at_once() -> None:
 
     asyncio.run(serve())
     assert nodelay and nodelay[0] != 0
+
+
+def test_on_a_home_it_makes_the_operators_token_and_says_how_to_sign_in(
+    serve_web: Callable[..., Served], store: Store, dsn: str, redis_url: str, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    served = serve_web(
+        database_url=dsn,
+        redis_url=redis_url,
+        env={"ENGRAM_HOME": str(home), "ENGRAM_DASHBOARD_TOKEN": ""},
+    )
+    token = (home / "dashboard.token").read_text().strip()
+    assert stat.S_IMODE((home / "dashboard.token").stat().st_mode) == 0o600
+    assert httpx.get(served.url + "/api/v1/scopes").status_code == 401
+    mine = {"Authorization": f"Bearer {token}"}
+    assert httpx.get(served.url + "/api/v1/scopes", headers=mine).status_code == 200
+    # Its output is a file: how to get a link, never one.
+    assert f"engram signin --url {served.url}/" in served.log()
+    assert "login?code=" not in served.log() and token not in served.log()
+    printed = subprocess.run(
+        [sys.executable, "-m", "engram", "signin", "--url", served.url + "/"],
+        env={**os.environ, "ENGRAM_HOME": str(home), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert printed.returncode == 0, printed.stderr
+    link = printed.stdout.strip()
+    with httpx.Client(follow_redirects=False) as browser:
+        assert browser.get(link).status_code == 303
+        assert "signed in as <b>local</b>" in browser.get(served.url + "/").text
+    assert httpx.get(link).status_code == 401  # once
+
+
+def test_served_open_on_purpose_it_is_the_operators_until_a_scoped_token_is_live(
+    serve_web: Callable[..., Served], store: Store, dsn: str, redis_url: str
+) -> None:
+    served = serve_web(
+        database_url=dsn,
+        redis_url=redis_url,
+        env={"ENGRAM_DASHBOARD_TOKEN": "", "ENGRAM_DASHBOARD_OPEN": "on"},
+    )
+    assert "WARNING" in served.log() and "served OPEN" in served.log()
+    assert httpx.get(served.url + "/api/v1/scopes").status_code == 200
+    store.tokens.create("demo-agent", {"user_id": "demo"}, by="test")
+    refused = httpx.get(served.url + "/api/v1/scopes")
+    assert refused.status_code == 401 and "ENGRAM_DASHBOARD_OPEN" in refused.text
+    store.tokens.revoke("demo-agent", by="test")
+    assert httpx.get(served.url + "/api/v1/scopes").status_code == 200
+    # Open is for loopback only, and not with a token.
+    both = subprocess.run(
+        [sys.executable, "-m", "engram", "web", "--port", "1"],
+        env={
+            **os.environ,
+            "DATABASE_URL": dsn,
+            "REDIS_URL": redis_url,
+            "ENGRAM_DASHBOARD_TOKEN": TOKEN,
+            "ENGRAM_DASHBOARD_OPEN": "on",
+            "PYTHONPATH": str(REPO),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert both.returncode == 2 and "one or the other" in both.stderr

@@ -134,11 +134,13 @@ def test_every_connection_is_bounded_and_maintenance_has_its_own_bound(bounded: 
 
 
 def test_the_bound_is_configured_as_the_other_durations() -> None:
-    assert WebConfig.from_env({}).statement_timeout_s == 5.0
-    assert WebConfig.from_env({}).admin_statement_timeout_s == 300.0
+    token = {"ENGRAM_DASHBOARD_TOKEN": TOKEN}
+    assert WebConfig.from_env(token).statement_timeout_s == 5.0
+    assert WebConfig.from_env(token).admin_statement_timeout_s == 300.0
     config = WebConfig.from_env(
-        {"ENGRAM_WEB_STATEMENT_TIMEOUT": "2s", "ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT": "1h"}
+        {**token, "ENGRAM_WEB_STATEMENT_TIMEOUT": "2s", "ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT": "1h"}
     )
     assert (config.statement_timeout_s, config.admin_statement_timeout_s) == (2.0, 3600.0)
     assert config.retry_after_s == 2
-    assert WebConfig.from_env({"ENGRAM_WEB_STATEMENT_TIMEOUT": "off"}).statement_timeout_s is None
+    off = WebConfig.from_env({**token, "ENGRAM_WEB_STATEMENT_TIMEOUT": "off"})
+    assert off.statement_timeout_s is None
