@@ -143,14 +143,17 @@ class WebConfig:
         home_token: Callable[[], str] | None = None,
     ) -> WebConfig:
         """The settings of the environment. Without ENGRAM_DASHBOARD_TOKEN or
-        ENGRAM_DASHBOARD_OPEN the operator's token is ``home_token()`` (the home's, which
-        ``engram up`` and ``engram web`` pass), else there is none: a ``ConfigError``."""
+        ENGRAM_DASHBOARD_OPEN, on loopback, the operator's token is ``home_token()`` (the
+        home's, which ``engram up`` and ``engram web`` pass); otherwise there is none: a
+        ``ConfigError``."""
         read = Env(env)
+        host = host or read.text("ENGRAM_DASHBOARD_HOST", DEFAULT_HOST)
         token = read.optional("ENGRAM_DASHBOARD_TOKEN")
         opened = read.switch("ENGRAM_DASHBOARD_OPEN", False)
-        from_home = token is None and not opened and home_token is not None
+        # Any other address is served with a token its operator chose, never by default.
+        from_home = token is None and not opened and home_token is not None and is_loopback(host)
         return cls(
-            host=host or read.text("ENGRAM_DASHBOARD_HOST", DEFAULT_HOST),
+            host=host,
             port=port or read.integer("ENGRAM_DASHBOARD_PORT", DEFAULT_PORT),
             token=home_token() if from_home and home_token is not None else token,
             open=opened,

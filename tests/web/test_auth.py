@@ -63,6 +63,9 @@ def test_every_dashboard_needs_a_token_of_some_length_unless_served_open_on_loop
     assert (opened.token, opened.open) == (None, True)
     with pytest.raises(ConfigError, match="needs an operator token"):
         WebConfig.from_env({})
+    # Another address is served only with a token its operator chose, never the home's.
+    with pytest.raises(ConfigError, match="ENGRAM_DASHBOARD_TOKEN"):
+        WebConfig.from_env({"ENGRAM_DASHBOARD_HOST": "0.0.0.0"}, home_token=lambda: home["token"])
 
 
 def test_without_the_token_nothing_is_served_but_the_probe_and_the_sign_in(
