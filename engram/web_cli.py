@@ -310,7 +310,7 @@ def serve(
         # banner) the children log warnings only.
         log.info(
             "engram dashboard: " + config.url,
-            extra={"token": "required" if config.needs_token else "none (loopback)"},
+            extra={"token": "required" if config.needs_token else "none (ENGRAM_DASHBOARD_OPEN)"},
         )
         server.run(sockets=[sock])
 
