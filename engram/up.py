@@ -10,7 +10,9 @@ embedded valkey-server is the jobs' (RQ cannot use a cluster): ``up`` then runs
 with nothing more to set, as it does everywhere else, and its children and the
 commands of the home find it (``ENGRAM_JOBS_REDIS_URL``, the run file). It migrates,
 runs the workers under a ``Supervisor`` (restarting one that dies), prints
-where everything is, then logs one line per change of state. On Ctrl-C,
+where everything is (and how the operator signs in to the dashboard, whose token is
+the home's unless ENGRAM_DASHBOARD_TOKEN is set: a one-time link to a terminal, the
+command that prints one to anything else), then logs one line per change of state. On Ctrl-C,
 SIGTERM or SIGHUP it stops the workers (each finishes its batch in hand), then
 the servers, and says ``stopped``. Killed outright, its watchdog and the
 kernel stop everything it started instead.
