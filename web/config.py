@@ -6,6 +6,7 @@ demo and only when asked (ENGRAM_DASHBOARD_OPEN), not at all."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 from collections.abc import Callable, Mapping
@@ -152,12 +153,13 @@ class WebConfig:
         opened = read.switch("ENGRAM_DASHBOARD_OPEN", False)
         # Any other address is served with a token its operator chose, never by default.
         from_home = token is None and not opened and home_token is not None and is_loopback(host)
-        return cls(
+        # Every setting is read and checked before the home's token is made: a refused
+        # one leaves no home behind (checked as if open, which the home's token replaces).
+        config = cls(
             host=host,
             port=port or read.integer("ENGRAM_DASHBOARD_PORT", DEFAULT_PORT),
-            token=home_token() if from_home and home_token is not None else token,
-            open=opened,
-            home_token=from_home,
+            token=token,
+            open=opened or from_home,
             partitions=partitions,
             lease_ttl_ms=lease_ttl_ms,
             job_queues=read.items("ENGRAM_JOB_QUEUES", ()) or DEFAULT_JOB_QUEUES,
@@ -170,3 +172,6 @@ class WebConfig:
                 "ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT", ADMIN_STATEMENT_TIMEOUT_S
             ),
         )
+        if not from_home or home_token is None:
+            return config
+        return dataclasses.replace(config, token=home_token(), open=False, home_token=True)
