@@ -30,7 +30,15 @@ from typing import Any
 
 import redis
 
-from bench.bench_web import LOADED_QUEUE, _get, load_failed_jobs, load_letters, rendered, timed
+from bench.bench_web import (
+    BENCH_TOKEN,
+    LOADED_QUEUE,
+    _get,
+    load_failed_jobs,
+    load_letters,
+    rendered,
+    timed,
+)
 from bench.common import MachineCpu, discard, fresh_database, percentile, scratch_postgres
 from engram.jobs import queues as rq_queues
 from engram.store import Store
@@ -130,7 +138,8 @@ def main() -> None:
         print(f"loaded {args.letters:,} dead letters, {args.failed_jobs:,} failed jobs")
         print(f"in {loaded_s:.0f} s (valkey holds {memory})")
         app = create_app(
-            WebConfig(), Services(store=store, redis=client, producer=Producer(client))
+            WebConfig(token=BENCH_TOKEN),
+            Services(store=store, redis=client, producer=Producer(client)),
         )
         # The jobs read back as engram's (JSON), with their error: real rows, not "unreadable".
         _, body = asyncio.run(_get(app, f"/jobs?queue={QUEUE}&state=failed"))

@@ -10,7 +10,9 @@ embedded valkey-server is the jobs' (RQ cannot use a cluster): ``up`` then runs
 with nothing more to set, as it does everywhere else, and its children and the
 commands of the home find it (``ENGRAM_JOBS_REDIS_URL``, the run file). It migrates,
 runs the workers under a ``Supervisor`` (restarting one that dies), prints
-where everything is, then logs one line per change of state. On Ctrl-C,
+where everything is (and how the operator signs in to the dashboard, whose token is
+the home's unless ENGRAM_DASHBOARD_TOKEN is set: a one-time link to a terminal, the
+command that prints one to anything else), then logs one line per change of state. On Ctrl-C,
 SIGTERM or SIGHUP it stops the workers (each finishes its batch in hand), then
 the servers, and says ``stopped``. Killed outright, its watchdog and the
 kernel stop everything it started instead.
@@ -90,7 +92,7 @@ def run_up(
         raise InvalidRequestError("--workers (ENGRAM_WORKERS) must be at least 1")
     # A dashboard that would refuse to start (another address without a token) stops
     # ``up`` before anything starts.
-    dashboard = _dashboard_config() if web else None
+    dashboard = web_cli.dashboard_config(settings) if web else None
     session = HomeSession(settings.home, UP).open()  # or HomeInUseError
     stop = StopRequest()  # set by the signal handler: takes no lock
 
@@ -263,10 +265,6 @@ def _restore_signals(previous: dict[signal.Signals, Any]) -> None:
         signal.signal(signum, handler)
 
 
-def _dashboard_config() -> WebConfig:
-    return WebConfig.from_env()
-
-
 def _record(session: HomeSession, name: str, pid: int | None, signum: int, timeout: float) -> None:
     if pid:
         session.record(ProcessRecord.of(name, pid, stop_signal=signum, stop_timeout_s=timeout))
@@ -309,6 +307,11 @@ def _print_where(
     if dashboard is not None:
         taken = f"; port {default_port} was taken" if dashboard.port != default_port else ""
         web = f"  dashboard   {dashboard.url}  (the JSON API: /api/v1{taken})\n"
+        # The link only to a terminal: an output that is a file may be a log others read.
+        said = web_cli.sign_in_said(
+            dashboard, terminal=sys.stdout.isatty(), signin_command="engram signin"
+        )
+        web += f"  sign in     {said}\n"
     print(
         f"engram is up (ENGRAM_HOME={home}, pid {os.getpid()})\n"
         f"  PostgreSQL  {mask_url(database_url)}  ({pg})\n"

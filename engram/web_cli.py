@@ -3,7 +3,10 @@
 It finds PostgreSQL and Redis as the other commands do (DATABASE_URL and
 REDIS_URL, else the run file of an ``engram up`` on this ENGRAM_HOME), binds
 127.0.0.1 unless told otherwise, and refuses any other address without
-ENGRAM_DASHBOARD_TOKEN. ``build`` is what ``engram up`` can serve as well. With the
+ENGRAM_DASHBOARD_TOKEN. Without that token the operator's is the home's
+(``web.signin``): every page and API call asks for it, on loopback too, unless
+ENGRAM_DASHBOARD_OPEN serves a throwaway demo open. ``engram signin`` prints a
+one-time sign-in link. ``build`` is what ``engram up`` can serve as well. With the
 MCP SDK installed (``engram[mcp]``), the same server answers MCP at ``/mcp``, each
 request with a scoped token (``engram.mcp.http``).
 
@@ -27,6 +30,7 @@ import dataclasses
 import logging
 import os
 import socket
+import sys
 import threading
 from collections.abc import Iterator, Mapping
 from types import FrameType
@@ -43,11 +47,11 @@ from engram.store import Store
 from engram.store.errors import ConfigError
 from engram.store.ledger import ForgetLedger
 from engram.store.vectors.embedders import EmbedderResolver
-from engram.web import Services, WebConfig, create_app
+from engram.web import Services, WebConfig, create_app, signin
 from engram.web.auth import Keys
 from engram.web.origins import Hosts
 from engram.web.state import WebState
-from engram.worker.embedded import runtime
+from engram.worker.embedded import runfile, runtime
 from engram.worker.producer import Producer
 from engram.worker.settings import Settings
 
@@ -212,13 +216,43 @@ class _NoColour(logging.Filter):
         return True
 
 
-def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
-    config = WebConfig.from_env(
-        host=args.host,
-        port=args.port,
+def dashboard_config(
+    settings: Settings, *, host: str | None = None, port: int | None = None
+) -> WebConfig:
+    """The dashboard's settings, its operator token the home's unless
+    ENGRAM_DASHBOARD_TOKEN (or ENGRAM_DASHBOARD_OPEN) says otherwise."""
+    return WebConfig.from_env(
+        host=host,
+        port=port,
         partitions=settings.worker.partitions,
         lease_ttl_ms=settings.worker.lease_ttl_ms,
+        home_token=lambda: signin.home_token(settings.home),
     )
+
+
+def sign_in_said(config: WebConfig, *, terminal: bool, signin_command: str) -> str:
+    """How the operator signs in, for a banner: a one-time link to a terminal (never to
+    an output that may be a log), else the command that prints one."""
+    if config.open:
+        return "none: OPEN, whoever reaches the port is the operator (ENGRAM_DASHBOARD_OPEN)"
+    if not config.home_token or config.token is None:
+        return "with ENGRAM_DASHBOARD_TOKEN"
+    if terminal:
+        return signin.link(config.url, config.token) + "  (one use)"
+    return f"`{signin_command}` prints a one-time link (this output is no terminal)"
+
+
+def warn_if_open(config: WebConfig) -> None:
+    if config.open:
+        log.warning(
+            "the dashboard is served OPEN (ENGRAM_DASHBOARD_OPEN): whoever reaches its port"
+            " is the operator, until a scoped token is live; for a throwaway demo only",
+            extra={"url": config.url},
+        )
+
+
+def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
+    config = dashboard_config(settings, host=args.host, port=args.port)
     logging.getLogger("uvicorn.error").addFilter(_NoColour())
     # The jobs' Redis first: one that cannot be named is refused before a port is bound
     # (or a taken default one is said to give way), so the refusal is all that is said.
@@ -227,7 +261,30 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
             sock, config = inherited(args.fd, config)
         else:
             sock, config = listen(config, chosen=port_chosen(args.port))
+            said = sign_in_said(
+                config,
+                terminal=sys.stdout.isatty(),
+                signin_command=f"engram signin --url {config.url}",
+            )
+            print(f"engram dashboard: {config.url}\n  sign in: {said}", flush=True)
+        warn_if_open(config)
         serve(settings, config, sock, jobs_client, embedder=not args.no_embedder)
+    return 0
+
+
+def cmd_signin(settings: Settings, args: argparse.Namespace) -> int:
+    """Print a one-time sign-in link to the dashboard of this home's ``engram up`` (or
+    at ``--url``)."""
+    url = args.url or (runfile.read_live(settings.home) or {}).get("dashboard_url")
+    if not url:
+        raise ConfigError(
+            "no dashboard to sign in to: start `engram up` on this ENGRAM_HOME"
+            f" ({settings.home.resolve()}), or pass --url (where `engram web` serves)"
+        )
+    config = dashboard_config(settings)
+    if config.token is None:
+        raise ConfigError("ENGRAM_DASHBOARD_OPEN is set: that dashboard has no sign-in")
+    print(signin.link(str(url), config.token), flush=True)
     return 0
 
 
@@ -267,7 +324,7 @@ def serve(
         # banner) the children log warnings only.
         log.info(
             "engram dashboard: " + config.url,
-            extra={"token": "required" if config.needs_token else "none (loopback)"},
+            extra={"token": "required" if config.needs_token else "none (ENGRAM_DASHBOARD_OPEN)"},
         )
         server.run(sockets=[sock])
 
@@ -310,3 +367,9 @@ def register(sub: Any) -> None:
         help="do not load the embedder: recall in the dashboard is then by text only",
     )
     web.set_defaults(run=cmd_web)
+    link = sub.add_parser(
+        "signin",
+        help="print a one-time sign-in link to the dashboard (that of this home's engram up)",
+    )
+    link.add_argument("--url", default=None, help="the dashboard's URL (default: the run file's)")
+    link.set_defaults(run=cmd_signin)

@@ -256,6 +256,32 @@ class Tokens:
             return None
         return Grant(row[0], row[1], scope_from_key(row[2]).as_dict(), frozenset(row[3]), row[4])
 
+    def refusal(self, secret: str) -> tuple[str, str | None]:
+        """Why ``verify`` refused ``secret``, for the operator's log: ``malformed``,
+        ``unknown``, ``revoked`` or ``expired``, with the token's name when one has that
+        secret (a name is no secret; the secret itself is never returned or logged)."""
+        if not isinstance(secret, str) or not _SECRET.fullmatch(secret):
+            return "malformed", None
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT name, revoked_at IS NOT NULL,"
+                " expires_at IS NOT NULL AND expires_at <= clock_timestamp()"
+                " FROM engram_tokens WHERE secret_sha256 = %s",
+                (digest(secret),),
+            ).fetchone()
+        if row is None:
+            return "unknown", None
+        return ("revoked" if row[1] else "expired" if row[2] else "unknown"), str(row[0])
+
+    def any_live(self) -> bool:
+        """Whether any token is live (neither revoked nor expired)."""
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM engram_tokens WHERE revoked_at IS NULL"
+                " AND (expires_at IS NULL OR expires_at > clock_timestamp()))"
+            ).fetchone()
+        return bool(row and row[0])
+
     def revoke(self, name: str, *, by: str, why: str | None = None) -> bool:
         """Revoke the live token ``name`` (its audit row, ``token.revoke``, commits with
         it), then append the revocation to the ledger; False when there is none

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,6 +26,7 @@ from starlette.testclient import TestClient
 
 from engram.store import HashingEmbedder, Operation, Store, WriteResult
 from engram.web import Services, WebConfig, create_app
+from engram.web.auth import SESSION_COOKIE, Authenticator
 from engram.web.services import ReembedStarter
 from engram.worker import Producer
 from engram.worker.embedded.runtime import connect_redis
@@ -33,6 +35,8 @@ from tests.redis_fixtures import FAST, REPO
 EMBEDDER = HashingEmbedder(64)  # the workers' (tests.redis_fixtures), so recall matches
 BASE_URL = "http://127.0.0.1:8700"
 TOKEN = "s3cret-dashboard-token-for-tests"
+# What a program sends as the operator.
+OPERATOR = {"Authorization": f"Bearer {TOKEN}"}
 ARTIFACTS = Path(os.environ.get("ENGRAM_TEST_ARTIFACTS") or REPO / "test-artifacts")
 CHROMIUM_FLAGS = [
     "--headless",
@@ -77,6 +81,16 @@ class Web:
         return html[start : html.index('"', start)]
 
 
+def sign_in(client: TestClient, name: str = "grace", token: str = TOKEN) -> Any:
+    """Sign ``client`` in through the login form, as a person does: its answer."""
+    page = client.get("/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf is not None, page.text
+    return client.post(
+        "/login", data={"csrf": csrf.group(1), "name": name, "token": token, "next": "/"}
+    )
+
+
 def make_app(
     store: Store,
     client: redis.Redis,
@@ -84,8 +98,10 @@ def make_app(
     config: WebConfig | None = None,
     start_reembed: ReembedStarter | None = None,
 ) -> Any:
+    """The app, by default as ``engram web`` serves it: the operator signs in (``TOKEN``)."""
     return create_app(
-        config or WebConfig(partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms),
+        config
+        or WebConfig(token=TOKEN, partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms),
         Services(
             store=store,
             redis=client,
@@ -98,7 +114,8 @@ def make_app(
 
 @pytest.fixture
 def web(store: Store, redis_url: str) -> Iterator[Web]:
-    """The app (loopback, no token) with a reembed starter that records what it is asked."""
+    """The app (loopback, its operator token ``TOKEN``), its client signed in as the
+    operator ``local``, with a reembed starter that records what it is asked."""
     client = connect_redis(redis_url)
     starts: list[tuple[str, str]] = []
 
@@ -108,6 +125,7 @@ def web(store: Store, redis_url: str) -> Iterator[Web]:
 
     app = make_app(store, client, start_reembed=start_reembed)
     with TestClient(app, base_url=BASE_URL, follow_redirects=False) as test_client:
+        assert sign_in(test_client, "local").status_code == 303
         yield Web(store, client, Producer(client, partitions=FAST.partitions), test_client, starts)
     client.close()
 
@@ -145,8 +163,9 @@ def start_engram_web(
     host: str = "127.0.0.1",
     env: dict[str, str] | None = None,
 ) -> Served:
-    """``engram web`` in a subprocess (a real uvicorn), once it answers its probe. It
-    gets SIGTERM if this process dies; ``stop_engram_web`` stops it by pid."""
+    """``engram web`` in a subprocess (a real uvicorn), once it answers its probe, its
+    operator token ``TOKEN`` (``OPERATOR`` are the headers that send it). It gets SIGTERM
+    if this process dies; ``stop_engram_web`` stops it by pid."""
     port = free_port()
     log_path = log_dir / f"web-{port}.log"
     full_env = {
@@ -158,6 +177,8 @@ def start_engram_web(
         "ENGRAM_LEASE_TTL_MS": str(FAST.lease_ttl_ms),
         "ENGRAM_LEASE_MARGIN_MS": str(FAST.lease_margin_ms),
         "PYTHONPATH": str(REPO),
+        # The operator's token, so that no home's is made in the checkout.
+        "ENGRAM_DASHBOARD_TOKEN": TOKEN,
         **(env or {}),
     }
     with open(log_path, "wb") as log:
@@ -290,15 +311,22 @@ def chromium(playwright_driver: Any) -> Iterator[Any]:
 @pytest.fixture
 def browser(chromium: Any, request: pytest.FixtureRequest) -> Iterator[Browser]:
     """A fresh browser context (a profile of its own: no cookie, storage or cache of
-    another test) in the module's Chromium; its console and any dialog are recorded (a
-    script injected by memory text would open one). Parametrize indirectly with
-    ``{"javascript": False}`` for a browser that runs no script at all."""
+    another test) in the module's Chromium, signed in as the operator ``local`` of every
+    dashboard served on 127.0.0.1 with ``TOKEN`` (a cookie's host has no port); its
+    console and any dialog are recorded (a script injected by memory text would open
+    one). Parametrize indirectly with ``{"javascript": False}`` for a browser that runs
+    no script at all, ``{"signed_in": False}`` for one that has not signed in."""
     options = getattr(request, "param", {})
     assert chromium.is_connected(), "the module's Chromium is gone (an earlier test crashed it)"
     context = chromium.new_context(
         viewport={"width": 1360, "height": 900},
         java_script_enabled=options.get("javascript", True),
     )
+    if options.get("signed_in", True):
+        session = Authenticator(WebConfig(token=TOKEN)).new_session("local")
+        context.add_cookies(
+            [{"name": SESSION_COOKIE, "value": session, "domain": "127.0.0.1", "path": "/"}]
+        )
     page = context.new_page()
     console: list[str] = []
     dialogs: list[str] = []

@@ -233,7 +233,13 @@ def create_app(config: WebConfig, services: Services) -> Starlette:
             Middleware(AccessLog),
             Middleware(SecurityHeaders),
             Middleware(Failsafe, retry_after_s=config.retry_after_s),
-            Middleware(Gate, auth=auth, hosts=config.hosts, tokens=services.store.tokens),
+            Middleware(
+                Gate,
+                auth=auth,
+                hosts=config.hosts,
+                tokens=services.store.tokens,
+                redis_client=services.redis,
+            ),
         ],
         exception_handlers={
             EngramError: engram_error,

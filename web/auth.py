@@ -1,13 +1,15 @@
-"""Who is asking: the dashboard's token, a person's session, or loopback.
+"""Who is asking: the operator's token, a person's session, or no one.
 
-Bound to loopback with no ``ENGRAM_DASHBOARD_TOKEN``, everyone who can reach
-the port is the operator ``local``. With a token, every page and API call
-needs it: programs send ``Authorization: Bearer <token>`` (and may name
-themselves with ``X-Engram-Operator``), people sign in with a name and the
-token and get a session cookie signed with a key derived from the token (so
-changing the token ends every session). Tokens and signatures are compared
-in constant time. The operator's name goes on what they ask for: the
-receipt of a forget, the audit row of a retry.
+The operator authenticates: every page and API call needs the dashboard's token
+(``ENGRAM_DASHBOARD_TOKEN``, else the home's, ``web.signin``). Programs send
+``Authorization: Bearer <token>`` (and may name themselves with
+``X-Engram-Operator``); people sign in with a name and the token, or follow a
+one-time sign-in link, and get a session cookie signed with a key derived from the
+token (so changing the token ends every session). Tokens and signatures are
+compared in constant time. The operator's name goes on what they ask for: the
+receipt of a forget, the audit row of a retry. Only a dashboard served open on
+purpose (``WebConfig.open``, a throwaway local demo) takes everyone who reaches
+its port for the operator ``local``, and the gate only while no scoped token is live.
 
 A scoped token (``Authorization: Bearer egt_...``, store.tokens) is never an
 operator, whatever else is configured: it acts on its own scope through the
@@ -30,7 +32,7 @@ from typing import Literal
 
 from starlette.requests import HTTPConnection
 
-from engram.store.tokens import TOKEN_PREFIX, Grant, Tokens
+from engram.store.tokens import TOKEN_PREFIX, Grant
 
 from .config import WebConfig
 from .errors import BadRequestError, UnauthorizedError
@@ -65,6 +67,9 @@ class Keys:
         self.csrf = hmac.new(seed, b"engram-dashboard-csrf", hashlib.sha256).digest()
         # Signs the lists' cursors, so every process serving the dashboard accepts them.
         self.cursor = hmac.new(seed, b"engram-dashboard-cursor", hashlib.sha256).digest()
+        # Signs the one-time sign-in links (``web.signin``), so one minted by ``engram up``
+        # or ``engram signin`` is this dashboard's.
+        self.signin = hmac.new(seed, b"engram-dashboard-signin", hashlib.sha256).digest()
 
 
 class Authenticator:
@@ -75,11 +80,11 @@ class Authenticator:
 
     def identify(self, conn: HTTPConnection) -> Operator | None:
         """The operator making this request, or None when it must sign in first."""
-        if self._token is None:
+        if self._token is None:  # served open on purpose (WebConfig.open): no one signs in
             return Operator("local", "local")
-        bearer = _bearer(conn.headers.get("authorization"))
-        if bearer is not None:
-            if not hmac.compare_digest(bearer.encode(), self._token):
+        given = bearer(conn.headers.get("authorization"))
+        if given is not None:
+            if not hmac.compare_digest(given.encode(), self._token):
                 return None
             named = conn.headers.get(OPERATOR_HEADER)
             try:
@@ -129,24 +134,8 @@ class Authenticator:
 
 def presented_token(conn: HTTPConnection) -> str | None:
     """The scoped token a request presents (an ``egt_`` bearer), or None."""
-    bearer = _bearer(conn.headers.get("authorization"))
-    return bearer if bearer and bearer.startswith(TOKEN_PREFIX) else None
-
-
-def verify_bearer(tokens: Tokens, conn: HTTPConnection) -> Grant:
-    """The grant of the request's ``egt_`` bearer; ``UnauthorizedError`` (401) without
-    one, or for a made-up, revoked or expired one. Reads the database: run it on a
-    thread. (The gate calls it for every request presenting a token; a mounted app
-    behind the gate reads its answer with ``require_grant``.)"""
-    secret = presented_token(conn)
-    grant = tokens.verify(secret) if secret is not None else None
-    if grant is None:
-        raise UnauthorizedError(
-            "this needs a live scoped token: send Authorization: Bearer egt_..."
-            if secret is None
-            else "this token is unknown, revoked or expired"
-        )
-    return grant
+    given = bearer(conn.headers.get("authorization"))
+    return given if given and given.startswith(TOKEN_PREFIX) else None
 
 
 def grant_of(conn: HTTPConnection) -> Grant | None:
@@ -167,7 +156,8 @@ def require_grant(conn: HTTPConnection) -> Grant:
     return grant
 
 
-def _bearer(header: str | None) -> str | None:
+def bearer(header: str | None) -> str | None:
+    """An Authorization header's bearer: None without the header, "" for another scheme."""
     if not header:
         return None
     scheme, _, value = header.partition(" ")

@@ -1,10 +1,15 @@
-"""The dashboard's settings, read once from the environment into a typed object."""
+"""The dashboard's settings, read once from the environment into a typed object.
+
+The operator authenticates by default: with ENGRAM_DASHBOARD_TOKEN, with the token
+of the home (``engram up`` and ``engram web`` pass it), or, for a throwaway local
+demo and only when asked (ENGRAM_DASHBOARD_OPEN), not at all."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from engram.jobs import keys as jobs_keys
@@ -14,6 +19,7 @@ from engram.worker import defaults as worker_defaults
 
 from .ratelimit import RateLimits
 
+DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8700
 # Job queues the jobs page shows when ENGRAM_JOB_QUEUES does not say.
 DEFAULT_JOB_QUEUES = jobs_keys.QUEUES
@@ -47,9 +53,15 @@ def is_loopback(host: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class WebConfig:
-    host: str = "127.0.0.1"
+    host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     token: str | None = field(default=None, repr=False)
+    # No operator token, on purpose (ENGRAM_DASHBOARD_OPEN, loopback only): whoever
+    # reaches the port is the operator ``local``, while no scoped token is live.
+    open: bool = False
+    # The token is the home's own (``engram.web.signin.home_token``): sign-in links
+    # may be printed for it to its owner.
+    home_token: bool = False
     partitions: int = worker_defaults.PARTITIONS
     lease_ttl_ms: int = worker_defaults.LEASE_TTL_MS
     job_queues: tuple[str, ...] = DEFAULT_JOB_QUEUES
@@ -84,6 +96,17 @@ class WebConfig:
                 f"refusing to serve the dashboard on {self.host}, which is not a loopback "
                 "address, without ENGRAM_DASHBOARD_TOKEN: set a token (every page and API call "
                 "will then need it), or bind 127.0.0.1"
+            )
+        if self.open and self.token is not None:
+            raise ConfigError(
+                "ENGRAM_DASHBOARD_OPEN serves the dashboard without a token: it cannot go"
+                " with ENGRAM_DASHBOARD_TOKEN; set one or the other"
+            )
+        if self.token is None and not self.open:
+            raise ConfigError(
+                "the dashboard needs an operator token: ENGRAM_DASHBOARD_TOKEN, or the home's"
+                " (engram up and engram web make one), or ENGRAM_DASHBOARD_OPEN=on for a"
+                " throwaway local demo"
             )
         for proxy in self.trusted_proxies:
             try:
@@ -122,12 +145,25 @@ class WebConfig:
         port: int | None = None,
         partitions: int = worker_defaults.PARTITIONS,
         lease_ttl_ms: int = worker_defaults.LEASE_TTL_MS,
+        home_token: Callable[[], str] | None = None,
     ) -> WebConfig:
+        """The settings of the environment. Without ENGRAM_DASHBOARD_TOKEN or
+        ENGRAM_DASHBOARD_OPEN, on loopback, the operator's token is ``home_token()`` (the
+        home's, which ``engram up`` and ``engram web`` pass); otherwise there is none: a
+        ``ConfigError``."""
         read = Env(env)
-        return cls(
-            host=host or read.text("ENGRAM_DASHBOARD_HOST", _DEFAULTS.host),
+        host = host or read.text("ENGRAM_DASHBOARD_HOST", DEFAULT_HOST)
+        token = read.optional("ENGRAM_DASHBOARD_TOKEN")
+        opened = read.switch("ENGRAM_DASHBOARD_OPEN", False)
+        # Any other address is served with a token its operator chose, never by default.
+        from_home = token is None and not opened and home_token is not None and is_loopback(host)
+        # Every setting is read and checked before the home's token is made: a refused
+        # one leaves no home behind (checked as if open, which the home's token replaces).
+        config = cls(
+            host=host,
             port=port or read.integer("ENGRAM_DASHBOARD_PORT", DEFAULT_PORT),
-            token=read.optional("ENGRAM_DASHBOARD_TOKEN"),
+            token=token,
+            open=opened or from_home,
             partitions=partitions,
             lease_ttl_ms=lease_ttl_ms,
             job_queues=read.items("ENGRAM_JOB_QUEUES", ()) or DEFAULT_JOB_QUEUES,
@@ -141,6 +177,6 @@ class WebConfig:
             ),
             rate_limits=RateLimits.from_env(env),
         )
-
-
-_DEFAULTS = WebConfig()
+        if not from_home or home_token is None:
+            return config
+        return dataclasses.replace(config, token=home_token(), open=False, home_token=True)

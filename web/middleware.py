@@ -24,7 +24,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from engram.store.errors import EngramError
 from engram.store.tokens import Tokens
 
-from .auth import Authenticator, presented_token, verify_bearer
+from . import auth_refusals
+from .auth import Authenticator, bearer, presented_token
+from .auth_refusals import Reason, door_of, why_token_refused
 from .csrf import check_same_origin
 from .errors import (
     RateLimitedError,
@@ -192,17 +194,26 @@ class Gate(HttpLayer):
     anything but the public paths without signing in (a page redirects to the login
     form, the API answers 401), and a change asked for by another site.
 
-    A request presenting a scoped token (``egt_``) is that token's and no operator's,
-    even where everyone else is the operator ``local``: its grant is verified here
-    (401 if it is made up, revoked or expired), and the routes decide what it may
-    reach (``web.scoped``)."""
+    A request presenting a scoped token (``egt_``) is that token's and no operator's:
+    its grant is verified here (401 if it is made up, revoked or expired), and the
+    routes decide what it may reach (``web.scoped``). On a dashboard served open
+    (``WebConfig.open``), where a request without a token is the operator ``local``,
+    that holds only while no scoped token is live: a live one makes every request
+    without credentials a 401, so a token holder is never more by leaving it out.
+    Every refusal of credentials is logged and counted (``web.auth_refusals``)."""
 
     def __init__(
-        self, app: ASGIApp, auth: Authenticator, hosts: tuple[str, ...], tokens: Tokens
+        self,
+        app: ASGIApp,
+        auth: Authenticator,
+        hosts: tuple[str, ...],
+        tokens: Tokens,
+        redis_client: redis.Redis | None = None,
     ) -> None:
         super().__init__(app)
         self.auth = auth
         self.tokens = tokens
+        self.redis = redis_client
         self.hosts = Hosts(hosts)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -213,13 +224,29 @@ class Gate(HttpLayer):
         except EngramError as exc:
             await error_response(scope, exc)(scope, receive, send)
             return
-        path = scope["path"]
+        public = scope["path"].startswith(PUBLIC_PREFIXES)
         if presented_token(conn) is not None:
             await self._scoped(conn, scope, receive, send)
             return
         operator = self.auth.identify(conn)
-        if operator is None and not path.startswith(PUBLIC_PREFIXES):
-            await _sign_in_first(scope)(scope, receive, send)
+        if (
+            operator is not None
+            and operator.via == "local"
+            and not public
+            and await run_in_threadpool(self.tokens.any_live)
+        ):
+            await self._refuse(scope, receive, send, UnauthorizedError(OPEN_WITH_TOKENS), "missing")
+            return
+        if operator is None and not public:
+            if wants_json(scope) or scope["method"] not in ("GET", "HEAD"):
+                given = bearer(conn.headers.get("authorization"))
+                reason: Reason = (
+                    "missing" if given is None else "wrong_token" if given else "malformed"
+                )
+                await self._refuse(scope, receive, send, UnauthorizedError(SIGN_IN_FIRST), reason)
+            else:
+                path = quote(scope["path"], safe="/")
+                await RedirectResponse(f"/login?next={path}", status_code=303)(scope, receive, send)
             return
         scope.setdefault("state", {})["operator"] = operator
         await self.app(scope, receive, send)
@@ -230,12 +257,45 @@ class Gate(HttpLayer):
         state = scope.setdefault("state", {})
         state["operator"] = None  # never an operator, whatever else would apply
         if not scope["path"].startswith(PUBLIC_PREFIXES):
-            try:
-                state["grant"] = await run_in_threadpool(verify_bearer, self.tokens, conn)
-            except EngramError as exc:
-                await error_response(scope, exc)(scope, receive, send)
+            secret = presented_token(conn)
+            grant = await run_in_threadpool(self.tokens.verify, secret) if secret else None
+            if grant is None:
+                reason, name = await run_in_threadpool(why_token_refused, self.tokens, secret)
+                error = UnauthorizedError("this token is unknown, revoked or expired")
+                await self._refuse(scope, receive, send, error, reason, name)
                 return
+            state["grant"] = grant
         await self.app(scope, receive, send)
+
+    async def _refuse(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        error: EngramError,
+        reason: Reason,
+        token_name: str | None = None,
+    ) -> None:
+        path = scope["path"]
+        await run_in_threadpool(
+            auth_refusals.note,
+            self.redis,
+            door=door_of(path),
+            reason=reason,
+            path=path,
+            token_name=token_name,
+        )
+        await error_response(scope, error)(scope, receive, send)
+
+
+SIGN_IN_FIRST = (
+    "this dashboard needs its token: send Authorization: Bearer <token>, or sign in at /login"
+)
+OPEN_WITH_TOKENS = (
+    "this dashboard is served open (ENGRAM_DASHBOARD_OPEN), but scoped tokens are live:"
+    " while one is, a request without credentials is no one. Serve it with a token"
+    " (unset ENGRAM_DASHBOARD_OPEN), or revoke the scoped tokens (engram tokens revoke)"
+)
 
 
 def wants_json(scope: Scope) -> bool:
@@ -255,17 +315,3 @@ def error_response(scope: Scope, exc: EngramError) -> Response:
     if isinstance(exc, StatementTimeoutError | RateLimitedError):
         response.headers["retry-after"] = str(exc.retry_after_s)
     return response
-
-
-def _sign_in_first(scope: Scope) -> Response:
-    if wants_json(scope) or scope["method"] not in ("GET", "HEAD"):
-        response = error_response(
-            scope,
-            UnauthorizedError(
-                "this dashboard needs its token: send Authorization: Bearer <token>, "
-                "or sign in at /login"
-            ),
-        )
-        return response
-    path = scope["path"]
-    return RedirectResponse(f"/login?next={quote(path, safe='/')}", status_code=303)

@@ -114,3 +114,9 @@ def token_rate(token_id: int, kind: str) -> str:
 def worker(worker_id: str) -> str:
     """HASH: a live worker's host, pid, partitions, last beat and counters."""
     return f"{PREFIX}:worker:{worker_id}"
+
+
+def signin_spent(nonce: str) -> str:
+    """STRING set once when the dashboard's one-time sign-in link of this nonce (hex)
+    signed someone in (``web.signin``); expires when the link would have."""
+    return f"{PREFIX}:signin:spent:{nonce}"

@@ -27,6 +27,7 @@ import logging
 from typing import Any
 
 import anyio.to_thread
+import redis
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
@@ -38,6 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from engram.store import Grant, Tokens
 from engram.store.errors import EngramError, InvalidRequestError
 from engram.store.limits import MAX_ID_CHARS
+from engram.web import auth_refusals
 from engram.web.errors import UnauthorizedError
 from engram.web.origins import Hosts, check_origin
 from engram.web.ratelimit import Limiter
@@ -124,12 +126,19 @@ class Sessions(StreamableHTTPSessionManager):
 
 class Endpoint:
     """``/mcp``: the Host, the Origin and the token checked, then the SDK's session
-    manager."""
+    manager. A refused token is logged at WARNING and counted (``web.auth_refusals``)."""
 
-    def __init__(self, manager: Sessions, tokens: Tokens, hosts: Hosts) -> None:
+    def __init__(
+        self,
+        manager: Sessions,
+        tokens: Tokens,
+        hosts: Hosts,
+        redis_client: redis.Redis | None = None,
+    ) -> None:
         self.manager = manager
         self.tokens = tokens
         self.hosts = hosts
+        self.redis = redis_client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         conn = HTTPConnection(scope)
@@ -146,7 +155,7 @@ class Endpoint:
         secret = _bearer(scope)
         grant = await anyio.to_thread.run_sync(self.tokens.verify, secret) if secret else None
         if grant is None:
-            log.info("mcp request refused: no live scoped token", extra={"status": 401})
+            await anyio.to_thread.run_sync(self._note_refusal, secret, scope["path"])
             await _refuse(send, UNAUTHORIZED)
             return
         # The SDK binds a session to the principal that opened it: the token, by id.
@@ -164,6 +173,10 @@ class Endpoint:
         except TooManySessionsError as exc:  # raised before anything was sent
             log.warning("mcp session refused: too many", extra={"status": exc.status})
             await _refuse(send, exc)
+
+    def _note_refusal(self, secret: str | None, path: str) -> None:
+        reason, name = auth_refusals.why_token_refused(self.tokens, secret)
+        auth_refusals.note(self.redis, door="mcp", reason=reason, path=path, token_name=name)
 
 
 class Doors:
@@ -220,7 +233,7 @@ def mount(
         idle_s=settings.session_idle_s,
         max_sessions=settings.max_sessions,
     )
-    return Doors(web, Endpoint(manager, memory.store.tokens, hosts))
+    return Doors(web, Endpoint(manager, memory.store.tokens, hosts, memory.producer.client))
 
 
 def _bearer(scope: Scope) -> str | None:

@@ -27,7 +27,7 @@ from engram.worker.protocol import partition_of
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.redis_fixtures import FAST
 from tests.rq_jobs import enqueue_failing, work
-from tests.web_fixtures import BASE_URL, EMBEDDER, make_app
+from tests.web_fixtures import BASE_URL, EMBEDDER, make_app, sign_in
 
 CLI_WHO = "ops:grace"
 WEB_WHO = "local"  # the operator on loopback, without a token
@@ -81,6 +81,7 @@ def doors(
     client = connect_redis(redis_url)
     app = make_app(fresh_store, client, start_reembed=lambda model, who: "reembed-web")
     with TestClient(app, base_url=BASE_URL, follow_redirects=False) as http:
+        sign_in(http, "local")
         yield Doors(fresh_store, client, redis_url, http, capsys)
     client.close()
 

@@ -75,7 +75,9 @@ def test_engram_web_reads_through_the_replica(read_env: dict[str, str]) -> None:
     from engram.web_cli import build
     from engram.worker.settings import Settings
 
-    with build(Settings.from_env(), WebConfig(), embedder=False) as app:
+    with build(
+        Settings.from_env(), WebConfig(token="s3cret-dashboard-token-for-tests"), embedder=False
+    ) as app:
         store: Store = app.state.web.services.store
         with store.reads.connection() as conn:
             assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)

@@ -419,3 +419,35 @@ def test_history_answers_a_bounded_page_and_pages_back(
     # The read log holds what was returned, each page's revisions once.
     logged = [r.revision for r in store.tokens.reads_by_token("long-reader", limit=1000)]
     assert len(logged) == 20 + 100 + 130
+
+
+def test_a_refused_token_is_a_warning_without_its_secret_and_a_count(
+    served: Served, store: Store
+) -> None:
+    scope = {"user_id": "http-refusals"}
+    revoked, _ = store.tokens.create("refused-revoked", scope, by="test")
+    assert store.tokens.revoke("refused-revoked", by="test")
+    made_up = "egt_" + "R" * 43
+    for token in (None, made_up, revoked, DASHBOARD_TOKEN):
+        assert initialize(served.url, token).status_code == 401
+    said = wait_until(
+        lambda: (
+            [
+                line
+                for line in served.log().splitlines()
+                if "credentials refused door=mcp" in line and "WARNING" in line
+            ]
+            if served.log().count("credentials refused door=mcp") == 4
+            else None
+        ),
+        what="four refusals in the log",
+    )
+    reasons = sorted(line.split("reason=")[1].split()[0] for line in said)
+    assert reasons == ["malformed", "missing", "revoked", "unknown"]
+    assert any("reason=revoked path=/mcp token=refused-revoked" in line for line in said)
+    for secret in (revoked, made_up, DASHBOARD_TOKEN):
+        assert secret not in served.log()
+    operator = {"Authorization": f"Bearer {DASHBOARD_TOKEN}"}
+    metrics = httpx.get(served.url + "/metrics", headers=operator, timeout=10).text
+    for reason in ("missing", "unknown", "revoked", "malformed"):
+        assert f'engram_auth_refused_total{{door="mcp",reason="{reason}"}} 1' in metrics

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pty
 import shutil
 import signal
 import socket
@@ -13,6 +14,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -113,16 +115,24 @@ def start_up(tmp_path: Path) -> Iterator[Callable[..., Up]]:
     """``engram up`` subprocesses; each is stopped at the end, and everything it started."""
     started: list[Up] = []
 
-    def start(home: Path, *args: str, env: dict[str, str] | None = None) -> Up:
+    def start(
+        home: Path, *args: str, env: dict[str, str] | None = None, terminal: bool = False
+    ) -> Up:
+        """``terminal``: its output a terminal (a pseudo-terminal copied to its log), as
+        in a shell; otherwise a file, as under a service manager."""
         log_path = tmp_path / f"up-{len(started)}.log"
         with open(log_path, "wb") as log:
+            leader, follower = pty.openpty() if terminal else (None, None)
             process = subprocess.Popen(
                 [sys.executable, "-m", "engram", "up", *args],
                 env={**home_env(home), **(env or {})},
-                stdout=log,
+                stdout=log if follower is None else follower,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
             )
+        if leader is not None and follower is not None:
+            os.close(follower)
+            threading.Thread(target=_copy, args=(leader, log_path), daemon=True).start()
         up = Up(process, log_path, home)
         started.append(up)
         return up
@@ -138,6 +148,20 @@ def start_up(tmp_path: Path) -> Iterator[Callable[..., Up]]:
                 raise
     for up in started:  # what a killed one left is stopped by its watchdog
         wait_gone(_server_pids(up.home).values(), timeout_s=30)
+
+
+def _copy(terminal: int, log_path: Path) -> None:
+    """What a process writes to its terminal, appended to ``log_path`` until it closes."""
+    with open(log_path, "ab", buffering=0) as log:
+        while True:
+            try:
+                chunk = os.read(terminal, 4096)
+            except OSError:  # EIO: every writer closed it
+                break
+            if not chunk:
+                break
+            log.write(chunk)
+    os.close(terminal)
 
 
 def engram(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

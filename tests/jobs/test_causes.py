@@ -21,7 +21,7 @@ from engram.worker.embedded.runtime import connect_redis
 from tests.embedder_faults import BREAKS_WITH, FAULTY_PLUGINS
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST
-from tests.web_fixtures import BASE_URL, make_app
+from tests.web_fixtures import BASE_URL, make_app, sign_in
 
 TEXTS = ["Ada's PIN is 4417, keep it safe", "ok"]
 
@@ -113,6 +113,7 @@ def test_an_embedder_that_breaks_mid_way_shows_its_cause_everywhere(
     job = rqjobs.get(client, p.job_id)
     assert job is not None and job.state == "failed"
     with TestClient(make_app(fresh_store, client), base_url=BASE_URL) as http:
+        sign_in(http, "local")
         row = http.get("/generations").text
         assert f'<b>root cause:</b> <span class="mono">{cause}</span>' in row
         jobs = http.get(f"/api/v1/jobs?queue={keys.REEMBED_QUEUE}&state=failed").json()

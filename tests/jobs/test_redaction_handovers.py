@@ -22,7 +22,7 @@ from engram.worker.consuming.worker import Worker
 from engram.worker.embedded.runtime import connect_redis
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST, wait_until
-from tests.web_fixtures import BASE_URL, make_app
+from tests.web_fixtures import BASE_URL, make_app, sign_in
 
 SCOPE = {"user_id": "ada-handovers"}
 MAX_HANDOVERS = 2
@@ -126,6 +126,7 @@ def test_a_forget_that_kills_its_jobs_worker_every_time_ends_failed_and_others_g
     # The dashboard shows it failed, and why.
     client = connect_redis(redis_url)
     with TestClient(make_app(fresh_store, client), base_url=BASE_URL) as web:
+        sign_in(web, "local")
         html = web.get(f"/operations/{forget.operation_id}", headers={"HX-Request": "true"}).text
     client.close()
     assert "badge failed" in html and f"handed over {MAX_HANDOVERS} times" in html

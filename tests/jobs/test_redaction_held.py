@@ -38,7 +38,7 @@ from tests.helpers import marker_text
 from tests.jobs_fixtures import JobsProcess, context
 from tests.redis_fixtures import FAST, wait_until
 from tests.replica_fixtures import Replica
-from tests.web_fixtures import BASE_URL, make_app
+from tests.web_fixtures import BASE_URL, make_app, sign_in
 
 SCOPE = {"user_id": "ada-held"}
 HEAP_TABLES = ("engram_revisions", "engram_receipts")
@@ -174,6 +174,7 @@ def test_a_standby_snapshot_holds_the_redaction_pending_naming_it_until_it_ends(
             assert heap_holds(postgres.data_dir, fresh_dsn, marker) == list(HEAP_TABLES)
             app = make_app(fresh_store, connect_redis(redis_url))
             with TestClient(app, base_url=BASE_URL) as web:
+                sign_in(web, "local")
                 page = web.get(f"/operations/{op_id}", headers={"HX-Request": "true"}).text
             assert f"(hot_standby_feedback) via walsender pid {walsender}</span>" in page
             monkeypatch.setenv("DATABASE_URL", fresh_dsn)

@@ -28,7 +28,7 @@ from engram.worker.embedded.runtime import connect_redis
 from tests.embedder_faults import BREAKS_WITH, FAULTY_PLUGINS
 from tests.jobs_fixtures import JobsProcess
 from tests.redis_fixtures import FAST, REPO, wait_until
-from tests.web_fixtures import ARTIFACTS, BASE_URL, Browser, Served, make_app
+from tests.web_fixtures import ARTIFACTS, BASE_URL, Browser, Served, make_app, sign_in
 
 CAUSE = f"RuntimeError: {BREAKS_WITH}"
 
@@ -118,6 +118,7 @@ def test_a_retrying_reembed_shows_its_errors_in_the_cli_and_on_the_overview(
 
         client = connect_redis(redis_url)
         with TestClient(make_app(fresh_store, client), base_url=BASE_URL) as http:
+            sign_in(http, "local")
             overview = http.get("/").text
             assert "reembed retrying: " in overview
             assert f"{retrying.errors} error" in overview
@@ -153,6 +154,7 @@ def test_a_failed_reembed_reads_failed_in_its_status_and_its_badge(
 
     client = connect_redis(redis_url)
     with TestClient(make_app(fresh_store, client), base_url=BASE_URL) as http:
+        sign_in(http, "local")
         page = http.get("/generations").text
         row = page[page.index(f'id="generation-{generation.id}"') :]
         row = row[: row.index("</tr>")]

@@ -19,7 +19,7 @@ from engram.worker import keys
 from tests.fake_llm import ScriptedLLM, events
 from tests.redis_fixtures import wait_until
 from tests.rq_jobs import enqueue_failing, enqueue_finishing, work
-from tests.web_fixtures import BASE_URL, EMBEDDER, Web, make_app
+from tests.web_fixtures import BASE_URL, EMBEDDER, Web, make_app, sign_in
 
 
 def op(scope: dict[str, str], kind: str = "remember", **request: Any) -> dict[str, Any]:
@@ -250,6 +250,7 @@ def test_generations_and_starting_a_reembed(web: Web, store: Any, redis_client: 
     assert web.client.post("/api/v1/reembed", json={}).status_code == 422
     assert web.client.post("/api/v1/reembed", json={"model": "x", "y": 1}).status_code == 422
     without_jobs = TestClient(make_app(store, redis_client), base_url=BASE_URL)
+    sign_in(without_jobs, "local")
     unavailable = without_jobs.post("/api/v1/reembed", json={"model": "minilm"})
     assert unavailable.status_code == 503 and unavailable.json()["error"]["code"] == "unavailable"
     assert "not available" in without_jobs.get("/generations").text

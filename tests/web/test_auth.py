@@ -1,5 +1,6 @@
-"""Who may use the dashboard: loopback without a token; otherwise the token, as a bearer
-header or through a signed session; the Host and the Origin of what changes things."""
+"""Who may use the dashboard: the operator's token, as a bearer header or through a
+signed session (loopback too), or no one at all on a dashboard served open on purpose
+while no scoped token is live; the Host and the Origin of what changes things."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from engram.web.auth import SESSION_COOKIE
 from engram.worker import keys
 from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import FAST, wait_until
-from tests.web_fixtures import BASE_URL, TOKEN, make_app
+from tests.web_fixtures import BASE_URL, TOKEN, make_app, sign_in
 
 
 @pytest.fixture
@@ -37,22 +38,34 @@ def guarded(store: Store, client: redis.Redis, **config: Any) -> TestClient:
     )
 
 
-def sign_in(client: TestClient, name: str = "grace", token: str = TOKEN) -> Any:
-    page = client.get("/login")
-    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
-    return client.post("/login", data={"csrf": csrf, "name": name, "token": token, "next": "/"})
-
-
-def test_any_bind_but_loopback_needs_a_token_of_some_length() -> None:
+def test_every_dashboard_needs_a_token_of_some_length_unless_served_open_on_loopback() -> None:
     with pytest.raises(ConfigError, match="ENGRAM_DASHBOARD_TOKEN"):
         WebConfig(host="0.0.0.0")
     with pytest.raises(ConfigError, match="ENGRAM_DASHBOARD_TOKEN"):
-        WebConfig(host="192.168.1.20")
+        WebConfig(host="192.168.1.20", open=True)
     with pytest.raises(ConfigError, match="at least 16"):
         WebConfig(host="0.0.0.0", token="short")
     for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
-        assert not WebConfig(host=host).needs_token
+        with pytest.raises(ConfigError, match="needs an operator token"):
+            WebConfig(host=host)
+        assert WebConfig(host=host, token=TOKEN).needs_token
+        assert not WebConfig(host=host, open=True).needs_token
     assert WebConfig(host="0.0.0.0", token=TOKEN).needs_token
+    with pytest.raises(ConfigError, match="one or the other"):
+        WebConfig(token=TOKEN, open=True)
+    # From the environment: the token set, else the home's, else none unless served open.
+    home = {"token": "the-homes-own-token-of-43-characters"}
+    taken = WebConfig.from_env({"ENGRAM_DASHBOARD_TOKEN": TOKEN}, home_token=lambda: home["token"])
+    assert (taken.token, taken.home_token) == (TOKEN, False)
+    homes = WebConfig.from_env({}, home_token=lambda: home["token"])
+    assert (homes.token, homes.home_token, homes.open) == (home["token"], True, False)
+    opened = WebConfig.from_env({"ENGRAM_DASHBOARD_OPEN": "on"}, home_token=lambda: home["token"])
+    assert (opened.token, opened.open) == (None, True)
+    with pytest.raises(ConfigError, match="needs an operator token"):
+        WebConfig.from_env({})
+    # Another address is served only with a token its operator chose, never the home's.
+    with pytest.raises(ConfigError, match="ENGRAM_DASHBOARD_TOKEN"):
+        WebConfig.from_env({"ENGRAM_DASHBOARD_HOST": "0.0.0.0"}, home_token=lambda: home["token"])
 
 
 def test_without_the_token_nothing_is_served_but_the_probe_and_the_sign_in(
@@ -177,6 +190,7 @@ def test_a_loopback_dashboard_answers_only_to_loopback_names(
     store: Store, client_redis: redis.Redis
 ) -> None:
     client = TestClient(make_app(store, client_redis), base_url=BASE_URL)
+    sign_in(client, "local")
     assert client.get("/", headers={"Host": "localhost:8700"}).status_code == 200
     assert client.get("/", headers={"Host": "[::1]:8700"}).status_code == 200
     rebound = client.get("/api/v1/scopes", headers={"Host": "attacker.example:8700"})
@@ -196,6 +210,7 @@ def test_changes_asked_for_by_another_site_are_refused(
     store: Store, client_redis: redis.Redis, headers: dict[str, str]
 ) -> None:
     client = TestClient(make_app(store, client_redis), base_url=BASE_URL)
+    sign_in(client, "local")
     op = {"kind": "remember", "scope": {"user_id": "x"}, "request": {"text": "forged"}}
     refused = client.post("/api/v1/operations", json=op, headers=headers)
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"

@@ -19,7 +19,7 @@ from starlette.routing import Route
 from engram.web.app import routes
 from engram.web.config import MAX_FORM_BYTES, MAX_JSON_BYTES
 from engram.worker import keys
-from tests.web_fixtures import Web
+from tests.web_fixtures import Web, sign_in
 
 PARAM = re.compile(r"{(\w+)(:\w+)?}")
 # Malformed values for each path parameter.
@@ -249,9 +249,10 @@ def test_forms_without_a_good_csrf_token_change_nothing(world: World, endpoint: 
     for data in ({}, {"csrf": ""}, {"csrf": "f" * 40}, {"csrf": world.web.csrf() + "0"}):
         response = send(world, endpoint, url, data={**fields, **data})
         assert_refused(world, response, endpoint, {403})
-    # A good token without the cookie it was made for is just as forged.
+    # A good token of another session (the one it was made for signed out) is as forged.
     token = world.web.csrf()
     world.web.client.cookies.clear()
+    sign_in(world.web.client, "local")
     response = send(world, endpoint, url, data={**fields, "csrf": token})
     assert_refused(world, response, endpoint, {403})
     assert world.state() == before

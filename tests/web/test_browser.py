@@ -179,6 +179,7 @@ def test_markup_in_memory_text_is_shown_as_text(site: Site, browser: Browser) ->
     no_script_ran(browser)
 
 
+@pytest.mark.parametrize("browser", [{"signed_in": False}], indirect=True)
 def test_off_loopback_a_page_without_the_token_is_refused(
     serve_web: Callable[..., Served],
     fresh_store: Store,

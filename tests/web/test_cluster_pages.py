@@ -25,7 +25,7 @@ from engram.worker.consuming.worker import Worker
 from engram.worker.embedded.runtime import connect_redis
 from engram.worker.settings import Settings
 from tests.redis_fixtures import wait_until
-from tests.web_fixtures import BASE_URL
+from tests.web_fixtures import BASE_URL, TOKEN, sign_in
 from tests.worker.test_cluster import CONFIG, cluster_worker, scope_on
 
 
@@ -59,7 +59,7 @@ def dashboard(
             "ENGRAM_LEASE_MARGIN_MS": str(CONFIG.lease_margin_ms),
         }
     )
-    config = WebConfig(partitions=CONFIG.partitions, lease_ttl_ms=CONFIG.lease_ttl_ms)
+    config = WebConfig(token=TOKEN, partitions=CONFIG.partitions, lease_ttl_ms=CONFIG.lease_ttl_ms)
     cluster, jobs = connect_redis(cluster_url), connect_redis(redis_url)
     with (
         build(settings, config, embedder=False) as app,
@@ -67,6 +67,7 @@ def dashboard(
         Producer.from_url(cluster_url, partitions=CONFIG.partitions) as producer,
         cluster_worker(cluster_url, fresh_store) as worker,
     ):
+        sign_in(client, "local")
         yield OnCluster(client, cluster, jobs, producer, worker)
     cluster.close()
     jobs.close()

@@ -18,7 +18,7 @@ from engram.web_cli import build
 from engram.worker.settings import Settings
 from tests.jobs_fixtures import context, run_burst
 from tests.rq_jobs import enqueue_failing, work
-from tests.web_fixtures import BASE_URL, Web
+from tests.web_fixtures import BASE_URL, TOKEN, Web, sign_in
 
 
 def test_a_reembed_started_through_the_api_runs_on_the_jobs_and_recall_follows_it(
@@ -37,7 +37,11 @@ def test_a_reembed_started_through_the_api_runs_on_the_jobs_and_recall_follows_i
             "ENGRAM_PARTITIONS": "4",
         }
     )
-    with build(settings, WebConfig(partitions=4)) as app, TestClient(app, base_url=BASE_URL) as web:
+    with (
+        build(settings, WebConfig(token=TOKEN, partitions=4)) as app,
+        TestClient(app, base_url=BASE_URL) as web,
+    ):
+        sign_in(web, "local")
         refused = web.post("/api/v1/reembed", json={"model": "no-such-model"})
         assert refused.status_code == 422, refused.text
         too_long = web.post("/api/v1/reembed", json={"model": "hashing:32", "reason": "x" * 201})
@@ -84,9 +88,10 @@ def test_the_pages_offer_the_jobs_once_they_are_there(
         {"ENGRAM_HOME": str(tmp_path), "DATABASE_URL": fresh_dsn, "REDIS_URL": redis_url}
     )
     with (
-        build(settings, WebConfig(), embedder=False) as app,
+        build(settings, WebConfig(token=TOKEN), embedder=False) as app,
         TestClient(app, base_url=BASE_URL) as web,
     ):
+        sign_in(web, "local")
         text = web.get(page).text
     assert "not available" not in text
     if page == "/jobs":

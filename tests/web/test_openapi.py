@@ -24,7 +24,7 @@ from engram.worker import keys
 from engram.worker.embedded.runtime import connect_redis
 from engram.worker.embedded.valkey import EmbeddedValkey
 from tests.redis_fixtures import spawn, stop_all, worker_env
-from tests.web_fixtures import EMBEDDER, Served, start_engram_web, stop_engram_web
+from tests.web_fixtures import EMBEDDER, OPERATOR, Served, start_engram_web, stop_engram_web
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def inexpressible(body: Any) -> bool:
 
 @pytest.fixture(scope="module")
 def api_schema(served_api: Served) -> Any:
-    return schemathesis.openapi.from_url(served_api.url + "/api/v1/openapi.json")
+    return schemathesis.openapi.from_url(served_api.url + "/api/v1/openapi.json", headers=OPERATOR)
 
 
 @schema.parametrize()
@@ -128,9 +128,11 @@ def test_the_api_does_what_its_document_says(case: Any) -> None:
     if case.operation.label == "POST /api/v1/reembed":
         # A generated model name is no embedder this deployment knows: 422, documented;
         # the real start is tested in tests/web/test_jobs.py.
-        case.call_and_validate(timeout=60, excluded_checks=[positive_data_acceptance])
+        case.call_and_validate(
+            timeout=60, headers=OPERATOR, excluded_checks=[positive_data_acceptance]
+        )
     else:
-        case.call_and_validate(timeout=60)
+        case.call_and_validate(timeout=60, headers=OPERATOR)
 
 
 def test_every_api_route_is_documented_and_nothing_else() -> None:
@@ -148,6 +150,6 @@ def test_every_api_route_is_documented_and_nothing_else() -> None:
 def test_the_document_is_served(served_api: Served) -> None:
     import httpx
 
-    served = httpx.get(served_api.url + "/api/v1/openapi.json").json()
+    served = httpx.get(served_api.url + "/api/v1/openapi.json", headers=OPERATOR).json()
     assert served == json.loads(json.dumps(document(jobs_keys.QUEUES)))
     assert served["paths"].keys() == DOCUMENT["paths"].keys()

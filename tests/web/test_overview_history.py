@@ -19,7 +19,7 @@ from engram.worker.admin import metrics
 from engram.worker.admin.metrics import BatchStats, StreamState
 from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import FAST
-from tests.web_fixtures import BASE_URL, EMBEDDER, Web
+from tests.web_fixtures import BASE_URL, EMBEDDER, TOKEN, Web, sign_in
 
 NOW_S = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC, on a minute
 
@@ -42,7 +42,7 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
 def dashboard(store: Store, conn: redis.Redis, clock: Clock) -> TestClient:
     """A dashboard process's app: built afresh, it holds nothing from an earlier one."""
     app = create_app(
-        WebConfig(partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms),
+        WebConfig(token=TOKEN, partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms),
         Services(
             store=store,
             redis=conn,
@@ -51,7 +51,9 @@ def dashboard(store: Store, conn: redis.Redis, clock: Clock) -> TestClient:
             clock=clock,
         ),
     )
-    return TestClient(app, base_url=BASE_URL, follow_redirects=False)
+    client = TestClient(app, base_url=BASE_URL, follow_redirects=False)
+    sign_in(client, "local")
+    return client
 
 
 def committed(conn: redis.Redis, n: int, at_s: float, failed: int = 0) -> None:

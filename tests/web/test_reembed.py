@@ -17,7 +17,7 @@ from engram.worker import Producer
 from engram.worker.embedded.runtime import connect_redis
 from tests.embedder_faults import FAULTY_PLUGINS
 from tests.redis_fixtures import FAST
-from tests.web_fixtures import BASE_URL, EMBEDDER
+from tests.web_fixtures import BASE_URL, EMBEDDER, TOKEN, sign_in
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def client(store: Store, redis_url: str) -> Iterator[tuple[TestClient, redis.Red
         return reembed.start(store, conn, registry, model, requested_by=requested_by).job_id
 
     app = create_app(
-        WebConfig(partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms),
+        WebConfig(token=TOKEN, partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms),
         Services(
             store=store,
             redis=conn,
@@ -40,6 +40,7 @@ def client(store: Store, redis_url: str) -> Iterator[tuple[TestClient, redis.Red
         ),
     )
     with TestClient(app, base_url=BASE_URL, follow_redirects=False) as test_client:
+        sign_in(test_client, "local")
         yield test_client, conn
     conn.close()
 

@@ -21,7 +21,7 @@ from engram.web import Services, WebConfig, create_app
 from engram.worker import Producer
 from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import FAST
-from tests.web_fixtures import BASE_URL, EMBEDDER, TOKEN
+from tests.web_fixtures import BASE_URL, EMBEDDER, TOKEN, sign_in
 
 
 def app(store: Store, conn: redis.Redis, **config: Any) -> Any:
@@ -31,7 +31,14 @@ def app(store: Store, conn: redis.Redis, **config: Any) -> Any:
         return reembed.start(store, conn, registry, model, requested_by=requested_by).job_id
 
     return create_app(
-        WebConfig(partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms, **config),
+        WebConfig(
+            **{
+                "token": TOKEN,
+                "partitions": FAST.partitions,
+                "lease_ttl_ms": FAST.lease_ttl_ms,
+                **config,
+            }
+        ),
         Services(
             store=store,
             redis=conn,
@@ -52,6 +59,7 @@ def http(fresh_store: Store, redis_url: str) -> Iterator[TestClient]:
     with TestClient(
         app(fresh_store, conn), base_url=BASE_URL, follow_redirects=False
     ) as test_client:
+        sign_in(test_client, "local")
         yield test_client
     conn.close()
 

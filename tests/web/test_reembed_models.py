@@ -17,7 +17,7 @@ from engram.store.vectors.registry import EmbedderRegistry
 from engram.web import WebConfig
 from engram.web_cli import build
 from engram.worker.settings import Settings
-from tests.web_fixtures import BASE_URL
+from tests.web_fixtures import BASE_URL, TOKEN, sign_in
 
 CALLED: list[str] = []
 # What a request may not name; the first would start a real reembed if it were called.
@@ -43,9 +43,10 @@ def client(
         {"ENGRAM_HOME": str(tmp_path), "DATABASE_URL": fresh_dsn, "REDIS_URL": redis_url}
     )
     with (
-        build(settings, WebConfig(), embedder=False) as app,
+        build(settings, WebConfig(token=TOKEN), embedder=False) as app,
         TestClient(app, base_url=BASE_URL, follow_redirects=False) as web,
     ):
+        sign_in(web, "local")
         yield web
 
 

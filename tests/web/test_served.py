@@ -18,7 +18,7 @@ import redis
 from engram.store import Store
 from engram.worker import keys
 from tests.redis_fixtures import FAST
-from tests.web_fixtures import TOKEN, Served
+from tests.web_fixtures import OPERATOR, TOKEN, Served
 
 HTTPS = {"X-Forwarded-Proto": "https"}
 
@@ -98,7 +98,9 @@ def test_requests_waiting_for_their_operation_do_not_starve_healthz(
 
     async def scenario() -> float:
         limits = httpx.Limits(max_connections=waiting + 4)
-        async with httpx.AsyncClient(base_url=served.url, limits=limits, timeout=60) as http:
+        async with httpx.AsyncClient(
+            base_url=served.url, limits=limits, timeout=60, headers=OPERATOR
+        ) as http:
             body = {"kind": "remember", "scope": {"user_id": "w"}, "request": {"text": "t"}}
             tasks = [
                 asyncio.create_task(http.post("/api/v1/operations?wait=20", json=body))
@@ -140,7 +142,7 @@ def test_a_stop_answers_the_requests_waiting_for_their_operation_and_exits(
     before = enqueued()
 
     async def scenario() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=served.url, timeout=60) as http:
+        async with httpx.AsyncClient(base_url=served.url, timeout=60, headers=OPERATOR) as http:
             body = {"kind": "remember", "scope": {"user_id": "s"}, "request": {"text": "t"}}
             tasks = [
                 asyncio.create_task(http.post("/api/v1/operations?wait=30", json=body))

@@ -19,7 +19,7 @@ from engram.store.vectors.embeddings import statement_bound
 from engram.web import WebConfig
 from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import FAST
-from tests.web_fixtures import BASE_URL, make_app
+from tests.web_fixtures import BASE_URL, TOKEN, make_app, sign_in
 
 TIMEOUT_S = 0.2
 # How long the lock is held at most: a request that is not bounded waits this long and
@@ -37,7 +37,10 @@ class Bounded:
 def bounded(store: Store, dsn: str, redis_url: str) -> Iterator[Bounded]:
     """The app on a store whose statements are bounded at 200 ms (``store``: migrated)."""
     config = WebConfig(
-        partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms, statement_timeout_s=TIMEOUT_S
+        token=TOKEN,
+        partitions=FAST.partitions,
+        lease_ttl_ms=FAST.lease_ttl_ms,
+        statement_timeout_s=TIMEOUT_S,
     )
     with Store.connect(
         dsn,
@@ -48,6 +51,7 @@ def bounded(store: Store, dsn: str, redis_url: str) -> Iterator[Bounded]:
         redis_client = connect_redis(redis_url)
         app = make_app(bounded_store, redis_client, config=config)
         with TestClient(app, base_url=BASE_URL, follow_redirects=False) as client:
+            sign_in(client, "local")
             yield Bounded(client, bounded_store)
         redis_client.close()
 
@@ -124,15 +128,19 @@ def test_every_connection_is_bounded_and_maintenance_has_its_own_bound(bounded: 
             conn.execute("SELECT pg_sleep(0.3)")  # past the pages' bound, within its own
         # ... and back to the connection's own after it.
         assert conn.execute("SHOW statement_timeout").fetchone() == ("200ms",)
-    assert bounded.store.embeddings.admin_timeout_s == WebConfig().admin_statement_timeout_s
+    assert (
+        bounded.store.embeddings.admin_timeout_s == WebConfig(token=TOKEN).admin_statement_timeout_s
+    )
 
 
 def test_the_bound_is_configured_as_the_other_durations() -> None:
-    assert WebConfig.from_env({}).statement_timeout_s == 5.0
-    assert WebConfig.from_env({}).admin_statement_timeout_s == 300.0
+    token = {"ENGRAM_DASHBOARD_TOKEN": TOKEN}
+    assert WebConfig.from_env(token).statement_timeout_s == 5.0
+    assert WebConfig.from_env(token).admin_statement_timeout_s == 300.0
     config = WebConfig.from_env(
-        {"ENGRAM_WEB_STATEMENT_TIMEOUT": "2s", "ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT": "1h"}
+        {**token, "ENGRAM_WEB_STATEMENT_TIMEOUT": "2s", "ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT": "1h"}
     )
     assert (config.statement_timeout_s, config.admin_statement_timeout_s) == (2.0, 3600.0)
     assert config.retry_after_s == 2
-    assert WebConfig.from_env({"ENGRAM_WEB_STATEMENT_TIMEOUT": "off"}).statement_timeout_s is None
+    off = WebConfig.from_env({**token, "ENGRAM_WEB_STATEMENT_TIMEOUT": "off"})
+    assert off.statement_timeout_s is None

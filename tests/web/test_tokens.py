@@ -19,7 +19,7 @@ from engram.store import Operation, Store, WriteResult
 from engram.web import WebConfig
 from engram.web.app import routes
 from engram.web.auth import require_grant
-from tests.web_fixtures import BASE_URL, EMBEDDER, TOKEN, Web, make_app
+from tests.web_fixtures import BASE_URL, EMBEDDER, TOKEN, Web, make_app, sign_in
 
 # What a scoped token may call (web.scoped): every other route must refuse it.
 TOKEN_ROUTES = {
@@ -200,6 +200,7 @@ def test_require_grant_gives_a_mounted_app_the_token_or_a_401(
     secret, _ = store.tokens.create("agent-mcp", {"user_id": "mcp"}, by="grace")
     with TestClient(app, base_url=BASE_URL) as client:
         assert client.get("/mcp/", headers=bearer(secret)).json() == {"name": "agent-mcp"}
+        sign_in(client, "local")  # the operator is no token either
         anonymous = client.get("/mcp/")
         assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"]
 

@@ -701,8 +701,10 @@ DOCUMENT: dict[str, Any] = {
                 "type": "http",
                 "scheme": "bearer",
                 "description": (
-                    "ENGRAM_DASHBOARD_TOKEN (the operator; not needed on loopback without "
-                    "one), or a scoped token (egt_..., engram tokens create): it reaches its "
+                    "The operator's token (ENGRAM_DASHBOARD_TOKEN, else the home's: "
+                    "ENGRAM_HOME/dashboard.token; none only on a dashboard served open, "
+                    "ENGRAM_DASHBOARD_OPEN, while no scoped token is live), or a scoped "
+                    "token (egt_..., engram tokens create): it reaches its "
                     "own scope's records, history, recall, operations and receipts only, "
                     "within its capabilities, and takes its scope from the token (a body "
                     "may leave scope out, or repeat it; another scope's is not found)."

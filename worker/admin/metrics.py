@@ -53,6 +53,11 @@ _HELP: dict[str, tuple[str, str]] = {
     "llm_prompt_tokens_total": ("counter", "Prompt tokens the model reported, by kind."),
     "llm_completion_tokens_total": ("counter", "Completion tokens the model reported, by kind."),
     "llm_seconds_total": ("counter", "Time spent waiting for model calls, by kind."),
+    "auth_refused_total": (
+        "counter",
+        "Requests refused for their credentials (none, a bad, revoked or expired token),"
+        " by door and reason.",
+    ),
 }
 
 
@@ -312,6 +317,12 @@ def record_partition_event(client: Any, worker_id: str, event: str, reason: str 
         pipe.hincrby(keys.METRICS, f'partitions_lost_total{{reason="{reason}"}}', 1)
         pipe.hincrby(keys.worker(worker_id), f"lost_{reason}", 1)
     pipe.execute()
+
+
+def record_refusal(client: Any, door: str, reason: str) -> None:
+    """One request refused for its credentials at ``door`` (api, dashboard, mcp), for
+    ``reason`` (a word of the web's own, never the request's)."""
+    client.hincrby(keys.METRICS, f'auth_refused_total{{door="{door}",reason="{reason}"}}', 1)
 
 
 def read_counters(client: redis.Redis) -> dict[str, float]:
