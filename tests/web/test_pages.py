@@ -396,7 +396,9 @@ def test_polls_never_overlap(web: Web) -> None:
 
 def test_starting_a_reembed_from_the_dashboard_is_audited(web: Web) -> None:
     csrf = web.csrf("/generations")
-    response = web.client.post("/generations/reembed", data={"csrf": csrf, "model": "minilm"})
+    response = web.client.post(
+        "/generations/reembed", data={"csrf": csrf, "model": "minilm", "confirm": "yes"}
+    )
     assert response.status_code == 303 and web.starts == [("minilm", "local")]
     # The module's store is shared: only this test starts a reembed.
     [entry] = [e for e in web.store.audit.page().items if e.action == "reembed.start"]
