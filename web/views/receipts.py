@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engram.store import ReceiptFilter, ReceiptItem
+from engram.store.audit import AuditEntry
 from engram.store.errors import EngramError, NotFoundError
 from engram.store.values import SCOPE_FIELDS
 from engram.store.write.operations import OPERATION_KINDS
@@ -86,6 +87,8 @@ class OperationState:
     # Waiting again: an earlier delivery failed (this error), and the operation was
     # enqueued again (a dead letter retried) since.
     earlier: EngramError | None = None
+    # Failed, and its dead letter discarded since (the audit row: who, when, why).
+    discarded: AuditEntry | None = None
 
     @property
     def done(self) -> bool:
@@ -138,7 +141,9 @@ def _settled_state(request: Request, op_id: str) -> OperationState | None:
     # Not in the store: the reply says if it was dead-lettered.
     reply = services.producer.results([op_id]).get(op_id)
     if isinstance(reply, EngramError):
-        return OperationState(op_id, "failed", None, reply)
+        last = services.store.audit.last_letter_action(op_id)
+        discarded = last if last is not None and last.action == "dead_letter.discard" else None
+        return OperationState(op_id, "failed", None, reply, discarded=discarded)
     if reply is not None:  # committed, its receipt not (or no longer) readable: as before
         return OperationState(op_id, "waiting", None, None)
     return None
