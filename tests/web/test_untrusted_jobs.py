@@ -163,7 +163,7 @@ def test_a_planted_job_set_aside_reads_as_failed_and_can_be_discarded(
     _plant(web, "planted-set-aside", tmp_path / "pwned", compressed=False, status="queued")
     queues.set_aside(web.redis, "planted-set-aside", QUEUE)  # what the jobs worker does
     page = web.client.get("/jobs/planted-set-aside").text
-    assert '<span class="badge failed">failed</span>' in page
+    assert 'id="job-state">failed</span>' in page
     assert "badge queued" not in page
     assert 'id="discard" href="/jobs/planted-set-aside/discard"' in page
     assert "set it aside among the failed jobs" in page
