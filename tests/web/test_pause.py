@@ -147,9 +147,17 @@ def test_pause_and_resume_from_the_overview_in_chromium(
     expect(page.locator("#paused")).to_contain_text("reindexing")
     assert pause.paused_numbers(client) == {1}
     browser.shot("overview-paused")
+    # The why typed into Resume survives the poll too (issue 42, item 7): a swap of the
+    # region (its "As of" time moves on) leaves it as typed, and it reaches the audit.
+    page.fill("#resume-reason-1", "reindexed, all caught up")
+    as_of = page.locator("#overview-as-of").inner_text()
+    expect(page.locator("#overview-as-of")).not_to_have_text(as_of)
+    expect(page.locator("#resume-reason-1")).to_have_value("reindexed, all caught up")
     page.get_by_role("button", name="Resume partition 1").click()
     expect(page.locator("#paused")).to_contain_text("Nothing is paused.")
     assert pause.paused_numbers(client) == set()
+    [resumed] = [e for e in store.audit.page(limit=20).items if e.action == "partition.resume"][:1]
+    assert resumed.detail.get("reason") == "reindexed, all caught up"
     # A press held across the overview's poll still clicks: the refresh does not swap
     # the button out from under the pointer (the browser would drop the click).
     page.get_by_role("button", name="Pause jobs").hover()
