@@ -63,3 +63,21 @@ def test_the_overview_says_it_refreshes_only_with_the_script(web: Web) -> None:
     assert '<span class="with-js" id="refreshes">; this page refreshes itself' in html
     assert '<noscript><p class="small notice" id="no-refresh">' in html
     assert 'id="overview-as-of">As of ' in html
+
+
+def test_a_next_page_link_from_before_a_restart_leads_to_the_lists_start(web: Web) -> None:
+    """Issue 42, item 11: without a dashboard token, a restart signs cursors with a new
+    key, and an old "next page" link answered a bare 400."""
+    for path, query in [
+        ("/dead-letters", "reason=failed&cursor=AAAA.bad"),
+        ("/receipts", "kind=forget&cursor=AAAA.bad"),
+        ("/audit", "action=job.retry&cursor=AAAA.bad"),
+        ("/scopes", "user_id=ada&cursor=AAAA.bad"),
+    ]:
+        answer = web.client.get(f"{path}?{query}")
+        assert answer.status_code == 400, path
+        start = query.split("&cursor=", 1)[0]
+        assert 'id="list-moved-on"' in answer.text, path
+        assert f'<a href="{path}?{start}" id="list-start">' in answer.text, path
+    api = web.client.get("/api/v1/receipts?cursor=AAAA.bad")
+    assert api.status_code == 400 and api.json()["error"]["code"] == "invalid_request"

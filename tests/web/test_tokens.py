@@ -318,3 +318,20 @@ def test_a_refused_token_form_comes_back_filled_with_the_error_beside_its_field(
     assert len(web.store.tokens.list()) == listed_before
     assert web.store.tokens.get("agent-new") is None
     assert len(web.store.audit.about("token:agent-new")) == audited_before
+
+
+def test_revoking_a_token_asks_first(web: Web) -> None:
+    """Issue 42, item 11: the token's page revoked on one click."""
+    web.store.tokens.create("agent-asked", {"user_id": "asked"}, by="test")
+    page = web.client.get("/tokens/agent-asked").text
+    assert 'id="revoke" href="/tokens/agent-asked/revoke">Revoke…</a>' in page
+    assert 'action="/tokens/agent-asked/revoke"' not in page  # no one-click form
+    asked = web.client.get("/tokens/agent-asked/revoke").text
+    assert 'id="confirm-revoke"' in asked and "cannot be undone" in asked
+    token = web.store.tokens.get("agent-asked")
+    assert token is not None and token.revoked_at is None  # asking changed nothing
+    csrf = web.csrf("/tokens/agent-asked/revoke")
+    done = web.client.post("/tokens/agent-asked/revoke", data={"csrf": csrf, "why": "leaked"})
+    assert done.status_code == 303
+    token = web.store.tokens.get("agent-asked")
+    assert token is not None and token.revoked_at is not None

@@ -137,6 +137,8 @@ def token_page(request: Request) -> Response:
         token=token,
         reads=web.services.store.tokens.reads_by_token(name, READS_SHOWN),
         audit=web.services.store.audit.about(f"token:{name}"),
+        # /tokens/NAME/revoke is the confirmation: a revoke asks first, with a why.
+        confirm_revoke=request.url.path.endswith("/revoke"),
     )
 
 
