@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from html.parser import HTMLParser
 
-from engram.store import Operation
+from engram.store import Operation, Store
 from engram.web.render import BIDI_CONTROLS, bidi_visible
 from engram.worker import keys
+from engram.worker.embedded.runtime import connect_redis
 from engram.worker.protocol import encode_entry
 from tests.web_fixtures import EMBEDDER, Web
 
@@ -145,3 +146,20 @@ def test_what_a_person_or_an_agent_supplied_is_shown_isolated_with_its_controls_
     assert "(claimed) <bdi" in pages["receipt"]
     # The dry run's form carries the value exactly, so that confirming takes the same.
     assert f'name="chat_id" value="{RLO}evil"' in dry
+
+
+def test_the_signed_in_name_is_shown_isolated_with_its_controls_visible(
+    store: Store, redis_url: str
+) -> None:
+    """Issue 42, item 2: the signed-in name (a person types it at /login)."""
+    from tests.web.test_auth import guarded, sign_in
+
+    client = connect_redis(redis_url)
+    with guarded(store, client) as http:
+        assert sign_in(http, name=f"{RLO}toor").status_code == 303
+        html = http.get("/").text
+    client.close()
+    assert RLO not in html
+    who = html.split('class="who">', 1)[1].split("</div>", 1)[0]
+    assert '<b><bdi class="supplied"><span class="bidi-control"' in who
+    assert all(isolated_markers(html))
