@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TypeVar
 
 from starlette.requests import Request
@@ -58,12 +57,13 @@ def _list_page(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """A create refused: the form field it is about, and the error."""
+class Refused(Exception):
+    """A create refused: the form field it is about (name, scope, expires, can or why),
+    and the error."""
 
-    field: str  # name, scope, expires, can or why
-    error: EngramError
+    def __init__(self, field: str, error: EngramError) -> None:
+        super().__init__(field)
+        self.field, self.error = field, error
 
 
 def create(request: Request, form: dict[str, str]) -> Response:
@@ -72,19 +72,12 @@ def create(request: Request, form: dict[str, str]) -> Response:
     with the form as typed and the error beside its field; nothing is created."""
     try:
         name, secret = _create(request, form)
-    except _FieldError as exc:
+    except Refused as refused:
         typed = {k: v for k, v in form.items() if k != "csrf"}
-        refused = Refused(exc.field, exc.error)
-        return _list_page(request, status_code=exc.error.status, typed=typed, refused=refused)
+        return _list_page(request, status_code=refused.error.status, typed=typed, refused=refused)
     response = _list_page(request, created=name, secret=secret)
     response.status_code = 201
     return response
-
-
-class _FieldError(Exception):
-    def __init__(self, field: str, error: EngramError) -> None:
-        super().__init__(field)
-        self.field, self.error = field, error
 
 
 def _field(name: str, read: Callable[[], T]) -> T:
@@ -92,7 +85,7 @@ def _field(name: str, read: Callable[[], T]) -> T:
     try:
         return read()
     except EngramError as exc:
-        raise _FieldError(name, exc) from None
+        raise Refused(name, exc) from None
 
 
 def _create(request: Request, form: Mapping[str, str]) -> tuple[str, str]:
