@@ -149,6 +149,7 @@ def _match(args: argparse.Namespace) -> Match:
             "reason": args.filter_reason,
             "partition": args.partition,
             "code": args.code,
+            "code_match": args.code_match,
             "kind": args.kind,
             "since": args.since,
             "until": args.until,
@@ -218,7 +219,13 @@ def _filters(parser: Any, only: str) -> None:
         help=only + "dead-lettered for this reason",
     )
     parser.add_argument("--partition", type=int, default=None, help=only + "of this partition")
-    parser.add_argument("--code", default=None, help=only + "whose error has this code")
+    parser.add_argument("--code", default=None, help=only + "of this code (exactly)")
+    parser.add_argument(
+        "--code-match",
+        choices=selection.CODE_MATCHES,
+        default=None,
+        help="how --code matches: exact (the default), or prefix (codes beginning with it)",
+    )
     parser.add_argument(
         "--kind", choices=OPERATION_KINDS, default=None, help=only + "of this operation kind"
     )

@@ -4,7 +4,10 @@ RQ stores the traceback of a job that raised (its exception's message included)
 in Redis. A message can quote data: a database error's detail line, an
 embedder's complaint about a text. So a job function never lets an exception
 out as it is: ``content_free`` logs its type and frames (code, not data) and
-raises ``JobFailedError``, whose message names the job and the error's type only.
+raises ``JobFailedError``, whose message names the job and its cause as a dead
+letter's does (``worker.causes``): engram's own errors, content-free by contract,
+with their message (``prune failed: InvalidRequestError: ...``); a database's with
+its class and SQLSTATE; any other with its type only.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
+import psycopg
+
 from engram.store.errors import EngramError
+from engram.worker.causes import cause_of
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +58,19 @@ def content_free(what: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
                             "where": "".join(traceback.format_tb(exc.__traceback__))[-2000:],
                         },
                     )
-                raise JobFailedError(f"{what} failed ({type(exc).__name__})") from None
+                raise JobFailedError(f"{what} failed: {_cause(exc)}") from None
 
         return run
 
     return wrap
+
+
+def _cause(exc: Exception) -> str:
+    """What a failed job's error says of why: no text a job was given can be in it (the
+    job knows no texts to look for, so another error's message is not kept)."""
+    if isinstance(exc, EngramError | psycopg.Error):
+        return cause_of(exc).detail
+    return type(exc).__name__
 
 
 def _ids(args: tuple[Any, ...]) -> str:

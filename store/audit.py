@@ -151,6 +151,20 @@ class Audit:
         where = "action = 'dead_letter.retry' AND detail ->> 'operation_id' = %s"
         return self._oldest_first(where, operation_id, limit)
 
+    def last_letter_action(self, operation_id: str, scope_key: str) -> AuditEntry | None:
+        """The latest retry or discard of this operation's dead letters in its scope
+        (migration 012's index; a row from before operation ids were their scope's names
+        none, and counts for any), or None: what became of its last failure."""
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM engram_audit WHERE detail ->> 'operation_id' = %s"
+                " AND action IN ('dead_letter.retry', 'dead_letter.discard')"
+                " AND coalesce(detail ->> 'scope', %s) = %s"
+                " ORDER BY at DESC, id DESC LIMIT 1",
+                (operation_id, scope_key, scope_key),
+            ).fetchone()
+        return AuditEntry(*row) if row is not None else None
+
     def about(self, target: str, *, limit: int = MAX_ATTEMPTS) -> list[AuditEntry]:
         """The rows about ``target`` (a record id, a job id...), oldest first."""
         return self._oldest_first("target = %s", target, limit)

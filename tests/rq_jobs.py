@@ -19,8 +19,8 @@ from tests.jobs_fixtures import context
 
 def enqueue_failing(queue: Queue, label: str) -> Job:
     """A prune of ``label``, which is none of the prunes: it fails when it runs
-    (``JobFailedError: prune failed (InvalidRequestError)``), and names ``label`` in its
-    arguments."""
+    (``JobFailedError: prune failed: InvalidRequestError: prune one of ...``), and
+    names ``label`` in its arguments."""
     return queue.enqueue(prune.prune_job, label)
 
 

@@ -38,6 +38,7 @@ TOKEN = "s3cret-dashboard-token-for-tests"
 # What a program sends as the operator.
 OPERATOR = {"Authorization": f"Bearer {TOKEN}"}
 ARTIFACTS = Path(os.environ.get("ENGRAM_TEST_ARTIFACTS") or REPO / "test-artifacts")
+SCREENSHOTS = REPO / "docs" / "screenshots"
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -288,9 +289,11 @@ class Browser:
     dialogs: list[str]
 
     def shot(self, name: str) -> Path:
-        """A screenshot, saved with the test artifacts."""
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        path = ARTIFACTS / f"{name}.png"
+        """A screenshot, saved with the test artifacts; with ENGRAM_UPDATE_SCREENSHOTS=1,
+        in docs/screenshots/ (the docs' pictures, taken again only when asked)."""
+        folder = SCREENSHOTS if os.environ.get("ENGRAM_UPDATE_SCREENSHOTS") == "1" else ARTIFACTS
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
         return path
 

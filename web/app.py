@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import psycopg
 from starlette.applications import Starlette
@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from engram.store.errors import EngramError, NotFoundError
+from engram.store.read.cursors import InvalidCursorError
 
 from .api import operations as api_ops
 from .api import pause as api_pause
@@ -299,13 +300,28 @@ def back_of(request: Request) -> str | None:
     return back if same_site and back != here else None
 
 
+def list_start(request: Request, exc: EngramError) -> str | None:
+    """A list's first page, with its filters, when a page's cursor is not one this server
+    signs (a link from before a restart of a dashboard without a token, or tampered):
+    the list has moved on, and this is where it starts."""
+    if not isinstance(exc, InvalidCursorError) or "cursor" not in request.query_params:
+        return None
+    kept = [(k, v) for k, v in request.query_params.multi_items() if k != "cursor"]
+    return request.url.path + (f"?{urlencode(kept)}" if kept else "")
+
+
 def error_page(request: Request, exc: EngramError) -> Response:
     response: Response
     if wants_json(request.scope):
         response = JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
     else:
         response = web_of(request).render.page(
-            request, "error.html", status_code=exc.status, error=exc, back=back_of(request)
+            request,
+            "error.html",
+            status_code=exc.status,
+            error=exc,
+            back=back_of(request),
+            start=list_start(request, exc),
         )
     if isinstance(exc, StatementTimeoutError | RateLimitedError):
         response.headers["retry-after"] = str(exc.retry_after_s)

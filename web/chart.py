@@ -133,11 +133,13 @@ class LagRow:
 
 def lag_rows(samples: Sequence[LagSample], lag_now: dict[int, int], now_s: float) -> list[LagRow]:
     """A row per partition (those live now and those sampled): its lag now, and its
-    highest sample in the last hour and the last day."""
+    highest in the last hour and the last day, now included: the samples are read at
+    most every 30 s (``state.Costly``), and a highest below the lag now is no highest."""
     partitions = sorted(set(lag_now) | {p for s in samples for p in s.lags})
     rows = []
     for p in partitions:
         day = [(s.lags[p], s.start_s) for s in samples if p in s.lags]
+        day.append((lag_now.get(p, 0), int(now_s)))
         hour = [lag for lag, start in day if start > now_s - HOUR_S]
         peak, at = max(day, default=(0, 0))
         rows.append(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -39,6 +40,10 @@ class Renderer:
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,
             lstrip_blocks=True,
+            # No bidirectional control anywhere a page shows a value, text or attribute
+            # (a name, a reason, a scope's value, an id: a person or an agent chose
+            # them): each is a visible marker. A form's value keeps them (``as_typed``).
+            finalize=controls_shown,
         )
         self.env.filters.update(
             path=path_quote,
@@ -46,12 +51,15 @@ class Renderer:
             ms_time=lambda ms: format_time(datetime.fromtimestamp(ms / 1000, UTC)),
             ago=ago,
             scope_label=scope_label,
+            scope_text=scope_text,
             pretty=pretty_json,
             clip=clip,
             qs=query_string,
             number=number,
             bidi=bidi_visible,
             memory=memory_text,
+            supplied=supplied_text,
+            as_typed=as_typed,
             detail_value=detail_value,
         )
         # A generation's status as its re-embedding's outcome allows (``jobs.progress``).
@@ -111,8 +119,18 @@ def ago(value: datetime | None, now: datetime | None = None) -> str:
     return f"{int(seconds)} s ago"
 
 
-def scope_label(scope: Scope) -> str:
+def scope_text(scope: Scope) -> str:
+    """A scope's pairs as plain text, for a page's title (its controls shown as markers
+    when printed: ``controls_shown``)."""
     return ", ".join(f"{k}={v}" for k, v in scope.as_dict().items())
+
+
+def scope_label(scope: Scope) -> Markup:
+    """A scope's ``field=value`` pairs, each value as a person or an agent supplied it
+    (``supplied_text``): a ``chat_id`` of ``"\u202eevil"`` cannot show as ``live``."""
+    return Markup(", ").join(
+        Markup("{}=").format(k) + supplied_text(v) for k, v in scope.as_dict().items()
+    )
 
 
 def pretty_json(value: object) -> str:
@@ -184,3 +202,37 @@ def memory_text(value: object) -> Markup:
     """Memory text as a page shows it: its bidi controls visible, and isolated
     (``<bdi>``) so a right-to-left text cannot reorder the page around it."""
     return Markup('<bdi class="memory">') + bidi_visible(value) + Markup("</bdi>")
+
+
+def supplied_text(value: object) -> Markup:
+    """A string a person or an agent supplied (a name, a reason, a scope's value, an id)
+    as memory text is shown: isolated, its bidi controls visible markers. Text that
+    cannot change the direction of what is around it (no right-to-left letter, no
+    control: every ASCII string) needs no isolating element, and gets none."""
+    text = str(value)
+    if text.isascii() or not (
+        _BIDI.search(text) or any(unicodedata.bidirectional(c) in _REORDERING for c in text)
+    ):
+        return escape(text)
+    return Markup('<bdi class="supplied">') + bidi_visible(text) + Markup("</bdi>")
+
+
+# The bidirectional classes of characters that reorder a line: right-to-left letters,
+# Arabic digits, and the controls (embeddings, overrides, isolates; ``BIDI_CONTROLS``).
+_REORDERING = frozenset(
+    ("R", "AL", "AN", "LRE", "LRO", "RLE", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI")
+)
+
+
+def controls_shown(value: object) -> object:
+    """Every value a template prints (``finalize``): text that is not yet markup has each
+    bidi control replaced by its marker as plain text, safe in an attribute too."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return _BIDI.sub(lambda found: f"\u27e8{BIDI_CONTROLS[found[0]]}\u27e9", value)
+    return value
+
+
+def as_typed(value: object) -> Markup:
+    """A form field's value exactly as it was typed or read, controls included (escaped
+    but not marked), so that sending the form again sends the same value."""
+    return escape("" if value is None else value)

@@ -31,6 +31,7 @@ from rq.results import Result
 
 from engram.jobs import queues as rq_queues
 from engram.jobs import schedule
+from engram.jobs.keys import QUEUES
 from engram.jobs.queues import UnreadableJob
 from engram.jobs.settings import Retention
 from engram.store.errors import InvalidRequestError, NotFoundError
@@ -284,7 +285,7 @@ def get(conn: redis.Redis, job_id: str) -> JobRow | None:
     if job is None:
         return None
     if isinstance(job, UnreadableJob):
-        return _unreadable(job, job.origin, _unreadable_state(job))
+        return _unreadable(job, job.origin, _unreadable_state(conn, job))
     return _rows_of(conn, [job], job.origin, None)[0]
 
 
@@ -367,7 +368,7 @@ def _rows(conn: redis.Redis, ids: list[str], queue: str, state: str | None) -> l
     return [
         next(readable)
         if isinstance(job, Job)
-        else _unreadable(job, queue, state or _unreadable_state(job))
+        else _unreadable(job, queue, state or _unreadable_state(conn, job))
         for job in found
         if job is not None
     ]
@@ -448,7 +449,14 @@ def _unreadable(job: UnreadableJob, queue: str, state: str) -> JobRow:
     )
 
 
-def _unreadable_state(job: UnreadableJob) -> str:
+def _unreadable_state(conn: redis.Redis, job: UnreadableJob) -> str:
+    """An unreadable job listed among its queue's failed jobs (the jobs worker set it
+    aside there, never run) is failed, whatever its hash says (it may say ``queued``: it
+    is untrusted, and nothing runs it); else what its hash says, if it is a state."""
+    if job.origin in QUEUES:
+        failed_jobs = rq_queues.queue(conn, job.origin).failed_job_registry.key
+        if conn.zscore(failed_jobs, job.id) is not None:
+            return "failed"
     return job.status if job.status in JOB_STATES else "unknown"
 
 

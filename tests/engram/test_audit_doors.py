@@ -197,7 +197,7 @@ CASES: list[tuple[str, str, Callable[[Doors], str], Act]] = [
      lambda d, t, why: d.cli(
          "reembed", "--model", "hashing:16", "--detach", "--by", CLI_WHO, "--reason", why)),
     ("reembed.start", "dashboard", nothing,
-     lambda d, t, why: d.form("/generations/reembed", model="hashing:16", why=why)),
+     lambda d, t, why: d.form("/generations/reembed", model="hashing:16", why=why, confirm="yes")),
     ("reembed.start", "api", nothing,
      lambda d, t, why: d.api("POST", "/api/v1/reembed", {"model": "hashing:16", "reason": why})),
     ("reembed.cancel", "cli", a_pending_generation,

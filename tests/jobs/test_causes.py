@@ -8,14 +8,16 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
 import pytest
 from starlette.testclient import TestClient
 
 from engram.cli import main
 from engram.jobs import causes, keys
+from engram.jobs.errors import JobFailedError, content_free
 from engram.jobs.progress import Progress
 from engram.store import HashingEmbedder, Store
-from engram.store.errors import EmbeddingMismatchError
+from engram.store.errors import EmbeddingMismatchError, InvalidRequestError
 from engram.web import rqjobs
 from engram.worker.embedded.runtime import connect_redis
 from tests.embedder_faults import BREAKS_WITH, FAULTY_PLUGINS
@@ -122,3 +124,26 @@ def test_an_embedder_that_breaks_mid_way_shows_its_cause_everywhere(
         page = http.get(f"/jobs?queue={keys.REEMBED_QUEUE}&state=failed").text
         assert f"re-embedding slice failed: {cause}" in page
     client.close()
+
+
+def test_a_failed_jobs_error_says_its_cause_and_quotes_no_text() -> None:
+    """Issue 42, item 5: a failed job's error named the cause's type only ("prune failed
+    (InvalidRequestError)"); it says engram's content-free message, and of any other
+    error its type alone."""
+
+    def failing(exc: Exception) -> Any:
+        @content_free("prune")
+        def job() -> None:
+            raise exc
+
+        with pytest.raises(JobFailedError) as raised:
+            job()
+        return raised.value.message
+
+    assert failing(InvalidRequestError("prune one of records, not 'x'")) == (
+        "prune failed: InvalidRequestError: prune one of records, not 'x'"
+    )
+    assert failing(ValueError("Ada's PIN is 4417")) == "prune failed: ValueError"
+    assert failing(psycopg.errors.UniqueViolation("Key (text)=(Ada's PIN)")) == (
+        "prune failed: UniqueViolation (SQLSTATE 23505)"
+    )

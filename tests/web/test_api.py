@@ -267,7 +267,12 @@ def test_jobs_on_rq_with_their_errors_and_a_retry(web: Web, redis_url: str) -> N
     assert counts["counts"] | {} == {**counts["counts"], "failed": 1, "finished": 1, "queued": 1}
     [job] = listing["items"]
     assert job["id"] == failing.id and job["function"] == "engram.jobs.prune.prune_job"
-    assert job["error"].endswith("JobFailedError: prune failed (InvalidRequestError)")
+    # The cause's message, not only its type (issue 42, item 5): content-free, as a
+    # dead letter's.
+    assert "JobFailedError: prune failed: InvalidRequestError: prune one of " in job["error"]
+    assert job["error"].endswith("not 'mem_42'")
+    page = web.client.get(f"/jobs/{failing.id}").text
+    assert "Why it failed:" in page and "prune one of" in page and "not &#39;mem_42&#39;" in page
     assert job["arguments"] == "'mem_42'" and job["ended_at"]
     finished = web.client.get(f"/api/v1/jobs?queue={MAINTENANCE_QUEUE}&state=finished").json()[
         "items"

@@ -36,6 +36,10 @@ def test_the_page_shows_details_as_values_not_python_reprs(web: Web) -> None:
     assert "True" not in row and "None" not in row
     for shown in ("was_paused: true", "reason: null", "n: 2", "why: &#34;it broke&#34;"):
         assert shown in row
+    # Each field a line of its own, and nothing between them (issue 42, item 11: each
+    # was followed by a line holding only ",").
+    cell = row.split('<td class="mono small">', 1)[1].split("</td>", 1)[0]
+    assert "," not in cell and cell.count('<span class="detail">') == 4
 
 
 def test_the_page_and_the_api_filter_by_action_who_target_and_time(web: Web) -> None:

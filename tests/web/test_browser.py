@@ -235,7 +235,8 @@ def test_a_reembed_s_progress_bar_moves_in_place(
     page = browser.page
     page.goto(served.url + "/generations")
     page.get_by_label("towards the model").fill("slow")
-    page.get_by_role("button", name="Start").click()
+    page.get_by_role("button", name="Start…").click()
+    page.get_by_role("button", name="Start the reembed").click()
     pending = next(g for g in fresh_store.embeddings.all() if g.status == "pending")
     bar = page.locator(f"#progress-{pending.id} progress")
     page.evaluate("window.engramNotReloaded = true")

@@ -68,9 +68,10 @@ def test_lag_rows_give_each_partition_now_the_last_hour_and_the_day() -> None:
     assert [(r.partition, r.now, r.max_hour, r.max_day) for r in rows] == [
         (0, 2, 40, 900),
         (1, 0, 0, 3),
-        (2, 7, 0, 0),  # live now, never sampled before
+        (2, 7, 7, 7),  # live now, never sampled before: now is its highest
     ]
-    assert rows[0].max_day_at == "Nov 15 02:13" and rows[2].max_day_at == ""
+    assert rows[0].max_day_at == "Nov 15 02:13" and rows[2].max_day_at == "Nov 15 22:13"
+    assert lag_rows([], {3: 0}, now)[0].max_day_at == ""  # never above 0
     assert lag_rows([], {}, now) == []
 
 

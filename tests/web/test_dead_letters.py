@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from engram.store import HashingEmbedder
+from engram.store import HashingEmbedder, Operation
 from engram.store.errors import EmbedderUnavailableError
+from engram.web.render import format_time
 from engram.worker import DeadLetteredError, keys
-from engram.worker.protocol import partition_of
+from engram.worker.protocol import encode_entry, partition_of
 from tests.redis_fixtures import FAST, wait_until
 from tests.web_fixtures import Web
 
@@ -111,3 +113,29 @@ def test_a_failed_letter_shows_its_root_cause_and_a_code_that_says_why(
     assert "embedder_unavailable" in web.client.get("/").text
     operation = web.client.get("/operations/nox:1").text
     assert "embedder_unavailable" in operation and "onnxruntime is missing" in operation
+
+
+def test_a_letters_page_says_when_and_a_rows_retry_takes_a_why(web: Web) -> None:
+    """Issue 42, item 11: the letter's page had no time, and the list row's Retry took
+    no why for the audit trail."""
+    web.redis.delete(keys.DEAD_LETTERS)
+    op = Operation.build("forget", {"user_id": "ada"}, {"id": "mem_x"})
+    dead_id = web.redis.xadd(keys.DEAD_LETTERS, {
+        "partition": partition_of(op.scope, FAST.partitions), "entry": "5-0",
+        "operation_id": op.operation_id, "reason": "failed",
+        "error": json.dumps({"code": "dead_lettered", "message": "no"}), "deliveries": 1,
+        "at_ms": 1_700_000_000_000, "op": encode_entry(op)["op"],
+    }).decode()  # type: ignore[union-attr]  # fmt: skip
+    page = web.client.get(f"/dead-letters/{dead_id}").text
+    at = format_time(datetime.fromtimestamp(1_700_000_000, UTC))
+    assert f'<dd id="letter-at">{at}</dd>' in page
+    listed = web.client.get("/dead-letters").text
+    row = listed.split(f'action="/dead-letters/{dead_id}/retry"', 1)[1].split("</form>", 1)[0]
+    assert 'name="why"' in row
+    csrf = web.csrf("/dead-letters")
+    retried = web.client.post(
+        f"/dead-letters/{dead_id}/retry", data={"csrf": csrf, "why": "the store is back"}
+    )
+    assert retried.status_code == 303
+    [entry] = web.store.audit.about(dead_id)
+    assert (entry.action, entry.detail["reason"]) == ("dead_letter.retry", "the store is back")

@@ -220,8 +220,11 @@ def test_dead_letters_by_each_filter(web: Web, letters: dict[str, str]) -> None:
         return "".join(sorted(ids[i] for i in _letters(web, query)))
 
     assert names("") == "abcde"
-    assert names("code=dead_lettered") == "ac"
+    assert names("code=dead_lettered") == "a"  # c: too_many_deliveries, its own code
     assert names("code=dead_lettered&reason=failed") == "a"
+    assert names("code=too_many_deliveries") == "c"
+    assert names("code=too_many&code_match=prefix") == "c"
+    assert names("code=too_many&code_match=exact") == ""
     assert names("kind=remember") == "bc"
     assert names("kind=forget") == "a"  # the malformed ones have no kind
     assert names("partition=1&kind=remember&code=store_unavailable") == "b"
@@ -229,10 +232,10 @@ def test_dead_letters_by_each_filter(web: Web, letters: dict[str, str]) -> None:
     assert names("since=2023-11-14T22:14:20Z&until=2023-11-14T22:16:20%2B00:00") == "bc"
     assert names("until=2023-11-14T22:13:20.001") == "ae"  # the garbage one is at 0
     assert names("code=nothing_like_it") == ""
-    page = web.client.get("/dead-letters?kind=remember&code=dead_lettered")
+    page = web.client.get("/dead-letters?kind=remember&code=too_many_deliveries")
     assert page.status_code == 200
     assert letters["c"] in page.text and letters["b"] not in page.text
-    assert 'name="code" maxlength="64" value="dead_lettered"' in page.text
+    assert 'name="code" maxlength="64" value="too_many_deliveries"' in page.text
     assert '<option value="remember" selected>' in page.text
 
 
@@ -246,6 +249,7 @@ def test_dead_letters_by_each_filter(web: Web, letters: dict[str, str]) -> None:
         "reason=bored",
         "code=a%20b",
         "code=" + "c" * 65,
+        "code=x&code_match=suffix",
         "since=soon",
         "until=2023-13-01",
         "colour=red",
@@ -264,23 +268,27 @@ def test_bad_dead_letter_filters_are_refused(web: Web, letters: dict[str, str], 
 def test_a_bulk_discard_takes_only_what_the_whole_filter_matches(
     web: Web, letters: dict[str, str]
 ) -> None:
-    query = "action=discard&code=dead_lettered&kind=remember&since=2023-11-14T22:14:00"
+    query = "action=discard&code=too_many_deliveries&kind=remember&since=2023-11-14T22:14:00"
     listed = web.client.get(
-        "/dead-letters?code=dead_lettered&kind=remember&since=2023-11-14T22:14:00"
+        "/dead-letters?code=too_many_deliveries&kind=remember&since=2023-11-14T22:14:00"
     )
     assert (
-        "/dead-letters/bulk?action=discard&amp;code=dead_lettered&amp;kind=remember" in listed.text
+        "/dead-letters/bulk?action=discard&amp;code=too_many_deliveries&amp;code_match=exact"
+        "&amp;kind=remember" in listed.text
     )
     dry = web.client.get(f"/dead-letters/bulk?{query}")
     assert dry.status_code == 200 and '<strong class="bulk-count">1</strong>' in dry.text
-    for name, value in [("code", "dead_lettered"), ("kind", "remember"), ("reason", "")]:
+    for name, value in [
+        ("code", "too_many_deliveries"), ("code_match", "exact"), ("kind", "remember"),
+        ("reason", ""),
+    ]:  # fmt: skip
         assert f'<input type="hidden" name="{name}" value="{value}">' in dry.text
     assert 'name="since" value="2023-11-14T22:14:00.000+00:00"' in dry.text
     form = _hidden_fields(dry.text)
     assert web.redis.xlen(keys.DEAD_LETTERS) == 5  # the dry run changed nothing
     done = web.client.post("/dead-letters/bulk", data={**form, "why": "test"})
     assert done.status_code == 200, done.text
-    assert "Discarded 1 dead letter" in done.text and "code=dead_lettered" in done.text
+    assert "Discarded 1 dead letter" in done.text and "code=too_many_deliveries" in done.text
     left = {i.decode() for i, _ in web.redis.xrange(keys.DEAD_LETTERS)}  # type: ignore[union-attr]
     assert left == set(letters.values()) - {letters["c"]}
 
@@ -348,6 +356,66 @@ def test_a_filtered_page_reads_a_bounded_number_of_letters(web: Web) -> None:
     second = web.client.get(f"/api/v1/dead-letters?kind=forget&cursor={first['next']}").json()
     assert [x["id"] for x in second["items"]] == [wanted] and second["next"] is None
     web.redis.delete(keys.DEAD_LETTERS)
+
+
+def _malformed(client: redis.Redis, cause: str, i: int) -> str:
+    """A letter dead-lettered as malformed, as a worker writes it: its error's class code
+    is ``invalid_request`` whatever the cause, its own code the cause."""
+    error = {"code": "invalid_request", "message": f"the entry is not valid ({i})", "cause": cause}
+    fields = {
+        "partition": 0, "entry": f"{i}-0", "operation_id": f"m:{i}", "reason": "malformed",
+        "error": json.dumps(error), "deliveries": 1, "at_ms": T0 + i, "op": "{}",
+    }  # fmt: skip
+    return client.xadd(keys.DEAD_LETTERS, fields).decode()  # type: ignore[arg-type,union-attr]
+
+
+def test_a_code_filter_takes_that_code_only_and_the_dry_run_shows_each_code(web: Web) -> None:
+    """Issue 42, item 1: ``code=invalid_request`` matched 8 letters, not 5 (the error's
+    class code of ``invalid_json``, ``unknown_kind`` and ``invalid_entry`` letters is
+    ``invalid_request`` too), the dry run showed no code, and "Discard these 8" removed
+    them. The code matches exactly; a prefix is a choice of its own, shown as such."""
+    web.redis.delete(keys.DEAD_LETTERS)
+    wanted = {_malformed(web.redis, "invalid_request", i) for i in range(5)}
+    others = {
+        cause: _malformed(web.redis, cause, 10 + i)
+        for i, cause in enumerate(("invalid_json", "unknown_kind", "invalid_entry"))
+    }
+    assert set(_letters(web, "code=invalid_request")) == wanted
+    assert set(_letters(web, "code=invalid_&code_match=prefix")) == wanted | {
+        others["invalid_json"], others["invalid_entry"],
+    }  # fmt: skip
+    assert set(_letters(web, "code=invalid_")) == set()
+
+    dry = web.client.get("/dead-letters/bulk?action=discard&code=invalid_request")
+    assert dry.status_code == 200 and '<strong class="bulk-count">5</strong>' in dry.text
+    assert 'code exactly <span class="mono code">invalid_request</span>' in dry.text
+    # Each letter with its code and cause, and the count by code.
+    rows = dry.text.split("<tbody>", 1)[1].split("</tbody>", 1)[0].split("<tr>")[1:]
+    assert len(rows) == 5
+    for row in rows:
+        assert '<span class="mono code">invalid_request</span>' in row
+        assert "the entry is not valid" in row
+    assert 'By code: <span class="mono code">invalid_request</span> 5.' in dry.text
+    assert web.redis.xlen(keys.DEAD_LETTERS) == 8  # the dry run changed nothing
+    done = web.client.post("/dead-letters/bulk", data={**_hidden_fields(dry.text), "why": "t"})
+    assert done.status_code == 200 and "Discarded 5 dead letters" in done.text
+    left = {i.decode() for i, _ in web.redis.xrange(keys.DEAD_LETTERS)}  # type: ignore[union-attr]
+    assert left == set(others.values())
+
+    # The prefix, asked for: the dry run says so, and counts each code it takes.
+    dry = web.client.get("/dead-letters/bulk?action=discard&code=invalid_&code_match=prefix")
+    assert '<strong class="bulk-count">2</strong>' in dry.text
+    assert 'code beginning with <span class="mono code">invalid_</span>' in dry.text
+    assert (
+        'By code: <span class="mono code">invalid_entry</span> 1, '
+        '<span class="mono code">invalid_json</span> 1.'
+    ) in dry.text
+    assert '<input type="hidden" name="code_match" value="prefix">' in dry.text
+    api = web.client.post(
+        "/api/v1/bulk/dead-letters",
+        json={"action": "discard", "filter": {"code": "invalid_request"}},
+    ).json()
+    assert api["count"] == 0 and api["filter"]["code_match"] == "exact"
 
 
 def _hidden_fields(html: str) -> dict[str, str]:

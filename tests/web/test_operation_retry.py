@@ -19,7 +19,7 @@ from engram.worker.embedded.runtime import connect_redis
 from engram.worker.errors import DeadLetteredError
 from engram.worker.protocol import encode_entry, encode_reply, partition_of
 from tests.redis_fixtures import FAST, InProcessWorker, WorkerProcess, wait_until
-from tests.web_fixtures import Browser, Served, Web
+from tests.web_fixtures import EMBEDDER, Browser, Served, Web
 
 
 def dead_lettered(client: redis.Redis, op: Operation) -> str:
@@ -72,6 +72,31 @@ def test_a_failed_reply_left_by_the_first_delivery_is_not_the_outcome_of_a_retry
             what="the retry committed",
         )
     assert "badge committed" in web.client.get(f"/operations/{op.operation_id}{of_scope}").text
+
+
+def test_a_discarded_letters_operation_says_it_was_discarded_by_whom_when_and_why(
+    web: Web, scope: dict[str, str]
+) -> None:
+    """Issue 42, item 10: once its dead letter was discarded, the operation's page still
+    said "failed — it was not applied" and linked to a letter that is gone."""
+    op = Operation.build("remember", scope, {"text": "Never applied."}, "op:discarded:1")
+    dead_id = dead_lettered(web.redis, op)
+    before = web.client.get(f"/operations/{op.operation_id}").text
+    assert "badge failed" in before and 'id="discarded"' not in before
+    csrf = web.csrf(f"/dead-letters/{dead_id}/discard")
+    gone = web.client.post(
+        f"/dead-letters/{dead_id}/discard", data={"csrf": csrf, "why": "a duplicate of op 7"}
+    )
+    assert gone.status_code == 303
+    page = web.client.get(f"/operations/{op.operation_id}").text
+    said = page.split('id="discarded">', 1)[1].split("</p>", 1)[0]
+    assert "<b>discarded</b> by local" in said and "a duplicate of op 7" in said
+    assert "ago" in said and "It will not be applied." in said
+    assert "It was not applied:" not in page and 'hx-trigger="every 1s"' not in page
+    assert f'href="/audit?target={dead_id}"' in page
+    # Discarded, then sent again by its producer and applied: the receipt wins.
+    web.store.execute([op], EMBEDDER)
+    assert "badge committed" in web.client.get(f"/operations/{op.operation_id}").text
 
 
 def test_the_page_a_retry_redirects_to_ends_on_committed(

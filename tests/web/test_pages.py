@@ -204,7 +204,9 @@ def test_a_scope_by_status_tombstones_and_as_of(web: Web) -> None:
     as_of = web.client.get(f"/scopes/{sid}?as_of={before.strftime('%Y-%m-%dT%H:%M:%S.%f')}").text
     assert "Bea likes coffee." in as_of and "passport" not in as_of
     assert re.search(
-        r"Bea likes coffee\.</bdi></td><td>semantic</td><td><span class=\"badge active", as_of
+        r"Bea likes coffee\.</bdi></td><td data-label=\"kind\">semantic</td>"
+        r"<td data-label=\"status\"><span class=\"badge active",
+        as_of,
     )
 
 
@@ -268,7 +270,9 @@ def test_recall_shows_hits_with_score_and_match_kind(
     assert part.status_code == 200 and part.text.lstrip().startswith('<div id="recall"')
     assert "Ada moved to Lyon." in part.text
     assert re.search(
-        r'<td class="num">0\.\d{4}</td><td><span class="badge (hybrid|lexical|vector)"', part.text
+        r'<td class="num" data-label="relevance">0\.\d{4}</td>'
+        r'<td data-label="match"><span class="badge (hybrid|lexical|vector)"',
+        part.text,
     )
     assert "hybrid" in part.text, "the vector and lexical lists both found the best hit"
     full = web.client.post(f"/scopes/{data['sid']}/recall", data={"csrf": csrf, "text": "cat"})
@@ -369,7 +373,9 @@ def test_generations_show_counts_and_a_reembed_in_progress(web: Web) -> None:
     assert '<progress max="100" value="25">' in part
     assert "12.5/s" in part and "ETA 6 s" in part and "started by grace" in part
     assert re.search(
-        r"<td class=\"mono\">hashing-64</td><td class=\"num\">64</td><td class=\"num\">\d+</td>",
+        r"<td class=\"mono\" data-label=\"model\">hashing-64</td>"
+        r"<td class=\"num\" data-label=\"dims\">64</td>"
+        r"<td class=\"num\" data-label=\"vectors\">\d+</td>",
         part,
     )
     web.store.embeddings.set_progress(pending.id, {**progress, "state": "failed"})
@@ -396,7 +402,9 @@ def test_polls_never_overlap(web: Web) -> None:
 
 def test_starting_a_reembed_from_the_dashboard_is_audited(web: Web) -> None:
     csrf = web.csrf("/generations")
-    response = web.client.post("/generations/reembed", data={"csrf": csrf, "model": "minilm"})
+    response = web.client.post(
+        "/generations/reembed", data={"csrf": csrf, "model": "minilm", "confirm": "yes"}
+    )
     assert response.status_code == 303 and web.starts == [("minilm", "local")]
     # The module's store is shared: only this test starts a reembed.
     [entry] = [e for e in web.store.audit.page().items if e.action == "reembed.start"]

@@ -61,6 +61,28 @@ def test_the_overview_pauses_and_resumes_a_partition(web: Web) -> None:
     assert garbled.status_code == 400
 
 
+def test_a_reason_too_long_is_refused_not_cut_short(web: Web) -> None:
+    """Issue 42, item 11: a 5,000-character pause reason was silently cut to 200 while a
+    long reembed why was refused. One rule: past 200 characters, a 400 that changes
+    nothing, from the forms as from the API."""
+    token = web.csrf("/")
+    before = len(audit_rows(web, "partition.pause"))
+    long = "why " * 1250
+    refused = web.client.post(
+        "/pause/partition", data={"csrf": token, "partition": "1", "reason": long}
+    )
+    assert refused.status_code == 400 and "200 characters at most" in refused.text
+    assert pause.paused_partitions(web.redis) == {}
+    assert len(audit_rows(web, "partition.pause")) == before
+    assert web.client.post("/pause/jobs", data={"csrf": token, "reason": long}).status_code == 400
+    assert "Nothing is paused." in web.client.get("/").text
+    held = web.client.post("/pause/partition", data={"csrf": token, "partition": "1"})
+    assert held.status_code == 303
+    resume = web.client.post("/resume/partition/1", data={"csrf": token, "reason": long})
+    assert resume.status_code == 400 and set(pause.paused_partitions(web.redis)) == {1}
+    assert web.client.post("/resume/partition/1", data={"csrf": token}).status_code == 303
+
+
 def test_the_overview_pauses_and_resumes_the_jobs(web: Web) -> None:
     token = web.csrf("/")
     assert web.client.post("/pause/jobs", data={"csrf": token}).status_code == 303
@@ -147,9 +169,17 @@ def test_pause_and_resume_from_the_overview_in_chromium(
     expect(page.locator("#paused")).to_contain_text("reindexing")
     assert pause.paused_numbers(client) == {1}
     browser.shot("overview-paused")
+    # The why typed into Resume survives the poll too (issue 42, item 7): a swap of the
+    # region (its "As of" time moves on) leaves it as typed, and it reaches the audit.
+    page.fill("#resume-reason-1", "reindexed, all caught up")
+    as_of = page.locator("#overview-as-of").inner_text()
+    expect(page.locator("#overview-as-of")).not_to_have_text(as_of)
+    expect(page.locator("#resume-reason-1")).to_have_value("reindexed, all caught up")
     page.get_by_role("button", name="Resume partition 1").click()
     expect(page.locator("#paused")).to_contain_text("Nothing is paused.")
     assert pause.paused_numbers(client) == set()
+    [resumed] = [e for e in store.audit.page(limit=20).items if e.action == "partition.resume"][:1]
+    assert resumed.detail.get("reason") == "reindexed, all caught up"
     # A press held across the overview's poll still clicks: the refresh does not swap
     # the button out from under the pointer (the browser would drop the click).
     page.get_by_role("button", name="Pause jobs").hover()

@@ -26,8 +26,9 @@ def rows(html: str) -> list[tuple[int, float, str, str]]:
     return [
         (int(rank), float(relevance), match, ranks)
         for rank, relevance, match, ranks in re.findall(
-            r'<tr><td class="num">(\d+)</td><td class="num">([\d.]+)</td>'
-            r'<td><span class="badge (\w+)">\w+</span>\s*'
+            r'<tr><td class="num" data-label="rank">(\d+)</td>'
+            r'<td class="num" data-label="relevance">([\d.]+)</td>'
+            r'<td data-label="match"><span class="badge (\w+)">\w+</span>\s*'
             r'<br><span class="[^"]*ranks">([^<]*)</span>',
             html,
         )

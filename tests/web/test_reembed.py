@@ -59,7 +59,9 @@ def test_a_model_that_cannot_load_is_refused_by_the_api_and_the_form(
     html = http.get("/generations").text
     marker = 'name="csrf" value="'
     csrf = html[html.index(marker) + len(marker) :].split('"', 1)[0]
-    form = http.post("/generations/reembed", data={"csrf": csrf, "model": "nofactory"})
+    form = http.post(
+        "/generations/reembed", data={"csrf": csrf, "model": "nofactory", "confirm": "yes"}
+    )
     assert form.status_code == 422 and "no GPU here" in form.text
     assert form.text.startswith("<!doctype html>")
 

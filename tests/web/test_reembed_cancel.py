@@ -119,7 +119,11 @@ def test_the_dashboard_asks_first_then_cancels_with_a_why(
     http: TestClient, fresh_store: Store
 ) -> None:
     page = http.get("/generations").text
-    assert http.post("/generations/reembed", data={"csrf": csrf_of(page), "model": "hashing:16"})
+    started = http.post(
+        "/generations/reembed",
+        data={"csrf": csrf_of(page), "model": "hashing:16", "confirm": "yes"},
+    )
+    assert started.status_code == 303
     gen = pending_id(fresh_store)
     page = http.get("/generations").text
     assert f'href="/generations/{gen}/cancel">Cancel…</a>' in page
@@ -225,3 +229,44 @@ def test_engram_reembed_cancel(
     )
     assert follow(fresh_store, gen, poll_s=0.01) == 1
     assert "engram: reembed cancelled by cli: from the shell" in capsys.readouterr().err
+
+
+def test_starting_a_reembed_asks_first_and_says_what_it_replaces(
+    http: TestClient, fresh_store: Store
+) -> None:
+    """Issue 42, item 3: one click on Start retired what recall ran on. Start answers a
+    confirmation naming the active generation (retired once the new one is complete)
+    and a pending one of another model (retired at once); nothing starts until it is
+    confirmed, with the why typed kept."""
+    active = fresh_store.embeddings.active()
+    assert active is not None
+    before = [(g.id, g.status) for g in fresh_store.embeddings.all()]
+    page = http.get("/generations").text
+    asked = http.post(
+        "/generations/reembed",
+        data={"csrf": csrf_of(page), "model": "hashing:16", "why": "smaller vectors"},
+    )
+    assert asked.status_code == 200, asked.text
+    replaces = asked.text.split('id="reembed-replaces">', 1)[1].split("</dd>", 1)[0]
+    assert f"generation #{active.id}" in replaces and active.model_id in replaces
+    assert "5 vectors" in replaces and "<b>retired</b> when the new generation" in replaces
+    assert 'name="confirm" value="yes"' in asked.text
+    assert 'name="why" maxlength="200"' in asked.text and 'value="smaller vectors"' in asked.text
+    # Asking changed nothing: no generation, no audit row.
+    assert [(g.id, g.status) for g in fresh_store.embeddings.all()] == before
+    assert [e for e in fresh_store.audit.page().items if e.action == "reembed.start"] == []
+
+    started = http.post(
+        "/generations/reembed",
+        data={"csrf": csrf_of(page), "model": "hashing:16", "why": "smaller", "confirm": "yes"},
+    )
+    assert started.status_code == 303
+    pending = pending_id(fresh_store)
+    # Another model while that one is pending: it would be retired at once, and says so.
+    asked = http.post("/generations/reembed", data={"csrf": csrf_of(page), "model": "hashing:24"})
+    supersedes = asked.text.split('id="reembed-supersedes">', 1)[1].split("</dd>", 1)[0]
+    assert f"generation #{pending}" in supersedes and "<b>retired at once</b>" in supersedes
+    assert pending_id(fresh_store) == pending
+    # An unregistered model is refused before anything is asked.
+    refused = http.post("/generations/reembed", data={"csrf": csrf_of(page), "model": "x:y"})
+    assert refused.status_code == 422 and 'id="confirm-reembed"' not in refused.text

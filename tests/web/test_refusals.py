@@ -108,7 +108,9 @@ def test_a_refused_reembed_keeps_what_was_typed_and_names_the_models(web: Web) -
 
 def test_a_model_name_in_any_case_starts_that_model_and_says_so(web: Web) -> None:
     csrf = web.csrf("/generations")
-    started = web.client.post("/generations/reembed", data={"csrf": csrf, "model": "MiniLM"})
+    started = web.client.post(
+        "/generations/reembed", data={"csrf": csrf, "model": "MiniLM", "confirm": "yes"}
+    )
     assert started.status_code == 303 and web.starts == [("minilm", "local")]
     assert started.headers["location"] == "/generations?started=reembed-1"
     page = web.client.get(started.headers["location"]).text

@@ -313,3 +313,67 @@ def test_the_operator_creates_lists_and_revokes_tokens_on_their_page(web: Web) -
     actions = [(a.action, a.requested_by) for a in web.store.audit.about("token:agent-page")]
     assert actions == [("token.create", "local"), ("token.revoke", "local")]
     assert "revoked" in web.client.get("/tokens/agent-page").text
+
+
+def _field_value(html: str, name: str) -> str:
+    found = re.search(rf'name="{name}"[^>]*value="([^"]*)"', html)
+    assert found, name
+    return found.group(1).replace("&#34;", '"').replace("&quot;", '"')
+
+
+def test_a_refused_token_form_comes_back_filled_with_the_error_beside_its_field(
+    web: Web,
+) -> None:
+    """Issue 42, item 4: a duplicate name, bad scope JSON or a bad expiry gave a bare
+    "409 / token_name_taken" page linking only to the overview, and what was typed was
+    lost. The form comes back as typed, the refusal beside the field it is about."""
+    csrf = web.csrf("/tokens")
+    web.store.tokens.create("agent-twice", {"user_id": "x"}, by="test")
+    typed = {
+        "name": "agent-twice", "scope": '{"user_id": "bea"}', "expires": "30d",
+        "why": "for the nightly sync", "can_recall": "on", "can_get": "on",
+    }  # fmt: skip
+    cases = {
+        "name": ({}, 409, "token_name_taken"),
+        "scope": ({"name": "agent-new", "scope": '{"user_id": '}, 422, "invalid_request"),
+        "expires": ({"name": "agent-new", "expires": "soonish"}, 422, "invalid_request"),
+        "can": (
+            {"name": "agent-new", "can_recall": "", "can_get": ""}, 422, "invalid_request",
+        ),
+    }  # fmt: skip
+    listed_before = len(web.store.tokens.list())
+    audited_before = len(web.store.audit.about("token:agent-new"))
+    for field, (changes, status, code) in cases.items():
+        form = {**typed, **changes}
+        answer = web.client.post("/tokens", data={"csrf": csrf, **form})
+        assert answer.status_code == status, (field, answer.text[:500])
+        html = answer.text
+        beside = html.split(f'id="token-error-{field}"', 1)[1].split("</span></label>", 1)[0]
+        assert code in beside, field
+        assert html.count('class="field-error"') == 1, field  # beside that field only
+        for name in ("name", "scope", "expires", "why"):
+            assert _field_value(html, name) == form[name], (field, name)
+        ticked = set(re.findall(r'name="can_(\w+)" value="on" checked', html))
+        assert ticked == {c for c in ("recall", "get") if form.get(f"can_{c}")}, field
+        assert 'id="token-refused"' in html and "<h1>Scoped tokens</h1>" in html
+    # Nothing was created, nothing audited.
+    assert len(web.store.tokens.list()) == listed_before
+    assert web.store.tokens.get("agent-new") is None
+    assert len(web.store.audit.about("token:agent-new")) == audited_before
+
+
+def test_revoking_a_token_asks_first(web: Web) -> None:
+    """Issue 42, item 11: the token's page revoked on one click."""
+    web.store.tokens.create("agent-asked", {"user_id": "asked"}, by="test")
+    page = web.client.get("/tokens/agent-asked").text
+    assert 'id="revoke" href="/tokens/agent-asked/revoke">Revoke…</a>' in page
+    assert 'action="/tokens/agent-asked/revoke"' not in page  # no one-click form
+    asked = web.client.get("/tokens/agent-asked/revoke").text
+    assert 'id="confirm-revoke"' in asked and "cannot be undone" in asked
+    token = web.store.tokens.get("agent-asked")
+    assert token is not None and token.revoked_at is None  # asking changed nothing
+    csrf = web.csrf("/tokens/agent-asked/revoke")
+    done = web.client.post("/tokens/agent-asked/revoke", data={"csrf": csrf, "why": "leaked"})
+    assert done.status_code == 303
+    token = web.store.tokens.get("agent-asked")
+    assert token is not None and token.revoked_at is not None

@@ -152,3 +152,33 @@ def test_a_failed_job_of_another_function_is_never_retried_nor_run(
     assert [a.target for a in web.store.audit.page(limit=20).items if a.action == "job.retry"][
         :1
     ] == [own]
+
+
+def test_a_planted_job_set_aside_reads_as_failed_and_can_be_discarded(
+    web: Web, tmp_path: Path
+) -> None:
+    """Issue 42, item 6: a planted job the jobs worker set aside (its hash still says
+    ``queued``) was listed among the failed jobs as "enqueued never", its page's badge
+    said "queued" and offered no Discard, though the docs say such a job can be."""
+    _plant(web, "planted-set-aside", tmp_path / "pwned", compressed=False, status="queued")
+    queues.set_aside(web.redis, "planted-set-aside", QUEUE)  # what the jobs worker does
+    page = web.client.get("/jobs/planted-set-aside").text
+    assert 'id="job-state">failed</span>' in page
+    assert "badge queued" not in page
+    assert 'id="discard" href="/jobs/planted-set-aside/discard"' in page
+    assert "set it aside among the failed jobs" in page
+    listed = web.client.get(f"/jobs?queue={QUEUE}&state=failed").text
+    row = listed.split('href="/jobs/planted-set-aside"', 1)[1].split("</tr>", 1)[0]
+    assert "never" not in row and 'data-label="enqueued">unknown<' in row
+    assert web.client.get("/api/v1/jobs/planted-set-aside").json()["state"] == "failed"
+
+    asked = web.client.get("/jobs/planted-set-aside/discard").text
+    assert 'id="confirm-discard"' in asked and "Only a failed job" not in asked
+    csrf = web.csrf("/jobs/planted-set-aside/discard")
+    gone = web.client.post("/jobs/planted-set-aside/discard", data={"csrf": csrf, "why": "planted"})
+    assert gone.status_code == 303
+    assert web.redis.zscore(f"rq:failed:{QUEUE}", "planted-set-aside") is None
+    assert not web.redis.exists("rq:job:planted-set-aside")
+    [row_] = [e for e in web.store.audit.about("planted-set-aside") if e.action == "job.discard"]
+    assert row_.detail == {"queue": QUEUE, "reason": "planted"}
+    assert not (tmp_path / "pwned").exists()

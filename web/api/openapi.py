@@ -193,7 +193,8 @@ _LETTER_CODE = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
 _LETTER_FILTERS = [
     _query("reason", {"enum": ["malformed", "deliveries", "failed"]}, "Why it was dead-lettered."),
     _query("partition", {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
-    _query("code", _LETTER_CODE, "Its code (what was wrong), or its error's own."),
+    _query("code", _LETTER_CODE, "Its code (what was wrong), exactly unless code_match=prefix."),
+    _query("code_match", {"enum": ["exact", "prefix"]}, "How code matches: exact (default)."),
     _query("kind", {"enum": list(OPERATION_KINDS)}, "The kind of the operation it holds."),
     _query("since", TIME, "Dead-lettered at or after (UTC when no zone is given)."),
     _query("until", TIME, "Dead-lettered before."),
@@ -211,6 +212,7 @@ _BULK_FILTER = {
         "reason": nullable({"enum": ["malformed", "deliveries", "failed", ""]}),
         "partition": nullable({"anyOf": [{"type": "integer", "minimum": 0}, {"const": ""}]}),
         "code": nullable({"anyOf": [_LETTER_CODE, {"const": ""}]}),
+        "code_match": nullable({"enum": ["exact", "prefix", ""]}),
         "kind": nullable({"enum": [*OPERATION_KINDS, ""]}),
         "since": nullable({"anyOf": [TIME, {"const": ""}]}),
         "until": nullable({"anyOf": [TIME, {"const": ""}]}),

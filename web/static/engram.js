@@ -8,6 +8,9 @@
 // a moment later; anything else the press itself asked for swaps after the release.
 (function () {
   "use strict";
+  // What only holds with the script running (a page that refreshes itself) is shown
+  // only then: CSS hides .with-js until this class is set.
+  document.documentElement.classList.add("js");
   let pressed = null;
   function release() {
     setTimeout(function () { pressed = null; }, 0); // after the click this release makes

@@ -64,10 +64,13 @@ def _list_page(request: Request, *, status_code: int = 200, **asked: object) -> 
 
 
 def start_reembed(request: Request, form: dict[str, str]) -> Response:
-    """Start a reembed, then the generations page saying so; refused, the same page
-    with the form as typed, why, and what to ask for instead."""
+    """Asked first (the form's Start): what starting would replace, to confirm with a
+    why; confirmed (``confirm=yes``), start it, then the generations page saying so.
+    Refused, the generations page with the form as typed, why, and what to ask for."""
     model, why = form.get("model", ""), form.get("why", "")
     try:
+        if form.get("confirm") != "yes":
+            return _confirm_start(request, registered(request, model), why)
         job_id = start(request, model, why_of(why))
     except EngramError as exc:
         if exc.status >= 500 and not isinstance(exc, UnavailableError):
@@ -76,13 +79,41 @@ def start_reembed(request: Request, form: dict[str, str]) -> Response:
     return RedirectResponse(f"/generations?started={quote(job_id, safe='')}", status_code=303)
 
 
+def _confirm_start(request: Request, model: str, why: str) -> Response:
+    """The confirmation: the generation recall runs on now (retired, its vectors deleted,
+    once the new one is complete) and a pending one of another model (retired at once)."""
+    web = web_of(request)
+    embeddings = web.services.store.embeddings
+    if web.services.start_reembed is None:
+        raise UnavailableError(
+            "reembed jobs are not available in this deployment (no jobs service is configured)"
+        )
+    active = embeddings.active()
+    pending = next((g for g in embeddings.all() if g.status == "pending"), None)
+    return web.render.page(
+        request,
+        "generations.html",
+        starting={"model": model, "why": why},
+        active=active,
+        active_vectors=embeddings.vector_count(active.id) if active else 0,
+        pending=pending,
+        pending_vectors=embeddings.vector_count(pending.id) if pending else 0,
+        can_reembed=True,
+    )
+
+
+def registered(request: Request, model: object) -> str:
+    """The model asked for, as a registered name (``UnregisteredModelError`` else)."""
+    name = check_string(model, "model", max_chars=MAX_ID_CHARS)
+    return web_of(request).services.embedders.check_registered(name)
+
+
 def start(request: Request, model: object, why: str | None = None) -> str:
     """Start a reembed towards ``model`` for the operator asking; the job's id.
     The audit trail says who started it."""
     web = web_of(request)
-    name = check_string(model, "model", max_chars=MAX_ID_CHARS)
     # Before anything else: a module path would be imported and called by the starter.
-    name = web.services.embedders.check_registered(name)
+    name = registered(request, model)
     starter = web.services.start_reembed
     if starter is None:
         raise UnavailableError(

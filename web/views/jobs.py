@@ -86,7 +86,9 @@ def job_list(request: Request) -> Response:
 def job_page(request: Request) -> Response:
     Query.of(request)  # takes none
     job = get_job(request)
-    return web_of(request).render.page(request, "job.html", job=job, confirm_discard=False)
+    return web_of(request).render.page(
+        request, "job.html", "_job.html", job=job, confirm_discard=False
+    )
 
 
 def retry(request: Request, form: dict[str, str]) -> Response:

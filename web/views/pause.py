@@ -14,7 +14,7 @@ from engram.jobs.runner import pause_reports
 from engram.store.errors import NotFoundError
 from engram.worker import layout
 from engram.worker.admin import pause
-from engram.worker.admin.pause import Pause, PausedState
+from engram.worker.admin.pause import MAX_REASON_CHARS, Pause, PausedState
 from engram.worker.consuming.membership import live_workers
 
 from ..errors import BadRequestError
@@ -116,24 +116,33 @@ def check(request: Request, number: int) -> None:
 # -- the overview's forms --------------------------------------------------------------
 
 
+def reason_of(form: dict[str, str]) -> str:
+    """A form's why, under the API's rule (and every other why's): at most
+    ``MAX_REASON_CHARS`` characters, else a 400 that changes nothing, never cut short."""
+    reason = form.get("reason", "")
+    if len(reason) > MAX_REASON_CHARS:
+        raise BadRequestError(f"reason must be text of {MAX_REASON_CHARS} characters at most")
+    return reason
+
+
 def pause_partition_form(request: Request, form: dict[str, str]) -> Response:
     number = form.get("partition", "")
     if not (number.isascii() and number.isdigit()) or len(number) > 6:
         raise BadRequestError("partition must be a partition's number")
-    pause_partition(request, int(number), form.get("reason", ""))
+    pause_partition(request, int(number), reason_of(form))
     return RedirectResponse("/", 303)
 
 
 def resume_partition_form(request: Request, form: dict[str, str]) -> Response:
-    resume_partition(request, number_in_path(request), form.get("reason", ""))
+    resume_partition(request, number_in_path(request), reason_of(form))
     return RedirectResponse("/", 303)
 
 
 def pause_jobs_form(request: Request, form: dict[str, str]) -> Response:
-    pause_jobs(request, form.get("reason", ""))
+    pause_jobs(request, reason_of(form))
     return RedirectResponse("/", 303)
 
 
 def resume_jobs_form(request: Request, form: dict[str, str]) -> Response:
-    resume_jobs(request, form.get("reason", ""))
+    resume_jobs(request, reason_of(form))
     return RedirectResponse("/", 303)

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engram.store import ReceiptFilter, ReceiptItem, Scope
+from engram.store.audit import AuditEntry
 from engram.store.errors import EngramError, NotFoundError, OperationAmbiguousError
 from engram.store.rows import scope_from_key
 from engram.store.values import SCOPE_FIELDS
@@ -104,6 +105,8 @@ class OperationState:
     # enqueued again (a dead letter retried) since.
     earlier: EngramError | None = None
     scope: Scope | None = None  # whose operation it is, when known
+    # Failed, and its dead letter discarded since (the audit row: who, when, why).
+    discarded: AuditEntry | None = None
 
     @property
     def scope_query(self) -> str:
@@ -192,7 +195,9 @@ def _settled_state(request: Request, op_id: str, scope: Scope | None) -> Operati
     # Not in the store: the reply says if it was dead-lettered.
     reply = services.producer.results(scope, [op_id]).get(op_id)
     if isinstance(reply, EngramError):
-        return OperationState(op_id, "failed", None, reply, scope=scope)
+        last = services.store.audit.last_letter_action(op_id, scope.key)
+        discarded = last if last is not None and last.action == "dead_letter.discard" else None
+        return OperationState(op_id, "failed", None, reply, scope=scope, discarded=discarded)
     if reply is not None:  # committed, its receipt not (or no longer) readable: as before
         return OperationState(op_id, "waiting", None, None, scope=scope)
     return None

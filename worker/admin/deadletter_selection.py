@@ -1,9 +1,10 @@
 """Dead letters chosen by a filter, and acted on together.
 
 A page of the dead letters, or a bulk retry or discard, takes the letters a
-``Match`` admits (reason, partition, error code, operation kind, time; an operation
-id, a record id, scope fields), read from the stream in pages. The dashboard, the API
-and ``engram dead-letters`` read a filter with ``match_from``.
+``Match`` admits (reason, partition, code: exactly, or as a beginning when asked;
+operation kind, time; an operation id, a record id, scope fields), read from the
+stream in pages. The dashboard, the API and ``engram dead-letters`` read a filter
+with ``match_from``.
 
 A bulk action is planned first (``plan``: how many, which, where each would go, and a
 digest of them) and applied only to the letters its dry run showed (``Bulk.check``:
@@ -47,20 +48,27 @@ MAX_BULK = 1000
 @dataclass(frozen=True, slots=True)
 class Match:
     """Which dead letters a page shows or a bulk action takes: those of one reason, one
-    partition, one error code, one operation kind, added in a span of time (``since_ms``
-    at or after, ``until_ms`` before), of one operation id, about one record id (the
-    operation's ``request.id``), of a scope with these fields (``scope``: pairs, each
-    the letter's scope must hold); none of them: every letter."""
+    partition, one code (exactly, or those beginning with it when ``code_prefix``), one
+    operation kind, added in a span of time (``since_ms`` at or after, ``until_ms``
+    before), of one operation id, about one record id (the operation's ``request.id``),
+    of a scope with these fields (``scope``: pairs, each the letter's scope must hold);
+    none of them: every letter.
+
+    The code is the letter's own (``DeadLetter.code``: ``invalid_json``,
+    ``unknown_kind``...), never its error's class code, which several codes share
+    (``invalid_request``): a bulk discard of ``invalid_request`` takes those letters and
+    no others."""
 
     reason: str | None = None
     partition: int | None = None
-    code: str | None = None  # the letter's code (``DeadLetter.code``), or its error's
+    code: str | None = None  # the letter's code (``DeadLetter.code``)
     kind: str | None = None  # the operation's kind, as ``kind_of`` reads it
     since_ms: int | None = None
     until_ms: int | None = None
     operation_id: str | None = None
     record_id: str | None = None
     scope: tuple[tuple[str, str], ...] = ()
+    code_prefix: bool = False  # the code is a beginning (a choice of its own, shown)
 
     def __post_init__(self) -> None:
         for name, value in (("operation_id", self.operation_id), ("record_id", self.record_id)):
@@ -76,12 +84,19 @@ class Match:
             raise InvalidRequestError("an error code is 1 to 64 letters, digits, '_', '.' or '-'")
         if self.kind is not None and self.kind not in OPERATION_KINDS:
             raise InvalidRequestError(f"kind must be one of {', '.join(OPERATION_KINDS)}")
+        if self.code_prefix and self.code is None:
+            object.__setattr__(self, "code_prefix", False)  # no code: nothing to begin with
+
+    def admits_code(self, letter: DeadLetter) -> bool:
+        if self.code is None:
+            return True
+        return letter.code.startswith(self.code) if self.code_prefix else letter.code == self.code
 
     def admits(self, letter: DeadLetter) -> bool:
         return (
             (self.reason is None or letter.reason == self.reason)
             and (self.partition is None or letter.partition == self.partition)
-            and (self.code is None or self.code in (letter.code, letter.error.get("code")))
+            and self.admits_code(letter)
             and (self.since_ms is None or letter.at_ms >= self.since_ms)
             and (self.until_ms is None or letter.at_ms < self.until_ms)
             and (self.operation_id is None or letter.operation_id == self.operation_id)
@@ -109,6 +124,7 @@ class Match:
             "reason": self.reason,
             "partition": self.partition,
             "code": self.code,
+            "code_match": None if self.code is None else CODE_MATCHES[self.code_prefix],
             "kind": self.kind,
             "since": iso_ms(self.since_ms),
             "until": iso_ms(self.until_ms),
@@ -121,7 +137,11 @@ class Match:
 
 
 SEARCH_FIELDS = ("operation_id", "record_id", *SCOPE_FIELDS)
-MATCH_FIELDS = ("reason", "partition", "code", "kind", "since", "until", *SEARCH_FIELDS)
+MATCH_FIELDS = (
+    "reason", "partition", "code", "code_match", "kind", "since", "until", *SEARCH_FIELDS,
+)  # fmt: skip
+# How ``code`` is matched: the letter's code is it, or begins with it (``code_prefix``).
+CODE_MATCHES = ("exact", "prefix")
 
 
 def match_from(params: Mapping[str, Any]) -> Match:
@@ -132,6 +152,7 @@ def match_from(params: Mapping[str, Any]) -> Match:
         _given(params.get("reason"), "reason"),
         _partition(params.get("partition")),
         code=_given(params.get("code"), "code"),
+        code_prefix=_code_match(params.get("code_match")) == "prefix",
         kind=_given(params.get("kind"), "kind"),
         since_ms=_ms(params.get("since"), "since"),
         until_ms=_ms(params.get("until"), "until"),
@@ -139,6 +160,13 @@ def match_from(params: Mapping[str, Any]) -> Match:
         record_id=_given(params.get("record_id"), "record_id"),
         scope=tuple((f, v) for f in SCOPE_FIELDS if (v := _given(params.get(f), f)) is not None),
     )
+
+
+def _code_match(value: Any) -> str:
+    given = _given(value, "code_match") or "exact"
+    if given not in CODE_MATCHES:
+        raise InvalidRequestError(f"code_match must be one of {', '.join(CODE_MATCHES)}")
+    return given
 
 
 def _given(value: Any, name: str) -> str | None:

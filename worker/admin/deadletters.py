@@ -367,6 +367,7 @@ def retry_audited(
         "partition": letter.partition if home is None else home,
         "entry": entry,
         "operation_id": letter.operation_id,
+        **_scope_of(letter),
         **attempt(letter),
     }
     audit.record(who, "dead_letter.retry", letter.id, _why(detail, why, bulk))
@@ -384,8 +385,19 @@ def discard_audited(
     """``discard``, then the audit row; ``NotFoundError`` when the letter is gone."""
     if not discard(client, letter.id):
         raise NotFoundError(f"no dead letter {letter.id}")
-    detail = {"partition": letter.partition, "operation_id": letter.operation_id}
+    detail = {
+        "partition": letter.partition,
+        "operation_id": letter.operation_id,
+        **_scope_of(letter),
+    }
     audit.record(who, "dead_letter.discard", letter.id, _why(detail, why, bulk))
+
+
+def _scope_of(letter: DeadLetter) -> dict[str, str]:
+    """The scope key of the letter's operation, when it can be read: an operation id is
+    its scope's, so what became of a letter is found by both."""
+    scope = letter.scope
+    return {"scope": scope.key} if scope is not None else {}
 
 
 def _why(detail: dict[str, Any], why: str | None, bulk: int) -> dict[str, Any]:
