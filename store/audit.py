@@ -165,6 +165,19 @@ class Audit:
             ).fetchone()
         return AuditEntry(*row) if row is not None else None
 
+    def letter_scopes(self, operation_id: str) -> set[str]:
+        """The scope keys the retried or discarded dead letters of ``operation_id`` named
+        (an operation id is its scope's): whose operation a letter that is gone was."""
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT detail ->> 'scope' FROM engram_audit"
+                " WHERE detail ->> 'operation_id' = %s"
+                " AND action IN ('dead_letter.retry', 'dead_letter.discard')"
+                " AND detail ? 'scope' LIMIT 100",
+                (operation_id,),
+            ).fetchall()
+        return {r[0] for r in rows if isinstance(r[0], str)}
+
     def about(self, target: str, *, limit: int = MAX_ATTEMPTS) -> list[AuditEntry]:
         """The rows about ``target`` (a record id, a job id...), oldest first."""
         return self._oldest_first("target = %s", target, limit)

@@ -151,13 +151,16 @@ def operation_state(request: Request, op_id: str, scope: Scope | None) -> Operat
 def _scope_of(request: Request, op_id: str) -> Scope | None:
     """The operator's look-up without a scope: the scope whose receipt holds the id, else
     the scope of its entries still in the backlog or the dead letters (a failed delivery's
-    reply is found by its scope); ``OperationAmbiguousError`` when several hold it."""
-    item = web_of(request).services.store.browse.receipt(op_id)
+    reply is found by its scope), else the scope its retried or discarded letters' audit
+    rows name; ``OperationAmbiguousError`` when several hold it."""
+    services = web_of(request).services
+    item = services.store.browse.receipt(op_id)
     if item is not None:
         return item.receipt.scope
-    producer = web_of(request).services.producer
+    producer = services.producer
     streams = [*layout.live_streams(producer.client, producer.partitions), keys.DEAD_LETTERS]
-    found = sorted(scopes_holding(producer.client, op_id, streams))
+    held = scopes_holding(producer.client, op_id, streams)
+    found = sorted(held or services.store.audit.letter_scopes(op_id))
     if len(found) > 1:
         raise OperationAmbiguousError(
             f"operation {op_id} is in {len(found)} scopes: name its scope",
