@@ -56,27 +56,19 @@ from bench import locomo
 from bench.common import discard, fresh_database, percentile, scratch_postgres
 from bench.locomo import ANSWERABLE, CATEGORIES, Ask, Conversation, Ranked, Scores
 from engram.store import Embedder, Store
-from engram.store.vectors.registry import EmbedderRegistry, parse_plugins
 from engram.worker import Producer
 from engram.worker.embedded.runtime import connect_redis
 from engram.worker.embedded.valkey import EmbeddedValkey
-from engram.worker.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 RECEIPT_TIMEOUT_S = 1800.0
 TEST_ONLY_EMBEDDERS = ("hashing",)
 
 
-def registry() -> EmbedderRegistry:
-    """The built-ins and the embedders ``ENGRAM_EMBEDDERS`` names, as engram's commands see them."""
-    return EmbedderRegistry(parse_plugins(os.environ.get("ENGRAM_EMBEDDERS", "")))
-
-
 def default_embedders() -> list[str]:
     """The built-in default, then every other registered name a user could pick."""
-    default = next(f.default for f in dataclasses.fields(Settings) if f.name == "embedder")
-    assert isinstance(default, str)
-    others = [n for n in registry().names() if n != default and n not in TEST_ONLY_EMBEDDERS]
+    default = locomo.default_embedder()
+    others = [n for n in locomo.registry().names() if n != default and n not in TEST_ONLY_EMBEDDERS]
     return [default, *others]
 
 
@@ -196,7 +188,7 @@ class Dense:
     search in the conversation (no index), the question embedded per query."""
 
     def __init__(self, dsn: str, spec: str, conversations: Sequence[Conversation]) -> None:
-        self.embedder: Embedder = registry().load(spec)
+        self.embedder: Embedder = locomo.registry().load(spec)
         self.conn = psycopg.connect(dsn, autocommit=True)
         register_vector(self.conn)
         dims = self.embedder.dims

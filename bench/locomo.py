@@ -3,7 +3,7 @@ one scope, each session one ``extract(messages, infer=False)`` whose message ids
 turns' ``dia_id``s, each question one recall through ``POST /api/v1/recall``, scored by
 the evidence turns its hits cite (``sources[].message_id``).
 
-What ``bench.bench_locomo`` and the suite's guard (``tests/store/test_locomo.py``) share:
+What ``bench.bench_locomo`` and the suite's guard (``tests/web/test_locomo.py``) share:
 reading the upstream file, the messages a session becomes, sending them, asking, and
 the scores. A message carries a role and its content only, so a turn's speaker, its
 session's date and time, and an image turn's caption are written into its text, one
@@ -13,7 +13,9 @@ Every system the bench compares reads those same texts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
 import statistics
 import time
@@ -24,13 +26,27 @@ from typing import Any
 
 import httpx
 
+from engram.store.vectors.registry import EmbedderRegistry, parse_plugins
 from engram.worker import Producer
+from engram.worker.settings import Settings
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 ANSWERABLE = (1, 2, 3, 4)  # category 5's answers are not in the conversation: scored apart
 TOP_K = 10
 CUTS = (5, 10)
 _SESSION = re.compile(r"session_(\d+)")
+
+
+def registry() -> EmbedderRegistry:
+    """The built-ins and the embedders ``ENGRAM_EMBEDDERS`` names, as engram's commands see them."""
+    return EmbedderRegistry(parse_plugins(os.environ.get("ENGRAM_EMBEDDERS", "")))
+
+
+def default_embedder() -> str:
+    """What ``engram up`` embeds with when ``ENGRAM_EMBEDDER`` is unset."""
+    default = next(f.default for f in dataclasses.fields(Settings) if f.name == "embedder")
+    assert isinstance(default, str)
+    return default
 
 
 @dataclass(frozen=True, slots=True)
