@@ -56,6 +56,7 @@ from bench import locomo
 from bench.common import discard, fresh_database, percentile, scratch_postgres
 from bench.locomo import ANSWERABLE, CATEGORIES, Ask, Conversation, Ranked, Scores
 from engram.store import Embedder, Store
+from engram.store.vectors.embedders import embed_checked
 from engram.worker import Producer
 from engram.worker.embedded.runtime import connect_redis
 from engram.worker.embedded.valkey import EmbeddedValkey
@@ -199,7 +200,7 @@ class Dense:
         started = time.perf_counter()
         vectors: list[np.ndarray] = []
         for i in range(0, len(rows), 256):
-            vectors.extend(self.embedder.embed([t.text for _, t in rows[i : i + 256]]))
+            vectors.extend(embed_checked(self.embedder, [t.text for _, t in rows[i : i + 256]]))
         self.embed_s = time.perf_counter() - started
         with self.conn.cursor() as cur:
             cur.executemany(
@@ -208,7 +209,7 @@ class Dense:
             )
 
     def ask(self, conversation: Conversation, question: str) -> Ranked:
-        v = self.embedder.embed([question])[0]
+        v = embed_checked(self.embedder, [question])[0]
         rows = self.conn.execute(
             "SELECT dia_id FROM locomo_dense WHERE conversation = %s ORDER BY v <=> %s LIMIT %s",
             (conversation.sample_id, v, locomo.TOP_K),
