@@ -359,6 +359,7 @@ def main() -> None:
                 producer = Producer(connect_redis(s.valkey.url))
                 done = locomo.ingest(producer, conversations, RECEIPT_TIMEOUT_S)
                 producer.close()
+                locomo.steady(s.dsn)
                 name = f"engram hybrid ({s.spec})"
                 ingests[name] = done.turns_per_s
                 print(f"{name}: {done.turns} turns in {done.seconds:.1f} s")

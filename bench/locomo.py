@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 
 from engram.store.vectors.registry import EmbedderRegistry, parse_plugins
 from engram.worker import Producer
@@ -162,6 +163,14 @@ def ingest(producer: Producer, conversations: Sequence[Conversation], timeout_s:
         p.wait(timeout_s)
     seconds = time.perf_counter() - started
     return Ingest(sum(len(c.turns()) for c in conversations), seconds)
+
+
+def steady(dsn: str) -> None:
+    """The statistics autovacuum would gather within a minute of the writes (recall's
+    lexical list weighs words by them): gathered now, so that every run, however soon
+    it asks, measures the store as it serves once the writes have settled."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")
 
 
 # What a system answers for one question: the turns each of its hits cites, best first.
