@@ -392,7 +392,8 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(found, indent=2) + "\n")
     if args.svg:
-        args.svg.write_text(chart(found, "LoCoMo evidence recall@10, categories 1-4"))
+        title = f"LoCoMo, {answerable:.0f} questions: evidence recall@10, categories 1-4"
+        args.svg.write_text(chart(found, title))
 
 
 if __name__ == "__main__":
