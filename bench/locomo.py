@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import psycopg
 
+from engram.store import Store
 from engram.store.vectors.registry import EmbedderRegistry, parse_plugins
 from engram.worker import Producer
 from engram.worker.settings import Settings
@@ -192,6 +193,18 @@ def api_recall(client: httpx.Client, tokens: Mapping[str, str]) -> Ask:
             [s["message_id"] for s in hit["record"].get("sources", []) if "message_id" in s]
             for hit in response.json()["hits"]
         ]
+
+    return ask
+
+
+def store_recall(store: Store) -> Ask:
+    """The same recall called on the store in this process, given no embedder (it
+    follows the active generation, as the API's does): what the door adds is the
+    difference."""
+
+    def ask(conversation: Conversation, question: str) -> Ranked:
+        hits = store.recall(conversation.scope, question, top_k=TOP_K)
+        return [[s.message_id for s in h.record.sources if s.message_id] for h in hits]
 
     return ask
 
