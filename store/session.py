@@ -152,16 +152,20 @@ class Session:
         include_retracted: bool = False,
         recorded_as_of: datetime | None = None,
         after: str | None = None,
+        text_only: bool = False,
     ) -> list[Hit]:
+        """``Store.recall`` in this scope, with this session's embedder (none: the active
+        generation's model), or by text only."""
         return self.store.recall(
             self.scope,
             text,
-            embedder=self.embedder,
+            embedder=None if text_only else self.embedder,
             top_k=top_k,
             kind=kind,
             include_retracted=include_retracted,
             recorded_as_of=recorded_as_of,
             after=after,
+            text_only=text_only,
         )
 
     def reembed(self, embedder: Embedder, *, batch_size: int = 64) -> ReembedResult:

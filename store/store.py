@@ -17,7 +17,12 @@ from psycopg_pool import ConnectionPool
 
 from . import backup, migrations
 from .audit import Audit
-from .errors import InvalidRequestError, OperationAmbiguousError, SchemaVersionError
+from .errors import (
+    EmbedderUnavailableError,
+    InvalidRequestError,
+    OperationAmbiguousError,
+    SchemaVersionError,
+)
 from .ledger import ForgetLedger, database_key
 from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
 from .models.llm import LLM
@@ -45,6 +50,7 @@ from .vectors.embedders import (
     embedder_for,
 )
 from .vectors.embeddings import Embeddings
+from .vectors.registry import EmbedderRegistry
 from .write import retention, wire
 from .write.needs import needs_model
 from .write.operations import Operation
@@ -81,6 +87,7 @@ class Store:
         read_pool: ConnectionPool[Any] | None = None,
         admin_statement_timeout_s: float | None = None,
         ledger: ForgetLedger | None = None,
+        embedders: EmbedderRegistry | None = None,
     ) -> None:
         self.pool = pool  # the primary's: every write, and whatever a write reads
         # The reads that need not see the primary (recall, get, history, the dashboard's
@@ -103,6 +110,9 @@ class Store:
         self._database_key: str | None = None
         # Scoped access tokens and the log of what each read (always the primary's).
         self.tokens = Tokens(pool, ledger=ledger)
+        # What a recall given no embedder embeds its query with: the active generation's
+        # model, found by its id (the built-ins, and the names ``embedders`` registers).
+        self.embedders = embedders or EmbedderRegistry()
 
     @classmethod
     def connect(
@@ -117,6 +127,7 @@ class Store:
         admin_statement_timeout_s: float | None = None,
         restoring: bool = False,
         ledger: ForgetLedger | None = None,
+        embedders: EmbedderRegistry | None = None,
     ) -> Store:
         """Open a pool on ``dsn``; apply migrations first unless told not to.
 
@@ -164,6 +175,7 @@ class Store:
             read_pool=read_pool,
             admin_statement_timeout_s=admin_statement_timeout_s if statement_timeout_s else None,
             ledger=ledger,
+            embedders=embedders,
         )
 
     @property
@@ -498,11 +510,20 @@ class Store:
         recorded_as_of: datetime | None = None,
         after: str | None = None,
         metadata: MetadataFilter | None = None,
+        text_only: bool = False,
     ) -> list[Hit]:
         """Hybrid search in one scope; with ``after`` (a receipt's ``position``), over
         the scope as of that commit or later; with ``metadata``, among the records whose
-        current metadata meets it."""
+        current metadata meets it.
+
+        The query is embedded with ``embedder`` (one that must match the active
+        generation, or a resolver); with none, with the active generation's model, found
+        in ``self.embedders`` (``EmbedderUnavailableError`` when none here produces it:
+        never a silent search by words alone). ``text_only`` searches the full-text index
+        alone, on purpose (a reader that has no model for the active generation)."""
         scope = Scope.of(scope)
+        if text_only and embedder is not None:
+            raise InvalidRequestError("a recall by text only takes no embedder")
         if text is not None:
             check_string(text, "recall text", max_chars=MAX_TEXT_CHARS)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
@@ -520,12 +541,21 @@ class Store:
         found = self.reads.run(read_context, after=after)
         active = found.generation
         vector = None
-        # A resolver picks the active generation's model (or raises EmbedderUnavailableError).
-        embedder = embedder_for(embedder, active.model_id, active.dims) if active else None
-        if text is not None and active is not None and embedder is not None:
-            check_matches(embedder, active.model_id, active.dims)
+        if text is not None and active is not None and not text_only:
+            # A resolver picks the active generation's model (or raises
+            # EmbedderUnavailableError), and so does the store's registry given none.
+            query_embedder = embedder_for(
+                embedder if embedder is not None else self.embedders.resolver(None),
+                active.model_id,
+                active.dims,
+            )
+            if query_embedder is None:
+                raise EmbedderUnavailableError(
+                    f"no embedder for the active generation's {active.model_id}"
+                )
+            check_matches(query_embedder, active.model_id, active.dims)
             if found.scope_id is not None:
-                vector = embed_checked(embedder, [text])[0]  # with no connection taken
+                vector = embed_checked(query_embedder, [text])[0]  # with no connection taken
         if found.scope_id is None:
             return []  # a scope never written holds nothing
         query = found.query(

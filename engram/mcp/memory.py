@@ -244,10 +244,16 @@ class Memory:
 
     def _recall(self, scope: Scope, args: contract.Recall) -> list[Hit]:
         try:
-            hits = self.store.recall(scope, args.query, embedder=self.embedder, top_k=args.top_k)
+            hits = self.store.recall(
+                scope,
+                args.query,
+                embedder=self.embedder,
+                text_only=self.embedder is None,
+                top_k=args.top_k,
+            )
         except (EmbeddingMismatchError, EmbedderUnavailableError):
             # No embedder here for the active generation: by words only, as the API.
-            hits = self.store.recall(scope, args.query, top_k=args.top_k)
+            hits = self.store.recall(scope, args.query, text_only=True, top_k=args.top_k)
         return above(hits, args.min_relevance)
 
     async def get(self, access: Access, args: contract.Get) -> Answer:

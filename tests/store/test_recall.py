@@ -7,8 +7,16 @@ from dataclasses import replace
 
 import numpy as np
 import psycopg
+import pytest
 
-from engram.store import HashingEmbedder, Store, WordLlamaEmbedder
+from engram.store import (
+    HashingEmbedder,
+    InvalidRequestError,
+    KeywordEmbedder,
+    Store,
+    WordLlamaEmbedder,
+)
+from engram.store.errors import EmbedderUnavailableError
 from engram.store.read.recall import RecallQuery, recall
 
 
@@ -229,3 +237,42 @@ def test_each_hit_says_where_each_list_ranked_it_and_its_relevance(
     assert above(hits, None) == hits and above(hits, 1.0) == [best]
     assert all(h.relevance >= 0.6 for h in above(hits, 0.6))
     assert len(above(hits, 0.6)) < len(hits)
+
+
+def test_a_recall_given_no_embedder_follows_the_active_generation(
+    fresh_store: Store, fresh_dsn: str
+) -> None:
+    """A Python user who opened ``Store.connect(dsn)`` and calls ``recall`` with no
+    embedder gets the same hybrid search as the API: the query embedded with the model
+    the store's vectors were made with, found by its id."""
+    scope = {"user_id": "ada"}
+    mem = fresh_store.session(scope, embedder=WordLlamaEmbedder())
+    tea = mem.remember("Ada's favourite drink is green tea.").records[0]
+    mem.remember("The quarterly report is due on Friday.")
+    question = "What beverage does she like?"  # no word in common with the answer
+    with Store.connect(fresh_dsn) as opened:
+        hits = opened.recall(scope, question, top_k=1)
+        by_words = opened.recall(scope, question, top_k=1, text_only=True)
+    assert [(h.record.id, h.match) for h in hits] == [(tea.id, "vector")]
+    assert hits[0].vector_rank == 1
+    assert by_words == []  # what it silently returned before
+    assert [(h.record.id, h.score) for h in mem.recall(question, top_k=1)] == [
+        (h.record.id, h.score) for h in hits
+    ]
+
+
+def test_a_recall_with_no_model_here_for_the_active_generation_is_refused(
+    fresh_store: Store,
+) -> None:
+    scope = {"user_id": "ada"}
+    mine = KeywordEmbedder("keywords-of-my-own", ["tea", "coffee"])  # no registry knows it
+    kept = fresh_store.session(scope, embedder=mine).remember("Ada prefers tea.").records[0]
+    with pytest.raises(EmbedderUnavailableError) as refused:
+        fresh_store.recall(scope, "tea")
+    assert refused.value.code == "embedder_unavailable"
+    assert "keywords-of-my-own" in refused.value.message
+    assert fresh_store.session(scope).recall(top_k=5)[0].record.id == kept.id  # no text: no model
+    words = fresh_store.recall(scope, "tea", text_only=True)
+    assert [(h.record.id, h.match, h.vector_rank) for h in words] == [(kept.id, "lexical", None)]
+    with pytest.raises(InvalidRequestError, match="text only takes no embedder"):
+        fresh_store.recall(scope, "tea", embedder=mine, text_only=True)

@@ -7,8 +7,11 @@ from __future__ import annotations
 import re
 
 import pytest
+from starlette.testclient import TestClient
 
-from tests.web_fixtures import Web
+from engram.web import Services, WebConfig, create_app
+from tests.redis_fixtures import FAST
+from tests.web_fixtures import BASE_URL, Web
 
 SCOPE = {"user_id": "recall-web"}
 
@@ -97,3 +100,28 @@ def test_the_api_gives_each_hit_its_rank_relevance_and_list_ranks(web: Web) -> N
     for bad in (1.5, -1, "0.5", True):
         refused = web.client.post("/api/v1/recall", json={**body, "min_relevance": bad})
         assert refused.status_code == 422, bad
+
+
+def test_a_dashboard_run_without_an_embedder_recalls_by_text_only_and_says_so(web: Web) -> None:
+    """The store would follow its active generation when given no embedder
+    (``Store.recall``); a dashboard started without one asks for words alone, on
+    purpose, and its page says so."""
+    sid = seed(web)
+    app = create_app(
+        WebConfig(partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms),
+        Services(store=web.store, redis=web.redis, producer=web.producer, embedder=None),
+    )
+    with TestClient(app, base_url=BASE_URL, follow_redirects=False) as client:
+        body = {"scope": SCOPE, "text": "green tea", "top_k": 7}
+        hits = client.post("/api/v1/recall", json=body).json()["hits"]
+        html = client.get(f"/scopes/{sid}").text
+        marker = 'name="csrf" value="'
+        csrf = html[html.index(marker) + len(marker) :].split('"', 1)[0]
+        page = client.post(
+            f"/scopes/{sid}/recall",
+            data={"csrf": csrf, "text": "green tea", "top_k": "7"},
+            headers={"HX-Request": "true"},
+        ).text
+    assert hits and all((h["match"], h["vector_rank"]) == ("lexical", None) for h in hits)
+    assert "by text only: the dashboard runs without an embedder" in page
+    assert {r[2] for r in rows(page)} == {"lexical"}

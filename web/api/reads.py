@@ -139,10 +139,12 @@ def recall(request: Request, body: Any) -> Response:
     cutoff = check_min_relevance(f.get("min_relevance"), "recall.min_relevance")
     embedder = services.embedder
     try:
-        hits = services.store.recall(scope, text, embedder=embedder, **arguments)
+        hits = services.store.recall(
+            scope, text, embedder=embedder, text_only=embedder is None, **arguments
+        )
     except (EmbeddingMismatchError, EmbedderUnavailableError):
         embedder = None  # the dashboard has no embedder for the active generation
-        hits = services.store.recall(scope, text, **arguments)
+        hits = services.store.recall(scope, text, text_only=True, **arguments)
     kept = above(hits, cutoff)
     log_reads(request, grant, "recall", [(h.record.id, h.record.revision) for h in kept])
     return JSONResponse(

@@ -70,11 +70,14 @@ def recall(request: Request, form: dict[str, str]) -> Response:
     cutoff = min_relevance(form.get("min_relevance", ""))
     store, note = web.services.store, None
     try:
-        hits = store.recall(scope.scope, text, embedder=web.services.embedder, top_k=top_k)
-        if web.services.embedder is None:
+        embedder = web.services.embedder
+        hits = store.recall(
+            scope.scope, text, embedder=embedder, text_only=embedder is None, top_k=top_k
+        )
+        if embedder is None:
             note = "by text only: the dashboard runs without an embedder"
     except (EmbeddingMismatchError, EmbedderUnavailableError):
-        hits = store.recall(scope.scope, text, top_k=top_k)
+        hits = store.recall(scope.scope, text, text_only=True, top_k=top_k)
         note = "by text only: the dashboard has no embedder for the active generation"
     kept = above(hits, cutoff)
     result = {
