@@ -19,7 +19,7 @@ from engram.web import Services, WebConfig, create_app
 from engram.worker import Producer
 from engram.worker.embedded.runtime import connect_redis
 from tests.redis_fixtures import FAST, REPO
-from tests.web_fixtures import BASE_URL
+from tests.web_fixtures import BASE_URL, TOKEN
 
 SLICE = REPO / "tests" / "data" / "locomo" / "locomo-conv-26-slice.json"
 # Evidence recall@10 of the default on the slice, measured when this guard was
@@ -42,7 +42,7 @@ def test_the_default_recall_finds_the_evidence_of_a_locomo_slice(
     locomo.steady(fresh_dsn)
     secret, _ = fresh_store.tokens.create("locomo", conversation.scope, ["recall"], by="test")
     app = create_app(
-        WebConfig(partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms),
+        WebConfig(token=TOKEN, partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms),
         Services(
             store=fresh_store,
             redis=client,
