@@ -168,16 +168,21 @@ def above(hits: list[Hit], min_relevance: float | None) -> list[Hit]:
 
 
 # A word held by more than this share of all revisions is too common to tell records
-# apart: a query keeps it only when it has no rarer word (module docstring).
-COMMON_WORD_SHARE = 0.01
+# apart: a query keeps it only when it has no rarer word (module docstring). The
+# share is the whole store's, not the scope's: at 0.01, in a store of six LoCoMo
+# conversations, the speakers' names and the words of any everyday question were
+# left out, and evidence recall@10 was 0.61; at 0.2 (only the likes of stop words
+# go) 0.66, and 0.5 scored the same (docs/recall-quality.md).
+COMMON_WORD_SHARE = 0.2
 # A record enters the lexical list only when it holds this share of what the query's
 # telling words weigh. A record holding one rare word of a question worded otherwise
 # than the answer is what a vector search finds too (the default embedder is a bag
 # of words): fused, each such record counted twice and pushed the answer out of the
-# top 5. With the bar, hit@5 on the labelled set at 100,000 records went from 0.62
-# to 0.78 (MRR 0.518 to 0.728); any bar from 0.6 to 1.0 scored the same (a question
-# of three telling words answered by a text holding two of them passes 0.6).
-LEXICAL_COVER = 0.6
+# top 5. With the bar at 0.6, hit@5 on the labelled set at 100,000 records went from
+# 0.62 to 0.78 (MRR 0.518 to 0.728). On LoCoMo's questions, which share few words
+# with the turns that answer them, 0.6 kept out most answers: evidence recall@10
+# 0.56 at 0.6, 0.64 at 0.5, 0.66 at 0.3, 0.63 with no bar (docs/recall-quality.md).
+LEXICAL_COVER = 0.3
 # The share assumed for a word with no statistics yet (a new database): all such
 # words weigh the same.
 RARE_WORD_SHARE = 0.0001
@@ -332,8 +337,7 @@ def _vector_list(q: RecallQuery, where: str, params: dict[str, Any]) -> str:
 # rarity -ln(share) of an inverse document frequency.
 _WORDS = """
     WITH read AS (
-        SELECT coalesce(nullif(to_tsvector('engram_query', %(text)s), ''),
-                        to_tsvector('simple', %(text)s)) AS tsv
+        SELECT to_tsvector('engram_text', %(text)s) AS tsv
     ), stats AS MATERIALIZED (  -- once: the arrays are long
         SELECT most_common_elems::text::text[] AS elems, most_common_elem_freqs AS freqs
         FROM pg_stats WHERE schemaname = current_schema()

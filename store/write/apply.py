@@ -194,6 +194,8 @@ REVISION_INSERT: Columns = (
     ("recorded_at", "timestamptz"),
     ("expires_at", "timestamptz"),
     ("current", "bool"),
+    ("context", "text"),
+    ("context_of", "text"),
 )
 RECORD_INSERT: Columns = (
     ("id", "text"),
@@ -412,6 +414,12 @@ def _delete_replaced(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
             " SELECT operation_id FROM engram_receipt_named WHERE record_id = ANY(%b::text[]))",
             (gone, gone),
         )
+        # No other record's index entry keeps a forgotten text's words (migration 019).
+        cur.execute(
+            "UPDATE engram_revisions SET context = NULL, context_of = NULL"
+            " WHERE context_of = ANY(%b::text[])",
+            (gone,),
+        )
         for table, column in (
             ("engram_vectors", "record_id"),
             ("engram_links", "record_id"),
@@ -447,6 +455,8 @@ def _revisions(pairs: Pairs) -> list[tuple[Any, ...]]:
             w.recorded_at,
             c.expires_at,
             p.final[c.id].revision == c.revision,
+            w.context,
+            w.context_of,
         )
         for s, p in pairs
         for w in p.revisions
