@@ -1,7 +1,8 @@
 """Hybrid recall: exact or approximate vector search on the active generation
 (approximate in a large scope: its settled vectors through its HNSW index, merged
 with its fresh ones searched exactly; ``store.vectors.vector_indexes``),
-PostgreSQL full-text search, fused by reciprocal rank fusion (k = 60), in one
+PostgreSQL full-text search, fused by weighted reciprocal rank fusion (k = 60, a
+lexical place weighing ``LEXICAL_WEIGHT`` vector places), in one
 statement (one round trip: both lists, the fusion, the hits' rows and their
 ``superseded_by``). Records without a vector in the active generation never
 enter the vector list: they are found by text, never scored as zero. Each hit
@@ -36,7 +37,7 @@ import psycopg
 from pgvector import Vector
 
 from ..errors import InvalidRequestError
-from ..limits import CANDIDATES_PER_LIST, RRF_K
+from ..limits import CANDIDATES_PER_LIST, LEXICAL_WEIGHT, RRF_K
 from ..rows import REVISION_COLUMNS, record_from_row
 from ..values import Generation, Hit
 from ..vectors.vector_indexes import indexed
@@ -163,7 +164,8 @@ def above(hits: list[Hit], min_relevance: float | None) -> list[Hit]:
     """The hits whose relevance reaches the cut-off, in their order."""
     if min_relevance is None:
         return hits
-    # A hit exactly at the cut-off (0.5: first in one list) stays, however it rounds.
+    # A hit exactly at the cut-off (0.8: first in the lexical list only) stays, however
+    # it rounds.
     return [h for h in hits if h.relevance >= min_relevance - 1e-9]
 
 
@@ -200,7 +202,7 @@ APPROXIMATE_CANDIDATES = 2 * CANDIDATES_PER_LIST
 
 def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
     where, params = _filters(q)
-    params.update(scope=q.scope_id, n=CANDIDATES_PER_LIST, k=q.top_k, rrf=RRF_K)
+    params.update(scope=q.scope_id, n=CANDIDATES_PER_LIST, k=q.top_k, rrf=RRF_K, lw=LEXICAL_WEIGHT)
     source = f"({_AS_OF})" if q.recorded_as_of is not None else _CURRENT
     lists: dict[str, str] = {}
     if q.vector is not None and q.generation_id is not None and bool(np.any(q.vector)):
@@ -221,7 +223,9 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
     sql = f"""
         WITH {", ".join(ctes)},
         fused AS (
-            SELECT record_id, revision, sum(1.0::float8 / (%(rrf)s + rank)) AS score,
+            SELECT record_id, revision,
+                   sum(CASE WHEN list = 'lexical' THEN %(lw)s ELSE 1.0 END::float8
+                       / (%(rrf)s + rank)) AS score,
                    array_agg(list ORDER BY list) AS lists,
                    min(rank) FILTER (WHERE list = 'vector') AS vector_rank,
                    min(rank) FILTER (WHERE list = 'lexical') AS lexical_rank

@@ -233,7 +233,7 @@ def test_every_text_holding_enough_of_the_query_is_found_whichever_words_it_hold
 def test_each_hit_says_where_each_list_ranked_it_and_its_relevance(
     store: Store, scope: dict
 ) -> None:
-    from engram.store.limits import RRF_K
+    from engram.store.limits import LEXICAL_WEIGHT, RRF_K
     from engram.store.read.recall import above
 
     mem = store.session(scope, embedder=HashingEmbedder(64))
@@ -243,11 +243,19 @@ def test_each_hit_says_where_each_list_ranked_it_and_its_relevance(
     hits = mem.recall("green tea", top_k=7)
     kinds = {(True, True): "hybrid", (True, False): "vector", (False, True): "lexical"}
     for hit in hits:
-        ranks = [r for r in (hit.vector_rank, hit.lexical_rank) if r is not None]
         assert hit.match == kinds[(hit.vector_rank is not None, hit.lexical_rank is not None)]
-        assert abs(hit.score - sum(1 / (RRF_K + r) for r in ranks)) < 1e-12
-        assert abs(hit.relevance - hit.score / (2 / (RRF_K + 1))) < 1e-12
+        weighed = [
+            w / (RRF_K + r)
+            for w, r in ((1, hit.vector_rank), (LEXICAL_WEIGHT, hit.lexical_rank))
+            if r is not None
+        ]
+        assert abs(hit.score - sum(weighed)) < 1e-12
+        assert abs(hit.relevance - hit.score / ((1 + LEXICAL_WEIGHT) / (RRF_K + 1))) < 1e-12
         assert 0 < hit.relevance <= 1
+    # A place in the lexical list outweighs any in the vector list alone.
+    lexical = [h.relevance for h in hits if h.lexical_rank is not None]
+    vector_only = [h.relevance for h in hits if h.lexical_rank is None]
+    assert lexical and vector_only and min(lexical) > max(vector_only)
     best = hits[0]
     assert (best.match, best.vector_rank, best.lexical_rank) == ("hybrid", 1, 1)
     assert abs(best.relevance - 1.0) < 1e-12
