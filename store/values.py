@@ -328,7 +328,7 @@ class WriteResult:
 @dataclass(frozen=True, slots=True)
 class Hit:
     record: Record
-    score: float  # weighted reciprocal rank fusion: weight / (RRF_K + rank) summed over the lists
+    score: float  # weighted reciprocal rank fusion: weight / (RRF_K + rank), over the lists
     match: Match
     # Where the vector and the lexical list ranked the hit (1 = first); None: not found.
     vector_rank: int | None = None
@@ -337,8 +337,9 @@ class Hit:
     @property
     def relevance(self) -> float:
         """The score over the best a hit can have, first in both lists: 1.0 for that,
-        0.8 for first in the lexical list only, 0.2 for first in the vector list only
-        (``LEXICAL_WEIGHT``), a little less for each place lower."""
+        0.8 for first in the lexical list only holding every telling word of the
+        query, 0.2 for first in the vector list only (``LEXICAL_WEIGHT``), less for
+        each place lower and for each word a lexical hit lacks."""
         return min(self.score / BEST_SCORE, 1.0)  # the sum's rounding: never past 1
 
 

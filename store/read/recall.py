@@ -1,8 +1,9 @@
 """Hybrid recall: exact or approximate vector search on the active generation
 (approximate in a large scope: its settled vectors through its HNSW index, merged
 with its fresh ones searched exactly; ``store.vectors.vector_indexes``),
-PostgreSQL full-text search, fused by weighted reciprocal rank fusion (k = 60, a
-lexical place weighing ``LEXICAL_WEIGHT`` vector places), in one
+PostgreSQL full-text search, fused by weighted reciprocal rank fusion (k = 60; a
+place in the vector list weighs 1, one in the lexical list ``LEXICAL_WEIGHT`` times
+the share of the query's telling weight the record holds), in one
 statement (one round trip: both lists, the fusion, the hits' rows and their
 ``superseded_by``). Records without a vector in the active generation never
 enter the vector list: they are found by text, never scored as zero. Each hit
@@ -216,7 +217,7 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
     if not lists:
         return None
     ranked = " UNION ALL ".join(
-        f"SELECT record_id, revision, rank, '{name}' AS list FROM {name}" for name in lists
+        f"SELECT record_id, revision, rank, share, '{name}' AS list FROM {name}" for name in lists
     )
     ctes = [f"{name} AS ({sql})" for name, sql in lists.items()]
     links = _SUPERSEDED_BY if q.superseded_by else "(SELECT NULL::text[] AS ids) sup"
@@ -224,7 +225,7 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
         WITH {", ".join(ctes)},
         fused AS (
             SELECT record_id, revision,
-                   sum(CASE WHEN list = 'lexical' THEN %(lw)s ELSE 1.0 END::float8
+                   sum(CASE WHEN list = 'lexical' THEN %(lw)s * share ELSE 1.0 END::float8
                        / (%(rrf)s + rank)) AS score,
                    array_agg(list ORDER BY list) AS lists,
                    min(rank) FILTER (WHERE list = 'vector') AS vector_rank,
@@ -330,7 +331,7 @@ def _vector_list(q: RecallQuery, where: str, params: dict[str, Any]) -> str:
             ORDER BY d LIMIT %(n)s
         """
     return f"""
-        SELECT record_id, revision, row_number() OVER (ORDER BY d) AS rank
+        SELECT record_id, revision, row_number() OVER (ORDER BY d) AS rank, 1.0 AS share
         FROM ({nearest}) nearest WHERE d <> 'NaN'::float8
     """
 
@@ -381,7 +382,8 @@ _LEXICAL = f"""
                (SELECT sum(weight) FROM scored) AS weight
     )
     SELECT record_id, revision,
-           row_number() OVER (ORDER BY score DESC, words, record_id COLLATE "C") AS rank
+           row_number() OVER (ORDER BY score DESC, words, record_id COLLATE "C") AS rank,
+           score / nullif(wanted, 0) AS share
     FROM (
         SELECT c.record_id, c.revision, length(c.tsv) AS words,
                (SELECT sum(w.weight) FROM scored w WHERE c.tsv @@ w.query) AS score,
@@ -395,7 +397,8 @@ _LEXICAL = f"""
 
 # No query at all: the most recently written records.
 _LATEST = """
-    SELECT record_id, revision, row_number() OVER (ORDER BY recorded_at DESC) AS rank
+    SELECT record_id, revision, row_number() OVER (ORDER BY recorded_at DESC) AS rank,
+           1.0 AS share
     FROM (SELECT c.record_id, c.revision, c.recorded_at FROM {source} c WHERE {where}
           ORDER BY c.recorded_at DESC LIMIT %(k)s) latest
 """

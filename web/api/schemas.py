@@ -440,10 +440,12 @@ SCHEMAS: dict[str, Schema] = {
                             "type": "number",
                             "description": (
                                 "The score (the sum of weight / (60 + rank) over the vector "
-                                "and lexical lists that found the hit, a lexical place "
-                                "weighing 4, a vector place 1) over the best possible, "
+                                "and lexical lists that found the hit, a vector place "
+                                "weighing 1, a lexical place 4 times the share of the "
+                                "query's words the record holds) over the best possible, "
                                 "5 / 61: 1 is first in both lists, 0.8 first in the lexical "
-                                "list only, 0.2 first in the vector list only."
+                                "list only holding every word, 0.2 first in the vector "
+                                "list only."
                             ),
                         },
                         "vector_rank": nullable({"type": "integer", "minimum": 1}),
