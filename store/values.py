@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from .errors import InvalidRequestError
-from .limits import MAX_SCOPE_VALUE_CHARS, RRF_K
+from .limits import BEST_SCORE, MAX_SCOPE_VALUE_CHARS
 
 SCOPE_FIELDS = ("user_id", "agent_id", "run_id", "actor_id", "chat_id")
 SOURCE_KINDS = ("user", "assistant", "tool", "external", "host")
@@ -328,7 +328,7 @@ class WriteResult:
 @dataclass(frozen=True, slots=True)
 class Hit:
     record: Record
-    score: float  # reciprocal rank fusion: the sum of 1 / (RRF_K + rank) over the lists
+    score: float  # weighted reciprocal rank fusion: weight / (RRF_K + rank), over the lists
     match: Match
     # Where the vector and the lexical list ranked the hit (1 = first); None: not found.
     vector_rank: int | None = None
@@ -337,8 +337,10 @@ class Hit:
     @property
     def relevance(self) -> float:
         """The score over the best a hit can have, first in both lists: 1.0 for that,
-        0.5 for first in one list only, a little less for each place lower."""
-        return self.score * (RRF_K + 1) / 2
+        0.8 for first in the lexical list only holding every telling word of the
+        query, 0.2 for first in the vector list only (``LEXICAL_WEIGHT``), less for
+        each place lower and for each word a lexical hit lacks."""
+        return min(self.score / BEST_SCORE, 1.0)  # the sum's rounding: never past 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,8 @@ class Recall(Arguments):
             ge=0,
             le=1,
             description="leave out records less relevant than this (1: first in both the"
-            " meaning and the word search; 0.5: first in one of them)",
+            " meaning and the word search; 0.8: first in the word search only, holding"
+            " every word; 0.2: first in the meaning search only)",
         ),
     ] = None
 

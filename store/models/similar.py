@@ -31,7 +31,7 @@ _SAME_WORDS = """
     SELECT record_id, revision, origin, text FROM engram_revisions
     WHERE scope_id = %s AND current AND status = 'active'
       AND (expires_at IS NULL OR expires_at > now())
-      AND tsv @@ plainto_tsquery('simple', %s)
+      AND tsv @@ plainto_tsquery('engram_text', %s)
     ORDER BY record_id LIMIT 100
 """
 

@@ -150,9 +150,7 @@ _BY_ID = """
 # query is nothing else. Only the hits shown get a headline.
 _BY_TEXT = """
     WITH q AS MATERIALIZED (
-        SELECT CASE WHEN numnode(websearch_to_tsquery('engram_query', %(text)s)) > 0
-                    THEN websearch_to_tsquery('engram_query', %(text)s)
-                    ELSE websearch_to_tsquery('simple', %(text)s) END AS query
+        SELECT websearch_to_tsquery('engram_text', %(text)s) AS query
     ), hits AS (
         SELECT v.record_id, v.revision, ts_rank_cd(v.tsv, (SELECT query FROM q)) AS rank
         FROM engram_revisions v
@@ -161,7 +159,7 @@ _BY_TEXT = """
     )
     SELECT h.record_id, v.scope_id, s.key, r.status,
            r.expires_at IS NOT NULL AND r.expires_at <= now(), h.rank,
-           ts_headline('simple', v.text, (SELECT query FROM q), %(options)s)
+           ts_headline('engram_text', v.text, (SELECT query FROM q), %(options)s)
     FROM hits h
     JOIN engram_revisions v ON v.record_id = h.record_id AND v.revision = h.revision
     JOIN engram_records r ON r.id = h.record_id

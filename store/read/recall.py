@@ -1,7 +1,9 @@
 """Hybrid recall: exact or approximate vector search on the active generation
 (approximate in a large scope: its settled vectors through its HNSW index, merged
 with its fresh ones searched exactly; ``store.vectors.vector_indexes``),
-PostgreSQL full-text search, fused by reciprocal rank fusion (k = 60), in one
+PostgreSQL full-text search, fused by weighted reciprocal rank fusion (k = 60; a
+place in the vector list weighs 1, one in the lexical list ``LEXICAL_WEIGHT`` times
+the share of the query's telling weight the record holds), in one
 statement (one round trip: both lists, the fusion, the hits' rows and their
 ``superseded_by``). Records without a vector in the active generation never
 enter the vector list: they are found by text, never scored as zero. Each hit
@@ -36,7 +38,7 @@ import psycopg
 from pgvector import Vector
 
 from ..errors import InvalidRequestError
-from ..limits import CANDIDATES_PER_LIST, RRF_K
+from ..limits import CANDIDATES_PER_LIST, LEXICAL_WEIGHT, RRF_K
 from ..rows import REVISION_COLUMNS, record_from_row
 from ..values import Generation, Hit
 from ..vectors.vector_indexes import indexed
@@ -163,21 +165,27 @@ def above(hits: list[Hit], min_relevance: float | None) -> list[Hit]:
     """The hits whose relevance reaches the cut-off, in their order."""
     if min_relevance is None:
         return hits
-    # A hit exactly at the cut-off (0.5: first in one list) stays, however it rounds.
+    # A hit exactly at the cut-off (0.8: first in the lexical list only) stays, however
+    # it rounds.
     return [h for h in hits if h.relevance >= min_relevance - 1e-9]
 
 
 # A word held by more than this share of all revisions is too common to tell records
-# apart: a query keeps it only when it has no rarer word (module docstring).
-COMMON_WORD_SHARE = 0.01
+# apart: a query keeps it only when it has no rarer word (module docstring). The
+# share is the whole store's, not the scope's: at 0.01, in a store of six LoCoMo
+# conversations, the speakers' names and the words of any everyday question were
+# left out, and evidence recall@10 was 0.61; at 0.2 (only the likes of stop words
+# go) 0.66, and 0.5 scored the same (docs/recall-quality.md).
+COMMON_WORD_SHARE = 0.2
 # A record enters the lexical list only when it holds this share of what the query's
 # telling words weigh. A record holding one rare word of a question worded otherwise
 # than the answer is what a vector search finds too (the default embedder is a bag
 # of words): fused, each such record counted twice and pushed the answer out of the
-# top 5. With the bar, hit@5 on the labelled set at 100,000 records went from 0.62
-# to 0.78 (MRR 0.518 to 0.728); any bar from 0.6 to 1.0 scored the same (a question
-# of three telling words answered by a text holding two of them passes 0.6).
-LEXICAL_COVER = 0.6
+# top 5. With the bar at 0.6, hit@5 on the labelled set at 100,000 records went from
+# 0.62 to 0.78 (MRR 0.518 to 0.728). On LoCoMo's questions, which share few words
+# with the turns that answer them, 0.6 kept out most answers: evidence recall@10
+# 0.56 at 0.6, 0.64 at 0.5, 0.66 at 0.3, 0.63 with no bar (docs/recall-quality.md).
+LEXICAL_COVER = 0.3
 # The share assumed for a word with no statistics yet (a new database): all such
 # words weigh the same.
 RARE_WORD_SHARE = 0.0001
@@ -195,7 +203,7 @@ APPROXIMATE_CANDIDATES = 2 * CANDIDATES_PER_LIST
 
 def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
     where, params = _filters(q)
-    params.update(scope=q.scope_id, n=CANDIDATES_PER_LIST, k=q.top_k, rrf=RRF_K)
+    params.update(scope=q.scope_id, n=CANDIDATES_PER_LIST, k=q.top_k, rrf=RRF_K, lw=LEXICAL_WEIGHT)
     source = f"({_AS_OF})" if q.recorded_as_of is not None else _CURRENT
     lists: dict[str, str] = {}
     if q.vector is not None and q.generation_id is not None and bool(np.any(q.vector)):
@@ -209,14 +217,16 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
     if not lists:
         return None
     ranked = " UNION ALL ".join(
-        f"SELECT record_id, revision, rank, '{name}' AS list FROM {name}" for name in lists
+        f"SELECT record_id, revision, rank, share, '{name}' AS list FROM {name}" for name in lists
     )
     ctes = [f"{name} AS ({sql})" for name, sql in lists.items()]
     links = _SUPERSEDED_BY if q.superseded_by else "(SELECT NULL::text[] AS ids) sup"
     sql = f"""
         WITH {", ".join(ctes)},
         fused AS (
-            SELECT record_id, revision, sum(1.0::float8 / (%(rrf)s + rank)) AS score,
+            SELECT record_id, revision,
+                   sum(CASE WHEN list = 'lexical' THEN %(lw)s * share ELSE 1.0 END::float8
+                       / (%(rrf)s + rank)) AS score,
                    array_agg(list ORDER BY list) AS lists,
                    min(rank) FILTER (WHERE list = 'vector') AS vector_rank,
                    min(rank) FILTER (WHERE list = 'lexical') AS lexical_rank
@@ -321,7 +331,7 @@ def _vector_list(q: RecallQuery, where: str, params: dict[str, Any]) -> str:
             ORDER BY d LIMIT %(n)s
         """
     return f"""
-        SELECT record_id, revision, row_number() OVER (ORDER BY d) AS rank
+        SELECT record_id, revision, row_number() OVER (ORDER BY d) AS rank, 1.0 AS share
         FROM ({nearest}) nearest WHERE d <> 'NaN'::float8
     """
 
@@ -332,8 +342,7 @@ def _vector_list(q: RecallQuery, where: str, params: dict[str, Any]) -> str:
 # rarity -ln(share) of an inverse document frequency.
 _WORDS = """
     WITH read AS (
-        SELECT coalesce(nullif(to_tsvector('engram_query', %(text)s), ''),
-                        to_tsvector('simple', %(text)s)) AS tsv
+        SELECT to_tsvector('engram_text', %(text)s) AS tsv
     ), stats AS MATERIALIZED (  -- once: the arrays are long
         SELECT most_common_elems::text::text[] AS elems, most_common_elem_freqs AS freqs
         FROM pg_stats WHERE schemaname = current_schema()
@@ -373,7 +382,8 @@ _LEXICAL = f"""
                (SELECT sum(weight) FROM scored) AS weight
     )
     SELECT record_id, revision,
-           row_number() OVER (ORDER BY score DESC, words, record_id COLLATE "C") AS rank
+           row_number() OVER (ORDER BY score DESC, words, record_id COLLATE "C") AS rank,
+           score / nullif(wanted, 0) AS share
     FROM (
         SELECT c.record_id, c.revision, length(c.tsv) AS words,
                (SELECT sum(w.weight) FROM scored w WHERE c.tsv @@ w.query) AS score,
@@ -387,7 +397,8 @@ _LEXICAL = f"""
 
 # No query at all: the most recently written records.
 _LATEST = """
-    SELECT record_id, revision, row_number() OVER (ORDER BY recorded_at DESC) AS rank
+    SELECT record_id, revision, row_number() OVER (ORDER BY recorded_at DESC) AS rank,
+           1.0 AS share
     FROM (SELECT c.record_id, c.revision, c.recorded_at FROM {source} c WHERE {where}
           ORDER BY c.recorded_at DESC LIMIT %(k)s) latest
 """

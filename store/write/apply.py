@@ -200,6 +200,8 @@ REVISION_INSERT: Columns = (
     ("recorded_at", "timestamptz"),
     ("expires_at", "timestamptz"),
     ("current", "bool"),
+    ("context", "text"),
+    ("context_of", "text"),
 )
 RECORD_INSERT: Columns = (
     ("id", "text"),
@@ -430,6 +432,12 @@ def _delete_replaced(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
             " WHERE record_id = ANY(%b::text[]))",
             (gone, gone),
         )
+        # No other record's index entry keeps a forgotten text's words (migration 018).
+        cur.execute(
+            "UPDATE engram_revisions SET context = NULL, context_of = NULL"
+            " WHERE context_of = ANY(%b::text[])",
+            (gone,),
+        )
         for table, column in (
             ("engram_vectors", "record_id"),
             ("engram_links", "record_id"),
@@ -465,6 +473,8 @@ def _revisions(pairs: Pairs) -> list[tuple[Any, ...]]:
             w.recorded_at,
             c.expires_at,
             p.final[c.id].revision == c.revision,
+            w.context,
+            w.context_of,
         )
         for s, p in pairs
         for w in p.revisions

@@ -96,6 +96,10 @@ class RevisionRow:
     record: Current
     operation_id: str
     recorded_at: datetime
+    # Indexed with the text, never shown (migration 018): the message before an
+    # extracted turn, and the record that holds it.
+    context: str | None = None
+    context_of: str | None = None
 
 
 @dataclass(slots=True)
@@ -473,7 +477,7 @@ class _Step:
         if infers(r, has_llm=False) or supersede_of(r, has_llm=False) == "reconcile":
             raise missing_model(r)
         readable = readable_sources(r.messages, r.trusted_tools, self.state.scope.chat_id)
-        return [
+        rows = [
             self._create(
                 self.op.derived_id(i),
                 text=item.text,
@@ -486,6 +490,14 @@ class _Step:
                 ttl_ms=r.ttl_ms,
             )
             for i, item in enumerate(readable)
+        ]
+        # Each turn is indexed with the one before it, which it often answers
+        # (docs/recall-quality.md: evidence recall on LoCoMo).
+        return [
+            replace(row, context=rows[i - 1].record.text, context_of=rows[i - 1].record.id)
+            if i
+            else row
+            for i, row in enumerate(rows)
         ]
 
     def _decided(

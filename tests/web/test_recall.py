@@ -61,7 +61,7 @@ def test_hits_show_their_rank_match_kind_and_an_explained_relevance(web: Web) ->
         assert ("text #" in ranks) == (match in ("lexical", "hybrid"))
     assert any(match == "vector" for _, _, match, _ in shown), "a hit by meaning alone"
     assert '<details class="small" id="recall-score">' in html
-    assert "1.00</b> is first in both" in html and "0.50</b> first in one only" in html
+    assert "1.00</b> is first in both" in html and "0.80</b> first by words only" in html
 
 
 def test_a_cut_off_leaves_out_the_hits_below_it(web: Web) -> None:
@@ -91,8 +91,8 @@ def test_the_api_gives_each_hit_its_rank_relevance_and_list_ranks(web: Web) -> N
     assert [h["rank"] for h in hits] == list(range(1, 8))
     first = hits[0]
     assert (first["match"], first["vector_rank"], first["lexical_rank"]) == ("hybrid", 1, 1)
-    assert first["relevance"] == pytest.approx(1.0) and first["score"] == pytest.approx(2 / 61)
-    assert all(h["relevance"] == pytest.approx(h["score"] * 61 / 2) for h in hits)
+    assert first["relevance"] == pytest.approx(1.0) and first["score"] == pytest.approx(5 / 61)
+    assert all(h["relevance"] == pytest.approx(h["score"] * 61 / 5) for h in hits)
     cut = web.client.post("/api/v1/recall", json={**body, "min_relevance": 0.6}).json()["hits"]
     assert [h["record"]["id"] for h in cut] == [
         h["record"]["id"] for h in hits if h["relevance"] >= 0.6

@@ -441,9 +441,13 @@ SCHEMAS: dict[str, Schema] = {
                         "relevance": {
                             "type": "number",
                             "description": (
-                                "The score (the sum of 1 / (60 + rank) over the vector and "
-                                "lexical lists that found the hit) over the best possible, "
-                                "2 / 61: 1 is first in both lists, 0.5 first in one only."
+                                "The score (the sum of weight / (60 + rank) over the vector "
+                                "and lexical lists that found the hit, a vector place "
+                                "weighing 1, a lexical place 4 times the share of the "
+                                "query's words the record holds) over the best possible, "
+                                "5 / 61: 1 is first in both lists, 0.8 first in the lexical "
+                                "list only holding every word, 0.2 first in the vector "
+                                "list only."
                             ),
                         },
                         "vector_rank": nullable({"type": "integer", "minimum": 1}),
