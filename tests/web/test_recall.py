@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from engram.web import Services, WebConfig, create_app
 from tests.redis_fixtures import FAST
-from tests.web_fixtures import BASE_URL, Web
+from tests.web_fixtures import BASE_URL, TOKEN, Web, sign_in
 
 SCOPE = {"user_id": "recall-web"}
 
@@ -108,10 +108,11 @@ def test_a_dashboard_run_without_an_embedder_recalls_by_text_only_and_says_so(we
     purpose, and its page says so."""
     sid = seed(web)
     app = create_app(
-        WebConfig(partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms),
+        WebConfig(token=TOKEN, partitions=FAST.partitions, lease_ttl_ms=FAST.lease_ttl_ms),
         Services(store=web.store, redis=web.redis, producer=web.producer, embedder=None),
     )
     with TestClient(app, base_url=BASE_URL, follow_redirects=False) as client:
+        sign_in(client, "local")
         body = {"scope": SCOPE, "text": "green tea", "top_k": 7}
         hits = client.post("/api/v1/recall", json=body).json()["hits"]
         html = client.get(f"/scopes/{sid}").text
