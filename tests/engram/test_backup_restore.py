@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,33 @@ def test_a_restore_to_a_time_between_two_writes_has_only_the_first(
     h = open_home(home, opened)
     assert h.texts() == [first]
     assert h.store.receipt("op-t1") is not None and h.store.receipt("op-t2") is None
+
+
+def test_a_restore_to_a_time_past_the_archive_is_refused_and_changes_nothing(
+    home: Path, opened: list[Home], capsys: pytest.CaptureFixture[str]
+) -> None:
+    h = open_home(home, opened)
+    close_home(opened)
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    h.mem.remember("after the backup", operation_id="op-after")
+    h.archive_now()
+    [(last,)] = h.sql("SELECT clock_timestamp()")  # after the archive's last commit
+    close_home(opened)
+    before = sorted(p.name for p in home.iterdir())
+    capsys.readouterr()
+
+    past = (last + timedelta(hours=1)).isoformat()
+    assert engram("restore", "--from", str(backup_dir(home)), "--to", past) == 2
+
+    err = capsys.readouterr().err
+    assert "past the WAL archive" in err and "nothing was changed" in err, err
+    assert sorted(p.name for p in home.iterdir()) == before
+    assert not (home / backups.RESTORE_STATE).exists()
+    assert not list(home.glob("postgres.before-restore-*"))
+    h = open_home(home, opened)  # it starts: the home is not left restore_pending
+    assert h.texts() == ["after the backup"]
+    assert h.store.receipt("op-after") is not None
 
 
 def test_a_restore_killed_during_its_replay_serves_nothing_and_the_next_run_finishes_it(
