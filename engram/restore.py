@@ -41,6 +41,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -118,7 +119,7 @@ def run_restore(
     t0 = time.monotonic()
     session = HomeSession(home, COMMAND).open()
     try:
-        aside = _set_aside(home, info, target)
+        aside = _set_aside(home, info, target, _finish_command(source, to, archive))
         backups.place(info, postgres_dir(home))
         with _recovering(session, home, backups.recovery_settings(wal, target)) as dsn:
             _mark(dsn, info, target)
@@ -157,15 +158,28 @@ def _preflight(
     check_socket_path(home.resolve() / SOCKET_DIR / ".s.PGSQL.5432", "PostgreSQL")
 
 
+def _finish_command(source: Path, to: str | None, archive: Path | None) -> str:
+    """The command that runs this restore again (to finish it, if it is interrupted)."""
+    argv = ["engram", "restore", "--from", str(Path(source).resolve())]
+    if to:
+        argv += ["--to", to]
+    if archive is not None:
+        argv += ["--archive", str(Path(archive).resolve())]
+    return shlex.join(argv)
+
+
 def _target_text(target: datetime | str | None) -> str:
     if target is None:
         return "the backup"
     return target if isinstance(target, str) else target.isoformat()
 
 
-def _set_aside(home: Path, info: backups.BackupInfo, target: datetime | str | None) -> Path | None:
-    """Write the state file first, then move the database there aside (a first run) or
-    remove the half-made copy a run before this one left. Returns the folder set aside."""
+def _set_aside(
+    home: Path, info: backups.BackupInfo, target: datetime | str | None, finish: str
+) -> Path | None:
+    """Write the state file first (``finish``: the command that finishes this restore),
+    then move the database there aside (a first run) or remove the half-made copy a run
+    before this one left. Returns the folder set aside."""
     state_file = home / backups.RESTORE_STATE
     data = postgres_dir(home)
     state: dict[str, Any] = {}
@@ -178,6 +192,7 @@ def _set_aside(home: Path, info: backups.BackupInfo, target: datetime | str | No
         aside = str(home.resolve() / f"postgres.before-restore-{stamp}") if data.exists() else ""
     state.update(
         {
+            "finish": finish,
             "backup": info.path,
             "target": _target_text(target),
             "set_aside": aside,

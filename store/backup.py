@@ -463,6 +463,26 @@ def restore_pending(conn: psycopg.Connection[Any]) -> str | None:
     return f"restore from {row[0]} begun at {row[1]}" if row else "restore begun"
 
 
+def check_home_not_pending(home: Path) -> None:
+    """``RestorePendingError`` while a restore into ``home`` has not run to its end (its
+    state file is there): every command but the restore's refuses the home, with this
+    one message naming the command that finishes it."""
+    state_file = Path(home) / RESTORE_STATE
+    if not state_file.exists():
+        return
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        state = {}
+    finish = state.get("finish") or "engram restore --from BACKUP"
+    begun = f", begun at {state['started_at']}" if state.get("started_at") else ""
+    raise RestorePendingError(
+        f"a restore into ENGRAM_HOME {Path(home).resolve()} has not finished{begun}:"
+        f" nothing serves this home until it does. Finish it with `{finish}` (run again,"
+        " it starts over from the base backup)"
+    )
+
+
 def check_not_pending(conn: psycopg.Connection[Any]) -> None:
     """``RestorePendingError`` while a restore has not finished re-applying the forgets."""
     pending = restore_pending(conn)

@@ -284,6 +284,69 @@ def test_a_restore_killed_during_its_replay_serves_nothing_and_the_next_run_fini
     assert len(list(home.glob("postgres.before-restore-*"))) == 1
 
 
+def test_while_a_restore_is_pending_every_command_says_the_same_and_names_how_to_finish_it(
+    home: Path, opened: list[Home]
+) -> None:
+    h = open_home(home, opened)
+    h.mem.remember("kept", operation_id="op-kept")
+    close_home(opened)
+    assert engram("backup") == 0
+    # A restore killed once it began: its state file is in the home.
+    restore = subprocess.Popen(
+        [sys.executable, "-m", "engram", "restore", "--from", str(backup_dir(home))],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(
+            lambda: (home / backups.RESTORE_STATE).exists() or restore.poll() is not None,
+            timeout=120,
+            what="the restore begun",
+        )
+    finally:
+        restore.send_signal(signal.SIGKILL)
+        restore.wait()
+    assert (home / backups.RESTORE_STATE).exists(), "the restore ended before the kill"
+    wait_until(lambda: _free(home), timeout=120, what="the home free")
+
+    answers = {}
+    for command in (
+        ["up"],
+        ["worker"],
+        ["web", "--port", str(free_port())],
+        ["jobs"],
+        ["enqueue", "remember", "--scope", '{"user_id": "u"}', "--request", '{"text": "t"}'],
+        ["mcp", "--scope", '{"user_id": "u"}'],
+        ["migrate"],
+        ["health"],
+        ["metrics"],
+        ["recall", "--scope", '{"user_id": "u"}', "x"],
+        ["tokens", "list"],
+        ["forgets", "check"],
+        ["backup"],
+    ):
+        ran = subprocess.run(
+            [sys.executable, "-m", "engram", *command],
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        answers[command[0]] = (ran.returncode, ran.stderr.strip())
+    finish = f"engram restore --from {backup_dir(home).resolve()}"
+    [(code, message)] = set(answers.values())  # one code, one message: for all
+    assert code == 1 and message.startswith("engram: restore_pending:"), answers
+    assert f"Finish it with `{finish}`" in message, message
+    # What reads only the backup folder still answers.
+    assert engram("backup", "list") == 0
+
+    assert engram("restore", "--from", str(backup_dir(home))) == 0
+    h = open_home(home, opened)
+    assert h.texts() == ["kept"]
+
+
 def _free(home: Path) -> bool:
     lock = HomeLock(home)
     if not lock.acquire("test"):
