@@ -38,6 +38,7 @@ the base backup, and the ledger's replay is idempotent.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import logging
 import os
@@ -55,7 +56,7 @@ from typing import Any
 
 import psycopg
 
-from engram.store import Store
+from engram.store import Store, audit
 from engram.store import backup as backups
 from engram.store.errors import ConfigError
 from engram.store.files import fsync_dir
@@ -126,6 +127,15 @@ def run_restore(
             r0 = time.monotonic()
             with Store.connect(dsn, restoring=True, max_connections=2) as store:
                 result = replay(store, ForgetLedger(settings.ledger_dir))
+                # What committed before this row and is not in the database was lost to
+                # the restore: a reply valkey still caches for it is not believed
+                # (web.views.receipts).
+                store.audit.record(
+                    f"cli:{getpass.getuser()}"[:200],
+                    "database.restore",
+                    audit.DATABASE,
+                    {"backup": info.label, "target": _target_text(target)},
+                )
             replay_s = time.monotonic() - r0
             if result.failed:  # named in the log, one by one; the rest was applied
                 log.warning("ledger lines the restore skipped", extra={"lines": result.failed})

@@ -20,15 +20,18 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+import redis
 
 from engram.cli import main
 from engram.home import UP, HomeLock
-from engram.store import HashingEmbedder, Operation, Store
+from engram.store import HashingEmbedder, Operation, Scope, Store
 from engram.store import backup as backups
 from engram.store.errors import RestorePendingError
 from engram.store.ledger import ForgetLedger, LedgerEntry
 from engram.store.server import EmbeddedPostgres
 from engram.store.server import data_dir as postgres_dir
+from engram.worker.consuming.replies import send_reply
+from engram.worker.protocol import encode_reply
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.helpers import marker_text, rows_containing
 from tests.redis_fixtures import REPO, wait_until
@@ -547,6 +550,56 @@ def test_a_token_revoked_after_the_backup_stays_revoked_after_a_restore(
     close_home(opened)
     assert engram("forgets", "replay", "--json") == 0
     assert json.loads(capsys.readouterr().out)["tokens_revoked"] == 0
+
+
+def test_after_a_restore_the_api_answers_404_for_an_operation_it_lost_not_valkeys_reply(
+    home: Path,
+    opened: list[Home],
+    redis_url: str,
+    serve_web: Callable[..., Served],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    Home(home).close()
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    embedder = HashingEmbedder(64)
+    [kept] = h.store.execute([Operation.build("remember", SCOPE, {"text": "a"}, "op-a")], embedder)
+    [(between,)] = h.sql("SELECT clock_timestamp()")
+    [lost] = h.store.execute([Operation.build("remember", SCOPE, {"text": "b"}, "op-b")], embedder)
+    h.archive_now()
+    close_home(opened)
+    # Their replies, as the worker that committed them left them in valkey.
+    client = redis.Redis.from_url(redis_url)
+    pipe = client.pipeline(transaction=False)
+    for result in (kept, lost):
+        op_key = (Scope.of(SCOPE).key, result.receipt.operation_id)  # type: ignore[union-attr]
+        send_reply(pipe, op_key, encode_reply(result), 3600)
+    pipe.execute()
+    client.close()
+
+    assert engram("restore", "--from", str(backup_dir(home)), "--to", between.isoformat()) == 0
+
+    capsys.readouterr()
+    assert engram("tokens", "create", "--scope", json.dumps(SCOPE), "--name", "p", "--json") == 0
+    token = json.loads(capsys.readouterr().out)["token"]
+    h = open_home(home, opened)
+    served = serve_web(database_url=h.server.dsn(), redis_url=redis_url)
+
+    def operation(op_id: str) -> httpx.Response:
+        return httpx.get(
+            f"{served.url}/api/v1/operations/{op_id}",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+
+    lost_answer = operation("op-b")  # the database's truth, as MCP's operation tool says
+    assert lost_answer.status_code == 404, lost_answer.text
+    assert lost_answer.json()["error"]["code"] == "not_found"
+    kept_answer = operation("op-a")
+    assert kept_answer.status_code == 200 and kept_answer.json()["state"] == "committed"
+    [(by, detail)] = h.sql(
+        "SELECT requested_by, detail FROM engram_audit WHERE action = 'database.restore'"
+    )
+    assert by.startswith("cli:") and detail["target"] == between.isoformat()
 
 
 def test_a_restore_skips_a_ledger_line_it_cannot_apply_and_finishes(

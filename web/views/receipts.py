@@ -193,9 +193,15 @@ def _settled_state(request: Request, op_id: str, scope: Scope | None) -> Operati
     reply = services.producer.results(scope, [op_id]).get(op_id)
     if isinstance(reply, EngramError):
         return OperationState(op_id, "failed", None, reply, scope=scope)
-    if reply is not None:  # committed, its receipt not (or no longer) readable: as before
-        return OperationState(op_id, "waiting", None, None, scope=scope)
-    return None
+    if reply is None:
+        return None
+    # Committed, its receipt not (yet) readable (a replica behind): waiting. Unless it
+    # committed before the database was restored: then the restore lost it, and the
+    # reply valkey still caches is not the truth, the database is (as MCP's answers).
+    restored = services.store.audit.last_restore()
+    if restored is not None and reply.committed_at <= restored:
+        return None
+    return OperationState(op_id, "waiting", None, None, scope=scope)
 
 
 def operation_page(request: Request) -> Response:
