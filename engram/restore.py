@@ -60,7 +60,7 @@ from engram.store import Store, audit
 from engram.store import backup as backups
 from engram.store.errors import ConfigError
 from engram.store.files import fsync_dir
-from engram.store.home import check_socket_path
+from engram.store.home import check_socket_path, share_with_server
 from engram.store.ledger import ForgetLedger
 from engram.store.ledger_replay import replay
 from engram.store.server import data_dir as postgres_dir
@@ -120,6 +120,9 @@ def run_restore(
     t0 = time.monotonic()
     session = HomeSession(home, COMMAND).open()
     try:
+        # As `up` leaves it: as root, the server's user passes through the home (0710,
+        # its group) to the database folder; a fresh home is made 0700, which it cannot.
+        share_with_server(home)
         aside = _set_aside(home, info, target, _finish_command(source, to, archive))
         backups.place(info, postgres_dir(home))
         with _recovering(session, home, backups.recovery_settings(wal, target)) as dsn:

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -600,6 +601,32 @@ def test_after_a_restore_the_api_answers_404_for_an_operation_it_lost_not_valkey
         "SELECT requested_by, detail FROM engram_audit WHERE action = 'database.restore'"
     )
     assert by.startswith("cli:") and detail["target"] == between.isoformat()
+
+
+def test_a_restore_into_a_fresh_home_elsewhere_serves_it_as_up_would(
+    home: Path, opened: list[Home], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine lost with its disk: the backups copied to a new one, restored into a
+    home that never held anything (as root, the CI's user, and as anyone else)."""
+    h = open_home(home, opened)
+    h.mem.remember("kept", operation_id="op-kept")
+    close_home(opened)
+    assert engram("backup") == 0
+    fresh = home.parent / "fresh"
+    monkeypatch.setenv("ENGRAM_HOME", str(fresh))
+
+    try:
+        assert engram("restore", "--from", str(backup_dir(home))) == 0
+        found = fresh.stat()
+        if os.geteuid() == 0:  # the server's user passes through, as `up` leaves a home
+            assert (stat.S_IMODE(found.st_mode), found.st_gid) == (0o710, os.getegid())
+        else:
+            assert stat.S_IMODE(found.st_mode) == 0o700
+        h = open_home(fresh, opened)
+        assert h.texts() == ["kept"]
+        assert not (fresh / backups.RESTORE_STATE).exists()
+    finally:
+        EmbeddedPostgres.stop_stale(fresh)
 
 
 def test_a_restore_skips_a_ledger_line_it_cannot_apply_and_finishes(
