@@ -185,6 +185,11 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     held = _held_redactions(settings)
     if held is not None:
         report["redactions_held"] = held
+    # What restores moved aside in the home still holds forgotten texts: said until
+    # removed (engram restore --discard-previous); the exit code is the workers'.
+    aside = backups.set_aside_databases(settings.home)
+    if aside:
+        report["set_aside_databases"] = [s.as_dict() for s in aside]
     print(json.dumps(report))
     return 0 if here else 1
 

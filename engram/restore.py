@@ -202,7 +202,7 @@ def _set_aside(
     aside = state.get("set_aside")
     if not aside:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        aside = str(home.resolve() / f"postgres.before-restore-{stamp}") if data.exists() else ""
+        aside = str(home.resolve() / f"{backups.SET_ASIDE_PREFIX}{stamp}") if data.exists() else ""
     state.update(
         {
             "finish": finish,

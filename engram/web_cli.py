@@ -29,6 +29,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -208,6 +209,7 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
         partitions=settings.worker.partitions,
         lease_ttl_ms=settings.worker.lease_ttl_ms,
     )
+    config = dataclasses.replace(config, home=Path(settings.home))
     logging.getLogger("uvicorn.error").addFilter(_NoColour())
     # The jobs' Redis first: one that cannot be named is refused before a port is bound
     # (or a taken default one is said to give way), so the refusal is all that is said.

@@ -463,6 +463,43 @@ def restore_pending(conn: psycopg.Connection[Any]) -> str | None:
     return f"restore from {row[0]} begun at {row[1]}" if row else "restore begun"
 
 
+# What a restore moved aside: the database the home held before it (restore.json
+# names the one of a restore not finished).
+SET_ASIDE_PREFIX = "postgres.before-restore-"
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    path: str
+    size_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def set_aside_databases(home: Path) -> list[SetAside]:
+    """The databases restores moved aside in ``home``, oldest first. They hold what they
+    held, forgotten texts included (their pages, their WAL): the operator removes them
+    (``engram restore --discard-previous``) once checked."""
+    home = Path(home)
+    if not home.is_dir():
+        return []
+    found = sorted(p for p in home.glob(SET_ASIDE_PREFIX + "*") if p.is_dir())
+    return [SetAside(str(p.resolve()), _size(p)) for p in found]
+
+
+def discard_set_aside(home: Path) -> list[SetAside]:
+    """Remove the databases restores moved aside in ``home``; refused while a restore is
+    not finished (its set-aside database is the way back). Returns what was removed."""
+    check_home_not_pending(home)
+    removed = set_aside_databases(home)
+    for found in removed:
+        shutil.rmtree(found.path)
+    if removed:
+        fsync_dir(Path(home))
+    return removed
+
+
 def check_home_not_pending(home: Path) -> None:
     """``RestorePendingError`` while a restore into ``home`` has not run to its end (its
     state file is there): every command but the restore's refuses the home, with this

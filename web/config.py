@@ -6,6 +6,7 @@ import ipaddress
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from engram.jobs import keys as jobs_keys
 from engram.store.env import Env
@@ -64,6 +65,8 @@ class WebConfig:
     # None: no bound (``off``).
     statement_timeout_s: float | None = STATEMENT_TIMEOUT_S
     admin_statement_timeout_s: float | None = ADMIN_STATEMENT_TIMEOUT_S
+    # ENGRAM_HOME, where the overview looks for the databases restores set aside.
+    home: Path | None = None
 
     @property
     def retry_after_s(self) -> int:

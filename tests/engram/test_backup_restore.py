@@ -629,6 +629,52 @@ def test_a_restore_into_a_fresh_home_elsewhere_serves_it_as_up_would(
         EmbeddedPostgres.stop_stale(fresh)
 
 
+def test_the_databases_a_restore_sets_aside_are_named_shown_and_removed_on_request(
+    home: Path,
+    opened: list[Home],
+    redis_url: str,
+    serve_web: Callable[..., Served],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = marker_text(10)
+    h = open_home(home, opened)
+    x = h.mem.remember(f"X: {secret}", operation_id="op-x").records[0]
+    h.mem.remember("kept", operation_id="op-kept")
+    close_home(opened)
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    h.mem.forget(x.id, operation_id="forget-x")  # the set-aside database held X
+    close_home(opened)
+    capsys.readouterr()
+
+    assert engram("restore", "--from", str(backup_dir(home))) == 0
+    [aside] = home.glob(f"{backups.SET_ASIDE_PREFIX}*")
+    said = capsys.readouterr()
+    assert str(aside) in said.out  # previous_database
+    assert str(aside) in said.err and "engram restore --discard-previous" in said.err
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    engram("health")  # no worker here: exit 1, and its report
+    [shown] = json.loads(capsys.readouterr().out)["set_aside_databases"]
+    assert shown["path"] == str(aside) and shown["size_bytes"] > 0
+    h = open_home(home, opened)
+    served = serve_web(database_url=h.server.dsn(), redis_url=redis_url)
+    page = httpx.get(served.url + "/")
+    assert 'id="set-aside"' in page.text and str(aside) in page.text
+    close_home(opened)
+
+    assert engram("restore", "--discard-previous") == 0
+    assert not aside.exists()
+    assert "removed 1 set-aside database(s)" in capsys.readouterr().out
+    # Nothing in the home holds X any more (the restored database never did).
+    assert file_hits(home, [secret.encode(), secret.lower().encode()]) == []
+    engram("health")
+    assert "set_aside_databases" not in json.loads(capsys.readouterr().out)
+    h = open_home(home, opened)
+    assert h.texts() == ["kept"]
+
+
 def test_a_restore_skips_a_ledger_line_it_cannot_apply_and_finishes(
     home: Path, opened: list[Home], capsys: pytest.CaptureFixture[str]
 ) -> None:
