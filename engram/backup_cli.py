@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engram.store import backup as backups
-from engram.store.errors import ConfigError
+from engram.store.errors import ConfigError, InvalidRequestError
 from engram.worker.settings import Settings
 
 from . import exits
@@ -80,13 +80,49 @@ def cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
     return exits.OK
 
 
+DISCARD = "engram restore --discard-previous"
+
+
 def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
+    if args.source is None:
+        if not args.discard_previous:
+            raise InvalidRequestError(
+                "engram restore needs --from BACKUP; or --discard-previous alone, to remove"
+                " the databases earlier restores set aside"
+            )
+        return _discard(settings, args)
     archive = Path(args.archive) if args.archive else None
     report = run_restore(settings, Path(args.source), args.to, archive)
+    out = report.as_dict()
+    if args.discard_previous:
+        out["previous_databases_removed"] = [
+            s.path for s in backups.discard_set_aside(settings.home)
+        ]
+    kept = backups.set_aside_databases(settings.home)
     if args.json:
-        print_json(report.as_dict())
+        print_json({**out, "set_aside_databases": [s.as_dict() for s in kept]})
         return exits.OK
-    sys.stdout.write(fields(list(report.as_dict().items())))
+    sys.stdout.write(fields(list(out.items())))
+    if kept:
+        total = sum(s.size_bytes for s in kept)
+        print(
+            f"engram: {len(kept)} database(s) set aside by restores in ENGRAM_HOME"
+            f" ({total / 1e6:.1f} MB; {', '.join(s.path for s in kept)}). Each still holds"
+            " what it held, forgotten texts too: once you have checked the restored one,"
+            f" remove them with `{DISCARD}`",
+            file=sys.stderr,
+        )
+    return exits.OK
+
+
+def _discard(settings: Settings, args: argparse.Namespace) -> int:
+    removed = backups.discard_set_aside(settings.home)
+    if args.json:
+        print_json({"removed": [s.as_dict() for s in removed]})
+    else:
+        total = sum(s.size_bytes for s in removed)
+        names = f": {', '.join(s.path for s in removed)}" if removed else ""
+        print(f"removed {len(removed)} set-aside database(s), {total / 1e6:.1f} MB{names}")
     return exits.OK
 
 
@@ -117,8 +153,14 @@ def register(sub: Any) -> None:
     restore.add_argument(
         "--from",
         dest="source",
-        required=True,
+        default=None,
         help="a backup folder (ENGRAM_BACKUP_DIR: its newest fitting backup) or one backup",
+    )
+    restore.add_argument(
+        "--discard-previous",
+        action="store_true",
+        help="remove the databases restores set aside in ENGRAM_HOME (after this restore,"
+        " or alone, without --from)",
     )
     restore.add_argument(
         "--to",

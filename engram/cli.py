@@ -23,6 +23,7 @@ import psycopg
 import redis
 
 from engram.store import Store, WordLlamaEmbedder
+from engram.store import backup as backups
 from engram.store.errors import EngramError
 from engram.worker.admin import metrics
 from engram.worker.embedded import logs, runtime, valkey
@@ -184,6 +185,11 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     held = _held_redactions(settings)
     if held is not None:
         report["redactions_held"] = held
+    # What restores moved aside in the home still holds forgotten texts: said until
+    # removed (engram restore --discard-previous); the exit code is the workers'.
+    aside = backups.set_aside_databases(settings.home)
+    if aside:
+        report["set_aside_databases"] = [s.as_dict() for s in aside]
     print(json.dumps(report))
     return 0 if here else 1
 
@@ -301,11 +307,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(args.log_level, as_json=log_format == "json")
     _stacks_on_sigusr1()
     try:
-        code: int = args.run(Settings.from_env(), args)
+        settings = Settings.from_env()
+        if not settings.database_url and args.run not in _WHILE_RESTORING:
+            backups.check_home_not_pending(settings.home)
+        code: int = args.run(settings, args)
         return code
     except (EngramError, ValueError, redis.RedisError, psycopg.OperationalError) as exc:
         print(f"engram: {_describe(exc)}", file=sys.stderr)
         return exits.for_error(exc)
+
+
+# What runs on a home whose restore has not finished: the restore, and what reads
+# only the backup folder. Every other command refuses it with one code
+# (restore_pending, exit 1) and one message naming the command that finishes it.
+_WHILE_RESTORING = frozenset({backup_cli.cmd_restore, backup_cli.cmd_list, backup_cli.cmd_prune})
 
 
 def _stacks_on_sigusr1() -> None:

@@ -4,7 +4,9 @@ then every forget of the ledger re-applied, before anything serves it.
 First what can be checked is: the base backup, and the WAL archive it replays
 (the one the operator names, the backup folder's ``wal``, or the one the backup's
 own ``backup.json`` names: owned by the server's user, writable by no one else,
-``store.backup.check_archive``). Then, under the home lock (refused while
+``store.backup.check_archive``), the target time against that archive
+(``store.backup.check_target``) and the sockets' path: a restore refused for any
+of them changes nothing. Then, under the home lock (refused while
 ``engram up`` holds it), in this order, each step safe to run again:
 
 1. ``ENGRAM_HOME/restore.json`` is written (flushed): from here to the last step
@@ -36,9 +38,11 @@ the base backup, and the ledger's replay is idempotent.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -52,11 +56,11 @@ from typing import Any
 
 import psycopg
 
-from engram.store import Store
+from engram.store import Store, audit
 from engram.store import backup as backups
 from engram.store.errors import ConfigError
 from engram.store.files import fsync_dir
-from engram.store.home import check_socket_path
+from engram.store.home import check_socket_path, share_with_server
 from engram.store.ledger import ForgetLedger
 from engram.store.ledger_replay import replay
 from engram.store.server import data_dir as postgres_dir
@@ -108,19 +112,33 @@ def run_restore(
             " restore your own server with your tools, then run `engram forgets replay`"
         )
     target = backups.parse_time(to) if to else None
+    backups.ensure_server_user()  # as root, the user the archive must belong to
     info = backups.choose(source, target if isinstance(target, datetime) else None)
     wal = backups.check_archive(backups.archive_of(source, info, archive))
     home = Path(settings.home)
+    _preflight(home, wal, info, target)
     t0 = time.monotonic()
     session = HomeSession(home, COMMAND).open()
     try:
-        aside = _set_aside(home, info, target)
+        # As `up` leaves it: as root, the server's user passes through the home (0710,
+        # its group) to the database folder; a fresh home is made 0700, which it cannot.
+        share_with_server(home)
+        aside = _set_aside(home, info, target, _finish_command(source, to, archive))
         backups.place(info, postgres_dir(home))
         with _recovering(session, home, backups.recovery_settings(wal, target)) as dsn:
             _mark(dsn, info, target)
             r0 = time.monotonic()
             with Store.connect(dsn, restoring=True, max_connections=2) as store:
                 result = replay(store, ForgetLedger(settings.ledger_dir))
+                # What committed before this row and is not in the database was lost to
+                # the restore: a reply valkey still caches for it is not believed
+                # (web.views.receipts).
+                store.audit.record(
+                    f"cli:{getpass.getuser()}"[:200],
+                    "database.restore",
+                    audit.DATABASE,
+                    {"backup": info.label, "target": _target_text(target)},
+                )
             replay_s = time.monotonic() - r0
             if result.failed:  # named in the log, one by one; the rest was applied
                 log.warning("ledger lines the restore skipped", extra={"lines": result.failed})
@@ -143,15 +161,38 @@ def run_restore(
     )
 
 
+def _preflight(
+    home: Path, wal: Path, info: backups.BackupInfo, target: datetime | str | None
+) -> None:
+    """What can be checked before anything moves, so that a refused restore changes
+    nothing: the target time against the archive, the sockets' path (the archive and
+    the server's user were, before)."""
+    backups.check_target(wal, info, target)
+    check_socket_path(home.resolve() / SOCKET_DIR / ".s.PGSQL.5432", "PostgreSQL")
+
+
+def _finish_command(source: Path, to: str | None, archive: Path | None) -> str:
+    """The command that runs this restore again (to finish it, if it is interrupted)."""
+    argv = ["engram", "restore", "--from", str(Path(source).resolve())]
+    if to:
+        argv += ["--to", to]
+    if archive is not None:
+        argv += ["--archive", str(Path(archive).resolve())]
+    return shlex.join(argv)
+
+
 def _target_text(target: datetime | str | None) -> str:
     if target is None:
         return "the backup"
     return target if isinstance(target, str) else target.isoformat()
 
 
-def _set_aside(home: Path, info: backups.BackupInfo, target: datetime | str | None) -> Path | None:
-    """Write the state file first, then move the database there aside (a first run) or
-    remove the half-made copy a run before this one left. Returns the folder set aside."""
+def _set_aside(
+    home: Path, info: backups.BackupInfo, target: datetime | str | None, finish: str
+) -> Path | None:
+    """Write the state file first (``finish``: the command that finishes this restore),
+    then move the database there aside (a first run) or remove the half-made copy a run
+    before this one left. Returns the folder set aside."""
     state_file = home / backups.RESTORE_STATE
     data = postgres_dir(home)
     state: dict[str, Any] = {}
@@ -161,9 +202,10 @@ def _set_aside(home: Path, info: backups.BackupInfo, target: datetime | str | No
     aside = state.get("set_aside")
     if not aside:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        aside = str(home.resolve() / f"postgres.before-restore-{stamp}") if data.exists() else ""
+        aside = str(home.resolve() / f"{backups.SET_ASIDE_PREFIX}{stamp}") if data.exists() else ""
     state.update(
         {
+            "finish": finish,
             "backup": info.path,
             "target": _target_text(target),
             "set_aside": aside,

@@ -33,6 +33,7 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -221,13 +222,15 @@ def dashboard_config(
 ) -> WebConfig:
     """The dashboard's settings, its operator token the home's unless
     ENGRAM_DASHBOARD_TOKEN (or ENGRAM_DASHBOARD_OPEN) says otherwise."""
-    return WebConfig.from_env(
+    config = WebConfig.from_env(
         host=host,
         port=port,
         partitions=settings.worker.partitions,
         lease_ttl_ms=settings.worker.lease_ttl_ms,
         home_token=lambda: signin.home_token(settings.home),
     )
+    # The home, where the overview looks for the databases restores set aside.
+    return dataclasses.replace(config, home=Path(settings.home))
 
 
 def sign_in_said(config: WebConfig, *, terminal: bool, signin_command: str) -> str:

@@ -41,7 +41,10 @@ ACTIONS = (
     "token.create",
     "token.revoke",
     "prune.run",
+    "database.restore",
 )
+# The target of a restore's row: the database itself.
+DATABASE = "database"
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +184,18 @@ class Audit:
     def about(self, target: str, *, limit: int = MAX_ATTEMPTS) -> list[AuditEntry]:
         """The rows about ``target`` (a record id, a job id...), oldest first."""
         return self._oldest_first("target = %s", target, limit)
+
+    def last_restore(self) -> datetime | None:
+        """When ``engram restore`` last finished bringing this database back (its audit
+        row, written before anything served it again): whatever committed before that
+        and is not in the database was lost to it (migration 012's target index)."""
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT at FROM engram_audit WHERE target = %s AND action = 'database.restore'"
+                " ORDER BY at DESC, id DESC LIMIT 1",
+                (DATABASE,),
+            ).fetchone()
+        return row[0] if row else None
 
     def _oldest_first(self, where: str, value: str, limit: int) -> list[AuditEntry]:
         with self.pool.connection() as conn:

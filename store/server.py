@@ -31,7 +31,6 @@ import psutil  # type: ignore[import-untyped]
 
 from . import backup
 from . import home as homes
-from .errors import RestorePendingError
 from .processes import process_in_pid_file
 
 log = logging.getLogger(__name__)
@@ -58,12 +57,7 @@ class EmbeddedPostgres:
     """
 
     def __init__(self, home: Path, *, backup_dir: Path | None = None) -> None:
-        pending = Path(home) / backup.RESTORE_STATE
-        if pending.exists():
-            raise RestorePendingError(
-                f"a restore into ENGRAM_HOME {Path(home).resolve()} has not finished"
-                f" ({pending}): run `engram restore` again to finish it"
-            )
+        backup.check_home_not_pending(home)
         self.backup_dir = Path(backup_dir).resolve() if backup_dir is not None else None
         self.data_dir = data_dir(home)
         homes.check_socket_path(self.data_dir / SOCKET_FILE, "PostgreSQL")

@@ -11,6 +11,7 @@ import ipaddress
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from engram.jobs import keys as jobs_keys
 from engram.store.env import Env
@@ -80,6 +81,8 @@ class WebConfig:
     admin_statement_timeout_s: float | None = ADMIN_STATEMENT_TIMEOUT_S
     # What a scoped token may do per minute, on the API and over MCP (web.ratelimit).
     rate_limits: RateLimits = field(default_factory=RateLimits)
+    # ENGRAM_HOME, where the overview looks for the databases restores set aside.
+    home: Path | None = None
 
     @property
     def retry_after_s(self) -> int:

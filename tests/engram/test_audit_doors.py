@@ -275,7 +275,9 @@ def test_each_action_from_each_door_writes_who_and_why(
 def test_every_audited_action_has_a_door_in_the_table() -> None:
     from engram.store.audit import ACTIONS
 
-    assert {action for action, *_ in CASES} == set(ACTIONS)
+    # engram restore's row works on a home's embedded database alone, never DATABASE_URL's:
+    # tests/engram/test_backup_restore.py reads it after a restore.
+    assert {action for action, *_ in CASES} == set(ACTIONS) - {"database.restore"}
 
 
 def test_the_overview_offers_a_why_for_each_pause_and_resume(doors: Doors) -> None:

@@ -9,26 +9,30 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
+import redis
 
 from engram.cli import main
 from engram.home import UP, HomeLock
-from engram.store import HashingEmbedder, Operation, Store
+from engram.store import HashingEmbedder, Operation, Scope, Store
 from engram.store import backup as backups
 from engram.store.errors import RestorePendingError
 from engram.store.ledger import ForgetLedger, LedgerEntry
 from engram.store.server import EmbeddedPostgres
 from engram.store.server import data_dir as postgres_dir
+from engram.worker.consuming.replies import send_reply
+from engram.worker.protocol import encode_reply
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.helpers import marker_text, rows_containing
 from tests.redis_fixtures import REPO, wait_until
@@ -181,6 +185,33 @@ def test_a_restore_to_a_time_between_two_writes_has_only_the_first(
     assert h.store.receipt("op-t1") is not None and h.store.receipt("op-t2") is None
 
 
+def test_a_restore_to_a_time_past_the_archive_is_refused_and_changes_nothing(
+    home: Path, opened: list[Home], capsys: pytest.CaptureFixture[str]
+) -> None:
+    h = open_home(home, opened)
+    close_home(opened)
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    h.mem.remember("after the backup", operation_id="op-after")
+    h.archive_now()
+    [(last,)] = h.sql("SELECT clock_timestamp()")  # after the archive's last commit
+    close_home(opened)
+    before = sorted(p.name for p in home.iterdir())
+    capsys.readouterr()
+
+    past = (last + timedelta(hours=1)).isoformat()
+    assert engram("restore", "--from", str(backup_dir(home)), "--to", past) == 2
+
+    err = capsys.readouterr().err
+    assert "past the WAL archive" in err and "nothing was changed" in err, err
+    assert sorted(p.name for p in home.iterdir()) == before
+    assert not (home / backups.RESTORE_STATE).exists()
+    assert not list(home.glob("postgres.before-restore-*"))
+    h = open_home(home, opened)  # it starts: the home is not left restore_pending
+    assert h.texts() == ["after the backup"]
+    assert h.store.receipt("op-after") is not None
+
+
 def test_a_restore_killed_during_its_replay_serves_nothing_and_the_next_run_finishes_it(
     home: Path, opened: list[Home], redis_url: str
 ) -> None:
@@ -255,6 +286,69 @@ def test_a_restore_killed_during_its_replay_serves_nothing_and_the_next_run_fini
     assert h.texts() == ["kept"]
     # Only one database was set aside: the one there before the first run.
     assert len(list(home.glob("postgres.before-restore-*"))) == 1
+
+
+def test_while_a_restore_is_pending_every_command_says_the_same_and_names_how_to_finish_it(
+    home: Path, opened: list[Home]
+) -> None:
+    h = open_home(home, opened)
+    h.mem.remember("kept", operation_id="op-kept")
+    close_home(opened)
+    assert engram("backup") == 0
+    # A restore killed once it began: its state file is in the home.
+    restore = subprocess.Popen(
+        [sys.executable, "-m", "engram", "restore", "--from", str(backup_dir(home))],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(
+            lambda: (home / backups.RESTORE_STATE).exists() or restore.poll() is not None,
+            timeout=120,
+            what="the restore begun",
+        )
+    finally:
+        restore.send_signal(signal.SIGKILL)
+        restore.wait()
+    assert (home / backups.RESTORE_STATE).exists(), "the restore ended before the kill"
+    wait_until(lambda: _free(home), timeout=120, what="the home free")
+
+    answers = {}
+    for command in (
+        ["up"],
+        ["worker"],
+        ["web", "--port", str(free_port())],
+        ["jobs"],
+        ["enqueue", "remember", "--scope", '{"user_id": "u"}', "--request", '{"text": "t"}'],
+        ["mcp", "--scope", '{"user_id": "u"}'],
+        ["migrate"],
+        ["health"],
+        ["metrics"],
+        ["recall", "--scope", '{"user_id": "u"}', "x"],
+        ["tokens", "list"],
+        ["forgets", "check"],
+        ["backup"],
+    ):
+        ran = subprocess.run(
+            [sys.executable, "-m", "engram", *command],
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        answers[command[0]] = (ran.returncode, ran.stderr.strip())
+    finish = f"engram restore --from {backup_dir(home).resolve()}"
+    [(code, message)] = set(answers.values())  # one code, one message: for all
+    assert code == 1 and message.startswith("engram: restore_pending:"), answers
+    assert f"Finish it with `{finish}`" in message, message
+    # What reads only the backup folder still answers.
+    assert engram("backup", "list") == 0
+
+    assert engram("restore", "--from", str(backup_dir(home))) == 0
+    h = open_home(home, opened)
+    assert h.texts() == ["kept"]
 
 
 def _free(home: Path) -> bool:
@@ -457,6 +551,128 @@ def test_a_token_revoked_after_the_backup_stays_revoked_after_a_restore(
     close_home(opened)
     assert engram("forgets", "replay", "--json") == 0
     assert json.loads(capsys.readouterr().out)["tokens_revoked"] == 0
+
+
+def test_after_a_restore_the_api_answers_404_for_an_operation_it_lost_not_valkeys_reply(
+    home: Path,
+    opened: list[Home],
+    redis_url: str,
+    serve_web: Callable[..., Served],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    Home(home).close()
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    embedder = HashingEmbedder(64)
+    [kept] = h.store.execute([Operation.build("remember", SCOPE, {"text": "a"}, "op-a")], embedder)
+    [(between,)] = h.sql("SELECT clock_timestamp()")
+    [lost] = h.store.execute([Operation.build("remember", SCOPE, {"text": "b"}, "op-b")], embedder)
+    h.archive_now()
+    close_home(opened)
+    # Their replies, as the worker that committed them left them in valkey.
+    client = redis.Redis.from_url(redis_url)
+    pipe = client.pipeline(transaction=False)
+    for result in (kept, lost):
+        op_key = (Scope.of(SCOPE).key, result.receipt.operation_id)  # type: ignore[union-attr]
+        send_reply(pipe, op_key, encode_reply(result), 3600)
+    pipe.execute()
+    client.close()
+
+    assert engram("restore", "--from", str(backup_dir(home)), "--to", between.isoformat()) == 0
+
+    capsys.readouterr()
+    assert engram("tokens", "create", "--scope", json.dumps(SCOPE), "--name", "p", "--json") == 0
+    token = json.loads(capsys.readouterr().out)["token"]
+    h = open_home(home, opened)
+    served = serve_web(database_url=h.server.dsn(), redis_url=redis_url)
+
+    def operation(op_id: str) -> httpx.Response:
+        return httpx.get(
+            f"{served.url}/api/v1/operations/{op_id}",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+
+    lost_answer = operation("op-b")  # the database's truth, as MCP's operation tool says
+    assert lost_answer.status_code == 404, lost_answer.text
+    assert lost_answer.json()["error"]["code"] == "not_found"
+    kept_answer = operation("op-a")
+    assert kept_answer.status_code == 200 and kept_answer.json()["state"] == "committed"
+    [(by, detail)] = h.sql(
+        "SELECT requested_by, detail FROM engram_audit WHERE action = 'database.restore'"
+    )
+    assert by.startswith("cli:") and detail["target"] == between.isoformat()
+
+
+def test_a_restore_into_a_fresh_home_elsewhere_serves_it_as_up_would(
+    home: Path, opened: list[Home], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine lost with its disk: the backups copied to a new one, restored into a
+    home that never held anything (as root, the CI's user, and as anyone else)."""
+    h = open_home(home, opened)
+    h.mem.remember("kept", operation_id="op-kept")
+    close_home(opened)
+    assert engram("backup") == 0
+    fresh = home.parent / "fresh"
+    monkeypatch.setenv("ENGRAM_HOME", str(fresh))
+
+    try:
+        assert engram("restore", "--from", str(backup_dir(home))) == 0
+        found = fresh.stat()
+        if os.geteuid() == 0:  # the server's user passes through, as `up` leaves a home
+            assert (stat.S_IMODE(found.st_mode), found.st_gid) == (0o710, os.getegid())
+        else:
+            assert stat.S_IMODE(found.st_mode) == 0o700
+        h = open_home(fresh, opened)
+        assert h.texts() == ["kept"]
+        assert not (fresh / backups.RESTORE_STATE).exists()
+    finally:
+        EmbeddedPostgres.stop_stale(fresh)
+
+
+def test_the_databases_a_restore_sets_aside_are_named_shown_and_removed_on_request(
+    home: Path,
+    opened: list[Home],
+    redis_url: str,
+    serve_web: Callable[..., Served],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = marker_text(10)
+    h = open_home(home, opened)
+    x = h.mem.remember(f"X: {secret}", operation_id="op-x").records[0]
+    h.mem.remember("kept", operation_id="op-kept")
+    close_home(opened)
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    h.mem.forget(x.id, operation_id="forget-x")  # the set-aside database held X
+    close_home(opened)
+    capsys.readouterr()
+
+    assert engram("restore", "--from", str(backup_dir(home))) == 0
+    [aside] = home.glob(f"{backups.SET_ASIDE_PREFIX}*")
+    said = capsys.readouterr()
+    assert str(aside) in said.out  # previous_database
+    assert str(aside) in said.err and "engram restore --discard-previous" in said.err
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    engram("health")  # no worker here: exit 1, and its report
+    [shown] = json.loads(capsys.readouterr().out)["set_aside_databases"]
+    assert shown["path"] == str(aside) and shown["size_bytes"] > 0
+    h = open_home(home, opened)
+    served = serve_web(database_url=h.server.dsn(), redis_url=redis_url)
+    page = httpx.get(served.url + "/")
+    assert 'id="set-aside"' in page.text and str(aside) in page.text
+    close_home(opened)
+
+    assert engram("restore", "--discard-previous") == 0
+    assert not aside.exists()
+    assert "removed 1 set-aside database(s)" in capsys.readouterr().out
+    # Nothing in the home holds X any more (the restored database never did).
+    assert file_hits(home, [secret.encode(), secret.lower().encode()]) == []
+    engram("health")
+    assert "set_aside_databases" not in json.loads(capsys.readouterr().out)
+    h = open_home(home, opened)
+    assert h.texts() == ["kept"]
 
 
 def test_a_restore_skips_a_ledger_line_it_cannot_apply_and_finishes(

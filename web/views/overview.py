@@ -8,6 +8,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from engram.jobs.progress import progress_of
 from engram.store import Store
+from engram.store import backup as backups
 from engram.worker import layout
 from engram.worker.admin import metrics
 
@@ -65,6 +66,12 @@ def overview(request: Request) -> Response:
         partition_count=layout.read(services.redis, config.partitions).serving.partitions,
         # Entries in a replaced epoch's streams, which no worker reads (names, counts).
         stranded=layout.stranded(services.redis, config.partitions),
+        # The databases restores moved aside in the home: they hold forgotten texts.
+        set_aside=web.costly.get(
+            "set_aside",
+            now_s,
+            lambda: backups.set_aside_databases(config.home) if config.home else [],
+        ),
     )
 
 

@@ -201,9 +201,15 @@ def _settled_state(request: Request, op_id: str, scope: Scope | None) -> Operati
         last = services.store.audit.last_letter_action(op_id, scope.key)
         discarded = last if last is not None and last.action == "dead_letter.discard" else None
         return OperationState(op_id, "failed", None, reply, scope=scope, discarded=discarded)
-    if reply is not None:  # committed, its receipt not (or no longer) readable: as before
-        return OperationState(op_id, "waiting", None, None, scope=scope)
-    return None
+    if reply is None:
+        return None
+    # Committed, its receipt not (yet) readable (a replica behind): waiting. Unless it
+    # committed before the database was restored: then the restore lost it, and the
+    # reply valkey still caches is not the truth, the database is (as MCP's answers).
+    restored = services.store.audit.last_restore()
+    if restored is not None and reply.committed_at <= restored:
+        return None
+    return OperationState(op_id, "waiting", None, None, scope=scope)
 
 
 def operation_page(request: Request) -> Response:
