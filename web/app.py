@@ -40,8 +40,7 @@ from .endpoints import form_endpoint, json_endpoint
 from .errors import (
     BadRequestError,
     MethodNotAllowedError,
-    RateLimitedError,
-    StatementTimeoutError,
+    RetryLaterError,
 )
 from .middleware import (
     CHALLENGE,
@@ -323,7 +322,7 @@ def error_page(request: Request, exc: EngramError) -> Response:
             back=back_of(request),
             start=list_start(request, exc),
         )
-    if isinstance(exc, StatementTimeoutError | RateLimitedError):
+    if isinstance(exc, RetryLaterError):
         response.headers["retry-after"] = str(exc.retry_after_s)
     if exc.status == 401:
         response.headers["www-authenticate"] = CHALLENGE

@@ -44,13 +44,9 @@ class UnsupportedMediaTypeError(EngramError):
     status = 415
 
 
-class RateLimitedError(EngramError):
-    """A scoped token past its reads or writes per minute (ENGRAM_TOKEN_READS_PER_MINUTE,
-    ENGRAM_TOKEN_WRITES_PER_MINUTE): nothing was done. Answered 429 with ``Retry-After``
-    over HTTP, as a tool error over MCP; other tokens are not held back."""
-
-    code = "rate_limited"
-    status = 429
+class RetryLaterError(EngramError):
+    """An error answered with ``Retry-After``: the seconds to wait before asking again,
+    sent in its details and read back from them."""
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message)
@@ -62,6 +58,15 @@ class RateLimitedError(EngramError):
     @classmethod
     def from_dict(cls, message: str, data: Mapping[str, Any]) -> Self:
         return cls(message, retry_after_s=int(data.get("retry_after_s", 1)))
+
+
+class RateLimitedError(RetryLaterError):
+    """A scoped token past its reads or writes per minute (ENGRAM_TOKEN_READS_PER_MINUTE,
+    ENGRAM_TOKEN_WRITES_PER_MINUTE): nothing was done. Answered 429 with ``Retry-After``
+    over HTTP, as a tool error over MCP; other tokens are not held back."""
+
+    code = "rate_limited"
+    status = 429
 
 
 class UnavailableError(EngramError):
@@ -71,20 +76,9 @@ class UnavailableError(EngramError):
     status = 503
 
 
-class StatementTimeoutError(UnavailableError):
+class StatementTimeoutError(UnavailableError, RetryLaterError):
     """A statement of this request ran past the dashboard's bound
     (ENGRAM_WEB_STATEMENT_TIMEOUT) and PostgreSQL cancelled it: nothing it did is kept
     (its transaction rolled back). Answered with ``Retry-After``."""
 
     code = "statement_timeout"
-
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-    def details(self) -> dict[str, Any]:
-        return {"retry_after_s": self.retry_after_s}
-
-    @classmethod
-    def from_dict(cls, message: str, data: Mapping[str, Any]) -> Self:
-        return cls(message, retry_after_s=int(data.get("retry_after_s", 1)))

@@ -29,7 +29,7 @@ from .auth import Authenticator, bearer, presented_token
 from .auth_refusals import Reason, door_of, why_token_refused
 from .csrf import check_same_origin
 from .errors import (
-    RateLimitedError,
+    RetryLaterError,
     StatementTimeoutError,
     UnauthorizedError,
     UnavailableError,
@@ -312,6 +312,6 @@ def error_response(scope: Scope, exc: EngramError) -> Response:
         response = Response(f"{exc.status}: {exc.message}\n", exc.status, media_type="text/plain")
     if exc.status == 401:
         response.headers["www-authenticate"] = CHALLENGE
-    if isinstance(exc, StatementTimeoutError | RateLimitedError):
+    if isinstance(exc, RetryLaterError):
         response.headers["retry-after"] = str(exc.retry_after_s)
     return response
