@@ -36,7 +36,7 @@ from engram.worker.protocol import encode_reply
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.helpers import marker_text, rows_containing
 from tests.redis_fixtures import REPO, wait_until
-from tests.web_fixtures import Served, free_port
+from tests.web_fixtures import OPERATOR, Served, free_port
 
 SCOPE = {"user_id": "backup-test"}
 
@@ -660,7 +660,7 @@ def test_the_databases_a_restore_sets_aside_are_named_shown_and_removed_on_reque
     assert shown["path"] == str(aside) and shown["size_bytes"] > 0
     h = open_home(home, opened)
     served = serve_web(database_url=h.server.dsn(), redis_url=redis_url)
-    page = httpx.get(served.url + "/")
+    page = httpx.get(served.url + "/", headers=OPERATOR)
     assert 'id="set-aside"' in page.text and str(aside) in page.text
     close_home(opened)
 

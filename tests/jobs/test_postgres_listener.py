@@ -61,11 +61,13 @@ def test_the_listener_vacuums_and_rebuilds_the_full_text_index(
     with psycopg.connect(fresh_dsn) as conn:  # the rebuilt index serves searches
         conn.execute("SET enable_seqscan = off")
         plan = conn.execute(
-            "EXPLAIN SELECT 1 FROM engram_revisions WHERE tsv @@ to_tsquery('simple', 'unrelated')"
+            "EXPLAIN SELECT 1 FROM engram_revisions"
+            " WHERE tsv @@ to_tsquery('engram_text', 'unrelated')"
         ).fetchall()
         assert "engram_revisions_tsv_idx" in str(plan)
         found = conn.execute(
-            "SELECT count(*) FROM engram_revisions WHERE tsv @@ to_tsquery('simple', 'unrelated')"
+            "SELECT count(*) FROM engram_revisions"
+            " WHERE tsv @@ to_tsquery('engram_text', 'unrelated')"
         ).fetchone()
     assert found == (200,)
 

@@ -132,10 +132,14 @@ def test_the_model_the_dashboard_and_mcp_keep_their_forms() -> None:
     assert config is not None and config.timeout_s == 60.0
     with pytest.raises(ConfigError, match="ENGRAM_LLM_TIMEOUT_S"):
         LLMConfig.from_env({**llm, "ENGRAM_LLM_TIMEOUT_S": "soon"})
-    assert WebConfig.from_env({"ENGRAM_WEB_STATEMENT_TIMEOUT": "off"}).statement_timeout_s is None
-    assert WebConfig.from_env({"ENGRAM_DASHBOARD_PORT": "8800"}).port == 8800
+    token = {"ENGRAM_DASHBOARD_TOKEN": "an-operator-token"}  # a dashboard needs one
+    assert (
+        WebConfig.from_env({**token, "ENGRAM_WEB_STATEMENT_TIMEOUT": "off"}).statement_timeout_s
+        is None
+    )
+    assert WebConfig.from_env({**token, "ENGRAM_DASHBOARD_PORT": "8800"}).port == 8800
     with pytest.raises(ConfigError, match="ENGRAM_DASHBOARD_PORT"):
-        WebConfig.from_env({"ENGRAM_DASHBOARD_PORT": "eighty"})
+        WebConfig.from_env({**token, "ENGRAM_DASHBOARD_PORT": "eighty"})
     for wait in ("2", "2s", "2000ms"):
         assert McpSettings.from_env({"ENGRAM_MCP_WAIT_S": wait}).wait_s == 2.0
     with pytest.raises(ConfigError, match="ENGRAM_MCP_WAIT_S"):
@@ -152,6 +156,6 @@ def test_the_model_the_dashboard_and_mcp_keep_their_forms() -> None:
     ):
         with pytest.raises(ConfigError, match=name):
             McpSettings.from_env({name: bad})
-    assert WebConfig.from_env({"ENGRAM_TOKEN_READS_PER_MINUTE": "off"}).rate_limits == (
+    assert WebConfig.from_env({**token, "ENGRAM_TOKEN_READS_PER_MINUTE": "off"}).rate_limits == (
         RateLimits(None, 300)
     )
