@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -143,15 +144,23 @@ def test_since_takes_a_time_or_a_duration_back() -> None:
 
 
 def _restored_after_forget(
-    fresh_dsn: str, postgres: EmbeddedPostgres, tmp_path: Path, name: str, texts: list[str]
+    fresh_dsn: str,
+    postgres: EmbeddedPostgres,
+    tmp_path: Path,
+    name: str,
+    texts: list[str],
+    before_forget: Callable[[ForgetLedger, list[str]], None] | None = None,
 ) -> tuple[str, list[str], str]:
     """A database with ``texts`` recorded, dumped, then the first forgotten (in the
-    ledger), and the dump restored as database ``name``: its DSN, the record ids, and
-    the database's ledger name."""
-    with Store.connect(fresh_dsn, ledger=ForgetLedger(tmp_path / "ledger")) as store:
+    ledger, after what ``before_forget`` writes there), and the dump restored as
+    database ``name``: its DSN, the record ids, and the database's ledger name."""
+    ledger = ForgetLedger(tmp_path / "ledger")
+    with Store.connect(fresh_dsn, ledger=ledger) as store:
         mem = store.session(SCOPE, embedder=HashingEmbedder(64))
         ids = [mem.remember(t).records[0].id for t in texts]
         pg_dump(fresh_dsn, tmp_path / "dump")
+        if before_forget is not None:
+            before_forget(ledger, ids)
         mem.forget(ids[0], operation_id="forget-first")
         database = store.database_key
     return pg_restore(postgres.dsn(), postgres.dsn, tmp_path / "dump", name), ids, database
@@ -232,19 +241,20 @@ def test_a_ledger_shared_with_another_database_hides_none_of_this_ones_forgets(
     postgres: EmbeddedPostgres,
     tmp_path: Path,
 ) -> None:
-    ledger = ForgetLedger(tmp_path / "ledger")
-    with Store.connect(fresh_dsn, ledger=ledger) as store:
-        mem = store.session(SCOPE, embedder=HashingEmbedder(64))
-        record_id = mem.remember("Lin's pin is dingoquill.").records[0].id
-        pg_dump(fresh_dsn, tmp_path / "dump")
+    def another_database_first(ledger: ForgetLedger, ids: list[str]) -> None:
         # Another database sharing the directory forgot a record of the same id in a
         # scope of its own, first: its line comes before this database's.
         at = datetime.now(UTC)
-        ledger.append(
-            [LedgerEntry(record_id, {"user_id": "zed"}, "zed-op", at, "0123456789abcdef")]
-        )
-        mem.forget(record_id, operation_id="forget-dingo")
-    restored = pg_restore(postgres.dsn(), postgres.dsn, tmp_path / "dump", "r_shared")
+        ledger.append([LedgerEntry(ids[0], {"user_id": "zed"}, "zed-op", at, "0123456789abcdef")])
+
+    restored, [record_id], _ = _restored_after_forget(
+        fresh_dsn,
+        postgres,
+        tmp_path,
+        "r_shared",
+        ["Lin's pin is dingoquill."],
+        before_forget=another_database_first,
+    )
     monkeypatch.setenv("DATABASE_URL", restored)
 
     code, out, _ = run(capsys, "forgets", "replay", "--json")
