@@ -12,6 +12,7 @@ import base64
 import hashlib
 import hmac
 import json
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +33,7 @@ from engram.mcp.http import REFUSED
 from engram.store import Store
 from engram.store.errors import ConfigError
 from engram.store.tokens import CAPABILITIES
-from engram.web.oauth import OAuthSettings
+from engram.web.oauth import InvalidTokenError, KeySet, OAuthSettings, Verifier
 from tests.mcp_support import http_session, ok, refused, run, server_env
 from tests.oauth_fixtures import CLIENTS, SECRET, AuthorizationServer, new_key
 from tests.redis_fixtures import InProcessWorker
@@ -439,15 +440,34 @@ def test_oauth_settings_are_checked(env: dict[str, str], names: str) -> None:
     assert names in error.value.message
 
 
-def test_a_template_over_claims_names_the_scope() -> None:
+def test_a_template_over_claims_names_the_scope(store: Store) -> None:
     settings = OAuthSettings.from_env(
         {
             "ENGRAM_OAUTH_ISSUER": "https://as.example",
             "ENGRAM_OAUTH_AUDIENCE": "https://m.example/mcp",
             "ENGRAM_OAUTH_SCOPE_CLAIM": "{org}/{sub}",
+            "ENGRAM_OAUTH_JWKS_URL": "https://as.example/jwks",
         }
     )
     assert settings is not None
     assert settings.claims == ("org", "sub")
     assert settings.metadata_url == "https://m.example/.well-known/oauth-protected-resource/mcp"
     assert OAuthSettings.from_env({}) is None
+    key, jwk = new_key()
+    public = {k: v for k, v in jwk.items() if k not in ("d", "p", "q", "dp", "dq", "qi")}
+    keys = KeySet(settings, fetch=lambda url: {"keys": [public]})
+    verifier = Verifier(settings, store.tokens, keys)
+    now = int(time.time())
+    claims = {"iss": settings.issuer, "aud": settings.audience, "exp": now + 60, "sub": "ada"}
+
+    def signed(**extra: Any) -> str:
+        return jwt.encode({**claims, **extra}, key, algorithm="RS256", headers={"kid": jwk["kid"]})
+
+    grant = verifier.verify(signed(org="acme", scope="engram:recall openid"))
+    assert grant.scope == {"user_id": "acme/ada"} and grant.can == frozenset({"recall"})
+    # A claim's value is its text, never expanded again nor formatted.
+    grant = verifier.verify(signed(org="{sub}", scope="engram:get"))
+    assert grant.scope == {"user_id": "{sub}/ada"}
+    with pytest.raises(InvalidTokenError, match="org claim"):
+        verifier.verify(signed(scope="engram:get"))
+    assert keys.fetches == 1
