@@ -182,6 +182,7 @@ class Endpoint:
             await self._refuse(send, exc)
             return
         secret = _bearer(scope)
+        grant: Grant | None
         if (
             self.oauth is not None
             and secret
@@ -197,7 +198,7 @@ class Endpoint:
             except EngramError as exc:  # the issuer's keys cannot be had: 503
                 await self._refuse(send, exc)
                 return
-            if not grant.can:
+            if grant is None or not grant.can:
                 await self._refuse(send, NO_CAPABILITY)
                 return
         else:

@@ -248,6 +248,7 @@ def test_bad_tokens_are_refused_with_invalid_token_and_change_nothing(
     _, stranger_jwk = new_key()
     stranger_key, _ = new_key()
     real = oauthed.token("ada")
+    before = store.records({"user_id": "ada"})
     head, body, signature = real.split(".")
     flipped = ("A" if signature[0] != "A" else "B") + signature[1:]
     kid = issuer.keys[0][1]["kid"]
@@ -287,7 +288,9 @@ def test_bad_tokens_are_refused_with_invalid_token_and_change_nothing(
     # Nothing was written: the one write of a good token is the scope's only record.
     done = remember(oauthed.url, real, "The real one.")
     assert done.status_code == 200 and done.json()["records"], done.text
-    assert [r.text for r in store.records({"user_id": "ada"})] == ["The real one."]
+    after = store.records({"user_id": "ada"})
+    assert [r.text for r in after if r not in before] == ["The real one."]
+    assert len(after) == len(before) + 1
     # No token was logged, whole or in part.
     log = oauthed.served.log()
     signatures = [token.rsplit(".", 1)[1][:20] for token in bad.values()]
