@@ -321,6 +321,10 @@ class KeySet:
         if found is not None and not stale:
             return found
         self._refresh(when_missing=found is None)
+        if not self._keys:  # none ever fetched, and not to be tried again yet
+            raise UnavailableError(
+                "the authorization server's keys could not be fetched: try again shortly"
+            )
         return self._find(kid)
 
     def _find(self, kid: str | None) -> dict[str, Any] | None:

@@ -33,7 +33,8 @@ from engram.mcp.http import REFUSED
 from engram.store import Store
 from engram.store.errors import ConfigError
 from engram.store.tokens import CAPABILITIES
-from engram.web.oauth import InvalidTokenError, KeySet, OAuthSettings, Verifier
+from engram.web.errors import UnavailableError
+from engram.web.oauth import InvalidTokenError, KeySet, OAuthSettings, Verifier, fetch_json
 from tests.mcp_support import http_session, ok, refused, run, server_env
 from tests.oauth_fixtures import CLIENTS, SECRET, AuthorizationServer, new_key
 from tests.redis_fixtures import InProcessWorker
@@ -474,3 +475,27 @@ def test_a_template_over_claims_names_the_scope(store: Store) -> None:
     with pytest.raises(InvalidTokenError, match="org claim"):
         verifier.verify(signed(scope="engram:get"))
     assert keys.fetches == 1
+
+
+def test_an_issuer_out_of_reach_is_503_and_is_not_asked_again_at_once(store: Store) -> None:
+    """No keys could be fetched (nothing listens where they are): 503 ``unavailable``,
+    and the next token within the refresh interval is answered so without a fetch."""
+    settings = OAuthSettings(
+        issuer="http://127.0.0.1:1",
+        audience="http://127.0.0.1:2/mcp",
+        jwks_url=f"http://127.0.0.1:{free_port()}/jwks",
+    )
+    fetched: list[str] = []
+
+    def fetch(url: str) -> Any:
+        fetched.append(url)
+        return fetch_json(url)  # the real one: the connection is refused
+
+    verifier = Verifier(settings, store.tokens, KeySet(settings, fetch=fetch))
+    key, jwk = new_key()
+    claims = {"iss": settings.issuer, "aud": settings.audience, "sub": "ada", "exp": 2**31}
+    token = jwt.encode(claims, key, algorithm="RS256", headers={"kid": jwk["kid"]})
+    for _ in range(3):
+        with pytest.raises(UnavailableError):
+            verifier.verify(token)
+    assert len(fetched) == 1
