@@ -5,8 +5,10 @@ with ``Tokens.verify`` on each request, on loopback too) or, when OAuth is confi
 (``web.oauth``), an access token of the operator's authorization server: none, an
 unknown one, a revoked, expired or otherwise refused one is a 401 before anything is
 read, with the ``WWW-Authenticate`` challenge that says where this resource's metadata
-is; an access token granting no capability at all is a 403 ``insufficient_scope``. The
-token alone decides the scope.
+is; an access token granting no capability at all is a 403 ``insufficient_scope``,
+and so is its ``tools/call`` of a tool it has no capability for (an ``egt_``
+token's is the ``forbidden`` tool error, as before). The token alone decides the
+scope.
 
 A refusal's body is a JSON-RPC error (code ``REFUSED``, engram's error and the HTTP
 status in its ``data``), so an MCP client shows it as what it is (the Python SDK raises
@@ -43,12 +45,12 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import HTTPConnection
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engram.store import Grant, Tokens
 from engram.store.errors import EngramError, InvalidRequestError
 from engram.store.limits import MAX_ID_CHARS
-from engram.store.tokens import TOKEN_PREFIX
+from engram.store.tokens import CAPABILITIES, TOKEN_PREFIX
 from engram.web import auth_refusals
 from engram.web.errors import UnauthorizedError
 from engram.web.oauth import (
@@ -61,6 +63,7 @@ from engram.web.oauth import (
 )
 from engram.web.origins import Hosts, check_origin
 from engram.web.ratelimit import Limiter
+from engram.web.scoped import refusal
 
 from .memory import Access, Memory
 from .server import Tools
@@ -217,6 +220,14 @@ class Endpoint:
             )
         )
         scope.setdefault("state", {})[GRANT] = grant
+        if grant.via == "oauth" and scope["method"] == "POST":
+            receive, missing = await _peek_tool(scope, receive)
+            if missing is not None and missing in CAPABILITIES and not grant.allows(missing):
+                await self._refuse(
+                    send,
+                    InsufficientScopeError(refusal(grant, missing), capability=missing),
+                )
+                return
         try:
             await self.manager.handle_request(scope, receive, send)
         except TooManySessionsError as exc:  # raised before anything was sent
@@ -313,6 +324,43 @@ def mount(
         max_sessions=settings.max_sessions,
     )
     return Doors(web, Endpoint(manager, memory.store.tokens, hosts, memory.producer.client, oauth))
+
+
+# The largest request body read ahead of the SDK to see which tool it calls: a tool
+# call of an OAuth token is a few kilobytes; a larger one goes on unread (its tool
+# then answers a capability it lacks with the ``forbidden`` tool error).
+PEEK_BYTES = 1024 * 1024
+
+
+async def _peek_tool(scope: Scope, receive: Receive) -> tuple[Receive, str | None]:
+    """The tool a ``tools/call`` request calls (None for any other request), and a
+    ``receive`` that hands the SDK the body again, as it came."""
+    length = dict(scope.get("headers", ())).get(b"content-length", b"")
+    if not length.isdigit() or int(length) > PEEK_BYTES:
+        return receive, None
+    messages: list[Message] = []
+    body = b""
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        body += message.get("body", b"")
+        if not message.get("more_body", False) or len(body) > PEEK_BYTES:
+            break
+
+    async def replay() -> Message:
+        return messages.pop(0) if messages else await receive()
+
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return replay, None
+    if not isinstance(request, dict) or request.get("method") != "tools/call":
+        return replay, None
+    params = request.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    return replay, name if isinstance(name, str) else None
 
 
 def _bearer(scope: Scope) -> str | None:

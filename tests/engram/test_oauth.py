@@ -336,6 +336,35 @@ def test_a_missing_capability_is_403_insufficient_scope(
     refused_answer = initialize(oauthed.url, nothing)
     assert refused_answer.status_code == 403
     assert 'error="insufficient_scope"' in refused_answer.headers["www-authenticate"]
+    # Over MCP, a tool call it lacks the capability for is the same 403, before the
+    # MCP server: the SDK raises it as what it is, and the session goes on.
+    statuses: list[int] = []
+
+    async def main() -> MCPError:
+        async with http_session(oauthed.resource, reader, statuses) as s:
+            assert (await ok(s, "recall", query="anything"))["records"] == []
+            with pytest.raises(MCPError) as refused_call:
+                await s.call_tool("remember", {"text": "A reader's write."})
+            assert statuses[-1] == 403
+            missing = await refused(s, "get", record_id="nothing-here-1")
+            assert missing["code"] == "not_found"
+            return refused_call.value
+
+    error = run(main)
+    assert error.error.code == REFUSED and error.error.data["code"] == "forbidden"
+    raw = httpx.post(
+        oauthed.resource,
+        json={
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "tools/call",
+            "params": {"name": "forget", "arguments": {"record_id": "x"}},
+        },
+        headers={**ACCEPT, "Authorization": f"Bearer {reader}"},
+        timeout=10,
+    )
+    assert raw.status_code == 403
+    assert 'scope="engram:forget"' in raw.headers["www-authenticate"]
     assert store.records({"user_id": "reader"}) == []
 
 
