@@ -66,6 +66,17 @@ FETCH_TIMEOUT_S = 5.0
 MAX_FETCH_BYTES = 512 * 1024
 # A bearer longer than this is no access token of ours: refused before any parsing.
 MAX_TOKEN_CHARS = 16 * 1024
+# The settings that go with ENGRAM_OAUTH_ISSUER (one set without it is a mistake).
+SETTINGS = (
+    "ENGRAM_OAUTH_AUDIENCE",
+    "ENGRAM_OAUTH_SCOPE_CLAIM",
+    "ENGRAM_OAUTH_SCOPE_FIELD",
+    "ENGRAM_OAUTH_SCOPE_PREFIX",
+    "ENGRAM_OAUTH_JWKS_URL",
+    "ENGRAM_OAUTH_ALGORITHMS",
+    "ENGRAM_OAUTH_JWKS_REFRESH",
+    "ENGRAM_OAUTH_LEEWAY",
+)
 _JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _CLAIM = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,63}")
@@ -192,7 +203,7 @@ class OAuthSettings:
         read = Env(env)
         issuer = read.optional("ENGRAM_OAUTH_ISSUER")
         if issuer is None:
-            stray = sorted(k for k in read.env if k.startswith("ENGRAM_OAUTH_") and read.env[k])
+            stray = [name for name in SETTINGS if read.optional(name) is not None]
             if stray:
                 raise ConfigError(
                     f"{', '.join(stray)} set without ENGRAM_OAUTH_ISSUER: name the"
