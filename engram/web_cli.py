@@ -162,6 +162,7 @@ def _with_mcp(
         model=settings.llm is not None,
         hosts=Hosts(web.config.hosts),
         limiter=web.limiter,
+        oauth=web.oauth,
     )
 
 

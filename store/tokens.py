@@ -70,6 +70,9 @@ class Grant:
     scope: dict[str, str]  # the exact scope it acts on
     can: frozenset[str]  # a subset of CAPABILITIES
     expires_at: datetime | None
+    # How it was presented: an engram token (``egt_``), or an OAuth access token of the
+    # operator's authorization server (``engram.web.oauth``), held by a principal row.
+    via: str = "token"
 
     def allows(self, capability: str) -> bool:
         return capability in self.can
@@ -272,6 +275,61 @@ class Tokens:
         if row is None:
             return "unknown", None
         return ("revoked" if row[1] else "expired" if row[2] else "unknown"), str(row[0])
+
+    def principal(
+        self,
+        issuer: str,
+        subject: str,
+        scope: Mapping[str, str],
+        can: Iterable[str],
+        expires_at: datetime | None,
+    ) -> Grant | None:
+        """The grant of an OAuth access token ``engram.web.oauth`` verified: the
+        principal row of (``issuer``, ``subject``, ``scope``), made on its first request
+        (its audit row, ``token.create`` by ``oauth``, commits with it), so its writes,
+        reads and rate limits are its own as a token's are. None when the operator
+        revoked it (``engram tokens revoke oauth:...``): its later tokens are refused too.
+
+        The row holds no secret: its ``secret_sha256`` is the hash of a string no
+        ``egt_`` secret can be (it holds NUL bytes), so ``verify`` never matches it. Its
+        name is ``oauth:`` and the subject, or ``oauth:`` and a digest when that is taken
+        or does not fit a name."""
+        exact = Scope.of(scope)
+        allowed = [c for c in CAPABILITIES if c in frozenset(can)]
+        key = hashlib.sha256("\0".join(("oauth", issuer, subject, exact.key)).encode()).digest()
+        readable = "oauth:" + subject
+        names = [readable] if _NAME.fullmatch(readable) and readable == readable.strip() else []
+        names.append("oauth:" + key.hex()[:32])
+        with self.pool.connection() as conn:
+            for name in names:
+                try:
+                    with conn.transaction():
+                        row = conn.execute(
+                            "INSERT INTO engram_tokens (name, secret_sha256, scope_key, can,"
+                            " created_by, expires_at, last_used_at)"
+                            " VALUES (%s, %s, %s, %s, 'oauth', %s, clock_timestamp())"
+                            " ON CONFLICT (secret_sha256) DO UPDATE SET"
+                            " last_used_at = clock_timestamp(), can = EXCLUDED.can,"
+                            " expires_at = EXCLUDED.expires_at"
+                            " RETURNING id, name, revoked_at, xmax = 0",
+                            (name, key, exact.key, allowed, expires_at),
+                        ).fetchone()
+                        assert row is not None
+                        if row[3]:
+                            audit.insert(
+                                conn,
+                                "oauth",
+                                "token.create",
+                                ACTOR_PREFIX + row[1],
+                                {"can": ",".join(allowed), "issuer": issuer},
+                            )
+                except psycopg.errors.UniqueViolation:  # the name is another token's
+                    continue
+                if row[2] is not None:
+                    return None
+                can_now = frozenset(allowed)
+                return Grant(row[0], row[1], exact.as_dict(), can_now, expires_at, "oauth")
+        raise InvalidRequestError("no token name is free for this OAuth principal")
 
     def any_live(self) -> bool:
         """Whether any token is live (neither revoked nor expired)."""

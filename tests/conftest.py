@@ -30,6 +30,7 @@ pytest_plugins = [
     "tests.web_fixtures",
     "tests.jobs_fixtures",
     "tests.cluster_fixtures",
+    "tests.oauth_fixtures",
 ]
 
 

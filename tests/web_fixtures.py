@@ -163,11 +163,13 @@ def start_engram_web(
     redis_url: str,
     host: str = "127.0.0.1",
     env: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> Served:
     """``engram web`` in a subprocess (a real uvicorn), once it answers its probe, its
-    operator token ``TOKEN`` (``OPERATOR`` are the headers that send it). It gets SIGTERM
-    if this process dies; ``stop_engram_web`` stops it by pid."""
-    port = free_port()
+    operator token ``TOKEN`` (``OPERATOR`` are the headers that send it), on ``port``
+    (a free one by default). It gets SIGTERM if this process dies; ``stop_engram_web``
+    stops it by pid."""
+    port = port or free_port()
     log_path = log_dir / f"web-{port}.log"
     full_env = {
         **os.environ,

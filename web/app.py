@@ -43,7 +43,7 @@ from .errors import (
     RetryLaterError,
 )
 from .middleware import (
-    CHALLENGE,
+    REALM,
     AccessLog,
     Failsafe,
     Gate,
@@ -51,6 +51,7 @@ from .middleware import (
     statement_timeout,
     wants_json,
 )
+from .oauth import Verifier, challenge
 from .ratelimit import Limiter
 from .render import Renderer
 from .scoped import for_tokens, refuse_unless_marked
@@ -166,6 +167,8 @@ def routes() -> list[BaseRoute]:
         route("/login", get=login.login_page, post=form_endpoint(login.login)),
         route("/logout", post=form_endpoint(login.logout)),
         route("/healthz", get=overview.healthz),
+        # The OAuth Protected Resource Metadata (RFC 9728), when OAuth is configured.
+        route(METADATA_ROUTE, get=for_tokens(protected_resource)),
         route("/metrics", get=overview.prometheus),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
         # -- the JSON API (described by /api/v1/openapi.json) --
@@ -224,9 +227,25 @@ def routes() -> list[BaseRoute]:
     ]
 
 
+METADATA_ROUTE = "/.well-known/oauth-protected-resource{rest:path}"
+
+
+async def protected_resource(request: Request) -> Response:
+    """What a client following the MCP authorization spec reads first: this resource,
+    the authorization server whose tokens it takes, and the scopes (RFC 9728). Served
+    at the paths ``OAuthSettings.metadata_paths`` names only, and only when OAuth is
+    configured: otherwise it is no page, as for any path this server does not serve."""
+    settings = web_of(request).config.oauth
+    if settings is None or request.url.path not in settings.metadata_paths:
+        raise NotFoundError("no such page")
+    # Public, and read by browser-based clients of other origins.
+    return JSONResponse(settings.metadata(), headers={"access-control-allow-origin": "*"})
+
+
 def create_app(config: WebConfig, services: Services) -> Starlette:
     auth = Authenticator(config)
     csrf = Csrf(auth.keys.csrf)
+    oauth = Verifier(config.oauth, services.store.tokens) if config.oauth is not None else None
     app = Starlette(
         routes=routes(),
         middleware=[
@@ -239,6 +258,7 @@ def create_app(config: WebConfig, services: Services) -> Starlette:
                 hosts=config.hosts,
                 tokens=services.store.tokens,
                 redis_client=services.redis,
+                oauth=oauth,
             ),
         ],
         exception_handlers={
@@ -254,6 +274,7 @@ def create_app(config: WebConfig, services: Services) -> Starlette:
         csrf=csrf,
         render=Renderer(csrf, needs_token=config.needs_token),
         limiter=Limiter(services.redis, config.rate_limits),
+        oauth=oauth,
     )
     return app
 
@@ -324,6 +345,7 @@ def error_page(request: Request, exc: EngramError) -> Response:
         )
     if isinstance(exc, RetryLaterError):
         response.headers["retry-after"] = str(exc.retry_after_s)
-    if exc.status == 401:
-        response.headers["www-authenticate"] = CHALLENGE
+    answer = challenge(exc, web_of(request).config.oauth, realm=REALM)
+    if answer is not None:
+        response.headers["www-authenticate"] = answer
     return response

@@ -94,6 +94,10 @@ class Authenticator:
             return Operator(name, "token")
         return self._session(conn.cookies.get(SESSION_COOKIE))
 
+    def is_operator_token(self, given: str) -> bool:
+        """Whether ``given`` is the operator's token (False when there is none)."""
+        return self._token is not None and hmac.compare_digest(given.encode(), self._token)
+
     def check_token(self, given: str) -> bool:
         if self._token is None:
             return True

@@ -1,7 +1,8 @@
 """Refused credentials leave a trace: one WARNING line and a counter in ``/metrics``.
 
 Every request refused for who it is (no credential where one is needed, a made-up,
-revoked or expired scoped token, a wrong operator token, a failed sign-in) is logged
+revoked or expired scoped token, a refused OAuth access token, a wrong operator token,
+a failed sign-in) is logged
 at WARNING, which ``engram up``'s children keep, and counted in
 ``engram_auth_refused_total{door, reason}``. Content-free: never a token, a code or a
 query string; a scoped token that exists (revoked, expired) is named by its name,
@@ -25,8 +26,11 @@ log = logging.getLogger("engram.web.auth")
 
 Door = Literal["api", "dashboard", "mcp"]
 # Why: nothing presented, a scoped token that is no token's, one revoked or expired,
-# a bearer that is not the operator's token, a sign-in link used, expired or forged.
-Reason = Literal["missing", "malformed", "unknown", "revoked", "expired", "wrong_token", "link"]
+# a bearer that is not the operator's token, a sign-in link used, expired or forged, an
+# OAuth access token refused (web.oauth: its signature, issuer, audience, time, claims).
+Reason = Literal[
+    "missing", "malformed", "unknown", "revoked", "expired", "wrong_token", "link", "invalid_token"
+]
 
 
 def door_of(path: str) -> Door:

@@ -18,6 +18,7 @@ from engram.store.env import Env
 from engram.store.errors import ConfigError
 from engram.worker import defaults as worker_defaults
 
+from .oauth import OAuthSettings
 from .ratelimit import RateLimits
 
 DEFAULT_HOST = "127.0.0.1"
@@ -83,6 +84,9 @@ class WebConfig:
     rate_limits: RateLimits = field(default_factory=RateLimits)
     # ENGRAM_HOME, where the overview looks for the databases restores set aside.
     home: Path | None = None
+    # The authorization server whose access tokens /mcp and /api/v1 take (web.oauth);
+    # None: engram's own tokens only.
+    oauth: OAuthSettings | None = None
 
     @property
     def retry_after_s(self) -> int:
@@ -179,6 +183,7 @@ class WebConfig:
                 "ENGRAM_WEB_ADMIN_STATEMENT_TIMEOUT", ADMIN_STATEMENT_TIMEOUT_S
             ),
             rate_limits=RateLimits.from_env(env),
+            oauth=OAuthSettings.from_env(env),
         )
         if not from_home or home_token is None:
             return config

@@ -34,6 +34,7 @@ from .errors import (
     UnauthorizedError,
     UnavailableError,
 )
+from .oauth import InvalidTokenError, OAuthSettings, Verifier, challenge, looks_like_jwt
 from .origins import Hosts
 
 log = logging.getLogger("engram.web")
@@ -65,9 +66,9 @@ SECURITY_HEADERS = {
     "permissions-policy": "camera=(), microphone=(), geolocation=(), payment=(), usb=()",
 }
 # Paths anyone may fetch: the load balancer's probe, the login page and its assets.
-PUBLIC_PREFIXES = ("/healthz", "/static/", "/login")
-# What a 401 answers with: how to authenticate.
-CHALLENGE = 'Bearer realm="engram"'
+PUBLIC_PREFIXES = ("/healthz", "/static/", "/login", "/.well-known/oauth-protected-resource")
+# What a 401 answers with: how to authenticate (``web.oauth.challenge``).
+REALM = "engram"
 
 
 class HttpLayer:
@@ -200,6 +201,9 @@ class Gate(HttpLayer):
     (``WebConfig.open``), where a request without a token is the operator ``local``,
     that holds only while no scoped token is live: a live one makes every request
     without credentials a 401, so a token holder is never more by leaving it out.
+    A bearer shaped like a JWT, when OAuth is configured (``web.oauth``), is an access
+    token of the operator's authorization server: verified here the same way (401
+    ``invalid_token`` if refused), it gives a grant as a scoped token does.
     Every refusal of credentials is logged and counted (``web.auth_refusals``)."""
 
     def __init__(
@@ -209,12 +213,14 @@ class Gate(HttpLayer):
         hosts: tuple[str, ...],
         tokens: Tokens,
         redis_client: redis.Redis | None = None,
+        oauth: Verifier | None = None,
     ) -> None:
         super().__init__(app)
         self.auth = auth
         self.tokens = tokens
         self.redis = redis_client
         self.hosts = Hosts(hosts)
+        self.oauth = oauth
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         conn = HTTPConnection(scope)
@@ -222,11 +228,20 @@ class Gate(HttpLayer):
             self.hosts.check(conn)
             check_same_origin(conn)
         except EngramError as exc:
-            await error_response(scope, exc)(scope, receive, send)
+            await self._answer(scope, receive, send, exc)
             return
         public = scope["path"].startswith(PUBLIC_PREFIXES)
         if presented_token(conn) is not None:
             await self._scoped(conn, scope, receive, send)
+            return
+        given = bearer(conn.headers.get("authorization"))
+        if (
+            self.oauth is not None
+            and given
+            and looks_like_jwt(given)
+            and not self.auth.is_operator_token(given)
+        ):
+            await self._access_token(self.oauth, given, scope, receive, send)
             return
         operator = self.auth.identify(conn)
         if (
@@ -261,11 +276,33 @@ class Gate(HttpLayer):
             grant = await run_in_threadpool(self.tokens.verify, secret) if secret else None
             if grant is None:
                 reason, name = await run_in_threadpool(why_token_refused, self.tokens, secret)
-                error = UnauthorizedError("this token is unknown, revoked or expired")
+                error = InvalidTokenError("this token is unknown, revoked or expired")
                 await self._refuse(scope, receive, send, error, reason, name)
                 return
             state["grant"] = grant
         await self.app(scope, receive, send)
+
+    async def _access_token(
+        self, oauth: Verifier, token: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """An OAuth access token: verified (``Verifier.verify``), then served as a scoped
+        token's request."""
+        state = scope.setdefault("state", {})
+        state["operator"] = None
+        if not scope["path"].startswith(PUBLIC_PREFIXES):
+            try:
+                state["grant"] = await run_in_threadpool(oauth.verify, token)
+            except InvalidTokenError as exc:
+                await self._refuse(scope, receive, send, exc, "invalid_token")
+                return
+            except EngramError as exc:  # the issuer's keys cannot be had: 503
+                await self._answer(scope, receive, send, exc)
+                return
+        await self.app(scope, receive, send)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, exc: EngramError) -> None:
+        oauth = self.oauth.settings if self.oauth is not None else None
+        await error_response(scope, exc, oauth)(scope, receive, send)
 
     async def _refuse(
         self,
@@ -285,7 +322,7 @@ class Gate(HttpLayer):
             path=path,
             token_name=token_name,
         )
-        await error_response(scope, error)(scope, receive, send)
+        await self._answer(scope, receive, send, error)
 
 
 SIGN_IN_FIRST = (
@@ -303,15 +340,17 @@ def wants_json(scope: Scope) -> bool:
     return path.startswith("/api/") or path == "/metrics"
 
 
-def error_response(scope: Scope, exc: EngramError) -> Response:
-    """The error as JSON (the API) or a plain page (before the app could render one)."""
+def error_response(scope: Scope, exc: EngramError, oauth: OAuthSettings | None = None) -> Response:
+    """The error as JSON (the API) or a plain page (before the app could render one),
+    with its ``WWW-Authenticate`` challenge (``web.oauth.challenge``) when it has one."""
     response: Response
     if wants_json(scope):
         response = JSONResponse({"error": exc.to_dict()}, status_code=exc.status)
     else:
         response = Response(f"{exc.status}: {exc.message}\n", exc.status, media_type="text/plain")
-    if exc.status == 401:
-        response.headers["www-authenticate"] = CHALLENGE
+    answer = challenge(exc, oauth, realm=REALM)
+    if answer is not None:
+        response.headers["www-authenticate"] = answer
     if isinstance(exc, RetryLaterError):
         response.headers["retry-after"] = str(exc.retry_after_s)
     return response

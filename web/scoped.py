@@ -21,6 +21,7 @@ from engram.store.values import Scope
 
 from .auth import grant_of
 from .errors import ForbiddenError
+from .oauth import InsufficientScopeError
 from .state import web_of
 
 V = TypeVar("V", bound=Callable[..., Any])
@@ -52,7 +53,7 @@ def capable(request: Request, capability: str) -> Grant | None:
     grant = grant_of(request)
     if grant is not None:
         if not grant.allows(capability):
-            raise ForbiddenError(refusal(grant, capability))
+            raise InsufficientScopeError(refusal(grant, capability), capability=capability)
         web_of(request).limiter.take(grant, capability)
     return grant
 

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from .auth import Authenticator, Operator, grant_of
 from .config import WebConfig
 from .csrf import Csrf
+from .oauth import Verifier
 from .ratelimit import Limiter
 from .render import Renderer
 from .services import Services
@@ -51,6 +52,8 @@ class WebState:
     render: Renderer
     limiter: Limiter
     costly: Costly = field(default_factory=Costly)
+    # The access tokens of the operator's authorization server (WebConfig.oauth), or None.
+    oauth: Verifier | None = None
 
 
 def web_of(request: Request) -> WebState:

@@ -1,11 +1,22 @@
 """MCP over streamable HTTP at ``/mcp``, beside the dashboard on its server.
 
 Every request needs a live scoped token (``Authorization: Bearer egt_...``, checked
-with ``Tokens.verify`` on each request, on loopback too): none, an unknown one, a
-revoked or an expired one is a 401 before anything is read. The token alone decides
-the scope. The dashboard's operator token is not one (it has no scope). A session
-belongs to the token that opened it (the SDK refuses it to another), and each tool
-call reads the grant verified for the very request that carries it, so a token
+with ``Tokens.verify`` on each request, on loopback too) or, when OAuth is configured
+(``web.oauth``), an access token of the operator's authorization server: none, an
+unknown one, a revoked, expired or otherwise refused one is a 401 before anything is
+read, with the ``WWW-Authenticate`` challenge that says where this resource's metadata
+is; an access token granting no capability at all is a 403 ``insufficient_scope``,
+and so is its ``tools/call`` of a tool it has no capability for (an ``egt_``
+token's is the ``forbidden`` tool error, as before). The token alone decides the
+scope.
+
+A refusal's body is a JSON-RPC error (code ``REFUSED``, engram's error and the HTTP
+status in its ``data``), so an MCP client shows it as what it is (the Python SDK raises
+``MCPError`` with it) rather than as a server failure.
+
+The dashboard's operator token is not one (it has no scope). A session belongs to
+the token that opened it (the SDK refuses it to another), and each tool call reads
+the grant verified for the very request that carries it, so a token
 revoked mid-session is refused at its next request.
 
 Before the token, the Host and the Origin are checked as the dashboard's are
@@ -34,15 +45,25 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import HTTPConnection
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engram.store import Grant, Tokens
 from engram.store.errors import EngramError, InvalidRequestError
 from engram.store.limits import MAX_ID_CHARS
+from engram.store.tokens import CAPABILITIES, TOKEN_PREFIX
 from engram.web import auth_refusals
 from engram.web.errors import UnauthorizedError
+from engram.web.oauth import (
+    InsufficientScopeError,
+    InvalidTokenError,
+    OAuthSettings,
+    Verifier,
+    challenge,
+    looks_like_jwt,
+)
 from engram.web.origins import Hosts, check_origin
 from engram.web.ratelimit import Limiter
+from engram.web.scoped import refusal
 
 from .memory import Access, Memory
 from .server import Tools
@@ -55,6 +76,11 @@ GRANT = "engram.grant"  # where a verified request's grant waits in the ASGI sco
 SESSION_HEADER = "mcp-session-id"
 # The id a client names itself by, so its derived operation ids are its own (opids).
 CLIENT_HEADER = "engram-client-id"
+# The JSON-RPC error code of a request refused before it reached the MCP server (its
+# credentials, its Host or Origin, a session cap): the HTTP status and engram's error
+# are in the error's ``data``.
+REFUSED = -32040
+REALM = "engram mcp"
 
 
 def grant_of(ctx: ServerRequestContext[Any, Any]) -> Access:
@@ -134,11 +160,17 @@ class Endpoint:
         tokens: Tokens,
         hosts: Hosts,
         redis_client: redis.Redis | None = None,
+        oauth: Verifier | None = None,
     ) -> None:
         self.manager = manager
         self.tokens = tokens
         self.hosts = hosts
         self.redis = redis_client
+        self.oauth = oauth
+
+    @property
+    def oauth_settings(self) -> OAuthSettings | None:
+        return self.oauth.settings if self.oauth is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         conn = HTTPConnection(scope)
@@ -150,14 +182,34 @@ class Endpoint:
                 "mcp request refused: its Host or Origin",
                 extra={"status": exc.status, "code": exc.code},
             )
-            await _refuse(send, exc)
+            await self._refuse(send, exc)
             return
         secret = _bearer(scope)
-        grant = await anyio.to_thread.run_sync(self.tokens.verify, secret) if secret else None
-        if grant is None:
-            await anyio.to_thread.run_sync(self._note_refusal, secret, scope["path"])
-            await _refuse(send, UNAUTHORIZED)
-            return
+        grant: Grant | None
+        if (
+            self.oauth is not None
+            and secret
+            and not secret.startswith(TOKEN_PREFIX)
+            and looks_like_jwt(secret)
+        ):
+            try:
+                grant = await anyio.to_thread.run_sync(self.oauth.verify, secret)
+            except InvalidTokenError as exc:
+                await anyio.to_thread.run_sync(self._note_oauth_refusal, scope["path"])
+                await self._refuse(send, exc)
+                return
+            except EngramError as exc:  # the issuer's keys cannot be had: 503
+                await self._refuse(send, exc)
+                return
+            if grant is None or not grant.can:
+                await self._refuse(send, NO_CAPABILITY)
+                return
+        else:
+            grant = await anyio.to_thread.run_sync(self.tokens.verify, secret) if secret else None
+            if grant is None:
+                await anyio.to_thread.run_sync(self._note_refusal, secret, scope["path"])
+                await self._refuse(send, UNAUTHORIZED if secret is None else INVALID_TOKEN)
+                return
         # The SDK binds a session to the principal that opened it: the token, by id.
         scope["user"] = AuthenticatedUser(
             AccessToken(
@@ -168,15 +220,52 @@ class Endpoint:
             )
         )
         scope.setdefault("state", {})[GRANT] = grant
+        if grant.via == "oauth" and scope["method"] == "POST":
+            receive, missing = await _peek_tool(scope, receive)
+            if missing is not None and missing in CAPABILITIES and not grant.allows(missing):
+                await self._refuse(
+                    send,
+                    InsufficientScopeError(refusal(grant, missing), capability=missing),
+                )
+                return
         try:
             await self.manager.handle_request(scope, receive, send)
         except TooManySessionsError as exc:  # raised before anything was sent
             log.warning("mcp session refused: too many", extra={"status": exc.status})
-            await _refuse(send, exc)
+            await self._refuse(send, exc)
 
     def _note_refusal(self, secret: str | None, path: str) -> None:
         reason, name = auth_refusals.why_token_refused(self.tokens, secret)
         auth_refusals.note(self.redis, door="mcp", reason=reason, path=path, token_name=name)
+
+    def _note_oauth_refusal(self, path: str) -> None:
+        auth_refusals.note(self.redis, door="mcp", reason="invalid_token", path=path)
+
+    async def _refuse(self, send: Send, error: EngramError) -> None:
+        """Answer ``error`` before the MCP server: its HTTP status, its challenge, and a
+        JSON-RPC error body an MCP client reads as it is."""
+        data = {**error.to_dict(), "status": error.status}
+        body = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {
+                    "code": REFUSED,
+                    "message": f"{error.code}: {error.message}",
+                    "data": data,
+                },
+            }
+        ).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+        ]
+        answer = challenge(error, self.oauth_settings, realm=REALM)
+        if answer is not None:
+            headers.append((b"www-authenticate", answer.encode()))
+        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 class Doors:
@@ -223,6 +312,7 @@ def mount(
     model: bool,
     hosts: Hosts,
     limiter: Limiter,
+    oauth: Verifier | None = None,
 ) -> Doors:
     """The dashboard with ``/mcp`` beside it, on ``memory``'s services, answering the
     dashboard's Host names and counting against its rate limits."""
@@ -233,7 +323,44 @@ def mount(
         idle_s=settings.session_idle_s,
         max_sessions=settings.max_sessions,
     )
-    return Doors(web, Endpoint(manager, memory.store.tokens, hosts, memory.producer.client))
+    return Doors(web, Endpoint(manager, memory.store.tokens, hosts, memory.producer.client, oauth))
+
+
+# The largest request body read ahead of the SDK to see which tool it calls: a tool
+# call of an OAuth token is a few kilobytes; a larger one goes on unread (its tool
+# then answers a capability it lacks with the ``forbidden`` tool error).
+PEEK_BYTES = 1024 * 1024
+
+
+async def _peek_tool(scope: Scope, receive: Receive) -> tuple[Receive, str | None]:
+    """The tool a ``tools/call`` request calls (None for any other request), and a
+    ``receive`` that hands the SDK the body again, as it came."""
+    length = dict(scope.get("headers", ())).get(b"content-length", b"")
+    if not length.isdigit() or int(length) > PEEK_BYTES:
+        return receive, None
+    messages: list[Message] = []
+    body = b""
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        body += message.get("body", b"")
+        if not message.get("more_body", False) or len(body) > PEEK_BYTES:
+            break
+
+    async def replay() -> Message:
+        return messages.pop(0) if messages else await receive()
+
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return replay, None
+    if not isinstance(request, dict) or request.get("method") != "tools/call":
+        return replay, None
+    params = request.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    return replay, name if isinstance(name, str) else None
 
 
 def _bearer(scope: Scope) -> str | None:
@@ -248,16 +375,10 @@ def _bearer(scope: Scope) -> str | None:
 UNAUTHORIZED = UnauthorizedError(
     "/mcp needs a live scoped token: Authorization: Bearer egt_... (docs/agents.md)"
 )
-
-
-async def _refuse(send: Send, error: EngramError) -> None:
-    body = json.dumps({"error": error.to_dict()}).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"cache-control", b"no-store"),
-    ]
-    if error.status == 401:
-        headers.append((b"www-authenticate", b'Bearer realm="engram mcp"'))
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+INVALID_TOKEN = InvalidTokenError(
+    "this token is unknown, revoked or expired: /mcp needs a live one (docs/agents.md)"
+)
+NO_CAPABILITY = InsufficientScopeError(
+    "this access token grants no engram capability: ask the authorization server for one"
+    " of the scopes this resource's metadata lists"
+)

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from mcp import MCPError
 
+from engram.mcp.http import REFUSED
 from engram.store import Operation, Store, WriteResult
 from tests.helpers import rows_containing
 from tests.mcp_support import TOOLS, http_session, ok, refused, run, server_env
@@ -67,8 +68,13 @@ def test_every_request_needs_a_live_scoped_token(served: Served, store: Store) -
     for token in (None, made_up, revoked, expiring, DASHBOARD_TOKEN, live + "x"):
         answer = initialize(served.url, token)
         assert answer.status_code == 401, token
-        assert answer.json()["error"]["code"] == "unauthorized"
-        assert answer.headers["www-authenticate"].startswith("Bearer")
+        # A JSON-RPC error (engram's in its data), so an MCP client reads it as one.
+        assert answer.json()["error"]["code"] == REFUSED
+        assert answer.json()["error"]["data"]["code"] == "unauthorized"
+        challenge = answer.headers["www-authenticate"]
+        assert challenge.startswith("Bearer")
+        # A token was sent and refused: invalid_token (RFC 6750); none sent: no error.
+        assert ('error="invalid_token"' in challenge) == (token is not None), token
     # Nor is an egt_ token the dashboard's operator.
     api = httpx.get(
         served.url + "/api/v1/scopes", headers={"Authorization": f"Bearer {live}"}, timeout=10
@@ -88,9 +94,13 @@ def test_a_token_revoked_mid_session_is_refused_at_its_next_request(
             assert (await ok(s, "recall", query="anything"))["records"] == []
             assert 401 not in statuses
             assert store.tokens.revoke("mid-session", by="test")
-            with pytest.raises(MCPError):
+            with pytest.raises(MCPError) as refused_call:
                 await s.call_tool("recall", {"query": "anything"})
             assert statuses[-1] == 401
+            # The SDK shows the refusal as what it is, not -32603 "Server returned an
+            # error response".
+            assert refused_call.value.error.code == REFUSED
+            assert refused_call.value.error.data["code"] == "unauthorized"
 
     run(main)
 
@@ -250,7 +260,7 @@ def test_a_token_at_its_session_cap_is_refused_and_another_token_is_not(
         sessions.append(answer.headers["mcp-session-id"])
     over = opened(served.url, adaro)
     assert over.status_code == 429
-    assert over.json()["error"]["code"] == "too_many_sessions"
+    assert over.json()["error"]["data"]["code"] == "too_many_sessions"
     assert "mcp-session-id" not in over.headers
     # Its sessions are untouched, and bob's initialize is not refused.
     assert all(ping(served.url, adaro, s).status_code == 200 for s in sessions)
@@ -304,11 +314,11 @@ def test_a_foreign_host_or_origin_is_refused_before_any_session(
 
     rebound = opened(served.url, ada, Host=f"evil.example:{port}", Origin="http://evil.example")
     assert rebound.status_code == 400
-    assert rebound.json()["error"]["code"] == "invalid_request"
+    assert rebound.json()["error"]["data"]["code"] == "invalid_request"
     for origin in ("http://evil.example", f"http://evil.example:{port}", "null"):
         foreign = opened(served.url, ada, Origin=origin)
         assert foreign.status_code == 403, origin
-        assert foreign.json()["error"]["code"] == "forbidden"
+        assert foreign.json()["error"]["data"]["code"] == "forbidden"
     # None of them opened a session (the token's one place is free), and the server's
     # own names pass, with or without an Origin.
     own = opened(served.url, ada, Host=f"localhost:{port}", Origin=f"http://localhost:{port}")

@@ -30,6 +30,8 @@ TOKEN_ROUTES = {
     ("GET", "/api/v1/records/{record_id:id}"),
     ("GET", "/api/v1/history/{record_id:id}"),
     ("POST", "/api/v1/recall"),
+    # The OAuth Protected Resource Metadata: public (a 404 without OAuth configured).
+    ("GET", "/.well-known/oauth-protected-resource{rest:path}"),
 }
 PUBLIC = ("/healthz", "/login")
 
@@ -162,7 +164,11 @@ def test_no_made_up_revoked_or_expired_token_is_401(web: Web, store: Store) -> N
     for headers in (bearer(made_up), bearer("egt_short")):
         answer = web.client.get(path, headers=headers)
         assert answer.status_code == 401, headers
-        assert answer.headers["www-authenticate"] == 'Bearer realm="engram"'
+        # A token was sent and refused: RFC 6750's invalid_token, and no OAuth metadata
+        # named (none is configured).
+        challenge = answer.headers["www-authenticate"]
+        assert challenge.startswith('Bearer realm="engram", error="invalid_token"'), challenge
+        assert "resource_metadata" not in challenge
     # A page presented a made-up token is refused too, never the loopback operator's.
     assert web.client.get("/", headers=bearer(made_up)).status_code == 401
     secret, _ = store.tokens.create("agent-revoked-web", scope, by="grace")
