@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -254,6 +255,7 @@ def main() -> None:
                 process.kill()
         valkey.stop()
         discard(server)
+        shutil.rmtree(home, ignore_errors=True)
 
     def row(name: str, samples: list[float], baseline: list[float]) -> str:
         p50, p95 = percentile(samples, 50), percentile(samples, 95)
