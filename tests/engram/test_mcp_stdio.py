@@ -355,8 +355,7 @@ def test_every_answer_fits_its_output_schema_and_says_what_happened(
             assert data["revisions"] == [1, 2, 3]
             text, _ = await said("forget", record_id=rid)  # a retry: the same operation
             assert text == (
-                f"forgot {rid} (a replay: it had already committed;"
-                " nothing was written again)"
+                f"forgot {rid} (a replay: it had already committed; nothing was written again)"
             )
             text, data = await said("revise", record_id=rid, text="x", expected_revision=3)
             assert data["error"]["code"] == "not_found" and text.startswith("refused: not_found")
