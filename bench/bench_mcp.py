@@ -7,20 +7,28 @@ called on the store directly, and a remember through MCP to its receipt against 
 Starts a scratch PostgreSQL, a valkey, one ``engram worker``, ``engram mcp`` (stdio,
 driven by the SDK's ``ClientSession``) and ``engram web`` (``/mcp`` with a scoped
 token); loads ``--records`` records into one scope, then times each call one at a
-time (p50 / p95 ms). The difference is what the door costs: JSON-RPC, the process
-hop, schema checks, the token's verification and read log over HTTP.
+time (p50 / p95 ms), interleaved: each query is recalled directly, over stdio and
+over HTTP in turn (the order rotating), so a busy moment of the machine falls on all
+three alike. The difference is what the door costs: JSON-RPC, the process hop, schema
+checks, the token's verification, its rate limit and its read log over HTTP; the
+last table times those parts alone, the same number of times, to say where it goes.
+
+Per-request INFO logs (httpx, httpx2, the SDK's) are off: WARNING and above only.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -32,6 +40,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from bench.common import discard, fresh_database, percentile, scratch_postgres, sentences
 from engram.store import HashingEmbedder, Operation, Store
+from engram.web.ratelimit import Limiter, RateLimits
 from engram.worker import Producer
 from engram.worker.embedded.runtime import connect_redis
 from engram.worker.embedded.valkey import EmbeddedValkey
@@ -51,25 +60,91 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def through(
-    session: ClientSession, queries: list[str], texts: list[str], tag: str
-) -> tuple[list[float], list[float]]:
-    """Recall each query, then remember each text (each to its receipt), timed."""
-    recalls: list[float] = []
-    writes: list[float] = []
-    for query in queries:
-        started = time.perf_counter()
+# Loggers that say every request at INFO: the bench prints its tables, not them.
+QUIET = ("httpx", "httpx2", "mcp", "mcp_types", "engram")
+
+
+async def interleaved(
+    direct: Callable[[str], object],
+    sessions: list[ClientSession],
+    queries: list[str],
+) -> list[list[float]]:
+    """Each query recalled directly and through each session in turn, the order
+    rotating per query; the times per door, in that order."""
+    doors: list[Callable[[str], Awaitable[object]]] = [_direct(direct)]
+    doors += [_recall(session) for session in sessions]
+    times: list[list[float]] = [[] for _ in doors]
+    for i, query in enumerate(queries):
+        for k in range(len(doors)):
+            door = (i + k) % len(doors)
+            started = time.perf_counter()
+            await doors[door](query)
+            times[door].append(ms_since(started))
+    return times
+
+
+def _direct(direct: Callable[[str], object]) -> Callable[[str], Awaitable[object]]:
+    async def call(query: str) -> object:
+        return direct(query)
+
+    return call
+
+
+def _recall(session: ClientSession) -> Callable[[str], Awaitable[object]]:
+    async def call(query: str) -> object:
         result = await session.call_tool("recall", {"query": query})
-        recalls.append(ms_since(started))
         assert isinstance(result, types.CallToolResult) and not result.is_error
-    for i, text in enumerate(texts):
+        return result
+
+    return call
+
+
+async def writes_interleaved(
+    producer: Producer, sessions: list[ClientSession], texts: list[str]
+) -> list[list[float]]:
+    """Each text remembered (to its receipt) by the Producer and through each session
+    in turn, rotating; a text each time, and its own operation id."""
+    times: list[list[float]] = [[] for _ in range(1 + len(sessions))]
+    texts_left = iter(texts)
+    for i in range(len(texts) // (1 + len(sessions))):
+        for k in range(1 + len(sessions)):
+            door = (i + k) % (1 + len(sessions))
+            text = next(texts_left)
+            started = time.perf_counter()
+            if door == 0:
+                producer.remember(SCOPE, text, operation_id=f"bench:producer:{i}").wait(30)
+            else:
+                arguments = {"text": text, "operation_id": f"bench:{door}:{i}"}
+                result = await sessions[door - 1].call_tool("remember", arguments)
+                assert isinstance(result, types.CallToolResult) and not result.is_error
+                assert result.structured_content["state"] == "committed"
+            times[door].append(ms_since(started))
+    return times
+
+
+def parts(store: Store, secret: str, redis_url: str, n: int) -> dict[str, list[float]]:
+    """What an HTTP recall does besides the recall, each timed alone ``n`` times: the
+    token's verification (a query), its rate limit (a script in valkey), its read log
+    (an insert of the ids returned)."""
+    grant = store.tokens.verify(secret)
+    assert grant is not None
+    client = connect_redis(redis_url)
+    limited = Limiter(client, RateLimits(reads_per_minute=10**9, writes_per_minute=10**9))
+    hits = store.recall(SCOPE, "anything", text_only=True, top_k=5)
+    returned = [(h.record.id, h.record.revision) for h in hits]
+    timed: dict[str, list[float]] = {"verify": [], "rate limit": [], "read log": []}
+    for _ in range(n):
         started = time.perf_counter()
-        arguments = {"text": text, "operation_id": f"bench:{tag}:{i}"}
-        result = await session.call_tool("remember", arguments)
-        writes.append(ms_since(started))
-        assert isinstance(result, types.CallToolResult) and not result.is_error
-        assert result.structured_content["state"] == "committed", result.structured_content
-    return recalls, writes
+        store.tokens.verify(secret)
+        timed["verify"].append(ms_since(started))
+        started = time.perf_counter()
+        limited.take(grant, "recall")
+        timed["rate limit"].append(ms_since(started))
+        started = time.perf_counter()
+        store.tokens.log_reads(grant, "recall", returned)
+        timed["read log"].append(ms_since(started))
+    client.close()
+    return timed
 
 
 def main() -> None:
@@ -78,6 +153,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--writes", type=int, default=100)
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
     home = Path(tempfile.mkdtemp(prefix="engram-bench-mcp-"))
     server = scratch_postgres()
@@ -126,51 +204,46 @@ def main() -> None:
             time.sleep(0.2)
         secret, _ = store.tokens.create("bench", SCOPE, by="bench")
 
-        direct_recall: list[float] = []
-        for query in queries:
-            started = time.perf_counter()
-            store.recall(SCOPE, query, embedder=embedder, top_k=5)
-            direct_recall.append(ms_since(started))
-        producer_writes: list[float] = []
         producer = Producer(connect_redis(valkey.url))
         writes_at = args.records
-        for i, text in enumerate(texts[writes_at : writes_at + args.writes]):
-            started = time.perf_counter()
-            producer.remember(SCOPE, text, operation_id=f"bench:producer:{i}").wait(30)
-            producer_writes.append(ms_since(started))
-        producer.close()
 
-        async def over_stdio() -> tuple[list[float], list[float]]:
+        async def measure() -> tuple[list[list[float]], list[list[float]]]:
             params = StdioServerParameters(
                 command=sys.executable,
                 args=["-m", "engram", "mcp", "--scope", '{"user_id": "bench-mcp"}'],
                 env={k: v for k, v in env.items() if isinstance(v, str)},
                 cwd=REPO,
             )
+            auth = {"Authorization": f"Bearer {secret}"}
             with open(home / "stdio.log", "w") as errlog:
                 async with (
                     stdio_client(params, errlog=errlog) as (read, write),
-                    ClientSession(read, write) as session,
+                    ClientSession(read, write) as stdio,
+                    httpx2.AsyncClient(headers=auth, timeout=30) as http_client,
+                    streamable_http_client(url + "/mcp", http_client=http_client) as (
+                        http_read,
+                        http_write,
+                    ),
+                    ClientSession(http_read, http_write) as http,
                 ):
-                    await session.initialize()
-                    start = writes_at + args.writes
-                    return await through(
-                        session, queries, texts[start : start + args.writes], "stdio"
+                    await stdio.initialize()
+                    await http.initialize()
+                    for warm in queries[:5]:  # imports, pools, the first plans
+                        await stdio.call_tool("recall", {"query": warm})
+                        await http.call_tool("recall", {"query": warm})
+                    recalls = await interleaved(
+                        lambda q: store.recall(SCOPE, q, embedder=embedder, top_k=5),
+                        [stdio, http],
+                        queries,
                     )
+                    texts_for = texts[writes_at : writes_at + 3 * args.writes]
+                    writes = await writes_interleaved(producer, [stdio, http], texts_for)
+                    return recalls, writes
 
-        async def over_http() -> tuple[list[float], list[float]]:
-            auth = {"Authorization": f"Bearer {secret}"}
-            async with (
-                httpx2.AsyncClient(headers=auth, timeout=30) as http,
-                streamable_http_client(url + "/mcp", http_client=http) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await session.initialize()
-                start = writes_at + 2 * args.writes
-                return await through(session, queries, texts[start : start + args.writes], "http")
-
-        stdio_recall, stdio_writes = anyio.run(over_stdio)
-        http_recall, http_writes = anyio.run(over_http)
+        (direct_recall, stdio_recall, http_recall), writes = anyio.run(measure)
+        producer_writes, stdio_writes, http_writes = writes
+        producer.close()
+        breakdown = parts(store, secret, valkey.url, len(queries))
         store.close()
     finally:
         for process in processes:
@@ -182,6 +255,7 @@ def main() -> None:
                 process.kill()
         valkey.stop()
         discard(server)
+        shutil.rmtree(home, ignore_errors=True)
 
     def row(name: str, samples: list[float], baseline: list[float]) -> str:
         p50, p95 = percentile(samples, 50), percentile(samples, 95)
@@ -197,6 +271,12 @@ def main() -> None:
     print(row("remember to its receipt, Producer", producer_writes, producer_writes))
     print(row("remember to its receipt, MCP stdio", stdio_writes, producer_writes))
     print(row("remember to its receipt, MCP HTTP (token)", http_writes, producer_writes))
+    added = percentile(http_recall, 50) - percentile(direct_recall, 50)
+    print(f"\nMCP HTTP adds {added:.1f} ms to a recall at p50. Its parts, each alone:")
+    print("| part of an HTTP recall | p50 / p95 ms |")
+    print("|---|---:|")
+    for name, samples in breakdown.items():
+        print(f"| {name} | {percentile(samples, 50):.2f} / {percentile(samples, 95):.2f} |")
 
 
 if __name__ == "__main__":

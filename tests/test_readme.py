@@ -114,6 +114,9 @@ def _run(block: Block, workdir: Path, env: dict[str, str]) -> subprocess.Complet
 
 
 @pytest.mark.slow
+# Every example against a real engram up, some starting servers of their own (the MCP
+# ones): over the suite's 5 minutes on a loaded 2-core machine (325 s measured).
+@pytest.mark.timeout(900)
 def test_the_readme_examples_work_as_written(workdir: Path) -> None:
     env = _env(workdir)
     background: list[subprocess.Popen[bytes]] = []

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time
 from typing import Any, Literal
 
 from langgraph.store.base import Item, SearchItem, get_text_at_path
@@ -88,6 +89,7 @@ def write_of(
 ) -> Write:
     if not isinstance(value, Mapping):
         raise InvalidRequestError("an item's value is a dict (or None to delete it)")
+    value = json_value(value)
     text = indexed_text(value, index, fields)
     item: dict[str, Any] = {
         "namespace": list(namespace),
@@ -101,6 +103,32 @@ def write_of(
         text=text if text is not None else UNINDEXED_TEXT,
         kind=INDEXED if text is not None else UNINDEXED,
         metadata={ROOT: item},
+    )
+
+
+def json_value(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` as the JSON it is kept as: a datetime, date or time becomes its ISO 8601
+    text and a UUID its text, as orjson writes them (LangGraph's stores read values with
+    orjson, and LangGraph Platform's store writes them with it); they come back as
+    those strings. Anything else JSON cannot hold (a set, bytes, an object) is an
+    ``InvalidRequestError`` naming its type, never a ``TypeError`` from deep inside."""
+    try:
+        encoded = json.dumps(value, default=_as_json, ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        raise InvalidRequestError("an item's value must hold finite numbers only") from exc
+    parsed: dict[str, Any] = json.loads(encoded)
+    return parsed
+
+
+def _as_json(value: object) -> str:
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise InvalidRequestError(
+        f"an item's value must be JSON: a {type(value).__name__} is not (dicts, lists,"
+        " strings, numbers, booleans, None, and datetimes, dates, times and UUIDs, kept as"
+        " ISO 8601 or UUID text)"
     )
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -68,7 +70,25 @@ def scope_of(value: str) -> Scope:
     return Scope.of(json_value(value, "--scope"))
 
 
+def client_config(settings: Settings, scope: Scope) -> dict[str, Any]:
+    """What a desktop client (Claude Desktop, Cursor) needs to start this server from
+    wherever it runs, outside any shell or virtual environment: this interpreter by its
+    absolute path (``python -m engram``) and this home by its absolute path."""
+    return {
+        "mcpServers": {
+            "engram": {
+                "command": sys.executable,
+                "args": ["-m", "engram", "mcp", "--scope", json.dumps(scope.as_dict())],
+                "env": {"ENGRAM_HOME": str(settings.home.resolve())},
+            }
+        }
+    }
+
+
 def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
+    if args.client_config:
+        print(json.dumps(client_config(settings, scope_of(args.scope)), indent=2))
+        return exits.OK
     try:
         from .server import Tools
     except ImportError as exc:  # the extra is not installed
@@ -123,5 +143,12 @@ def register(sub: Any) -> None:
         required=True,
         help='the scope every tool acts on, JSON, e.g. \'{"user_id": "ada"}\'; @file.json'
         " reads a file",
+    )
+    parser.add_argument(
+        "--client-config",
+        action="store_true",
+        help="print the mcpServers JSON a desktop client (Claude Desktop, Cursor) needs to"
+        " start this server from anywhere (this Python and this home, by absolute paths),"
+        " and exit",
     )
     parser.set_defaults(run=cmd_mcp)

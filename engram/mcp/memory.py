@@ -218,7 +218,9 @@ class Memory:
                 f" about {op_id} later",
                 {"state": "queued", "operation_id": op_id, "waited_s": self.wait_s},
             )
-        return Answer(_committed_summary(receipt), {"state": "committed", **receipt_json(receipt)})
+        return Answer(
+            committed_summary(receipt, record_id), {"state": "committed", **receipt_json(receipt)}
+        )
 
     def _note_sent(self, op_id: str, scope: Scope) -> None:
         self._sent[op_id] = scope.key
@@ -307,10 +309,9 @@ class Memory:
     # -- an operation's state ---------------------------------------------------------
 
     async def operation(self, access: Access, args: contract.Operation) -> Answer:
-        data = await anyio.to_thread.run_sync(self._operation, access, args.operation_id)
-        return Answer(f"operation {args.operation_id}: {data['state']}", data)
+        return await anyio.to_thread.run_sync(self._operation, access, args.operation_id)
 
-    def _operation(self, access: Access, op_id: str) -> dict[str, Any]:
+    def _operation(self, access: Access, op_id: str) -> Answer:
         """Committed or refused (its receipt, in this scope only), failed (a reply with
         an error, to an operation this token, or this process over stdio, sent), queued
         (in this scope's partition stream), else not found: the same answer as for an
@@ -318,18 +319,26 @@ class Memory:
         scope = access.scope
         receipt = self.store.receipt(op_id, scope)  # an operation id is its scope's
         if receipt is not None:
-            refused = receipt.error is not None
-            return {
-                "state": "refused" if refused else "committed",
-                "operation_id": op_id,
-                "receipt": receipt_json(receipt),
-            }
+            data = receipt_json(receipt)
+            if receipt.error is not None:
+                code = receipt.error.get("code", "refused")
+                said = f"operation {op_id} was refused ({code}): nothing changed"
+                return Answer(said, {"state": "refused", "operation_id": op_id, "receipt": data})
+            said = f"operation {op_id} committed: {committed_summary(receipt)}"
+            return Answer(said, {"state": "committed", "operation_id": op_id, "receipt": data})
         if self._sent_by(access, op_id):
             reply = self.producer.results(scope, [op_id]).get(op_id)
             if isinstance(reply, EngramError):
-                return {"state": "failed", "operation_id": op_id, "error": reply.to_dict()}
+                return Answer(
+                    f"operation {op_id} failed ({reply.code}): nothing changed",
+                    {"state": "failed", "operation_id": op_id, "error": reply.to_dict()},
+                )
         if self._queued(scope, op_id):
-            return {"state": "queued", "operation_id": op_id}
+            return Answer(
+                f"operation {op_id} is still queued: it commits when a worker reaches it;"
+                " ask again later",
+                {"state": "queued", "operation_id": op_id},
+            )
         if self.store.receipt(op_id, scope) is not None:  # committed while the streams were read
             return self._operation(access, op_id)
         raise _no_operation(op_id)
@@ -408,10 +417,36 @@ def receipt_json(receipt: Receipt) -> dict[str, Any]:
     return data
 
 
-def _committed_summary(receipt: StreamReceipt) -> str:
-    written = ", ".join(f"{r.id} revision {r.revision} ({r.status})" for r in receipt.records)
-    replay = " (a replay: it had already committed)" if receipt.replayed else ""
-    return f"committed {receipt.kind}{replay}: {written or 'no record changed'}"
+def committed_summary(receipt: Receipt, record_id: str | None = None) -> str:
+    """What a committed write did, in words a model reading text only acts on: ids,
+    revisions and counts, never memory text."""
+    refs = receipt.records
+    first = refs[0] if refs else None
+    record_id = record_id or "the record"
+    if receipt.kind == "forget":
+        erased = list(receipt.forgotten_revisions or ())
+        if erased:
+            said = f"forgot {record_id} ({_count(len(erased), 'revision')})"
+        elif isinstance(receipt, StreamReceipt) and receipt.replayed:
+            said = f"forgot {record_id}"  # a replay's receipt is the redacted one
+        elif receipt.already_forgotten:
+            said = f"{record_id} was already forgotten: nothing more to erase"
+        else:
+            said = f"no record {record_id} in this memory: nothing forgotten"
+    elif receipt.kind == "remember" and first is not None:
+        said = f"remembered {first.id} (revision {first.revision})"
+    elif receipt.kind == "revise" and first is not None:
+        said = f"revised {first.id}: now revision {first.revision}"
+    elif receipt.kind == "retract" and first is not None:
+        said = f"retracted {first.id} (revision {first.revision}): no longer recalled"
+    elif refs:
+        written = ", ".join(f"{r.id} revision {r.revision} ({r.status})" for r in refs)
+        said = f"{receipt.kind}: wrote {_count(len(refs), 'record')}: {written}"
+    else:
+        said = f"{receipt.kind}: nothing worth keeping, no record written"
+    replay = " (a replay: it had already committed; nothing was written again)"
+    replayed = isinstance(receipt, StreamReceipt) and receipt.replayed
+    return said + (replay if replayed else "")
 
 
 def _count(n: int, noun: str) -> str:

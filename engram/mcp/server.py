@@ -180,6 +180,7 @@ def _listed(tool: contract.Tool) -> types.Tool:
         title=tool.title,
         description=tool.description,
         input_schema=contract.input_schema(tool),
+        output_schema=contract.output_schema(tool),
         annotations=types.ToolAnnotations(
             title=tool.title,
             read_only_hint=tool.read_only,

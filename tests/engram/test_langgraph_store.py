@@ -30,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, date, datetime, time
 from typing import Any, TypedDict
 
+import orjson
 import pytest
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import (
@@ -47,7 +49,13 @@ from langgraph.store.base import (
 
 from engram.langgraph import EngramStore, ScopeSpanError
 from engram.langgraph import items as lg_items
-from engram.store import HashingEmbedder, RevisionConflictError, Scope, Store
+from engram.store import (
+    HashingEmbedder,
+    InvalidRequestError,
+    RevisionConflictError,
+    Scope,
+    Store,
+)
 from engram.worker import Producer
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
 
@@ -446,6 +454,33 @@ def test_non_ascii(lg: EngramStore) -> None:
     lg.put(("日本", "ü"), "ключ", {"v": "é"})
     assert lg.get(("日本", "ü"), "ключ").value == {"v": "é"}  # type: ignore[union-attr]
     assert lg.list_namespaces(prefix=("日本",)) == [("日本", "ü")]
+
+
+def test_datetimes_in_a_value_are_kept_as_orjson_writes_them(
+    lg: EngramStore, store: Store, scope: dict
+) -> None:
+    """A datetime, date, time or UUID in a value is kept as its ISO 8601 (or UUID) text,
+    as orjson writes it (LangGraph's stores read values with orjson); it comes back as
+    that string, and search finds the item. What JSON cannot hold is a typed refusal
+    that writes nothing."""
+    value = {
+        "text": "Ada's dentist appointment",
+        "at": datetime(2026, 12, 7, 9, 30, tzinfo=UTC),
+        "on": date(2026, 12, 7),
+        "nested": [{"seen": datetime(2026, 1, 2, 3, 4, 5, 6)}, time(9, 30)],
+        "id": uuid.UUID(int=7),
+    }
+    lg.put(("events",), "dentist", value)
+    kept = lg.get(("events",), "dentist")
+    assert kept is not None and kept.value == orjson.loads(orjson.dumps(value))
+    assert kept.value["at"] == "2026-12-07T09:30:00+00:00"
+    assert lg.search(("events",), query="dentist appointment")[0].key == "dentist"
+    before = store.scope_revision(scope)
+    for bad in ({"tags": {"a", "b"}}, {"blob": b"x"}, {"ratio": float("nan")}):
+        with pytest.raises(InvalidRequestError, match="value"):
+            lg.put(("events",), "bad", bad)
+    assert store.scope_revision(scope) == before
+    assert lg.get(("events",), "bad") is None
 
 
 def test_namespace_labels_with_trailing_newline(lg: EngramStore) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from jsonschema import Draft202012Validator
 
 from engram.store import Scope, Store
 from engram.worker import keys
@@ -293,3 +294,75 @@ def test_an_operation_id_of_another_scope_is_another_operation(
     assert bob_receipt is not None and bob_receipt.redacted and bob_receipt.replays == 0
     assert store.audit.about(bobs) == []  # item 9: nothing names bob's record
     assert store.get(bob_scope, bobs) is not None
+
+
+def described(schema: Any, where: str = "") -> list[str]:
+    """The properties, anywhere in a JSON Schema, that have no description."""
+    missing: list[str] = []
+    if isinstance(schema, dict):
+        for name, prop in schema.get("properties", {}).items():
+            if "description" not in prop:
+                missing.append(f"{where}.{name}")
+        for key, value in schema.items():
+            missing += described(value, f"{where}.{key}" if key != "properties" else where)
+    elif isinstance(schema, list):
+        for item in schema:
+            missing += described(item, where)
+    return missing
+
+
+def test_every_answer_fits_its_output_schema_and_says_what_happened(
+    env: dict[str, str], tmp_path: Path, worker: Any
+) -> None:
+    """Each tool publishes an outputSchema, every field of its input and output is
+    described, every answer (refusals too) fits the schema, and the text summary says
+    what happened in words a model that reads text only can act on."""
+
+    async def main() -> None:
+        async with stdio_session({"user_id": "answers"}, env, tmp_path / "mcp.log") as s:
+            tools = {t.name: t for t in (await s.list_tools()).tools}
+            assert tuple(tools) == TOOLS
+            for tool in tools.values():
+                assert tool.output_schema is not None, tool.name
+                assert tool.output_schema["type"] == "object"
+                Draft202012Validator.check_schema(tool.output_schema)
+                assert described(tool.input_schema) == [], tool.name
+                assert described(tool.output_schema) == [], tool.name
+
+            async def said(tool: str, **arguments: Any) -> tuple[str, dict[str, Any]]:
+                result = await call(s, tool, **arguments)
+                data = result.structured_content
+                Draft202012Validator(tools[tool].output_schema).validate(data)
+                return texts(result)[0], data
+
+            text, data = await said("remember", text="Ada walks to work.")
+            rid = data["records"][0]["id"]
+            assert text == f"remembered {rid} (revision 1)"
+            assert (await said("recall", query="walks"))[0] == "1 record found"
+            assert (await said("get", record_id=rid))[0] == f"record {rid}, revision 1, active"
+            text, _ = await said("revise", record_id=rid, text="Ada cycles.", expected_revision=1)
+            assert text == f"revised {rid}: now revision 2"
+            text, data = await said("retract", record_id=rid, expected_revision=2)
+            assert text == f"retracted {rid} (revision 3): no longer recalled"
+            text, data = await said("operation", operation_id=data["operation_id"])
+            assert text == (
+                f"operation {data['operation_id']} committed:"
+                f" retracted {rid} (revision 3): no longer recalled"
+            )
+            assert (await said("history", record_id=rid))[0] == f"3 revisions of record {rid}"
+            text, data = await said("forget", record_id=rid)
+            assert text == f"forgot {rid} (3 revisions)"
+            assert data["revisions"] == [1, 2, 3]
+            text, _ = await said("forget", record_id=rid)  # a retry: the same operation
+            assert text == (
+                f"forgot {rid} (a replay: it had already committed; nothing was written again)"
+            )
+            text, data = await said("revise", record_id=rid, text="x", expected_revision=3)
+            assert data["error"]["code"] == "not_found" and text.startswith("refused: not_found")
+        async with stdio_session({"user_id": "answers"}, env, tmp_path / "mcp.log") as s:
+            text, _ = await said("forget", record_id=rid)  # another client: a new operation
+            assert text == f"{rid} was already forgotten: nothing more to erase"
+            text, _ = await said("forget", record_id="mem_never")
+            assert text == "no record mem_never in this memory: nothing forgotten"
+
+    run(main)

@@ -8,6 +8,7 @@ import hashlib
 import re
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 
 from engram.store import Operation, Store
@@ -135,3 +136,25 @@ def test_a_vouched_operation_is_authenticated_on_its_receipt(store: Store, embed
     assert store.receipt("vouched:1").as_dict()["authenticated"] is True  # type: ignore[union-attr]
     assert not store.receipt("vouched:2").authenticated  # type: ignore[union-attr]
     assert store.tokens.made(grant, "vouched:1") and not store.tokens.made(grant, "vouched:2")
+
+
+def test_verify_notes_a_use_at_most_once_a_minute(store: Store, dsn: str) -> None:
+    """A request costs a read: verify writes last_used_at only when it is older than
+    LAST_USED_EVERY_S, and a token revoked since is refused at once all the same."""
+    secret, _ = store.tokens.create("agent-often", {"user_id": "often"}, by="op")
+    assert store.tokens.verify(secret) is not None
+    first = store.tokens.get("agent-often").last_used_at  # type: ignore[union-attr]
+    assert first is not None
+    for _ in range(3):
+        assert store.tokens.verify(secret) is not None
+    assert store.tokens.get("agent-often").last_used_at == first  # type: ignore[union-attr]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE engram_tokens SET last_used_at = last_used_at - interval '61 seconds'"
+            " WHERE name = 'agent-often'"
+        )
+    assert store.tokens.verify(secret) is not None
+    later = store.tokens.get("agent-often").last_used_at  # type: ignore[union-attr]
+    assert later is not None and later > first
+    assert store.tokens.revoke("agent-often", by="op")
+    assert store.tokens.verify(secret) is None
