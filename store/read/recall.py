@@ -38,7 +38,7 @@ import psycopg
 from pgvector import Vector
 
 from ..errors import InvalidRequestError
-from ..limits import CANDIDATES_PER_LIST, LEXICAL_WEIGHT, RRF_K
+from ..limits import CANDIDATES_PER_LIST, LEXICAL_WEIGHT
 from ..rows import REVISION_COLUMNS, record_from_row
 from ..values import Generation, Hit
 from ..vectors.vector_indexes import indexed
@@ -60,6 +60,7 @@ class RecallQuery:
     hnsw: bool = False  # the (generation, scope) pair has an approximate index (settled rows)
     superseded_by: bool = True  # read each hit's ``superseded_by``
     metadata: MetadataFilter | None = None  # only records whose current metadata meets it
+    min_relevance: float | None = None  # only hits of this relevance or more (None: all)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,7 @@ class RecallContext:
         recorded_as_of: datetime | None = None,
         superseded_by: bool = True,
         metadata: MetadataFilter | None = None,
+        min_relevance: float | None = None,
     ) -> RecallQuery:
         """A recall in this context's scope (which must exist)."""
         assert self.scope_id is not None
@@ -96,6 +98,7 @@ class RecallContext:
             hnsw=self.hnsw,
             superseded_by=superseded_by,
             metadata=metadata,
+            min_relevance=min_relevance,
         )
 
 
@@ -203,36 +206,65 @@ APPROXIMATE_CANDIDATES = 2 * CANDIDATES_PER_LIST
 
 def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
     where, params = _filters(q)
-    params.update(scope=q.scope_id, n=CANDIDATES_PER_LIST, k=q.top_k, rrf=RRF_K, lw=LEXICAL_WEIGHT)
+    params.update(
+        scope=q.scope_id,
+        n=CANDIDATES_PER_LIST,
+        k=q.top_k,
+        lw=LEXICAL_WEIGHT,
+        floor=q.min_relevance or 0.0,
+    )
     source = f"({_AS_OF})" if q.recorded_as_of is not None else _CURRENT
+    ctes: list[str] = []
     lists: dict[str, str] = {}
-    if q.vector is not None and q.generation_id is not None and bool(np.any(q.vector)):
+    searched = q.vector is not None and q.generation_id is not None and bool(np.any(q.vector))
+    if searched:
         lists["vector"] = _vector_list(q, where, params)
     if q.text is not None:
         params["text"] = q.text
         params.update(common=COMMON_WORD_SHARE, rare=RARE_WORD_SHARE, cover=LEXICAL_COVER)
+        ctes.append(_QUERY_WORDS)
         lists["lexical"] = _LEXICAL.format(source=source, where=where)
     elif q.vector is None:
         lists["lexical"] = _LATEST.format(source=source, where=where)  # no query: the newest
     if not lists:
         return None
     ranked = " UNION ALL ".join(
-        f"SELECT record_id, revision, rank, share, '{name}' AS list FROM {name}" for name in lists
+        f"SELECT record_id, revision, rank, '{name}' AS list FROM {name}" for name in lists
     )
-    ctes = [f"{name} AS ({sql})" for name, sql in lists.items()]
+    ctes += [f"{name} AS ({sql})" for name, sql in lists.items()]
+    similarity, vectors = "0.0", ""
+    if searched:
+        # Every candidate's own cosine similarity, a lexical one's too (its vector is
+        # read by its key): none for a record with no vector of this revision.
+        similarity = "CASE WHEN d <> 'NaN'::float8 THEN greatest(1 - d, 0) ELSE 0 END"
+        vectors = """LEFT JOIN LATERAL (
+                SELECT x.embedding <=> %(q)s AS d FROM engram_vectors x
+                WHERE x.generation_id = %(gen)s AND x.record_id = f.record_id
+                  AND x.revision = f.revision
+            ) x ON true"""
+    share = _SHARE if q.text is not None else "0.0"
     links = _SUPERSEDED_BY if q.superseded_by else "(SELECT NULL::text[] AS ids) sup"
     sql = f"""
         WITH {", ".join(ctes)},
-        fused AS (
+        found AS (
             SELECT record_id, revision,
-                   sum(CASE WHEN list = 'lexical' THEN %(lw)s * share ELSE 1.0 END::float8
-                       / (%(rrf)s + rank)) AS score,
                    array_agg(list ORDER BY list) AS lists,
                    min(rank) FILTER (WHERE list = 'vector') AS vector_rank,
                    min(rank) FILTER (WHERE list = 'lexical') AS lexical_rank
             FROM ({ranked}) found
             GROUP BY record_id, revision
-            ORDER BY score DESC, record_id COLLATE "C", revision LIMIT %(k)s
+        ),
+        fused AS (
+            SELECT * FROM (
+                SELECT f.*, ({similarity})::float8 + %(lw)s * ({share})::float8 ^ 2 AS score
+                FROM found f
+                JOIN engram_revisions v ON v.record_id = f.record_id AND v.revision = f.revision
+                {vectors}
+            ) scored
+            WHERE score >= %(floor)s * (1 - 1e-9)
+            ORDER BY score DESC, lexical_rank NULLS LAST, vector_rank NULLS LAST,
+                     record_id COLLATE "C", revision
+            LIMIT %(k)s
         )
         SELECT f.score,
                CASE WHEN cardinality(f.lists) = 2 THEN 'hybrid' ELSE f.lists[1] END,
@@ -241,7 +273,8 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
         JOIN engram_revisions v ON v.record_id = f.record_id AND v.revision = f.revision
         JOIN engram_scopes s ON s.id = v.scope_id,
         {links}
-        ORDER BY f.score DESC, f.record_id COLLATE "C", f.revision
+        ORDER BY f.score DESC, f.lexical_rank NULLS LAST, f.vector_rank NULLS LAST,
+                 f.record_id COLLATE "C", f.revision
     """
     return sql, params
 
@@ -331,7 +364,7 @@ def _vector_list(q: RecallQuery, where: str, params: dict[str, Any]) -> str:
             ORDER BY d LIMIT %(n)s
         """
     return f"""
-        SELECT record_id, revision, row_number() OVER (ORDER BY d) AS rank, 1.0 AS share
+        SELECT record_id, revision, row_number() OVER (ORDER BY d) AS rank
         FROM ({nearest}) nearest WHERE d <> 'NaN'::float8
     """
 
@@ -357,12 +390,12 @@ _WORDS = """
     FROM shares
 """
 
-# The records that hold most of what the query's telling words weigh (words held
-# by at most %(common)s of all revisions; when the query has none, records holding
-# all of its words), scored by the weight of the query words they hold; shorter
-# texts first among equals, as BM25's length normalisation would have it.
-_LEXICAL = f"""
-    WITH words AS ({_WORDS}),
+# The query's words and what they weigh, as top-level parts of the statement: the
+# lexical list reads them, and so does every candidate's share (``_SHARE``). Only
+# words held by at most %(common)s of all revisions count (when the query has none,
+# all of its words, and a lexical match must then hold all of them).
+_QUERY_WORDS = f"""
+    words AS ({_WORDS}),
     telling AS (SELECT * FROM words WHERE coalesce(share, 0) <= %(common)s),
     scored AS (SELECT * FROM telling UNION ALL
                SELECT * FROM words WHERE NOT EXISTS (SELECT 1 FROM telling)),
@@ -381,15 +414,24 @@ _LEXICAL = f"""
                     ELSE (SELECT engram_tsquery_and(query) FROM words) END AS query,
                (SELECT sum(weight) FROM scored) AS weight
     )
+"""
+
+# The share of the query's telling weight a revision ``v`` holds (0 to 1).
+_SHARE = """coalesce((SELECT sum(w.weight) FROM scored w WHERE v.tsv @@ w.query)
+                  / nullif((SELECT weight FROM wanted), 0), 0)"""
+
+# The records that hold at least LEXICAL_COVER of what the query's telling words
+# weigh, ranked by the weight they hold; shorter texts first among equals, as BM25's
+# length normalisation would have it.
+_LEXICAL = """
     SELECT record_id, revision,
-           row_number() OVER (ORDER BY score DESC, words, record_id COLLATE "C") AS rank,
-           score / nullif(wanted, 0) AS share
+           row_number() OVER (ORDER BY score DESC, words, record_id COLLATE "C") AS rank
     FROM (
         SELECT c.record_id, c.revision, length(c.tsv) AS words,
                (SELECT sum(w.weight) FROM scored w WHERE c.tsv @@ w.query) AS score,
                wanted.weight AS wanted
-        FROM {{source}} c, wanted
-        WHERE c.tsv @@ wanted.query AND {{where}}
+        FROM {source} c, wanted
+        WHERE c.tsv @@ wanted.query AND {where}
         ORDER BY score DESC, words, c.record_id COLLATE "C" LIMIT %(n)s
     ) matched
     WHERE score >= %(cover)s * wanted
@@ -397,8 +439,7 @@ _LEXICAL = f"""
 
 # No query at all: the most recently written records.
 _LATEST = """
-    SELECT record_id, revision, row_number() OVER (ORDER BY recorded_at DESC) AS rank,
-           1.0 AS share
+    SELECT record_id, revision, row_number() OVER (ORDER BY recorded_at DESC) AS rank
     FROM (SELECT c.record_id, c.revision, c.recorded_at FROM {source} c WHERE {where}
           ORDER BY c.recorded_at DESC LIMIT %(k)s) latest
 """
