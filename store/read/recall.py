@@ -38,7 +38,7 @@ import psycopg
 from pgvector import Vector
 
 from ..errors import InvalidRequestError
-from ..limits import CANDIDATES_PER_LIST, LEXICAL_WEIGHT
+from ..limits import CANDIDATES_PER_LIST, LEXICAL_WEIGHT, NEIGHBOUR_WEIGHT
 from ..rows import REVISION_COLUMNS, record_from_row
 from ..values import Generation, Hit
 from ..vectors.vector_indexes import indexed
@@ -232,17 +232,21 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
         f"SELECT record_id, revision, rank, '{name}' AS list FROM {name}" for name in lists
     )
     ctes += [f"{name} AS ({sql})" for name, sql in lists.items()]
-    similarity, vectors = "0.0", ""
-    if searched:
-        # Every candidate's own cosine similarity, a lexical one's too (its vector is
-        # read by its key): none for a record with no vector of this revision.
-        similarity = "CASE WHEN d <> 'NaN'::float8 THEN greatest(1 - d, 0) ELSE 0 END"
-        vectors = """LEFT JOIN LATERAL (
-                SELECT x.embedding <=> %(q)s AS d FROM engram_vectors x
-                WHERE x.generation_id = %(gen)s AND x.record_id = f.record_id
-                  AND x.revision = f.revision
-            ) x ON true"""
-    share = _SHARE if q.text is not None else "0.0"
+    score, vectors = _score(q, "v", "x", searched)
+    neighbours = ""
+    if q.recorded_as_of is None and NEIGHBOUR_WEIGHT > 0:
+        # A turn's neighbours: the message before it (``context_of``, migration 018)
+        # and the one after, among the records this recall may read.
+        near, near_vectors = _score(q, "n", "nx", searched)
+        score = f"{score} + %(nw)s * coalesce(nb.near, 0)"
+        params["nw"] = NEIGHBOUR_WEIGHT
+        neighbours = f"""LEFT JOIN LATERAL (
+                SELECT max({near}) AS near FROM (
+                    (SELECT c.* FROM {_CURRENT} c WHERE c.record_id = v.context_of AND {where})
+                    UNION ALL
+                    (SELECT c.* FROM {_CURRENT} c WHERE c.context_of = v.record_id AND {where})
+                ) n {near_vectors}
+            ) nb ON true"""
     links = _SUPERSEDED_BY if q.superseded_by else "(SELECT NULL::text[] AS ids) sup"
     sql = f"""
         WITH {", ".join(ctes)},
@@ -254,13 +258,15 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
             FROM ({ranked}) found
             GROUP BY record_id, revision
         ),
+        rated AS MATERIALIZED (  -- once per candidate: the sort and the cut read it
+            SELECT f.*, {score} AS score
+            FROM found f
+            JOIN engram_revisions v ON v.record_id = f.record_id AND v.revision = f.revision
+            {vectors}
+            {neighbours}
+        ),
         fused AS (
-            SELECT * FROM (
-                SELECT f.*, ({similarity})::float8 + %(lw)s * ({share})::float8 ^ 2 AS score
-                FROM found f
-                JOIN engram_revisions v ON v.record_id = f.record_id AND v.revision = f.revision
-                {vectors}
-            ) scored
+            SELECT * FROM rated
             WHERE score >= %(floor)s * (1 - 1e-9)
             ORDER BY score DESC, lexical_rank NULLS LAST, vector_rank NULLS LAST,
                      record_id COLLATE "C", revision
@@ -277,6 +283,25 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
                  f.record_id COLLATE "C", f.revision
     """
     return sql, params
+
+
+def _score(q: RecallQuery, row: str, vector: str, searched: bool) -> tuple[str, str]:
+    """The score of the revision ``row`` (its cosine similarity to the query, plus
+    LEXICAL_WEIGHT times the square of its share of the query's telling weight), and
+    the join that reads its vector as ``vector``. A record with no vector of this
+    revision has no similarity; a zero vector has no direction, and none either."""
+    share = _SHARE.format(row=row) if q.text is not None else "0.0"
+    if not searched:
+        return f"(%(lw)s * ({share})::float8 ^ 2)", ""
+    similarity = (
+        f"CASE WHEN {vector}.d <> 'NaN'::float8 THEN greatest(1 - {vector}.d, 0) ELSE 0 END"
+    )
+    join = f"""LEFT JOIN LATERAL (
+                SELECT e.embedding <=> %(q)s AS d FROM engram_vectors e
+                WHERE e.generation_id = %(gen)s AND e.record_id = {row}.record_id
+                  AND e.revision = {row}.revision
+            ) {vector} ON true"""
+    return f"(({similarity})::float8 + %(lw)s * ({share})::float8 ^ 2)", join
 
 
 def _filters(q: RecallQuery) -> tuple[str, dict[str, Any]]:
@@ -417,7 +442,7 @@ _QUERY_WORDS = f"""
 """
 
 # The share of the query's telling weight a revision ``v`` holds (0 to 1).
-_SHARE = """coalesce((SELECT sum(w.weight) FROM scored w WHERE v.tsv @@ w.query)
+_SHARE = """coalesce((SELECT sum(w.weight) FROM scored w WHERE {row}.tsv @@ w.query)
                   / nullif((SELECT weight FROM wanted), 0), 0)"""
 
 # The records that hold at least LEXICAL_COVER of what the query's telling words

@@ -397,3 +397,34 @@ def test_a_turn_is_found_by_the_words_of_the_message_it_answers(
         ).fetchall()
     assert all(context is None and of is None for context, of, _ in rows)
     assert not any("pet" in tsv for *_, tsv in rows)
+
+
+def test_a_turn_next_to_a_matching_turn_ranks_above_its_twin_alone(fresh_store: Store) -> None:
+    from engram.store.limits import NEIGHBOUR_WEIGHT
+
+    mem = fresh_store.session({"user_id": "ada"}, embedder=WordLlamaEmbedder())
+    said = "I finally booked it."
+    mem.extract(
+        [turn("t1", "user", said), turn("t2", "assistant", "The Lisbon flight? When?")],
+        infer=False,
+    )
+    mem.extract([turn("t3", "user", said)], infer=False)  # the same words, alone
+    hits = {
+        h.record.sources[0].message_id: h
+        for h in mem.recall("Lisbon flight", top_k=10, min_relevance=None)
+    }
+    assert hits["t2"] == next(iter(hits.values()))
+    # The twins score the same by their own text and vector; the one the matching turn
+    # answers gains a share of that turn's score.
+    gained = hits["t1"].score - hits["t3"].score
+    assert gained > NEIGHBOUR_WEIGHT * 0.5 * hits["t2"].score
+    assert list(hits).index("t1") < list(hits).index("t3")
+
+    # A retracted turn lends nothing: the twins are equal again.
+    mem.retract(hits["t2"].record.id)
+    again = {
+        h.record.sources[0].message_id: h
+        for h in mem.recall("Lisbon flight", top_k=10, min_relevance=None)
+    }
+    assert "t2" not in again
+    assert abs(again["t1"].score - again["t3"].score) < 1e-9
