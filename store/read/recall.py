@@ -1,14 +1,17 @@
 """Hybrid recall: exact or approximate vector search on the active generation
 (approximate in a large scope: its settled vectors through its HNSW index, merged
-with its fresh ones searched exactly; ``store.vectors.vector_indexes``),
-PostgreSQL full-text search, fused by weighted reciprocal rank fusion (k = 60; a
-place in the vector list weighs 1, one in the lexical list ``LEXICAL_WEIGHT`` times
-the share of the query's telling weight the record holds), in one
-statement (one round trip: both lists, the fusion, the hits' rows and their
-``superseded_by``). Records without a vector in the active generation never
-enter the vector list: they are found by text, never scored as zero. Each hit
-says which lists found it and where each ranked it; its ``relevance`` is its
-score over the best possible one (first in both lists), which a cut-off reads.
+with its fresh ones searched exactly; ``store.vectors.vector_indexes``) and
+PostgreSQL full-text search each bring ``CANDIDATES_PER_LIST`` candidates, and every
+candidate is scored the same way, whichever list found it: the cosine similarity of
+its vector to the query's (0 when negative; none for a record without a vector in
+the active generation, which is found by text and never scored as zero), plus
+``LEXICAL_WEIGHT`` times the square of the share of the query's telling weight its
+text holds, plus ``NEIGHBOUR_WEIGHT`` times the best such score of the conversation
+turns next to it. All in one statement (one round trip: both lists, the scores, the
+hits' rows and their ``superseded_by``). Each hit says which lists found it and where
+each ranked it; its ``relevance`` is its score, at most 1, whatever its rank, and
+hits under ``min_relevance`` are left out, so a query matching nothing returns
+nothing rather than ``top_k`` unrelated records.
 
 The lexical list reads the query with PostgreSQL's own parser, less English stop
 words (configuration ``engram_query``, migration 006), and scores a record by the

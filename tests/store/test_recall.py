@@ -428,3 +428,12 @@ def test_a_turn_next_to_a_matching_turn_ranks_above_its_twin_alone(fresh_store: 
     }
     assert "t2" not in again
     assert abs(again["t1"].score - again["t3"].score) < 1e-9
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, float("nan"), True, "0.5"])
+def test_a_bad_min_relevance_is_refused_before_any_search(fresh_store: Store, bad: object) -> None:
+    mem = fresh_store.session({"user_id": "ada"})
+    mem.remember("green tea")
+    with pytest.raises(InvalidRequestError, match="min_relevance must be a number from 0 to 1"):
+        mem.recall("tea", min_relevance=bad)  # type: ignore[arg-type]
+    assert texts(mem.recall("tea", min_relevance=0)) == ["green tea"]
