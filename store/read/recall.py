@@ -301,8 +301,8 @@ def _score(q: RecallQuery, row: str, vector: str, searched: bool) -> tuple[str, 
     )
     join = f"""LEFT JOIN LATERAL (
                 SELECT e.embedding <=> %(q)s AS d FROM engram_vectors e
-                WHERE e.generation_id = %(gen)s AND e.record_id = {row}.record_id
-                  AND e.revision = {row}.revision
+                WHERE e.generation_id = %(gen)s AND e.scope_id = %(scope)s
+                  AND e.record_id = {row}.record_id AND e.revision = {row}.revision
             ) {vector} ON true"""
     return f"(({similarity})::float8 + %(lw)s * ({share})::float8 ^ 2)", join
 
