@@ -10,6 +10,7 @@ from typing import Any
 
 from engram.store import Embedder, Scope
 from engram.store.errors import NotFoundError
+from engram.store.limits import DEFAULT_MIN_RELEVANCE
 from engram.store.portable import record_as_dict
 from engram.store.vectors.embedders import EmbedderResolver
 from engram.worker.settings import Settings
@@ -75,6 +76,7 @@ def cmd_recall(settings: Settings, args: argparse.Namespace) -> int:
             kind=args.kind,
             include_retracted=args.include_retracted,
             after=args.after,
+            min_relevance=args.min_relevance,
         )
     if args.json:
         print_json(
@@ -163,6 +165,13 @@ def register(sub: Any) -> None:
     recall.add_argument("--top-k", type=positive_int, default=5)
     recall.add_argument("--kind", default=None)
     recall.add_argument("--include-retracted", action="store_true")
+    recall.add_argument(
+        "--min-relevance",
+        type=float,
+        default=DEFAULT_MIN_RELEVANCE,
+        help=f"leave out hits less relevant than this, 0 to 1 (default {DEFAULT_MIN_RELEVANCE}; "
+        "0 keeps every hit)",
+    )
     recall.add_argument(
         "--embedder",
         default=None,

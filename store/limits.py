@@ -16,20 +16,31 @@ DEFAULT_KIND = "semantic"
 # What an extract stores as it is (infer: false) is: the record of an event.
 RAW_EXTRACT_KIND = "episodic"
 DEFAULT_TOP_K = 5
-RRF_K = 60
-# What a place in the lexical list weighs in the fusion, a place in the vector list
-# weighing 1: a hit's score is the sum of weight / (RRF_K + rank) over the lists that
-# found it, and a lexical place weighs LEXICAL_WEIGHT times the share of the query's
-# telling weight the record holds (from LEXICAL_COVER to 1). A record holding every
-# telling word outranks the vector list's first alone; one holding a third of them,
-# only in the lexical list's first 20 places. On LoCoMo (WordLlama, the default),
-# evidence recall@10 was 0.663 at 1, 0.677 at 2, 0.702 at 4 and 0.689 with the
-# lexical list alone first, and 0.705 at 4 times the share (MRR 0.515 -> 0.535);
-# on the labelled set at 10,000 records, hit@5 0.78 at 1, 0.73 at 4 and 0.75 at 4
-# times the share (docs/recall-quality.md).
-LEXICAL_WEIGHT = 4.0
-# The best score a hit can have, first in both lists.
-BEST_SCORE = (1 + LEXICAL_WEIGHT) / (RRF_K + 1)
+# A hit's score: the cosine similarity of its vector to the query's (0 when negative,
+# or with no vector), plus LEXICAL_WEIGHT times the square of the share of the query's
+# telling weight its text holds (0 to 1; store.read.recall). A record holding every
+# telling word of the query scores at least LEXICAL_WEIGHT; one holding half of it
+# gains a quarter of that; one holding none is ranked by its meaning alone. A hit's
+# relevance is its score, at most 1 (values.Hit.relevance).
+# Tried on LoCoMo (WordLlama, evidence recall@10) and on bench_store's labelled set
+# (hit@5 / MRR at 1,000 and 10,000 records) against the reciprocal rank fusion it
+# replaced (0.705; 0.95 / 0.854; 0.75 / 0.666): 2 times the square 0.713; 0.93 / 0.889;
+# 0.78 / 0.762. The share itself (not squared) at 1.5 scored 0.719 on LoCoMo but 0.77 /
+# 0.742 at 10,000: a record holding one word of three of a question worded otherwise
+# than its answer outranked the answer's meaning (docs/recall-quality.md).
+LEXICAL_WEIGHT = 2.0
+# A conversation's turn is often the answer to, or the question of, the turn next to
+# it: a hit's score gains this share of the best score of the turns before and after
+# it (the message an extract kept as its context, and the record keeping it as
+# theirs). On LoCoMo evidence recall@10 0.713 with none, 0.725 at 0.1, 0.734 at 0.3,
+# 0.734 at 0.5 (offline replay of the store's scores; docs/recall-quality.md).
+NEIGHBOUR_WEIGHT = 0.3
+# What recall leaves out unless told otherwise: hits of a lower relevance. With the
+# default embedder, a fact sharing no word with a question about it has a cosine
+# similarity of 0.2 to 0.75 to it, an unrelated one under 0.1; on LoCoMo, whose turns
+# share their speakers' names and dates, the cut cost no evidence recall@10
+# (docs/recall-quality.md).
+DEFAULT_MIN_RELEVANCE = 0.15
 # How many candidates each of the vector and lexical lists brings to fusion.
 CANDIDATES_PER_LIST = 50
 

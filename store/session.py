@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from .errors import EngramError
 from .ledger import LedgerEntry
-from .limits import DEFAULT_TOP_K
+from .limits import DEFAULT_MIN_RELEVANCE, DEFAULT_TOP_K
 from .models.llm import LLM
 from .values import Hit, Record, ReembedResult, Scope, WriteResult
 from .vectors.embedders import Embedder
@@ -153,6 +153,7 @@ class Session:
         recorded_as_of: datetime | None = None,
         after: str | None = None,
         text_only: bool = False,
+        min_relevance: float | None = DEFAULT_MIN_RELEVANCE,
     ) -> list[Hit]:
         """``Store.recall`` in this scope, with this session's embedder (none: the active
         generation's model), or by text only."""
@@ -166,6 +167,7 @@ class Session:
             recorded_as_of=recorded_as_of,
             after=after,
             text_only=text_only,
+            min_relevance=min_relevance,
         )
 
     def reembed(self, embedder: Embedder, *, batch_size: int = 64) -> ReembedResult:

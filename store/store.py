@@ -24,12 +24,18 @@ from .errors import (
     SchemaVersionError,
 )
 from .ledger import ForgetLedger, database_key
-from .limits import DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
+from .limits import DEFAULT_MIN_RELEVANCE, DEFAULT_TOP_K, MAX_TEXT_CHARS, MAX_TOP_K
 from .models.llm import LLM
 from .read.browse import Browse
 from .read.cursors import Cursors
 from .read.metadata_filter import MetadataFilter
-from .read.recall import HNSW_SETTINGS, RecallContext, recall, recall_context
+from .read.recall import (
+    HNSW_SETTINGS,
+    RecallContext,
+    check_min_relevance,
+    recall,
+    recall_context,
+)
 from .read.routing import ReadRoute, parse_position
 from .rows import (
     RECEIPT_COLUMNS,
@@ -511,6 +517,7 @@ class Store:
         after: str | None = None,
         metadata: MetadataFilter | None = None,
         text_only: bool = False,
+        min_relevance: float | None = DEFAULT_MIN_RELEVANCE,
     ) -> list[Hit]:
         """Hybrid search in one scope; with ``after`` (a receipt's ``position``), over
         the scope as of that commit or later; with ``metadata``, among the records whose
@@ -520,8 +527,13 @@ class Store:
         generation, or a resolver); with none, with the active generation's model, found
         in ``self.embedders`` (``EmbedderUnavailableError`` when none here produces it:
         never a silent search by words alone). ``text_only`` searches the full-text index
-        alone, on purpose (a reader that has no model for the active generation)."""
+        alone, on purpose (a reader that has no model for the active generation).
+
+        A query's hits of a ``Hit.relevance`` under ``min_relevance`` are left out
+        (``DEFAULT_MIN_RELEVANCE`` unless told; None or 0: none is); with no query,
+        the newest records are listed, none left out."""
         scope = Scope.of(scope)
+        cutoff = check_min_relevance(min_relevance, "min_relevance")
         if text_only and embedder is not None:
             raise InvalidRequestError("a recall by text only takes no embedder")
         if text is not None:
@@ -566,6 +578,7 @@ class Store:
             include_retracted=include_retracted,
             recorded_as_of=recorded_as_of,
             metadata=metadata,
+            min_relevance=cutoff if text is not None else None,
         )
 
         def search() -> list[Hit]:

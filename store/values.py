@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from .errors import InvalidRequestError
-from .limits import BEST_SCORE, MAX_SCOPE_VALUE_CHARS
+from .limits import MAX_SCOPE_VALUE_CHARS
 
 SCOPE_FIELDS = ("user_id", "agent_id", "run_id", "actor_id", "chat_id")
 SOURCE_KINDS = ("user", "assistant", "tool", "external", "host")
@@ -328,7 +328,10 @@ class WriteResult:
 @dataclass(frozen=True, slots=True)
 class Hit:
     record: Record
-    score: float  # weighted reciprocal rank fusion: weight / (RRF_K + rank), over the lists
+    # The cosine similarity of its vector to the query's (0 when negative or absent) plus
+    # LEXICAL_WEIGHT times the square of the share of the query's telling weight its
+    # text holds (limits.LEXICAL_WEIGHT).
+    score: float
     match: Match
     # Where the vector and the lexical list ranked the hit (1 = first); None: not found.
     vector_rank: int | None = None
@@ -336,11 +339,13 @@ class Hit:
 
     @property
     def relevance(self) -> float:
-        """The score over the best a hit can have, first in both lists: 1.0 for that,
-        0.8 for first in the lexical list only holding every telling word of the
-        query, 0.2 for first in the vector list only (``LEXICAL_WEIGHT``), less for
-        each place lower and for each word a lexical hit lacks."""
-        return min(self.score / BEST_SCORE, 1.0)  # the sum's rounding: never past 1
+        """How well the hit answers the query, from 0 to 1, whatever its rank: its
+        score, at most 1. A text found by meaning alone has its cosine similarity (with
+        the default embedder, 0.2 to 0.75 for a fact about what a question asks in other
+        words, under 0.1 for an unrelated one); the words it holds raise it (holding
+        every telling word of the query, or half of their weight with a similarity of
+        0.5: 1). No query: 0."""
+        return min(self.score, 1.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from engram.store.limits import (
+    DEFAULT_MIN_RELEVANCE,
     DEFAULT_TOP_K,
     MAX_ID_CHARS,
     MAX_KIND_CHARS,
@@ -85,9 +86,9 @@ class Recall(Arguments):
         Field(
             ge=0,
             le=1,
-            description="leave out records less relevant than this (1: first in both the"
-            " meaning and the word search; 0.8: first in the word search only, holding"
-            " every word; 0.2: first in the meaning search only)",
+            description="leave out records less relevant than this (1: holding every"
+            " telling word of the query; a record found by meaning alone: its cosine"
+            f" similarity; absent: {DEFAULT_MIN_RELEVANCE}, 0 leaves none out)",
         ),
     ] = None
 

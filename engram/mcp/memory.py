@@ -27,7 +27,7 @@ from engram.store.errors import (
     NotFoundError,
     RevisionConflictError,
 )
-from engram.store.read.recall import above
+from engram.store.limits import DEFAULT_MIN_RELEVANCE
 from engram.store.vectors.embedders import EmbedderResolver
 from engram.web.backlog import holds, needle_of
 from engram.worker import Pending, Producer, StreamReceipt, layout
@@ -245,18 +245,21 @@ class Memory:
         return Answer(_count(len(records), "record") + " found", {"records": records})
 
     def _recall(self, scope: Scope, args: contract.Recall) -> list[Hit]:
+        cut = DEFAULT_MIN_RELEVANCE if args.min_relevance is None else args.min_relevance
         try:
-            hits = self.store.recall(
+            return self.store.recall(
                 scope,
                 args.query,
                 embedder=self.embedder,
                 text_only=self.embedder is None,
                 top_k=args.top_k,
+                min_relevance=cut,
             )
         except (EmbeddingMismatchError, EmbedderUnavailableError):
             # No embedder here for the active generation: by words only, as the API.
-            hits = self.store.recall(scope, args.query, text_only=True, top_k=args.top_k)
-        return above(hits, args.min_relevance)
+            return self.store.recall(
+                scope, args.query, text_only=True, top_k=args.top_k, min_relevance=cut
+            )
 
     async def get(self, access: Access, args: contract.Get) -> Answer:
         record = await anyio.to_thread.run_sync(

@@ -1,14 +1,17 @@
 """Hybrid recall: exact or approximate vector search on the active generation
 (approximate in a large scope: its settled vectors through its HNSW index, merged
-with its fresh ones searched exactly; ``store.vectors.vector_indexes``),
-PostgreSQL full-text search, fused by weighted reciprocal rank fusion (k = 60; a
-place in the vector list weighs 1, one in the lexical list ``LEXICAL_WEIGHT`` times
-the share of the query's telling weight the record holds), in one
-statement (one round trip: both lists, the fusion, the hits' rows and their
-``superseded_by``). Records without a vector in the active generation never
-enter the vector list: they are found by text, never scored as zero. Each hit
-says which lists found it and where each ranked it; its ``relevance`` is its
-score over the best possible one (first in both lists), which a cut-off reads.
+with its fresh ones searched exactly; ``store.vectors.vector_indexes``) and
+PostgreSQL full-text search each bring ``CANDIDATES_PER_LIST`` candidates, and every
+candidate is scored the same way, whichever list found it: the cosine similarity of
+its vector to the query's (0 when negative; none for a record without a vector in
+the active generation, which is found by text and never scored as zero), plus
+``LEXICAL_WEIGHT`` times the square of the share of the query's telling weight its
+text holds, plus ``NEIGHBOUR_WEIGHT`` times the best such score of the conversation
+turns next to it. All in one statement (one round trip: both lists, the scores, the
+hits' rows and their ``superseded_by``). Each hit says which lists found it and where
+each ranked it; its ``relevance`` is its score, at most 1, whatever its rank, and
+hits under ``min_relevance`` are left out, so a query matching nothing returns
+nothing rather than ``top_k`` unrelated records.
 
 The lexical list reads the query with PostgreSQL's own parser, less English stop
 words (configuration ``engram_query``, migration 006), and scores a record by the
@@ -38,7 +41,7 @@ import psycopg
 from pgvector import Vector
 
 from ..errors import InvalidRequestError
-from ..limits import CANDIDATES_PER_LIST, LEXICAL_WEIGHT, RRF_K
+from ..limits import CANDIDATES_PER_LIST, LEXICAL_WEIGHT, NEIGHBOUR_WEIGHT
 from ..rows import REVISION_COLUMNS, record_from_row
 from ..values import Generation, Hit
 from ..vectors.vector_indexes import indexed
@@ -60,6 +63,7 @@ class RecallQuery:
     hnsw: bool = False  # the (generation, scope) pair has an approximate index (settled rows)
     superseded_by: bool = True  # read each hit's ``superseded_by``
     metadata: MetadataFilter | None = None  # only records whose current metadata meets it
+    min_relevance: float | None = None  # only hits of this relevance or more (None: all)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,7 @@ class RecallContext:
         recorded_as_of: datetime | None = None,
         superseded_by: bool = True,
         metadata: MetadataFilter | None = None,
+        min_relevance: float | None = None,
     ) -> RecallQuery:
         """A recall in this context's scope (which must exist)."""
         assert self.scope_id is not None
@@ -96,6 +101,7 @@ class RecallContext:
             hnsw=self.hnsw,
             superseded_by=superseded_by,
             metadata=metadata,
+            min_relevance=min_relevance,
         )
 
 
@@ -203,36 +209,71 @@ APPROXIMATE_CANDIDATES = 2 * CANDIDATES_PER_LIST
 
 def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
     where, params = _filters(q)
-    params.update(scope=q.scope_id, n=CANDIDATES_PER_LIST, k=q.top_k, rrf=RRF_K, lw=LEXICAL_WEIGHT)
+    params.update(
+        scope=q.scope_id,
+        n=CANDIDATES_PER_LIST,
+        k=q.top_k,
+        lw=LEXICAL_WEIGHT,
+        floor=q.min_relevance or 0.0,
+    )
     source = f"({_AS_OF})" if q.recorded_as_of is not None else _CURRENT
+    ctes: list[str] = []
     lists: dict[str, str] = {}
-    if q.vector is not None and q.generation_id is not None and bool(np.any(q.vector)):
+    searched = q.vector is not None and q.generation_id is not None and bool(np.any(q.vector))
+    if searched:
         lists["vector"] = _vector_list(q, where, params)
     if q.text is not None:
         params["text"] = q.text
         params.update(common=COMMON_WORD_SHARE, rare=RARE_WORD_SHARE, cover=LEXICAL_COVER)
+        ctes.append(_QUERY_WORDS)
         lists["lexical"] = _LEXICAL.format(source=source, where=where)
     elif q.vector is None:
         lists["lexical"] = _LATEST.format(source=source, where=where)  # no query: the newest
     if not lists:
         return None
     ranked = " UNION ALL ".join(
-        f"SELECT record_id, revision, rank, share, '{name}' AS list FROM {name}" for name in lists
+        f"SELECT record_id, revision, rank, '{name}' AS list FROM {name}" for name in lists
     )
-    ctes = [f"{name} AS ({sql})" for name, sql in lists.items()]
+    ctes += [f"{name} AS ({sql})" for name, sql in lists.items()]
+    score, vectors = _score(q, "v", "x", searched)
+    neighbours = ""
+    if q.recorded_as_of is None and NEIGHBOUR_WEIGHT > 0:
+        # A turn's neighbours: the message before it (``context_of``, migration 018)
+        # and the one after, among the records this recall may read.
+        near, near_vectors = _score(q, "n", "nx", searched)
+        score = f"{score} + %(nw)s * coalesce(nb.near, 0)"
+        params["nw"] = NEIGHBOUR_WEIGHT
+        neighbours = f"""LEFT JOIN LATERAL (
+                SELECT max({near}) AS near FROM (
+                    (SELECT c.* FROM {_CURRENT} c WHERE c.record_id = v.context_of AND {where})
+                    UNION ALL
+                    (SELECT c.* FROM {_CURRENT} c WHERE c.context_of = v.record_id AND {where})
+                ) n {near_vectors}
+            ) nb ON true"""
     links = _SUPERSEDED_BY if q.superseded_by else "(SELECT NULL::text[] AS ids) sup"
     sql = f"""
         WITH {", ".join(ctes)},
-        fused AS (
+        found AS (
             SELECT record_id, revision,
-                   sum(CASE WHEN list = 'lexical' THEN %(lw)s * share ELSE 1.0 END::float8
-                       / (%(rrf)s + rank)) AS score,
                    array_agg(list ORDER BY list) AS lists,
                    min(rank) FILTER (WHERE list = 'vector') AS vector_rank,
                    min(rank) FILTER (WHERE list = 'lexical') AS lexical_rank
             FROM ({ranked}) found
             GROUP BY record_id, revision
-            ORDER BY score DESC, record_id COLLATE "C", revision LIMIT %(k)s
+        ),
+        rated AS MATERIALIZED (  -- once per candidate: the sort and the cut read it
+            SELECT f.*, {score} AS score
+            FROM found f
+            JOIN engram_revisions v ON v.record_id = f.record_id AND v.revision = f.revision
+            {vectors}
+            {neighbours}
+        ),
+        fused AS (
+            SELECT * FROM rated
+            WHERE score >= %(floor)s * (1 - 1e-9)
+            ORDER BY score DESC, lexical_rank NULLS LAST, vector_rank NULLS LAST,
+                     record_id COLLATE "C", revision
+            LIMIT %(k)s
         )
         SELECT f.score,
                CASE WHEN cardinality(f.lists) = 2 THEN 'hybrid' ELSE f.lists[1] END,
@@ -241,9 +282,29 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
         JOIN engram_revisions v ON v.record_id = f.record_id AND v.revision = f.revision
         JOIN engram_scopes s ON s.id = v.scope_id,
         {links}
-        ORDER BY f.score DESC, f.record_id COLLATE "C", f.revision
+        ORDER BY f.score DESC, f.lexical_rank NULLS LAST, f.vector_rank NULLS LAST,
+                 f.record_id COLLATE "C", f.revision
     """
     return sql, params
+
+
+def _score(q: RecallQuery, row: str, vector: str, searched: bool) -> tuple[str, str]:
+    """The score of the revision ``row`` (its cosine similarity to the query, plus
+    LEXICAL_WEIGHT times the square of its share of the query's telling weight), and
+    the join that reads its vector as ``vector``. A record with no vector of this
+    revision has no similarity; a zero vector has no direction, and none either."""
+    share = _SHARE.format(row=row) if q.text is not None else "0.0"
+    if not searched:
+        return f"(%(lw)s * ({share})::float8 ^ 2)", ""
+    similarity = (
+        f"CASE WHEN {vector}.d <> 'NaN'::float8 THEN greatest(1 - {vector}.d, 0) ELSE 0 END"
+    )
+    join = f"""LEFT JOIN LATERAL (
+                SELECT e.embedding <=> %(q)s AS d FROM engram_vectors e
+                WHERE e.generation_id = %(gen)s AND e.scope_id = %(scope)s
+                  AND e.record_id = {row}.record_id AND e.revision = {row}.revision
+            ) {vector} ON true"""
+    return f"(({similarity})::float8 + %(lw)s * ({share})::float8 ^ 2)", join
 
 
 def _filters(q: RecallQuery) -> tuple[str, dict[str, Any]]:
@@ -331,7 +392,7 @@ def _vector_list(q: RecallQuery, where: str, params: dict[str, Any]) -> str:
             ORDER BY d LIMIT %(n)s
         """
     return f"""
-        SELECT record_id, revision, row_number() OVER (ORDER BY d) AS rank, 1.0 AS share
+        SELECT record_id, revision, row_number() OVER (ORDER BY d) AS rank
         FROM ({nearest}) nearest WHERE d <> 'NaN'::float8
     """
 
@@ -357,12 +418,12 @@ _WORDS = """
     FROM shares
 """
 
-# The records that hold most of what the query's telling words weigh (words held
-# by at most %(common)s of all revisions; when the query has none, records holding
-# all of its words), scored by the weight of the query words they hold; shorter
-# texts first among equals, as BM25's length normalisation would have it.
-_LEXICAL = f"""
-    WITH words AS ({_WORDS}),
+# The query's words and what they weigh, as top-level parts of the statement: the
+# lexical list reads them, and so does every candidate's share (``_SHARE``). Only
+# words held by at most %(common)s of all revisions count (when the query has none,
+# all of its words, and a lexical match must then hold all of them).
+_QUERY_WORDS = f"""
+    words AS ({_WORDS}),
     telling AS (SELECT * FROM words WHERE coalesce(share, 0) <= %(common)s),
     scored AS (SELECT * FROM telling UNION ALL
                SELECT * FROM words WHERE NOT EXISTS (SELECT 1 FROM telling)),
@@ -381,15 +442,24 @@ _LEXICAL = f"""
                     ELSE (SELECT engram_tsquery_and(query) FROM words) END AS query,
                (SELECT sum(weight) FROM scored) AS weight
     )
+"""
+
+# The share of the query's telling weight a revision ``v`` holds (0 to 1).
+_SHARE = """coalesce((SELECT sum(w.weight) FROM scored w WHERE {row}.tsv @@ w.query)
+                  / nullif((SELECT weight FROM wanted), 0), 0)"""
+
+# The records that hold at least LEXICAL_COVER of what the query's telling words
+# weigh, ranked by the weight they hold; shorter texts first among equals, as BM25's
+# length normalisation would have it.
+_LEXICAL = """
     SELECT record_id, revision,
-           row_number() OVER (ORDER BY score DESC, words, record_id COLLATE "C") AS rank,
-           score / nullif(wanted, 0) AS share
+           row_number() OVER (ORDER BY score DESC, words, record_id COLLATE "C") AS rank
     FROM (
         SELECT c.record_id, c.revision, length(c.tsv) AS words,
                (SELECT sum(w.weight) FROM scored w WHERE c.tsv @@ w.query) AS score,
                wanted.weight AS wanted
-        FROM {{source}} c, wanted
-        WHERE c.tsv @@ wanted.query AND {{where}}
+        FROM {source} c, wanted
+        WHERE c.tsv @@ wanted.query AND {where}
         ORDER BY score DESC, words, c.record_id COLLATE "C" LIMIT %(n)s
     ) matched
     WHERE score >= %(cover)s * wanted
@@ -397,8 +467,7 @@ _LEXICAL = f"""
 
 # No query at all: the most recently written records.
 _LATEST = """
-    SELECT record_id, revision, row_number() OVER (ORDER BY recorded_at DESC) AS rank,
-           1.0 AS share
+    SELECT record_id, revision, row_number() OVER (ORDER BY recorded_at DESC) AS rank
     FROM (SELECT c.record_id, c.revision, c.recorded_at FROM {source} c WHERE {where}
           ORDER BY c.recorded_at DESC LIMIT %(k)s) latest
 """

@@ -11,6 +11,7 @@ import redis
 from engram.cli import main
 from engram.store import HashingEmbedder, Store
 from engram.store.errors import InvalidRequestError
+from engram.store.limits import DEFAULT_MIN_RELEVANCE
 from engram.worker import DeadLetteredError, keys
 from engram.worker.admin import deadletters
 from engram.worker.protocol import partition_of
@@ -101,6 +102,21 @@ def test_recall_finds_by_meaning_and_words(
     assert len(out.splitlines()) == 2 and "Ada lives in Paris." in out
     code, out, err = run(capsys, *argv, "--embedder", "hashing:32")
     assert code == 1 and out == "" and "embedding_mismatch" in err
+
+
+def test_recall_leaves_out_the_hits_under_its_cut_off(
+    ada: str, scope: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["recall", "Where does Ada live? Paris", "--scope", json.dumps(scope)]
+    argv += ["--embedder", "hashing:64", "--json"]
+    every = json.loads(run(capsys, *argv, "--min-relevance", "0")[1])
+    default = json.loads(run(capsys, *argv)[1])
+    assert default == [h for h in every if min(h["score"], 1) >= DEFAULT_MIN_RELEVANCE]
+    best = json.loads(run(capsys, *argv, "--min-relevance", "1")[1])
+    assert [h["record"]["id"] for h in best] == [ada]  # holds every word of the query
+    assert len(every) > len(best)
+    code, out, err = run(capsys, *argv, "--min-relevance", "1.5")
+    assert code != 0 and out == "" and "min_relevance must be a number from 0 to 1" in err
 
 
 def test_receipts_and_scopes(

@@ -241,33 +241,91 @@ def test_every_text_holding_enough_of_the_query_is_found_whichever_words_it_hold
 def test_each_hit_says_where_each_list_ranked_it_and_its_relevance(
     store: Store, scope: dict
 ) -> None:
-    from engram.store.limits import LEXICAL_WEIGHT, RRF_K
+    from engram.store.limits import LEXICAL_WEIGHT
     from engram.store.read.recall import above
 
-    mem = store.session(scope, embedder=HashingEmbedder(64))
+    embedder = HashingEmbedder(64)
+    mem = store.session(scope, embedder=embedder)
     for i in range(6):
         mem.remember(f"note {i} about tea" if i % 2 else f"note {i} about nothing")
     mem.remember("green tea")  # the query itself: first in both lists
-    hits = mem.recall("green tea", top_k=7)
+    hits = mem.recall("green tea", top_k=7, min_relevance=None)
     kinds = {(True, True): "hybrid", (True, False): "vector", (False, True): "lexical"}
+    query = np.asarray(embedder.embed(["green tea"])[0])
     for hit in hits:
         assert hit.match == kinds[(hit.vector_rank is not None, hit.lexical_rank is not None)]
-        # A lexical place weighs LEXICAL_WEIGHT times the share of the query's telling
-        # weight the record holds: here "tea" of "green tea", or both.
-        vector = 1 / (RRF_K + hit.vector_rank) if hit.vector_rank else 0.0
-        lexical = LEXICAL_WEIGHT / (RRF_K + hit.lexical_rank) if hit.lexical_rank else 0.0
-        if hit.lexical_rank is None or hit.record.text == "green tea":
-            assert abs(hit.score - vector - lexical) < 1e-12
-        else:  # "note 1 about tea": half of what the query's words weigh, or so
-            assert vector + 0.3 * lexical < hit.score < vector + lexical
-        assert abs(hit.relevance - hit.score / ((1 + LEXICAL_WEIGHT) / (RRF_K + 1))) < 1e-12
-        assert 0 < hit.relevance <= 1
+        # The score is the cosine similarity (0 when negative) plus LEXICAL_WEIGHT
+        # times the square of the share of the query's telling weight the text holds:
+        # here "tea" of "green tea" (about half of it), both, or neither.
+        vector = np.asarray(embedder.embed([hit.record.text])[0])
+        cosine = max(float(query @ vector / np.linalg.norm(query) / np.linalg.norm(vector)), 0)
+        if hit.record.text == "green tea":
+            assert abs(hit.score - cosine - LEXICAL_WEIGHT) < 1e-6
+        elif "tea" in hit.record.text:
+            held = hit.score - cosine
+            assert 0.1 * LEXICAL_WEIGHT < held < 0.9 * LEXICAL_WEIGHT
+        else:
+            assert abs(hit.score - cosine) < 1e-6
+        assert abs(hit.relevance - min(hit.score, 1.0)) < 1e-12
+        assert 0 <= hit.relevance <= 1
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     best = hits[0]
     assert (best.match, best.vector_rank, best.lexical_rank) == ("hybrid", 1, 1)
-    assert abs(best.relevance - 1.0) < 1e-12
+    assert best.relevance == 1.0
     assert above(hits, None) == hits and above(hits, 1.0) == [best]
     assert all(h.relevance >= 0.6 for h in above(hits, 0.6))
     assert len(above(hits, 0.6)) < len(hits)
+
+
+FACTS = [
+    "Ada moved to Paris in 2019 and works at a bakery.",
+    "Ada has two cats called Miso and Tofu.",
+    "Ada writes firmware in Rust for a drone company.",
+    "The quarterly report is due on Friday.",
+    "Bob prefers green tea in the afternoon.",
+]
+
+
+def test_a_query_matching_no_fact_finds_none_above_the_default_cut(fresh_store: Store) -> None:
+    from engram.store.limits import DEFAULT_MIN_RELEVANCE
+
+    mem = fresh_store.session({"user_id": "ada"}, embedder=WordLlamaEmbedder())
+    for fact in FACTS:
+        mem.remember(fact)
+    for question in ("What is the capital of Australia?", "quantum chromodynamics lectures"):
+        # top_k is not padded with unrelated records: none is relevant, none comes back.
+        assert mem.recall(question, top_k=5) == []
+        # They were there to be found, each far below the cut whatever its rank.
+        everything = mem.recall(question, top_k=5, min_relevance=None)
+        assert len(everything) == 5
+        assert all(h.relevance < DEFAULT_MIN_RELEVANCE for h in everything)
+
+
+def test_a_query_matching_one_fact_finds_it_first_and_well_above_the_cut(
+    fresh_store: Store,
+) -> None:
+    from engram.store.limits import DEFAULT_MIN_RELEVANCE
+
+    mem = fresh_store.session({"user_id": "ada"}, embedder=WordLlamaEmbedder())
+    for fact in FACTS:
+        mem.remember(fact)
+    asked = {
+        "What does Ada write firmware in?": FACTS[2],
+        "Does Ada have any cats?": FACTS[1],
+        "when is the report due": FACTS[3],
+        "What hot drinks does Bob like?": FACTS[4],
+    }
+    for question, answer in asked.items():
+        hits = mem.recall(question, top_k=5)
+        assert hits[0].record.text == answer, question
+        assert hits[0].relevance >= 2 * DEFAULT_MIN_RELEVANCE, (question, hits[0].relevance)
+        # What else comes back shares a word or a meaning, and says so by a lower score.
+        assert all(h.relevance < hits[0].relevance for h in hits[1:])
+    # Meaning alone, no word in common: WordLlama knows a drink is a beverage...
+    assert texts(mem.recall("Which beverage does Bob enjoy?"))[:1] == [FACTS[4]]
+    # ...but not that cats are pets (a word-association embedder, no model at query
+    # time): nothing passes the cut, rather than Paris first.
+    assert mem.recall("pets") == []
 
 
 def test_a_recall_given_no_embedder_follows_the_active_generation(
@@ -339,3 +397,43 @@ def test_a_turn_is_found_by_the_words_of_the_message_it_answers(
         ).fetchall()
     assert all(context is None and of is None for context, of, _ in rows)
     assert not any("pet" in tsv for *_, tsv in rows)
+
+
+def test_a_turn_next_to_a_matching_turn_ranks_above_its_twin_alone(fresh_store: Store) -> None:
+    from engram.store.limits import NEIGHBOUR_WEIGHT
+
+    mem = fresh_store.session({"user_id": "ada"}, embedder=WordLlamaEmbedder())
+    said = "I finally booked it."
+    mem.extract(
+        [turn("t1", "user", said), turn("t2", "assistant", "The Lisbon flight? When?")],
+        infer=False,
+    )
+    mem.extract([turn("t3", "user", said)], infer=False)  # the same words, alone
+    hits = {
+        h.record.sources[0].message_id: h
+        for h in mem.recall("Lisbon flight", top_k=10, min_relevance=None)
+    }
+    assert hits["t2"] == next(iter(hits.values()))
+    # The twins score the same by their own text and vector; the one the matching turn
+    # answers gains a share of that turn's score.
+    gained = hits["t1"].score - hits["t3"].score
+    assert gained > NEIGHBOUR_WEIGHT * 0.5 * hits["t2"].score
+    assert list(hits).index("t1") < list(hits).index("t3")
+
+    # A retracted turn lends nothing: the twins are equal again.
+    mem.retract(hits["t2"].record.id)
+    again = {
+        h.record.sources[0].message_id: h
+        for h in mem.recall("Lisbon flight", top_k=10, min_relevance=None)
+    }
+    assert "t2" not in again
+    assert abs(again["t1"].score - again["t3"].score) < 1e-9
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, float("nan"), True, "0.5"])
+def test_a_bad_min_relevance_is_refused_before_any_search(fresh_store: Store, bad: object) -> None:
+    mem = fresh_store.session({"user_id": "ada"})
+    mem.remember("green tea")
+    with pytest.raises(InvalidRequestError, match="min_relevance must be a number from 0 to 1"):
+        mem.recall("tea", min_relevance=bad)  # type: ignore[arg-type]
+    assert texts(mem.recall("tea", min_relevance=0)) == ["green tea"]

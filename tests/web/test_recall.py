@@ -9,6 +9,7 @@ import re
 import pytest
 from starlette.testclient import TestClient
 
+from engram.store.limits import DEFAULT_MIN_RELEVANCE
 from engram.web import Services, WebConfig, create_app
 from tests.redis_fixtures import FAST
 from tests.web_fixtures import BASE_URL, TOKEN, Web, sign_in
@@ -50,28 +51,35 @@ def recall(web: Web, **form: str) -> str:
 
 
 def test_hits_show_their_rank_match_kind_and_an_explained_relevance(web: Web) -> None:
-    html = recall(web)
+    html = recall(web, min_relevance="0")
     shown = rows(html)
     assert [r[0] for r in shown] == list(range(1, len(shown) + 1)) and len(shown) == 7
     assert shown[0] == (1, 1.0, "hybrid", "vector #1 · text #1")
     assert [r[1] for r in shown] == sorted((r[1] for r in shown), reverse=True)
     for _, relevance, match, ranks in shown:
-        assert 0 < relevance <= 1
+        assert 0 <= relevance <= 1
         assert ("vector #" in ranks) == (match in ("vector", "hybrid"))
         assert ("text #" in ranks) == (match in ("lexical", "hybrid"))
     assert any(match == "vector" for _, _, match, _ in shown), "a hit by meaning alone"
     assert '<details class="small" id="recall-score">' in html
-    assert "1.00</b> is first in both" in html and "0.80</b> first by words only" in html
+    assert "<b>1.00</b> holds every telling word" in html
+    assert "its cosine similarity" in html
 
 
 def test_a_cut_off_leaves_out_the_hits_below_it(web: Web) -> None:
-    every = rows(recall(web))
+    every = rows(recall(web, min_relevance="0"))
     html = recall(web, min_relevance="0.6")
     kept = rows(html)
     assert kept == [r for r in every if r[1] >= 0.6] and 0 < len(kept) < len(every)
     assert f"{len(every) - len(kept)} hit(s) below the cut-off of 0.60 left out" in html
-    assert rows(recall(web, min_relevance="")) == every
     assert rows(recall(web, min_relevance="1")) == every[:1]
+    # No cut-off given: recall's default, which leaves out the notes about nothing.
+    html = recall(web, min_relevance="")
+    default = rows(html)
+    assert default == [r for r in every if r[1] >= DEFAULT_MIN_RELEVANCE]
+    assert 0 < len(default) < len(every)
+    left_out = f"{len(every) - len(default)} hit(s) below the cut-off of"
+    assert f"{left_out} {DEFAULT_MIN_RELEVANCE:.2f} left out" in html
 
 
 @pytest.mark.parametrize("bad", ["abc", "1.5", "-0.1", "nan", "inf", "0,5"])
@@ -88,11 +96,15 @@ def test_the_api_gives_each_hit_its_rank_relevance_and_list_ranks(web: Web) -> N
     seed(web)
     body = {"scope": SCOPE, "text": "green tea", "top_k": 7}
     hits = web.client.post("/api/v1/recall", json=body).json()["hits"]
-    assert [h["rank"] for h in hits] == list(range(1, 8))
+    assert [h["rank"] for h in hits] == list(range(1, len(hits) + 1))
     first = hits[0]
     assert (first["match"], first["vector_rank"], first["lexical_rank"]) == ("hybrid", 1, 1)
-    assert first["relevance"] == pytest.approx(1.0) and first["score"] == pytest.approx(5 / 61)
-    assert all(h["relevance"] == pytest.approx(h["score"] * 61 / 5) for h in hits)
+    # Every word of the query held (LEXICAL_WEIGHT) and the query's own vector (1).
+    assert first["relevance"] == 1.0 and first["score"] == pytest.approx(3.0)
+    assert all(h["relevance"] == pytest.approx(min(h["score"], 1)) for h in hits)
+    assert all(h["relevance"] >= DEFAULT_MIN_RELEVANCE for h in hits)
+    every = web.client.post("/api/v1/recall", json={**body, "min_relevance": 0}).json()["hits"]
+    assert hits == [h for h in every if h["relevance"] >= DEFAULT_MIN_RELEVANCE]
     cut = web.client.post("/api/v1/recall", json={**body, "min_relevance": 0.6}).json()["hits"]
     assert [h["record"]["id"] for h in cut] == [
         h["record"]["id"] for h in hits if h["relevance"] >= 0.6

@@ -15,10 +15,10 @@ from engram.store.errors import (
     InvalidRequestError,
     NotFoundError,
 )
-from engram.store.limits import DEFAULT_TOP_K
+from engram.store.limits import DEFAULT_MIN_RELEVANCE, DEFAULT_TOP_K
 from engram.store.read.find import MAX_FIND_TEXT_CHARS
 from engram.store.read.paging import MAX_PAGE_SIZE
-from engram.store.read.recall import above, check_min_relevance
+from engram.store.read.recall import check_min_relevance
 from engram.store.read.routing import parse_position
 from engram.store.values import SCOPE_FIELDS
 from engram.store.write.validation import Fields
@@ -137,15 +137,15 @@ def recall(request: Request, body: Any) -> Response:
     }
     text = f.text("text", required=False)
     cutoff = check_min_relevance(f.get("min_relevance"), "recall.min_relevance")
+    arguments["min_relevance"] = DEFAULT_MIN_RELEVANCE if cutoff is None else cutoff
     embedder = services.embedder
     try:
-        hits = services.store.recall(
+        kept = services.store.recall(
             scope, text, embedder=embedder, text_only=embedder is None, **arguments
         )
     except (EmbeddingMismatchError, EmbedderUnavailableError):
         embedder = None  # the dashboard has no embedder for the active generation
-        hits = services.store.recall(scope, text, text_only=True, **arguments)
-    kept = above(hits, cutoff)
+        kept = services.store.recall(scope, text, text_only=True, **arguments)
     log_reads(request, grant, "recall", [(h.record.id, h.record.revision) for h in kept])
     return JSONResponse(
         {

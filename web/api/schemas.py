@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from engram.store.limits import (
+    DEFAULT_MIN_RELEVANCE,
     MAX_ID_CHARS,
     MAX_INSTRUCTIONS_CHARS,
     MAX_KIND_CHARS,
@@ -421,7 +422,10 @@ SCHEMAS: dict[str, Schema] = {
                     "type": "number",
                     "minimum": 0,
                     "maximum": 1,
-                    "description": "A cut-off: hits of a lower relevance are left out.",
+                    "description": (
+                        "A cut-off: hits of a lower relevance are left out. Absent or"
+                        f" null: {DEFAULT_MIN_RELEVANCE}; 0 leaves none out."
+                    ),
                 }
             ),
         },
@@ -441,13 +445,12 @@ SCHEMAS: dict[str, Schema] = {
                         "relevance": {
                             "type": "number",
                             "description": (
-                                "The score (the sum of weight / (60 + rank) over the vector "
-                                "and lexical lists that found the hit, a vector place "
-                                "weighing 1, a lexical place 4 times the share of the "
-                                "query's words the record holds) over the best possible, "
-                                "5 / 61: 1 is first in both lists, 0.8 first in the lexical "
-                                "list only holding every word, 0.2 first in the vector "
-                                "list only."
+                                "How well the hit answers the query, whatever its rank:"
+                                " its score (the cosine similarity of its vector to the"
+                                " query's, plus 2 times the square of the share of the"
+                                " query's telling words' weight its text holds), at most"
+                                " 1. 1 for a text holding every telling word; a text"
+                                " found by meaning alone has its cosine similarity."
                             ),
                         },
                         "vector_rank": nullable({"type": "integer", "minimum": 1}),

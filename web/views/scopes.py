@@ -16,7 +16,7 @@ from engram.store.errors import (
     InvalidRequestError,
     NotFoundError,
 )
-from engram.store.limits import MAX_TEXT_CHARS, MAX_TOP_K
+from engram.store.limits import DEFAULT_MIN_RELEVANCE, MAX_TEXT_CHARS, MAX_TOP_K
 from engram.store.read.recall import above, check_min_relevance
 from engram.store.values import SCOPE_FIELDS
 
@@ -69,15 +69,21 @@ def recall(request: Request, form: dict[str, str]) -> Response:
     top_k = integer(form.get("top_k") or str(RECALL_TOP_K), "top_k", maximum=MAX_TOP_K)
     cutoff = min_relevance(form.get("min_relevance", ""))
     store, note = web.services.store, None
+    # Every hit of the top_k, so the page can say how many the cut-off leaves out.
     try:
         embedder = web.services.embedder
         hits = store.recall(
-            scope.scope, text, embedder=embedder, text_only=embedder is None, top_k=top_k
+            scope.scope,
+            text,
+            embedder=embedder,
+            text_only=embedder is None,
+            top_k=top_k,
+            min_relevance=None,
         )
         if embedder is None:
             note = "by text only: the dashboard runs without an embedder"
     except (EmbeddingMismatchError, EmbedderUnavailableError):
-        hits = store.recall(scope.scope, text, text_only=True, top_k=top_k)
+        hits = store.recall(scope.scope, text, text_only=True, top_k=top_k, min_relevance=None)
         note = "by text only: the dashboard has no embedder for the active generation"
     kept = above(hits, cutoff)
     result = {
@@ -87,18 +93,21 @@ def recall(request: Request, form: dict[str, str]) -> Response:
         "text": text,
         "top_k": top_k,
         "min_relevance": cutoff,
+        "default_min_relevance": DEFAULT_MIN_RELEVANCE,
     }
     if request.headers.get("hx-request") == "true":
         return web.render.page(request, "_recall.html", recall=result, scope=scope)
     return _render_scope(request, scope, Query(request.query_params, ()), recall=result)
 
 
-def min_relevance(value: str) -> float | None:
-    """The recall form's cut-off: empty for none, else a number from 0 to 1."""
+def min_relevance(value: str) -> float:
+    """The recall form's cut-off: empty for recall's default, else a number from 0 to 1."""
     if value.strip() == "":
-        return None
+        return DEFAULT_MIN_RELEVANCE
     try:
-        return check_min_relevance(float(value), "the cut-off")
+        cutoff = check_min_relevance(float(value), "the cut-off")
+        assert cutoff is not None
+        return cutoff
     except ValueError:
         raise BadRequestError("the cut-off must be a number from 0 to 1") from None
     except InvalidRequestError as exc:
