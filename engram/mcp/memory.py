@@ -152,12 +152,19 @@ class Memory:
         # operator's business: a no-op names nothing of another scope (issue 36).
         found = answer.data.get("revisions") or answer.data.get("already_forgotten")
         if answer.data["state"] == "committed" and not answer.data.get("replayed") and found:
-            detail = {"operation_id": op_id, "reason": args.reason}
-            await anyio.to_thread.run_sync(
-                lambda: self.store.audit.record(
+
+            def audit() -> None:
+                # The scope: the same id in another scope is another record.
+                detail = {
+                    "operation_id": op_id,
+                    "reason": args.reason,
+                    "scope_id": self.store.scope_id(access.scope),
+                }
+                self.store.audit.record(
                     access.actor or "mcp", "record.forget", args.record_id, detail
                 )
-            )
+
+            await anyio.to_thread.run_sync(audit)
         return answer
 
     async def extract(self, access: Access, args: contract.Extract) -> Answer:
