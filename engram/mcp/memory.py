@@ -215,8 +215,9 @@ class Memory:
             receipt = await pending.replied(self.wait_s)
         except RevisionConflictError as exc:
             if exc.actual is None and record_id is not None:
-                # A record this scope cannot see: never used, forgotten, or another
-                # scope's. One answer for all three.
+                # A record this scope cannot see: forgotten here, or expired. One
+                # answer for both, as for an id never used (another scope's id is
+                # never met: a record id is its scope's).
                 raise _not_found(record_id) from None
             raise
         if receipt is None:
