@@ -12,7 +12,6 @@ from engram.store import (
     Operation,
     OperationAmbiguousError,
     OperationConflictError,
-    RevisionConflictError,
     Store,
     WriteOptions,
     WriteResult,
