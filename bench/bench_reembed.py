@@ -69,7 +69,8 @@ def current_texts(store: Store) -> list[str]:
     with store.pool.connection() as conn:
         rows = conn.execute(
             "SELECT v.text FROM engram_records r JOIN engram_revisions v"
-            " ON v.record_id = r.id AND v.revision = r.revision ORDER BY r.id"
+            " ON v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision = r.revision"
+            " ORDER BY r.scope_id, r.id"
         ).fetchall()
     return [r[0] for r in rows]
 

@@ -19,7 +19,7 @@ renamed):
 ``requested_by``  who started it (an operator name, ``cli``, ...)
 ``job_id``        the RQ job carrying it now (a re-embedding is a chain of slices)
 
-and engram's own: ``cursor`` (the last record id done in this pass),
+and engram's own: ``cursor`` (the last record done in this pass, ``SCOPE_ID:RECORD_ID``),
 ``message`` (why it waits, failed or was cancelled, or how long the switch held
 writes off: ids, counts, times, an error's type and content-free message
 (``jobs.causes``), an operator's why; never memory text),

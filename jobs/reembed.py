@@ -310,7 +310,7 @@ class _Slice:
         stored = self.embeddings.put(
             self.generation_id,
             [
-                VectorItem(i.record_id, i.revision, i.digest, v)
+                VectorItem(i.scope_id, i.record_id, i.revision, i.digest, v)
                 for i, v in zip(batch, vectors, strict=True)
             ],
             fence=lease.fence,
@@ -336,7 +336,7 @@ class _Slice:
         return replace(
             p,
             errors=p.errors + 1,
-            cursor=batch[-1].record_id,
+            cursor=batch[-1].cursor,
             message=f"a batch failed ({cause}); it is tried again in the next pass",
         )
 
@@ -361,7 +361,7 @@ class _Slice:
                 embed_s=embed_s,
                 store_s=store_s,
             ),
-            cursor=batch[-1].record_id,
+            cursor=batch[-1].cursor,
         )
         if time.monotonic() - pace.saved_at >= 1.0:
             self._save(p)

@@ -12,6 +12,7 @@ from .errors import (
     NotFoundError,
     OperationAmbiguousError,
     OperationConflictError,
+    RecordAmbiguousError,
     RevisionConflictError,
     SchemaVersionError,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "ReceiptFilter",
     "ReceiptItem",
     "Record",
+    "RecordAmbiguousError",
     "RecordItem",
     "RecordRef",
     "ReembedResult",

@@ -81,13 +81,13 @@ class OperationConflictError(EngramError):
     status = 409
 
 
-class OperationAmbiguousError(EngramError):
-    """An operation id asked for without its scope is in more than one scope (an
-    operation id identifies an operation within its scope). Only the operator looks
-    an id up across scopes: ``scopes`` lists the scope keys that hold it, to choose
-    from. A scoped token's look-up is always in its own scope and never meets it."""
+class AmbiguousIdError(EngramError):
+    """An id asked for without its scope is in more than one scope (an operation id and
+    a record id each identify one within its scope). Only the operator looks an id up
+    across scopes: ``scopes`` lists the scopes that hold it, to choose from. A scoped
+    token's look-up is always in its own scope and never meets it. Raised as one of
+    its subclasses, which say what kind of id it was."""
 
-    code = "operation_ambiguous"
     status = 409
 
     def __init__(self, message: str, *, scopes: list[dict[str, str]] | None = None) -> None:
@@ -108,6 +108,19 @@ class OperationAmbiguousError(EngramError):
                 if isinstance(s, Mapping)
             ],
         )
+
+
+class OperationAmbiguousError(AmbiguousIdError):
+    """An operation id asked for without its scope is in more than one scope."""
+
+    code = "operation_ambiguous"
+
+
+class RecordAmbiguousError(AmbiguousIdError):
+    """A record id asked for without its scope is held (live or forgotten) in more than
+    one scope: the same id in two scopes is two records."""
+
+    code = "record_ambiguous"
 
 
 class RevisionConflictError(EngramError):

@@ -16,12 +16,12 @@ killed run left ``pending``.
 
 Only the lines of this database are applied (``ledger.database_key``; lines from
 before lines named one count as this database's): a ledger directory shared by
-several databases applies to each its own. Lines are taken per scope and record
-id, so a line of the wrong scope never hides the right one. Each line is vetted
-first (``_vet``), the same way with ``dry_run`` as without: a line the store
-would refuse (an operation id it cannot take, a record another scope holds, an
-operation id another operation has) is reported (``refused_at``) and skipped; the
-rest is applied.
+several databases applies to each its own. Lines are keyed by scope and record
+id, as records are (a record id is its scope's): a line forgets its scope's record
+and never another scope's of the same id, nor hides another scope's line. Each
+line is vetted first (``_vet``), the same way with ``dry_run`` as without: a line
+the store would refuse (an operation id it cannot take, or one another operation
+has) is reported (``refused_at``) and skipped; the rest is applied.
 
 ``check`` compares the tombstones and revoked tokens with the ledger: those the
 ledger lacks (a forget committed by a process that had no ledger, or before there
@@ -211,10 +211,11 @@ def _wanted(
 def _vet(store: Store, lines: Sequence[_Line]) -> _Vetted:
     """What the store would make of each line, decided the same way for a dry run and
     a real one: the operation it would run (a line it could not take is refused), then
-    the database's state: forgotten already, the record in the line's scope, in
-    another's (refused), or never here; an operation id whose receipt in the line's
-    scope is not this forget's (another kind or record, or a refusal) is refused: the
-    store would answer that receipt, forgetting nothing."""
+    the database's state in the line's scope (a record id is its scope's: the same id in
+    another scope is another record, which the line never touches): forgotten already,
+    the record there, or never there; an operation id whose receipt in the line's scope
+    is not this forget's (another kind or record, or a refusal) is refused: the store
+    would answer that receipt, forgetting nothing."""
     vetted = _Vetted([], [], [], [])
     built: list[_Line] = []
     for line in lines:
@@ -222,23 +223,26 @@ def _vet(store: Store, lines: Sequence[_Line]) -> _Vetted:
             built.append(_Line(line.where, line.entry, _operation(line.entry)))
         except InvalidRequestError as exc:
             vetted.refused.append(f"{line.where}: {exc.message}")
-    ids = [line.entry.record_id for line in built]
+    keys = [_key(line.entry) for line in built]
+    named = ([k[0] for k in keys], [k[1] for k in keys])
     ops = [line.entry.operation_id for line in built]
     with store.pool.connection() as conn:
-        forgotten = dict(
-            conn.execute(
-                "SELECT f.record_id, s.key FROM engram_forgotten f"
-                " JOIN engram_scopes s ON s.id = f.scope_id WHERE f.record_id = ANY(%s)",
-                (ids,),
+        forgotten = {
+            (r[0], r[1])
+            for r in conn.execute(
+                f"SELECT s.key, f.record_id FROM {_NAMED}"
+                " JOIN engram_forgotten f ON f.scope_id = s.id AND f.record_id = k.id",
+                named,
             ).fetchall()
-        )
-        held = dict(
-            conn.execute(
-                "SELECT r.id, s.key FROM engram_records r"
-                " JOIN engram_scopes s ON s.id = r.scope_id WHERE r.id = ANY(%s)",
-                (ids,),
+        }
+        held = {
+            (r[0], r[1])
+            for r in conn.execute(
+                f"SELECT s.key, r.id FROM {_NAMED}"
+                " JOIN engram_records r ON r.scope_id = s.id AND r.id = k.id",
+                named,
             ).fetchall()
-        )
+        }
         # An operation id is its scope's (the same id in another scope is another operation).
         receipts = {
             (r[0], r[1]): (r[2], r[3])
@@ -249,22 +253,21 @@ def _vet(store: Store, lines: Sequence[_Line]) -> _Vetted:
             ).fetchall()
         }
     for line in built:
-        scope, record_id = _key(line.entry)
-        holder = forgotten.get(record_id, held.get(record_id))
-        receipt = receipts.get((scope, line.entry.operation_id))
-        if forgotten.get(record_id) == scope:
+        key = _key(line.entry)
+        receipt = receipts.get((key[0], line.entry.operation_id))
+        if key in forgotten:
             vetted.already.append(line)
-        elif holder is not None and holder != scope:
-            vetted.refused.append(
-                f"{line.where}: record {record_id} is another scope's, not the line's"
-            )
-        elif receipt is not None and (receipt != ("forget", False) or holder is not None):
+        elif receipt is not None and (receipt != ("forget", False) or key in held):
             vetted.refused.append(
                 f"{line.where}: operation id {line.entry.operation_id} is another operation's"
             )
         else:
-            (vetted.present if holder == scope else vetted.absent).append(line)
+            (vetted.present if key in held else vetted.absent).append(line)
     return vetted
+
+
+# The records a batch of lines names, as (scope key, record id): ``k`` and its scope ``s``.
+_NAMED = "unnest(%s::text[], %s::text[]) AS k(key, id) JOIN engram_scopes s ON s.key = k.key"
 
 
 def _operation(entry: LedgerEntry) -> Operation:
@@ -296,11 +299,12 @@ def _forget(store: Store, lines: Sequence[_Line]) -> tuple[set[str], list[str]]:
 
 def _forgotten(store: Store, entries: Sequence[LedgerEntry]) -> set[tuple[str, str]]:
     """Which of ``entries`` the database now knows as forgotten in their scope."""
+    keys = [_key(e) for e in entries]
     with store.pool.connection() as conn:
         rows = conn.execute(
-            "SELECT s.key, f.record_id FROM engram_forgotten f"
-            " JOIN engram_scopes s ON s.id = f.scope_id WHERE f.record_id = ANY(%s)",
-            ([e.record_id for e in entries],),
+            f"SELECT s.key, f.record_id FROM {_NAMED}"
+            " JOIN engram_forgotten f ON f.scope_id = s.id AND f.record_id = k.id",
+            ([k[0] for k in keys], [k[1] for k in keys]),
         ).fetchall()
     return {(r[0], r[1]) for r in rows}
 
@@ -315,7 +319,7 @@ def _tombstone(store: Store, entries: Sequence[LedgerEntry]) -> int:
             "INSERT INTO engram_forgotten (record_id, scope_id, forgotten_at, operation_id)"
             " SELECT e.id, s.id, e.at, e.op FROM unnest(%s::text[], %s::text[],"
             " %s::timestamptz[], %s::text[]) AS e(id, key, at, op)"
-            " JOIN engram_scopes s ON s.key = e.key ON CONFLICT (record_id) DO NOTHING",
+            " JOIN engram_scopes s ON s.key = e.key ON CONFLICT (scope_id, record_id) DO NOTHING",
             (
                 [e.record_id for e in entries],
                 [_key(e)[0] for e in entries],

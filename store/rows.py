@@ -152,7 +152,8 @@ def superseded_by(
     rows = conn.execute(
         """
         SELECT l.target_id, l.record_id
-        FROM engram_links l JOIN engram_records r ON r.id = l.record_id
+        FROM engram_links l
+        JOIN engram_records r ON r.scope_id = l.scope_id AND r.id = l.record_id
         WHERE l.scope_id = ANY(%s) AND l.target_id = ANY(%s) AND l.relation = 'supersedes'
           AND r.status = 'active' AND (r.expires_at IS NULL OR r.expires_at > now())
         ORDER BY l.record_id

@@ -602,14 +602,16 @@ class Store:
 
 _RECORDS = f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
     JOIN engram_scopes s ON s.id = r.scope_id
-    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+    JOIN engram_revisions v
+      ON v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision = r.revision
     WHERE s.key = %(key)s AND (%(retracted)s OR r.status = 'active')
       AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now()) AND {{where}}
     ORDER BY r.updated_at DESC, r.id LIMIT %(limit)s OFFSET %(offset)s"""
 
 _VALUES = """SELECT DISTINCT v.metadata #> %(path)s::text[] FROM engram_records r
     JOIN engram_scopes s ON s.id = r.scope_id
-    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+    JOIN engram_revisions v
+      ON v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision = r.revision
     WHERE s.key = %(key)s AND r.status = 'active'
       AND (r.expires_at IS NULL OR r.expires_at > now())
       AND v.metadata #> %(path)s::text[] IS NOT NULL AND {where}"""
@@ -628,7 +630,8 @@ def _current_filters(
 
 _RECORD = f"""SELECT {REVISION_COLUMNS}, r.scope_id FROM engram_records r
     JOIN engram_scopes s ON s.id = r.scope_id
-    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+    JOIN engram_revisions v
+      ON v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision = r.revision
     WHERE r.id = %(id)s AND s.key = %(key)s
       AND (%(expired)s OR r.expires_at IS NULL OR r.expires_at > now())"""
 

@@ -440,17 +440,20 @@ class Tokens:
                 (grant.token_id, tool, [p[0] for p in pairs], [p[1] for p in pairs]),
             )
 
-    def reads_of_record(self, record_id: str, limit: int = 100) -> builtins.list[ReadSummary]:
-        """Which tokens read ``record_id``: how many reads returned it, the last one, the
+    def reads_of_record(
+        self, scope: Scope | Mapping[str, Any], record_id: str, limit: int = 100
+    ) -> builtins.list[ReadSummary]:
+        """Which tokens read ``record_id`` of ``scope`` (a record id is its scope's, and a
+        token reads its own scope only): how many reads returned it, the last one, the
         revisions handed out; the most recent reader first."""
         with self.pool.connection() as conn:
             rows = conn.execute(
                 "SELECT t.name, count(DISTINCT r.at), max(r.at),"
                 " array_agg(DISTINCT r.revision ORDER BY r.revision)"
                 " FROM engram_token_reads r JOIN engram_tokens t ON t.id = r.token_id"
-                " WHERE r.record_id = %s GROUP BY t.name ORDER BY max(r.at) DESC, t.name"
-                " LIMIT %s",
-                (record_id, limit),
+                " WHERE r.record_id = %s AND t.scope_key = %s"
+                " GROUP BY t.name ORDER BY max(r.at) DESC, t.name LIMIT %s",
+                (record_id, Scope.of(scope).key, limit),
             ).fetchall()
         return [ReadSummary(r[0], r[1], r[2], tuple(r[3])) for r in rows]
 

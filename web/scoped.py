@@ -75,13 +75,6 @@ def own_scope(grant: Grant, given: Mapping[str, Any] | Scope | None) -> dict[str
     return dict(grant.scope)
 
 
-def hide_unless_own(grant: Grant | None, scope: Scope | None, unknown: NotFoundError) -> None:
-    """Raise ``unknown`` (the very answer for something that does not exist) when a token
-    asks for something of another scope (or of none it can know: ``scope`` None)."""
-    if grant is not None and (scope is None or not grant.covers(scope)):
-        raise unknown
-
-
 def log_reads(request: Request, grant: Grant | None, tool: str, returned: Iterable[Any]) -> None:
     """Log what a token's read returned: ``(record_id, revision)`` pairs, nothing else."""
     if grant is not None:

@@ -371,7 +371,8 @@ class EngramStore(BaseStore):
                 self._load(scope, rid)  # is it still live?
             return
         # A create refused: the record exists but expired, or the key was forgotten
-        # (its tombstone refuses it for ever), or the id is another scope's.
+        # in this scope (its tombstone refuses it for ever; another scope's record of
+        # the same key is another record, and never refuses this one).
         self._load(scope, rid)
         if self._seen[rid].revision is None:
             raise RevisionConflictError(

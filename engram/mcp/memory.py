@@ -152,12 +152,19 @@ class Memory:
         # operator's business: a no-op names nothing of another scope (issue 36).
         found = answer.data.get("revisions") or answer.data.get("already_forgotten")
         if answer.data["state"] == "committed" and not answer.data.get("replayed") and found:
-            detail = {"operation_id": op_id, "reason": args.reason}
-            await anyio.to_thread.run_sync(
-                lambda: self.store.audit.record(
+
+            def audit() -> None:
+                # The scope: the same id in another scope is another record.
+                detail = {
+                    "operation_id": op_id,
+                    "reason": args.reason,
+                    "scope_id": self.store.scope_id(access.scope),
+                }
+                self.store.audit.record(
                     access.actor or "mcp", "record.forget", args.record_id, detail
                 )
-            )
+
+            await anyio.to_thread.run_sync(audit)
         return answer
 
     async def extract(self, access: Access, args: contract.Extract) -> Answer:
@@ -208,8 +215,9 @@ class Memory:
             receipt = await pending.replied(self.wait_s)
         except RevisionConflictError as exc:
             if exc.actual is None and record_id is not None:
-                # A record this scope cannot see: never used, forgotten, or another
-                # scope's. One answer for all three.
+                # A record this scope cannot see: forgotten here, or expired. One
+                # answer for both, as for an id never used (another scope's id is
+                # never met: a record id is its scope's).
                 raise _not_found(record_id) from None
             raise
         if receipt is None:

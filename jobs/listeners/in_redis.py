@@ -70,7 +70,8 @@ class RedisListener:
         self.client: redis.Redis = ctx.streams_client
 
     def __call__(self, events: Sequence[ForgetEvent]) -> None:
-        record_ids = {e.record_id for e in events}
+        # A record id is its scope's: each forgotten record is named with its scope.
+        record_ids = {(e.scope.key, e.record_id) for e in events}
         writers = forgets.writers(self.ctx.store.pool, sorted(record_ids))
         forgotten = Forgotten.of(record_ids, (op for ops in writers.values() for op in ops))
         letters = self._letters(forgotten)

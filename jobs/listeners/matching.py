@@ -26,14 +26,16 @@ _CONTENT_FREE_KINDS = ("forget", "retract")
 
 @dataclass(frozen=True, slots=True)
 class Forgotten:
-    record_ids: frozenset[str]
+    # The forgotten records, as (scope key, record id): a record id is its scope's, and
+    # the same id in another scope is another record.
+    records: frozenset[tuple[str, str]]
     # The operations that wrote those records, as (scope key, operation id): an operation
     # id is its scope's, and the same id in another scope wrote nothing of these.
     operations: frozenset[OpKey]
 
     @classmethod
-    def of(cls, record_ids: Iterable[str], operations: Iterable[OpKey]) -> Forgotten:
-        return cls(frozenset(record_ids), frozenset(operations))
+    def of(cls, records: Iterable[tuple[str, str]], operations: Iterable[OpKey]) -> Forgotten:
+        return cls(frozenset(records), frozenset(operations))
 
     def holds(self, raw_op: str | bytes | None) -> bool:
         """True when this operation (the ``op`` field as sent) may hold forgotten text."""
@@ -49,11 +51,14 @@ class Forgotten:
                 return True
             request = data.get("request")
             named = [str(request.get("id"))] if isinstance(request, Mapping) else []
+            scope = _scope_key(data)
+            if scope is None:  # whose it is cannot be read: any scope's id, to be safe
+                return any(rid == gone for rid in named for _, gone in self.records)
         else:
             if op.key in self.operations:
                 return True
-            named = referenced_ids(op)
-        return any(rid in self.record_ids for rid in named)
+            named, scope = referenced_ids(op), op.scope.key
+        return any((scope, rid) in self.records for rid in named)
 
     def wrote(self, operation_id: str | None, raw_op: str | bytes | None) -> bool:
         """True when a dead letter of ``operation_id`` (its ``op`` field as sent) is one
@@ -63,6 +68,14 @@ class Forgotten:
             return False
         key = _key_of(data)
         return key is not None and (key[0], operation_id) in self.operations
+
+
+def _scope_key(data: Mapping[str, Any]) -> str | None:
+    """The scope key of an operation as sent, when it can be read."""
+    try:
+        return Scope.of(data["scope"]).key
+    except Exception:  # any shape at all: untrusted
+        return None
 
 
 def _key_of(data: Mapping[str, Any]) -> OpKey | None:

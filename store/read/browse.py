@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from ..errors import InvalidRequestError, OperationAmbiguousError
+from ..errors import InvalidRequestError, OperationAmbiguousError, RecordAmbiguousError
 from ..limits import MAX_SCOPE_VALUE_CHARS
 from ..rows import (
     RECEIPT_COLUMNS,
@@ -121,7 +121,8 @@ class Browse:
                            r.expires_at IS NOT NULL AND r.expires_at <= now(), r.updated_at
                     FROM engram_records r
                     JOIN engram_scopes s ON s.id = r.scope_id
-                    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+                    JOIN engram_revisions v
+                      ON v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision = r.revision
                     WHERE r.scope_id = %(scope)s AND {_STATUS_CLAUSES[status]} {after}
                     ORDER BY r.updated_at DESC, r.id DESC LIMIT %(n)s""",
                 params,
@@ -161,7 +162,8 @@ class Browse:
                     FROM engram_revisions v JOIN engram_scopes s ON s.id = v.scope_id
                     WHERE v.scope_id = %(scope)s AND v.recorded_at <= %(as_of)s {after}
                       AND NOT EXISTS (
-                          SELECT 1 FROM engram_revisions w WHERE w.record_id = v.record_id
+                          SELECT 1 FROM engram_revisions w
+                          WHERE w.scope_id = v.scope_id AND w.record_id = v.record_id
                           AND w.revision > v.revision AND w.recorded_at <= %(as_of)s)
                     ORDER BY v.recorded_at DESC, v.record_id DESC LIMIT %(n)s""",
                 params,
@@ -194,48 +196,76 @@ class Browse:
         return paged(rows, limit, (self.cursors, "tombstones"), lambda r: (r[2], r[0]), _tombstone)
 
     @routed
-    def record(self, record_id: str) -> RecordItem | None:
-        """A record's current revision, whatever its status or expiry, in any scope."""
+    def holders(self, record_id: str) -> list[ScopeRow]:
+        """The scopes that hold ``record_id``, live or forgotten, oldest scope first: a
+        record id identifies a record within its scope, so the same id may be in several
+        (the operator's look-up of a bare id chooses among them)."""
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"""{_SCOPE_ROW} WHERE s.id IN (
+                        SELECT scope_id FROM engram_records WHERE id = %(id)s
+                        UNION SELECT scope_id FROM engram_forgotten WHERE record_id = %(id)s)
+                    ORDER BY s.id LIMIT 100""",
+                {"id": record_id},
+            ).fetchall()
+        return [_scope_row(r) for r in rows]
+
+    def holder(self, record_id: str) -> ScopeRow | None:
+        """The one scope that holds ``record_id`` (live or forgotten), None if none does;
+        ``RecordAmbiguousError`` naming the scopes when several do."""
+        found = self.holders(record_id)
+        if len(found) > 1:
+            raise RecordAmbiguousError(
+                f"record {record_id} is in {len(found)} scopes: name its scope",
+                scopes=[row.scope.as_dict() for row in found],
+            )
+        return found[0] if found else None
+
+    @routed
+    def record(self, scope_id: int, record_id: str) -> RecordItem | None:
+        """A record's current revision in its scope, whatever its status or expiry."""
         with self.pool.connection() as conn:
             rows = conn.execute(
                 f"""SELECT {REVISION_COLUMNS}, r.scope_id,
                            r.expires_at IS NOT NULL AND r.expires_at <= now()
                     FROM engram_records r
                     JOIN engram_scopes s ON s.id = r.scope_id
-                    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
-                    WHERE r.id = %s""",
-                (record_id,),
+                    JOIN engram_revisions v
+                      ON v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision = r.revision
+                    WHERE r.scope_id = %s AND r.id = %s""",
+                (scope_id, record_id),
             ).fetchall()
             if not rows:
                 return None
-            links = superseded_by(conn, [rows[0][15]], [record_id])
+            links = superseded_by(conn, [scope_id], [record_id])
         row = rows[0]
         return RecordItem(record_from_row(row, links.get(record_id, ())), row[15], row[16])
 
     @routed
-    def history(self, record_id: str) -> list[Record]:
-        """Every stored revision of a record, oldest first (a record has few)."""
+    def history(self, scope_id: int, record_id: str) -> list[Record]:
+        """Every stored revision of a record of the scope, oldest first (a record has few)."""
         with self.pool.connection() as conn:
             rows = conn.execute(
                 f"""SELECT {REVISION_COLUMNS} FROM engram_revisions v
                     JOIN engram_scopes s ON s.id = v.scope_id
-                    WHERE v.record_id = %s ORDER BY v.revision""",
-                (record_id,),
+                    WHERE v.scope_id = %s AND v.record_id = %s ORDER BY v.revision""",
+                (scope_id, record_id),
             ).fetchall()
         return [record_from_row(r) for r in rows]
 
     @routed
     def history_page(
         self,
+        scope_id: int,
         record_id: str,
         *,
         cursor: str | None = None,
         limit: int = DEFAULT_PAGE_SIZE,
         newest_first: bool = True,
     ) -> HistoryPage:
-        """A page of a record's stored revisions by keyset on the revision (the primary
-        key's order), and the revision just past the page, if any: what the page's last
-        one changed from, when newest first."""
+        """A page of a record's stored revisions (of the scope) by keyset on the revision
+        (the primary key's order), and the revision just past the page, if any: what the
+        page's last one changed from, when newest first."""
         limit = check_limit(limit)
         kind = "history" if newest_first else "history-asc"
         after: int | None = None
@@ -249,10 +279,10 @@ class Browse:
             rows = conn.execute(
                 f"""SELECT {REVISION_COLUMNS} FROM engram_revisions v
                     JOIN engram_scopes s ON s.id = v.scope_id
-                    WHERE v.record_id = %(id)s
+                    WHERE v.scope_id = %(scope)s AND v.record_id = %(id)s
                       AND (%(after)s::integer IS NULL OR v.revision {op} %(after)s::integer)
                     ORDER BY v.revision {order} LIMIT %(n)s""",
-                {"id": record_id, "after": after, "n": limit + 1},
+                {"scope": scope_id, "id": record_id, "after": after, "n": limit + 1},
             ).fetchall()
         found = [record_from_row(r) for r in rows]
         shown, past = found[:limit], (found[limit] if len(found) > limit else None)
@@ -262,11 +292,12 @@ class Browse:
         return HistoryPage(shown, next_cursor, past)
 
     @routed
-    def revision_count(self, record_id: str) -> int:
-        """How many revisions of a record are stored (counted by the database)."""
+    def revision_count(self, scope_id: int, record_id: str) -> int:
+        """How many revisions of a record of the scope are stored (counted by the database)."""
         with self.pool.connection() as conn:
             row = conn.execute(
-                "SELECT count(*) FROM engram_revisions WHERE record_id = %s", (record_id,)
+                "SELECT count(*) FROM engram_revisions WHERE scope_id = %s AND record_id = %s",
+                (scope_id, record_id),
             ).fetchone()
         return int(row[0]) if row else 0
 
@@ -278,7 +309,8 @@ class Browse:
             rows = conn.execute(
                 """SELECT l.record_id, l.relation, r.status,
                           r.expires_at IS NOT NULL AND r.expires_at <= now()
-                   FROM engram_links l JOIN engram_records r ON r.id = l.record_id
+                   FROM engram_links l
+                   JOIN engram_records r ON r.scope_id = l.scope_id AND r.id = l.record_id
                    WHERE l.scope_id = %s AND l.target_id = %s
                    ORDER BY l.relation, l.record_id LIMIT %s""",
                 (scope_id, record_id, check_limit(limit)),
@@ -286,9 +318,12 @@ class Browse:
         return [Backlink(*r) for r in rows]
 
     @routed
-    def tombstone(self, record_id: str) -> Tombstone | None:
+    def tombstone(self, scope_id: int, record_id: str) -> Tombstone | None:
+        """The tombstone of a record the scope forgot, if it did."""
         with self.pool.connection() as conn:
-            row = conn.execute(f"{_TOMBSTONE} WHERE f.record_id = %s", (record_id,)).fetchone()
+            row = conn.execute(
+                f"{_TOMBSTONE} WHERE f.scope_id = %s AND f.record_id = %s", (scope_id, record_id)
+            ).fetchone()
         return _tombstone(row) if row else None
 
     # -- receipts -------------------------------------------------------------------

@@ -124,26 +124,26 @@ def _found(row: Any, pieces: tuple[Piece, ...]) -> Found:
 # tombstone's nothing. The pattern is a parameter, its metacharacters escaped.
 _BY_ID = """
     WITH found AS (
-        (SELECT r.id COLLATE "C" AS id, false AS forgotten FROM engram_records r
+        (SELECT r.id COLLATE "C" AS id, r.scope_id, false AS forgotten FROM engram_records r
          WHERE r.id COLLATE "C" LIKE %(pattern)s ORDER BY r.id COLLATE "C" LIMIT %(n)s)
         UNION ALL
-        (SELECT f.record_id COLLATE "C", true FROM engram_forgotten f
+        (SELECT f.record_id COLLATE "C", f.scope_id, true FROM engram_forgotten f
          WHERE f.record_id COLLATE "C" LIKE %(pattern)s
          ORDER BY f.record_id COLLATE "C" LIMIT %(n)s)
-        ORDER BY id, forgotten LIMIT %(n)s
+        ORDER BY id, forgotten, scope_id LIMIT %(n)s
     )
-    SELECT found.id, coalesce(r.scope_id, f.scope_id), s.key,
+    SELECT found.id, found.scope_id, s.key,
            CASE WHEN found.forgotten THEN 'forgotten' ELSE r.status END,
            r.expires_at IS NOT NULL AND r.expires_at <= now(),
            NULL, left(v.text, %(clip)s + 1)
     FROM found
     LEFT JOIN engram_records r
-        ON NOT found.forgotten AND r.id = found.id COLLATE "default"
-    LEFT JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
-    LEFT JOIN engram_forgotten f
-        ON found.forgotten AND f.record_id = found.id COLLATE "default"
-    JOIN engram_scopes s ON s.id = coalesce(r.scope_id, f.scope_id)
-    ORDER BY found.id, found.forgotten
+        ON NOT found.forgotten AND r.scope_id = found.scope_id
+        AND r.id = found.id COLLATE "default"
+    LEFT JOIN engram_revisions v
+      ON v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision = r.revision
+    JOIN engram_scopes s ON s.id = found.scope_id
+    ORDER BY found.id, found.forgotten, found.scope_id
 """
 
 # The query read as recall reads it (migration 006): stop words dropped, unless the
@@ -152,17 +152,19 @@ _BY_TEXT = """
     WITH q AS MATERIALIZED (
         SELECT websearch_to_tsquery('engram_text', %(text)s) AS query
     ), hits AS (
-        SELECT v.record_id, v.revision, ts_rank_cd(v.tsv, (SELECT query FROM q)) AS rank
+        SELECT v.scope_id, v.record_id, v.revision,
+               ts_rank_cd(v.tsv, (SELECT query FROM q)) AS rank
         FROM engram_revisions v
         WHERE v.tsv @@ (SELECT query FROM q) AND v.current
-        ORDER BY rank DESC, v.record_id COLLATE "C" LIMIT %(n)s
+        ORDER BY rank DESC, v.record_id COLLATE "C", v.scope_id LIMIT %(n)s
     )
     SELECT h.record_id, v.scope_id, s.key, r.status,
            r.expires_at IS NOT NULL AND r.expires_at <= now(), h.rank,
            ts_headline('engram_text', v.text, (SELECT query FROM q), %(options)s)
     FROM hits h
-    JOIN engram_revisions v ON v.record_id = h.record_id AND v.revision = h.revision
-    JOIN engram_records r ON r.id = h.record_id
+    JOIN engram_revisions v
+      ON v.scope_id = h.scope_id AND v.record_id = h.record_id AND v.revision = h.revision
+    JOIN engram_records r ON r.scope_id = h.scope_id AND r.id = h.record_id
     JOIN engram_scopes s ON s.id = v.scope_id
-    ORDER BY h.rank DESC, h.record_id COLLATE "C"
+    ORDER BY h.rank DESC, h.record_id COLLATE "C", h.scope_id
 """

@@ -279,7 +279,8 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
                CASE WHEN cardinality(f.lists) = 2 THEN 'hybrid' ELSE f.lists[1] END,
                f.vector_rank, f.lexical_rank, sup.ids, {REVISION_COLUMNS}
         FROM fused f
-        JOIN engram_revisions v ON v.record_id = f.record_id AND v.revision = f.revision
+        JOIN engram_revisions v
+          ON v.scope_id = %(scope)s AND v.record_id = f.record_id AND v.revision = f.revision
         JOIN engram_scopes s ON s.id = v.scope_id,
         {links}
         ORDER BY f.score DESC, f.lexical_rank NULLS LAST, f.vector_rank NULLS LAST,
@@ -476,7 +477,8 @@ _LATEST = """
 _SUPERSEDED_BY = """
     LATERAL (
         SELECT array_agg(l.record_id ORDER BY l.record_id) AS ids
-        FROM engram_links l JOIN engram_records r ON r.id = l.record_id
+        FROM engram_links l
+        JOIN engram_records r ON r.scope_id = l.scope_id AND r.id = l.record_id
         WHERE l.scope_id = v.scope_id AND l.target_id = v.record_id
           AND l.relation = 'supersedes' AND r.status = 'active'
           AND (r.expires_at IS NULL OR r.expires_at > now())

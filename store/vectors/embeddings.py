@@ -70,23 +70,31 @@ _ENDED = "('retired', 'cancelled')"
 # Current revisions (every scope) without a vector in the generation %(g)s.
 _MISSING = """
     FROM engram_records r
-    JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+    JOIN engram_revisions v
+      ON v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision = r.revision
     WHERE NOT EXISTS (SELECT 1 FROM engram_vectors x WHERE x.generation_id = %(g)s
-                      AND x.record_id = r.id AND x.revision = r.revision
-                      AND x.digest = v.digest)
+                      AND x.scope_id = r.scope_id AND x.record_id = r.id
+                      AND x.revision = r.revision AND x.digest = v.digest)
 """
 
 
 @dataclass(frozen=True, slots=True)
 class PendingItem:
+    scope_id: int  # a record id is its scope's
     record_id: str
     revision: int
     digest: str
     text: str
 
+    @property
+    def cursor(self) -> str:
+        """Where a pass goes on after this item (``pending``'s ``after``)."""
+        return f"{self.scope_id}:{self.record_id}"
+
 
 @dataclass(frozen=True, slots=True)
 class VectorItem:
+    scope_id: int
     record_id: str
     revision: int
     digest: str
@@ -164,7 +172,8 @@ class Embeddings:
         self, generation_id: int, limit: int = REEMBED_BATCH_SIZE, after: str | None = None
     ) -> list[PendingItem]:
         """Current revisions (every scope) without a vector in this pending generation,
-        in record id order, from after the id ``after``."""
+        in (scope, record id) order, from after ``after`` (a ``PendingItem.cursor``; one
+        that is not, as a cursor from before record ids were their scope's, starts over)."""
         with self.pool.connection() as conn:
             return _pending(conn, generation_id, limit, after)
 
@@ -263,7 +272,7 @@ class Embeddings:
                     return Switched(False, 0, len(gaps), time.monotonic() - held)
                 vectors = embed_checked(embedder, [g.text for g in gaps])
                 items = [
-                    VectorItem(g.record_id, g.revision, g.digest, v)
+                    VectorItem(g.scope_id, g.record_id, g.revision, g.digest, v)
                     for g, v in zip(gaps, vectors, strict=True)
                 ]
                 stored = _put(conn, generation_id, items, fence) if items else 0
@@ -295,10 +304,11 @@ class Embeddings:
                 cur = conn.execute(
                     f"""
                     DELETE FROM engram_vectors v USING (
-                        SELECT x.generation_id, x.record_id FROM engram_vectors x
+                        SELECT x.generation_id, x.scope_id, x.record_id FROM engram_vectors x
                         JOIN engram_generations g ON g.id = x.generation_id
                         WHERE g.status IN {_ENDED} LIMIT %s) d
-                    WHERE v.generation_id = d.generation_id AND v.record_id = d.record_id
+                    WHERE v.generation_id = d.generation_id AND v.scope_id = d.scope_id
+                      AND v.record_id = d.record_id
                     """,
                     (batch,),
                 )
@@ -338,12 +348,12 @@ class Embeddings:
         stored_all = skipped_all = 0
         after: str | None = None
         while batch := self.pending(generation_id, batch_size, after):
-            after = batch[-1].record_id
+            after = batch[-1].cursor
             vectors = embed_checked(embedder, [item.text for item in batch])
             stored = self.put(
                 generation_id,
                 [
-                    VectorItem(i.record_id, i.revision, i.digest, v)
+                    VectorItem(i.scope_id, i.record_id, i.revision, i.digest, v)
                     for i, v in zip(batch, vectors, strict=True)
                 ],
             )
@@ -425,24 +435,35 @@ def _pending(
 ) -> list[PendingItem]:
     # The cursor bounds every side of the joins, not only the records': without it the
     # planner merges from the first revision and the first vector of the generation at
-    # every batch (measured: 300 ms a batch at 120,000 records, against 1.4 ms).
+    # every batch (measured: 300 ms a batch at 120,000 records, against 1.4 ms). Each
+    # table's primary key leads with (scope, record id), the cursor's order.
+    scope_id, record_id = _cursor(after)
     rows = _compare_all(
         conn,
         """
-        SELECT r.id, r.revision, v.digest, v.text
+        SELECT r.scope_id, r.id, r.revision, v.digest, v.text
         FROM engram_records r
-        JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
-        WHERE r.id > %(after)s AND v.record_id > %(after)s
+        JOIN engram_revisions v
+          ON v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision = r.revision
+        WHERE (r.scope_id, r.id) > (%(s)s, %(after)s)
+          AND (v.scope_id, v.record_id) > (%(s)s, %(after)s)
           AND NOT EXISTS (SELECT 1 FROM engram_vectors x WHERE x.generation_id = %(g)s
-                          AND x.record_id > %(after)s AND x.record_id = r.id
+                          AND (x.scope_id, x.record_id) > (%(s)s, %(after)s)
+                          AND x.scope_id = r.scope_id AND x.record_id = r.id
                           AND x.revision = r.revision AND x.digest = v.digest)
           AND EXISTS (SELECT 1 FROM engram_generations g
                       WHERE g.id = %(g)s AND g.status = 'pending')
-        ORDER BY r.id LIMIT %(n)s
+        ORDER BY r.scope_id, r.id LIMIT %(n)s
         """,
-        {"g": generation_id, "after": after or "", "n": limit},
+        {"g": generation_id, "s": scope_id, "after": record_id, "n": limit},
     )
     return [PendingItem(*r) for r in rows]
+
+
+def _cursor(after: str | None) -> tuple[int, str]:
+    """A ``PendingItem.cursor`` read back: (scope id, record id); the start otherwise."""
+    scope, _, record_id = (after or "").partition(":")
+    return (int(scope), record_id) if scope.isdigit() and _ else (0, "")
 
 
 def _put(
@@ -470,26 +491,30 @@ def _put(
                     f"not {vector.shape[0] if vector.ndim == 1 else vector.shape}"
                 )
             vectors.append(vector)
-        _hold_scopes(conn, [i.record_id for i in items])
+        _hold_scopes(conn, sorted({i.scope_id for i in items}))
         cur = conn.execute(
             """
             INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,
                                         status, kind, expires_at, embedding)
             SELECT %(g)s, r.id, r.scope_id, r.revision, v.digest, r.status, r.kind,
                    r.expires_at, i.embedding
-            FROM unnest(%(ids)s::text[], %(revs)s::int[], %(digests)s::text[],
-                        %(vecs)s::vector[]) AS i(id, revision, digest, embedding)
-            JOIN engram_records r ON r.id = i.id AND r.revision = i.revision
-            JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
+            FROM unnest(%(scopes)s::int8[], %(ids)s::text[], %(revs)s::int[],
+                        %(digests)s::text[], %(vecs)s::vector[])
+                 AS i(scope_id, id, revision, digest, embedding)
+            JOIN engram_records r
+              ON r.scope_id = i.scope_id AND r.id = i.id AND r.revision = i.revision
+            JOIN engram_revisions v
+              ON v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision = r.revision
                                    AND v.digest = i.digest
-            ON CONFLICT (generation_id, record_id) DO UPDATE
+            ON CONFLICT (generation_id, scope_id, record_id) DO UPDATE
               SET revision = EXCLUDED.revision, digest = EXCLUDED.digest,
                   status = EXCLUDED.status, kind = EXCLUDED.kind,
                   expires_at = EXCLUDED.expires_at, embedding = EXCLUDED.embedding,
-                  scope_id = EXCLUDED.scope_id, settled = false  -- fresh: no graph insertion
+                  settled = false  -- fresh: no graph insertion
             """,
             {
                 "g": generation_id,
+                "scopes": [i.scope_id for i in items],
                 "ids": [i.record_id for i in items],
                 "revs": [i.revision for i in items],
                 "digests": [i.digest for i in items],
@@ -500,8 +525,9 @@ def _put(
         return stored
 
 
-def _hold_scopes(conn: psycopg.Connection[Any], record_ids: Sequence[str]) -> None:
-    """Lock the scopes of these records FOR SHARE, in key order, until the transaction ends.
+def _hold_scopes(conn: psycopg.Connection[Any], scope_ids: Sequence[int]) -> None:
+    """Lock these scopes (the records' to be given vectors) FOR SHARE, in key order,
+    until the transaction ends.
 
     Every write transaction locks its scopes' rows first (in key order too), so this
     waits for a forget of these records in flight, and a forget that starts later waits
@@ -510,10 +536,8 @@ def _hold_scopes(conn: psycopg.Connection[Any], record_ids: Sequence[str]) -> No
     run: a vector of a forgotten record, in no one's sight. The insert that follows is
     a statement of its own, so its snapshot sees every forget committed before."""
     conn.execute(
-        "SELECT s.id FROM engram_scopes s WHERE s.id IN"
-        " (SELECT r.scope_id FROM engram_records r WHERE r.id = ANY(%s))"
-        " ORDER BY s.key FOR SHARE OF s",
-        (list(record_ids),),
+        "SELECT s.id FROM engram_scopes s WHERE s.id = ANY(%s) ORDER BY s.key FOR SHARE OF s",
+        (list(scope_ids),),
     )
 
 

@@ -219,11 +219,12 @@ def _settle(
         cur = conn.execute(
             """
             UPDATE engram_vectors x SET settled = true FROM (
-                SELECT generation_id, record_id FROM engram_vectors
+                SELECT generation_id, scope_id, record_id FROM engram_vectors
                 WHERE generation_id = %s AND scope_id = %s AND NOT settled
                 LIMIT %s FOR UPDATE SKIP LOCKED
             ) f
-            WHERE x.generation_id = f.generation_id AND x.record_id = f.record_id
+            WHERE x.generation_id = f.generation_id AND x.scope_id = f.scope_id
+              AND x.record_id = f.record_id
             """,
             (gen, scope, batch),
         )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -71,15 +70,6 @@ def referenced_ids(op: Operation, decision: Decision | None = None) -> list[str]
     return [r.id]
 
 
-@dataclass(frozen=True, slots=True)
-class _Found:
-    """Rows read for a batch, before they are split by scope."""
-
-    records: dict[str, tuple[int, Current]]  # id -> (scope id, current revision)
-    forgotten: dict[str, int]  # id -> scope id
-    receipts: dict[str, StoredReceipt]
-
-
 class Loading:
     """The reads of a batch, sent at once (one round trip in pipeline mode): lock
     every scope of the batch in key order, then read what its operations name."""
@@ -99,7 +89,9 @@ class Loading:
             )
             for k in self.keys
         }
-        every_id = sorted({i for v in self.ids.values() for i in v})
+        # A record id is its scope's: each is read in the scope that names it.
+        named = [(k, i) for k in self.keys for i in self.ids[k]]
+        named_keys, named_ids = [n[0] for n in named], [n[1] for n in named]
         self._locked = conn.execute(
             f"INSERT INTO engram_scopes (key, {', '.join(SCOPE_FIELDS)})"
             " SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[],"
@@ -110,18 +102,21 @@ class Loading:
         self._records = conn.execute(
             f"""
             SELECT r.scope_id, r.created_at, {REVISION_COLUMNS},
-                   (SELECT array_agg(x.revision ORDER BY x.revision)
-                    FROM engram_revisions x WHERE x.record_id = r.id)
-            FROM engram_records r
-            JOIN engram_revisions v ON v.record_id = r.id AND v.revision = r.revision
-            JOIN engram_scopes s ON s.id = r.scope_id
-            WHERE r.id = ANY(%b::text[])
+                   (SELECT array_agg(x.revision ORDER BY x.revision) FROM engram_revisions x
+                    WHERE x.scope_id = r.scope_id AND x.record_id = r.id)
+            FROM unnest(%b::text[], %b::text[]) AS k(scope_key, id)
+            JOIN engram_scopes s ON s.key = k.scope_key
+            JOIN engram_records r ON r.scope_id = s.id AND r.id = k.id
+            JOIN engram_revisions v
+              ON v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision = r.revision
             """,
-            (every_id,),
+            (named_keys, named_ids),
         )
         self._forgotten = conn.execute(
-            "SELECT record_id, scope_id FROM engram_forgotten WHERE record_id = ANY(%b::text[])",
-            (every_id,),
+            "SELECT s.key, f.record_id FROM unnest(%b::text[], %b::text[]) AS k(scope_key, id)"
+            " JOIN engram_scopes s ON s.key = k.scope_key"
+            " JOIN engram_forgotten f ON f.scope_id = s.id AND f.record_id = k.id",
+            (named_keys, named_ids),
         )
         self._receipts = conn.execute(
             STORED_RECEIPTS, _keys_param([op.key for k in self.keys for op in groups[k]])
@@ -129,8 +124,12 @@ class Loading:
 
     def states(self) -> list[ScopeState]:
         locked = {r[0]: (r[1], r[2]) for r in self._locked.fetchall()}
-        records = {r[2]: (r[0], _current(r)) for r in self._records.fetchall()}
-        forgotten = {r[0]: r[1] for r in self._forgotten.fetchall()}
+        records: dict[int, dict[str, Current]] = {}
+        for r in self._records.fetchall():
+            records.setdefault(r[0], {})[r[2]] = _current(r)
+        forgotten: dict[str, set[str]] = {k: set() for k in self.keys}
+        for key, record_id in self._forgotten.fetchall():
+            forgotten[key].add(record_id)
         # Each scope's own: the same operation id in another scope is another operation.
         receipts: dict[str, dict[str, StoredReceipt]] = {k: {} for k in self.keys}
         for (key, op_id), stored in _stored(self._receipts.fetchall()).items():
@@ -138,20 +137,13 @@ class Loading:
         states = []
         for key in self.keys:
             scope_id, revision = locked[key]
-            ids = self.ids[key]
-            mine = {
-                i: row[1] for i in ids if (row := records.get(i)) is not None and row[0] == scope_id
-            }
-            taken = {i for i in ids if i in records and i not in mine}
-            taken |= {i for i in ids if forgotten.get(i, scope_id) != scope_id}
             states.append(
                 ScopeState(
                     scope_id=scope_id,
                     scope=self.groups[key][0].scope,
                     revision=revision,
-                    records=mine,
-                    taken=taken,
-                    forgotten={i for i in ids if forgotten.get(i) == scope_id},
+                    records=records.get(scope_id, {}),
+                    forgotten=forgotten[key],
                     receipts=receipts[key],
                 )
             )
@@ -275,12 +267,13 @@ RECORD_UPDATE: Columns = (
     ("id", "text"),
     ("scope_id", "int8"),
 )
-SUPERSEDED: Columns = (("record_id", "text"), ("revision", "int4"))
+SUPERSEDED: Columns = (("scope_id", "int8"), ("record_id", "text"), ("revision", "int4"))
 VECTOR_UPDATE: Columns = (
     ("revision", "int4"),
     ("status", "text"),
     ("kind", "text"),
     ("expires_at", "timestamptz"),
+    ("scope_id", "int8"),
     ("record_id", "text"),
     ("digest", "text"),
 )
@@ -319,7 +312,8 @@ WRITE = f"""
 WITH revisions AS ({_insert("engram_revisions", REVISION_INSERT)}),
 superseded AS (
     UPDATE engram_revisions r SET current = false FROM {_rows_of(SUPERSEDED)} AS v
-    WHERE r.record_id = v.record_id AND r.revision < v.revision AND r.current
+    WHERE r.scope_id = v.scope_id AND r.record_id = v.record_id AND r.revision < v.revision
+        AND r.current
 ),
 new_records AS ({_insert("engram_records", RECORD_INSERT)}),
 records AS (
@@ -334,7 +328,8 @@ vectors AS ({_insert("engram_vectors", VECTOR_INSERT)}),
 kept_vectors AS (
     UPDATE engram_vectors x SET revision = v.revision, status = v.status, kind = v.kind,
         expires_at = v.expires_at, settled = false
-    FROM {_rows_of(VECTOR_UPDATE)} AS v WHERE x.record_id = v.record_id AND x.digest = v.digest
+    FROM {_rows_of(VECTOR_UPDATE)} AS v
+    WHERE x.scope_id = v.scope_id AND x.record_id = v.record_id AND x.digest = v.digest
 ),
 receipts AS ({_insert("engram_receipts", RECEIPT_INSERT)}),
 receipt_records AS ({_insert("engram_receipt_records", RECEIPT_RECORD_INSERT)}),
@@ -372,7 +367,12 @@ def write_plans(
         (REVISION_INSERT, _revisions(pairs)),
         (
             SUPERSEDED,
-            [(rid, c.revision) for s, p in pairs for rid, c in p.final.items() if rid in s.records],
+            [
+                (s.scope_id, rid, c.revision)
+                for s, p in pairs
+                for rid, c in p.final.items()
+                if rid in s.records
+            ],
         ),
         *_records(pairs),
         (LINK_INSERT, _links(pairs)),
@@ -417,26 +417,27 @@ def write_plans(
 
 
 def _delete_replaced(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
-    """What the batch replaces: a forgotten record everywhere (the receipts that wrote or
-    named it redacted: request and digest erased), the vectors of a changed text, the
-    links of changed links."""
-    gone = [rid for _, p in pairs for rid in p.forgotten_stored]
-    if gone:
+    """What the batch replaces: a forgotten record everywhere in its scope (the receipts
+    that wrote or named it redacted: request and digest erased), the vectors of a changed
+    text, the links of changed links. Each row is found by its scope and record id: the
+    same id in another scope is another record, untouched."""
+    gone = _keyed([(s.scope_id, rid) for s, p in pairs for rid in p.forgotten_stored])
+    if gone[0]:
         cur.execute(
             "UPDATE engram_receipts SET request = NULL, request_digest = '', redacted = true"
             " WHERE kind <> 'forget' AND (scope_id, operation_id) IN"
-            " (SELECT scope_id, operation_id FROM engram_receipt_records"
-            " WHERE record_id = ANY(%b::text[])"
+            " (SELECT rr.scope_id, rr.operation_id FROM engram_receipt_records rr"
+            f" JOIN {_KEYS} ON rr.scope_id = k.scope_id AND rr.record_id = k.record_id"
             " UNION ALL"
-            " SELECT scope_id, operation_id FROM engram_receipt_named"
-            " WHERE record_id = ANY(%b::text[]))",
-            (gone, gone),
+            " SELECT n.scope_id, n.operation_id FROM engram_receipt_named n"
+            f" JOIN {_KEYS} ON n.scope_id = k.scope_id AND n.record_id = k.record_id)",
+            (*gone, *gone),
         )
         # No other record's index entry keeps a forgotten text's words (migration 018).
         cur.execute(
-            "UPDATE engram_revisions SET context = NULL, context_of = NULL"
-            " WHERE context_of = ANY(%b::text[])",
-            (gone,),
+            "UPDATE engram_revisions x SET context = NULL, context_of = NULL"
+            f" FROM {_KEYS} WHERE x.scope_id = k.scope_id AND x.context_of = k.record_id",
+            gone,
         )
         for table, column in (
             ("engram_vectors", "record_id"),
@@ -444,14 +445,36 @@ def _delete_replaced(cur: psycopg.Cursor[Any], pairs: Pairs) -> None:
             ("engram_revisions", "record_id"),
             ("engram_records", "id"),
         ):
-            cur.execute(f"DELETE FROM {table} WHERE {column} = ANY(%b::text[])", (gone,))
-    stale = [rid for s, p in pairs for rid in p.text_changed if rid in s.records]
-    if stale:
+            cur.execute(
+                f"DELETE FROM {table} x USING {_KEYS}"
+                f" WHERE x.scope_id = k.scope_id AND x.{column} = k.record_id",
+                gone,
+            )
+    stale = _keyed(
+        [(s.scope_id, rid) for s, p in pairs for rid in p.text_changed if rid in s.records]
+    )
+    if stale[0]:
         # A vector computed for an old text is never kept for a new one, in any generation.
-        cur.execute("DELETE FROM engram_vectors WHERE record_id = ANY(%b::text[])", (stale,))
-    relinked = [rid for _, p in pairs for rid in p.links_changed]
-    if relinked:
-        cur.execute("DELETE FROM engram_links WHERE record_id = ANY(%b::text[])", (relinked,))
+        cur.execute(
+            f"DELETE FROM engram_vectors x USING {_KEYS}"
+            " WHERE x.scope_id = k.scope_id AND x.record_id = k.record_id",
+            stale,
+        )
+    relinked = _keyed([(s.scope_id, rid) for s, p in pairs for rid in p.links_changed])
+    if relinked[0]:
+        cur.execute(
+            f"DELETE FROM engram_links x USING {_KEYS}"
+            " WHERE x.scope_id = k.scope_id AND x.record_id = k.record_id",
+            relinked,
+        )
+
+
+# Records named by (scope id, record id), sent as two arrays.
+_KEYS = "unnest(%b::int8[], %b::text[]) AS k(scope_id, record_id)"
+
+
+def _keyed(keys: Sequence[tuple[int, str]]) -> tuple[list[int], list[str]]:
+    return [k[0] for k in keys], [k[1] for k in keys]
 
 
 def _revisions(pairs: Pairs) -> list[tuple[Any, ...]]:
@@ -535,7 +558,7 @@ def _vectors(
     ]
     # Same text, new revision (retract, metadata-only revise): the vector stays.
     kept = [
-        (c.revision, c.status, c.kind, c.expires_at, c.id, c.digest)
+        (c.revision, c.status, c.kind, c.expires_at, s.scope_id, c.id, c.digest)
         for s, p in pairs
         for rid, c in p.final.items()
         if rid not in p.text_changed and rid in s.records

@@ -51,20 +51,23 @@ def _keys(keys: Sequence[OpKey]) -> dict[str, Any]:
     return {"scope_keys": [k[0] for k in keys], "op_ids": [k[1] for k in keys]}
 
 
-def writers(pool: Any, record_ids: Sequence[str]) -> dict[str, list[OpKey]]:
-    """The operations, as (scope key, operation id), whose receipts wrote each record (the
-    forgets' own excluded)."""
-    found: dict[str, list[OpKey]] = defaultdict(list)
-    if not record_ids:
+def writers(pool: Any, records: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[OpKey]]:
+    """The operations, as (scope key, operation id), whose receipts wrote each record,
+    named (scope key, record id): a record id is its scope's (the forgets' own excluded)."""
+    found: dict[tuple[str, str], list[OpKey]] = defaultdict(list)
+    if not records:
         return found
     with pool.connection() as conn:
-        for record_id, key, op_id in conn.execute(
-            "SELECT rr.record_id, s.key, rr.operation_id FROM engram_receipt_records rr"
-            " JOIN engram_scopes s ON s.id = rr.scope_id"
-            " WHERE rr.record_id = ANY(%s) ORDER BY rr.record_id, rr.revision",
-            (list(record_ids),),
+        for key, record_id, op_id in conn.execute(
+            "SELECT s.key, rr.record_id, rr.operation_id"
+            " FROM unnest(%s::text[], %s::text[]) AS k(scope_key, record_id)"
+            " JOIN engram_scopes s ON s.key = k.scope_key"
+            " JOIN engram_receipt_records rr"
+            " ON rr.scope_id = s.id AND rr.record_id = k.record_id"
+            " ORDER BY rr.record_id, rr.revision",
+            ([r[0] for r in records], [r[1] for r in records]),
         ).fetchall():
-            found[record_id].append((key, op_id))
+            found[(key, record_id)].append((key, op_id))
     return found
 
 
@@ -210,14 +213,16 @@ def vacuum(pool: Any, *, wait_s: float = 60.0, record_ids: Sequence[str] = ()) -
 
 
 def delete_stray_vectors(conn: Any, record_ids: Sequence[str]) -> int:
-    """Delete the vectors, in every generation, of those of ``record_ids`` that are
-    forgotten; how many. A forget deletes them itself: any found here were stored by a
-    transaction that raced it."""
+    """Delete the vectors, in every generation, of the records forgotten in their scope
+    whose ids are among ``record_ids``; how many. A forget deletes them itself: any found
+    here were stored by a transaction that raced it. Another scope's record of the same
+    id keeps its vector."""
     if not record_ids:
         return 0
     cur = conn.execute(
         "DELETE FROM engram_vectors x USING engram_forgotten f"
-        " WHERE f.record_id = ANY(%s) AND x.record_id = f.record_id",
+        " WHERE f.record_id = ANY(%s) AND x.scope_id = f.scope_id"
+        " AND x.record_id = f.record_id",
         (list(record_ids),),
     )
     count: int = cur.rowcount

@@ -2,10 +2,11 @@
 
 The writer loads the state of every record a batch names (under the scope's
 row lock), asks ``plan_batch`` what to write, and writes it. All the rules of
-seed 000 that decide an operation's outcome live here: revision checks, ids
-held by another scope, tombstones, no-op receipts, forget within a batch, and
-the application of a model's decision (``reconcile.Decision``) to the records
-as they are now, and what a repeat of an operation id is answered.
+seed 000 that decide an operation's outcome live here: revision checks,
+tombstones (a record id is its scope's: no other scope's id is seen here),
+no-op receipts, forget within a batch, and the application of a model's
+decision (``reconcile.Decision``) to the records as they are now, and what a
+repeat of an operation id is answered.
 
 A receipt stores its request's digest keyed with the store's secret
 (``keyed_digest``): a copy of the receipts cannot confirm a guess of a request.
@@ -86,8 +87,7 @@ class ScopeState:
     scope: Scope
     revision: int
     records: dict[str, Current]  # this scope's records the batch names
-    taken: set[str]  # ids held by another scope, or forgotten in another scope
-    forgotten: set[str]  # ids forgotten in this scope
+    forgotten: set[str]  # ids forgotten in this scope (another scope's are not its)
     receipts: dict[str, StoredReceipt]  # by operation id, this scope's only
 
 
@@ -386,9 +386,11 @@ class _Step:
         return current
 
     def _check_new_id(self, record_id: str) -> None:
-        if record_id in self.state.taken or record_id in self.state.forgotten:
+        if record_id in self.state.forgotten:
             raise RevisionConflictError(
-                f"record id {record_id} cannot be created: it is taken", expected=0, actual=None
+                f"record id {record_id} cannot be created: it was forgotten",
+                expected=0,
+                actual=None,
             )
         current = self.records.get(record_id)
         if current is not None:

@@ -18,7 +18,8 @@ def prune_history(pool: Any, older_than: datetime, scope: Scope | None = None) -
         cur = conn.execute(
             """
             DELETE FROM engram_revisions v USING engram_records r
-            WHERE v.record_id = r.id AND v.revision < r.revision AND v.recorded_at < %(cut)s
+            WHERE v.scope_id = r.scope_id AND v.record_id = r.id AND v.revision < r.revision
+              AND v.recorded_at < %(cut)s
               AND (r.status = 'retracted' OR (r.expires_at IS NOT NULL AND r.expires_at <= now()))
               AND (%(key)s::text IS NULL
                    OR r.scope_id = (SELECT id FROM engram_scopes WHERE key = %(key)s))

@@ -243,13 +243,8 @@ class Writer:
         gen_id = locked.id if locked else None
         ctx = replace(ctx, now=now)
         pairs: list[tuple[ScopeState, Plan]] = []
-        claimed: set[str] = set()  # ids created or forgotten by the scopes planned so far
-        for state in states:
-            state.taken |= claimed - state.records.keys()
-            plan = plan_batch(state, groups[state.scope.key], ctx)
-            claimed |= {rid for rid in plan.final if rid not in state.records}
-            claimed |= {rid for rid, _ in plan.tombstones}
-            pairs.append((state, plan))
+        for state in states:  # a record id is its scope's: the scopes plan apart
+            pairs.append((state, plan_batch(state, groups[state.scope.key], ctx)))
         if any(plan.changes_anything for _, plan in pairs):
             if gen_id is None and embedder is not None and vectors:
                 gen_id = _start_first_generation(conn, embedder)
@@ -407,7 +402,8 @@ def load_results(conn: psycopg.Connection[Any], keys: Sequence[OpKey]) -> dict[O
         " FROM unnest(%b::text[], %b::text[]) AS k(scope_key, op)"
         " JOIN engram_scopes s ON s.key = k.scope_key"
         " JOIN engram_receipt_records rr ON rr.scope_id = s.id AND rr.operation_id = k.op"
-        " JOIN engram_revisions v ON v.record_id = rr.record_id AND v.revision = rr.revision"
+        " JOIN engram_revisions v ON v.scope_id = rr.scope_id AND v.record_id = rr.record_id"
+        " AND v.revision = rr.revision"
         " ORDER BY rr.record_id, rr.revision",
         params,
     ).fetchall():

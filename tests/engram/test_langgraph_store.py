@@ -537,6 +537,31 @@ def test_forget_erases_and_the_key_stays_forgotten(lg: EngramStore) -> None:
         lg.put(("prefs",), "secret", {"pin": "0000"})
 
 
+def test_another_scope_holding_a_keys_id_never_blocks_the_key(
+    make_store: MakeStore, store: Store, redis_url: str, scope: dict
+) -> None:
+    """A record id is its scope's (issue 36 item 3): an item's id is computable by
+    anyone (``lg_`` and a hash of scope, namespace and key), yet ada holding, or having
+    forgotten, the id of bob's future key neither blocks bob's put nor reaches it:
+    each scope's record of that id is its own."""
+    ada, bob = {"user_id": f"{scope['user_id']}-ada"}, {"user_id": f"{scope['user_id']}-bob"}
+    diagnosis = lg_items.record_id(Scope.of(bob), ("notes",), "diagnosis")
+    plan = lg_items.record_id(Scope.of(bob), ("notes",), "plan")
+    with Producer.from_url(redis_url, partitions=FAST.partitions) as producer:
+        producer.remember(ada, "Ada's squat.", id=diagnosis).wait(10)
+        producer.remember(ada, "Ada's other squat.", id=plan).wait(10)
+        producer.forget(ada, plan).wait(10)
+    bobs = make_store(bob)
+    bobs.put(("notes",), "diagnosis", {"text": "flu"})
+    bobs.put(("notes",), "plan", {"text": "rest"})
+    assert bobs.get(("notes",), "diagnosis").value == {"text": "flu"}  # type: ignore[union-attr]
+    assert bobs.get(("notes",), "plan").value == {"text": "rest"}  # type: ignore[union-attr]
+    adas = store.get(ada, diagnosis)
+    assert adas is not None and adas.text == "Ada's squat." and adas.revision == 1
+    assert store.get(ada, plan) is None and store.history(ada, plan) == []
+    assert [r.revision for r in store.history(bob, diagnosis)] == [1]
+
+
 def test_a_concurrent_writer_is_never_silently_overwritten(
     make_store: MakeStore, scope: dict
 ) -> None:

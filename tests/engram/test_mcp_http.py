@@ -163,6 +163,45 @@ def test_the_tools_through_a_token(served: Served, store: Store, dsn: str, worke
         assert rows_containing(conn, "PANGOLINSTAR") == []
 
 
+def test_a_revise_creating_another_scopes_id_creates_the_callers_own_record(
+    served: Served, store: Store, worker: Any
+) -> None:
+    """A record id is its scope's (issue 36 item 3): ada's revise(expected_revision=0)
+    of the id bob uses (or forgot) is neither a not_found that says the id is used nor
+    a way to his record: it creates ada's own, and bob's is untouched."""
+    ada_scope, bob_scope = {"user_id": "rid-ada"}, {"user_id": "rid-bob"}
+    ada, _ = store.tokens.create("rid-ada", ada_scope, by="test")
+    bob, _ = store.tokens.create("rid-bob", bob_scope, by="test")
+
+    async def main() -> None:
+        async with http_session(served.url + "/mcp", bob) as b:
+            for text, expected in (("Bob's plan is quokkaz.", 0), ("Bob's plan is quokkaz v2.", 1)):
+                await ok(b, "revise", record_id="plan", text=text, expected_revision=expected)
+            await ok(b, "revise", record_id="old-note", text="Bob's note.", expected_revision=0)
+            await ok(b, "forget", record_id="old-note")
+        async with http_session(served.url + "/mcp", ada) as a:
+            for rid in ("plan", "old-note"):
+                made = await ok(
+                    a, "revise", record_id=rid, text=f"Ada's {rid}.", expected_revision=0
+                )
+                assert made["state"] == "committed" and made["records"][0]["revision"] == 1
+                got = (await ok(a, "get", record_id=rid))["record"]
+                assert (got["text"], got["revision"]) == (f"Ada's {rid}.", 1)
+        async with http_session(served.url + "/mcp", bob) as b:
+            history = await ok(b, "history", record_id="plan")
+            assert [(r["revision"], r["text"]) for r in history["revisions"]] == [
+                (1, "Bob's plan is quokkaz."),
+                (2, "Bob's plan is quokkaz v2."),
+            ]
+            assert (await refused(b, "get", record_id="old-note"))["code"] == "not_found"
+
+    run(main)
+    plan = store.get(bob_scope, "plan")
+    assert plan is not None and plan.text == "Bob's plan is quokkaz v2." and plan.revision == 2
+    assert store.get(ada_scope, "plan").text == "Ada's plan."  # type: ignore[union-attr]
+    assert store.history(bob_scope, "old-note") == []
+
+
 def test_a_token_is_offered_only_its_tools_and_told_why_another_is_refused(
     served: Served, store: Store, worker: Any
 ) -> None:

@@ -186,6 +186,54 @@ def test_export_import_export_gives_the_same_records_and_chains(
     assert fresh_store.scope_revision(SCOPE) == revision
 
 
+def test_one_id_in_two_scopes_exports_and_imports_as_two_records(
+    monkeypatch: pytest.MonkeyPatch,
+    env: None,
+    store: Store,
+    fresh_store: Store,
+    fresh_dsn: str,
+    dsn: str,
+    start_worker: StartWorker,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A record id is its scope's (issue 36 item 3): two scopes' records of one id, and
+    one scope's tombstone of an id the other still holds, come back each in its scope."""
+    ada = {"user_id": "ada", "agent_id": "twin-ids"}
+    bob = {"user_id": "bob", "agent_id": "twin-ids"}
+    for scope, who in ((ada, "Ada"), (bob, "Bob")):
+        mem = store.session(scope, embedder=HashingEmbedder(64))
+        mem.remember(f"{who}'s twin note.", id="twin")
+        mem.revise("twin", text=f"{who}'s twin note, revised.", expected_revision=1)
+        mem.remember(f"{who}'s other note.", id="twin-gone")
+    store.session(bob).forget("twin-gone")
+
+    def export_scope(dsn: str, scope: dict[str, str], path: Path) -> list[dict[str, Any]]:
+        monkeypatch.setenv("DATABASE_URL", dsn)
+        assert main(["export", "--scope", json.dumps(scope), "--output", str(path)]) == 0
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    before = {k: export_scope(dsn, s, tmp_path / f"{k}.jsonl") for k, s in (("a", ada), ("b", bob))}
+    assert essentials(before["a"])["tombstones"] == []
+    assert essentials(before["b"])["tombstones"] == ["twin-gone"]
+    monkeypatch.setenv("DATABASE_URL", fresh_dsn)
+    with start_worker(fresh_store):
+        for k in ("a", "b"):
+            assert main(["import", str(tmp_path / f"{k}.jsonl"), "--wait", "30"]) == 0
+            summary = json.loads(capsys.readouterr().out)
+            assert summary["refused"] == {} and summary["pending"] == 0, summary
+    for k, scope in (("a", ada), ("b", bob)):
+        after = export_scope(fresh_dsn, scope, tmp_path / f"{k}-again.jsonl")
+        assert essentials(after) == essentials(before[k])
+    for scope, who in ((ada, "Ada"), (bob, "Bob")):
+        twin = fresh_store.get(scope, "twin")
+        assert twin is not None and twin.text == f"{who}'s twin note, revised."
+        assert [r.revision for r in fresh_store.history(scope, "twin")] == [1, 2]
+    kept = fresh_store.get(ada, "twin-gone")
+    assert kept is not None and kept.text == "Ada's other note."
+    assert fresh_store.get(bob, "twin-gone") is None
+
+
 def test_mem0_memories_are_imported_through_the_streams(
     monkeypatch: pytest.MonkeyPatch,
     env: None,

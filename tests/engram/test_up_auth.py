@@ -88,7 +88,8 @@ def test_on_the_default_install_leaving_the_token_out_is_no_one(
     listed = engram(home, "tokens", "list", "--json")
     assert [t["name"] for t in json.loads(listed.stdout)] == ["ada"]  # none minted
     with Store.connect(str(run["database_url"]), migrate=False) as store:
-        assert store.tokens.reads_of_record("bob-rec-1") == []  # nothing read by a token
+        # Nothing read by a token.
+        assert store.tokens.reads_of_record({"user_id": "bob"}, "bob-rec-1") == []
 
     # The banner's link, printed to the terminal: it signs in once.
     printed = re.search(r"sign in\s+(http://\S+/login\?code=[A-Za-z0-9_-]+)", up.log())

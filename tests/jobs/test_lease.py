@@ -43,7 +43,9 @@ def test_a_holder_that_stops_renewing_loses_it_and_its_writes_are_fenced(
         .records[0]
     )
     gen = fresh_store.embeddings.begin("hashing-16", 16)
-    item = VectorItem(fact.id, fact.revision, fact.digest, [1.0] * 16)
+    scope_id = fresh_store.scope_id({"user_id": "ada"})
+    assert scope_id is not None
+    item = VectorItem(scope_id, fact.id, fact.revision, fact.digest, [1.0] * 16)
 
     stalled = lease(redis_client)
     assert stalled.acquire("stalled")

@@ -12,7 +12,9 @@ from engram.store.write.operations import derived_record_id
 
 SCOPE = {"user_id": "ada"}
 KEY = Scope.of(SCOPE).key
-GONE = Forgotten.of(["rec-1", derived_record_id(KEY, "op-remember", 0)], [(KEY, "op-wrote-it")])
+GONE = Forgotten.of(
+    [(KEY, "rec-1"), (KEY, derived_record_id(KEY, "op-remember", 0))], [(KEY, "op-wrote-it")]
+)
 
 
 def op(
@@ -32,6 +34,10 @@ def op(
         (op("remember", {"text": "t"}, "op-remember"), True),  # would create it
         (op("remember", {"text": "t"}, "op-wrote-it"), True),  # wrote it
         (op("revise", {"id": "rec-2", "text": "t"}), False),
+        # A record id is its scope's: bob's rec-1 is another record (issue 36).
+        (op("revise", {"id": "rec-1", "text": "t"}, scope={"user_id": "bob"}), False),
+        # Whose it is cannot be read: held, to be safe.
+        (op("revise", {"id": "rec-1", "text": "t"}, scope=42), True),
         (op("remember", {"text": "t"}, "op-other"), False),
         # The same operation ids in another scope are other operations (issue 36).
         (op("remember", {"text": "t"}, "op-wrote-it", {"user_id": "bob"}), False),
@@ -51,7 +57,7 @@ def test_holds(raw: str | None, holds: bool) -> None:
 
 def test_an_extract_whose_derived_ids_include_the_record_holds_it() -> None:
     messages = [{"id": f"m{i}", "message": {"role": "user", "content": f"c{i}"}} for i in range(3)]
-    gone = Forgotten.of([derived_record_id(KEY, "op-extract", 2)], [])
+    gone = Forgotten.of([(KEY, derived_record_id(KEY, "op-extract", 2))], [])
     assert gone.holds(op("extract", {"messages": messages}, "op-extract"))
     assert not gone.holds(op("extract", {"messages": messages[:2]}, "op-extract"))
 

@@ -63,7 +63,9 @@ def test_a_vector_stored_while_its_record_is_forgotten_does_not_outlive_the_forg
     record_id = made.records[0].id  # type: ignore[union-attr]
     pending = fresh_store.embeddings.begin("other-model", 8)
     [item] = fresh_store.embeddings.pending(pending.id)
-    vector = VectorItem(item.record_id, item.revision, item.digest, np.ones(8, dtype=np.float32))
+    vector = VectorItem(
+        item.scope_id, item.record_id, item.revision, item.digest, np.ones(8, dtype=np.float32)
+    )
 
     # A row of the same key, uncommitted: the re-embedding's INSERT, once it has read
     # the record (its snapshot), waits for this transaction to end.

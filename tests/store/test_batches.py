@@ -12,7 +12,6 @@ from engram.store import (
     Operation,
     OperationAmbiguousError,
     OperationConflictError,
-    RevisionConflictError,
     Store,
     WriteOptions,
     WriteResult,
@@ -63,13 +62,16 @@ def test_many_scopes_commit_in_one_call_each_with_its_own_revisions(fresh_store:
         assert fresh_store.scope_revision({"user_id": user}) == 40
 
 
-def test_one_id_created_by_two_scopes_in_one_batch_goes_to_the_first(fresh_store: Store) -> None:
+def test_one_id_created_by_two_scopes_in_one_batch_is_two_records(fresh_store: Store) -> None:
+    """A record id is its scope's (issue 36): each scope of the batch creates its own."""
     a = Operation.build("remember", {"user_id": "a"}, {"text": "a's", "id": "shared"})
     b = Operation.build("remember", {"user_id": "b"}, {"text": "b's", "id": "shared"})
     first, second = fresh_store.execute([a, b])
-    assert isinstance(first, WriteResult)
-    assert isinstance(second, RevisionConflictError) and second.actual is None
-    assert fresh_store.scope_revision({"user_id": "b"}) == 0
+    assert isinstance(first, WriteResult) and isinstance(second, WriteResult)
+    for user, text in (("a", "a's"), ("b", "b's")):
+        record = fresh_store.get({"user_id": user}, "shared")
+        assert record is not None and (record.text, record.revision) == (text, 1)
+        assert fresh_store.scope_revision({"user_id": user}) == 1
 
 
 def test_one_operation_id_in_two_scopes_is_two_operations(fresh_store: Store) -> None:

@@ -117,7 +117,7 @@ def test_superseded_by_and_links_on_a_page(fresh_store: Store) -> None:
     assert scope_id is not None
     by_id = {i.record.id: i.record for i in fresh_store.browse.records(scope_id).items}
     assert by_id[old].superseded_by == (new,)
-    item = fresh_store.browse.record(old)
+    item = fresh_store.browse.record(scope_id, old)
     assert item is not None and item.record.superseded_by == (new,)
 
 
@@ -150,21 +150,24 @@ def test_a_record_its_history_and_its_tombstone(fresh_store: Store) -> None:
     session = fresh_store.session(scope, embedder=EMBEDDER)
     session.revise(rid, text="Ada lives in Paris.")
     session.retract(rid)
-    item = fresh_store.browse.record(rid)
+    scope_id = fresh_store.scope_id(scope)
+    assert scope_id is not None
+    item = fresh_store.browse.record(scope_id, rid)
     assert item is not None and (item.record.revision, item.record.status) == (3, "retracted")
-    history = fresh_store.browse.history(rid)
+    history = fresh_store.browse.history(scope_id, rid)
     assert [(r.revision, r.status, r.text) for r in history] == [
         (1, "active", "Ada lives in London."),
         (2, "active", "Ada lives in Paris."),
         (3, "retracted", "Ada lives in Paris."),
     ]
-    assert fresh_store.browse.tombstone(rid) is None
+    assert fresh_store.browse.tombstone(scope_id, rid) is None
     [forgot] = fresh_store.execute(
         [Operation.build("forget", scope, {"id": rid}, "forget-1", requested_by="grace")]
     )
     assert isinstance(forgot, WriteResult)
-    assert fresh_store.browse.record(rid) is None and fresh_store.browse.history(rid) == []
-    tomb = fresh_store.browse.tombstone(rid)
+    assert fresh_store.browse.record(scope_id, rid) is None
+    assert fresh_store.browse.history(scope_id, rid) == []
+    tomb = fresh_store.browse.tombstone(scope_id, rid)
     assert tomb is not None
     assert (tomb.record_id, tomb.operation_id, tomb.requested_by) == (rid, "forget-1", "grace")
     assert tomb.scope_id == item.scope_id

@@ -94,6 +94,8 @@ def test_generation_api_begin_pending_put_activate(fresh_store: Store) -> None:
     a = memory.remember("Ada prefers tea.").records[0]
     b = memory.remember("Ada prefers coffee.").records[0]
     emb = fresh_store.embeddings
+    ada_id = fresh_store.scope_id(ADA)
+    assert ada_id is not None
 
     gen = emb.begin("keywords-2", 3)
     assert gen.status == "pending"
@@ -104,7 +106,12 @@ def test_generation_api_begin_pending_put_activate(fresh_store: Store) -> None:
     first = next(p for p in pending if p.record_id == a.id)
     assert (
         emb.put(
-            gen.id, [VectorItem(first.record_id, first.revision, first.digest, [1.0, 0.0, 0.0])]
+            gen.id,
+            [
+                VectorItem(
+                    first.scope_id, first.record_id, first.revision, first.digest, [1.0, 0.0, 0.0]
+                )
+            ],
         )
         == 1
     )
@@ -112,14 +119,14 @@ def test_generation_api_begin_pending_put_activate(fresh_store: Store) -> None:
     assert emb.active().model_id == "keywords-1"  # type: ignore[union-attr]
 
     with pytest.raises(EmbeddingMismatchError):
-        emb.put(gen.id, [VectorItem(b.id, 1, b.digest, [1.0, 0.0])])
+        emb.put(gen.id, [VectorItem(ada_id, b.id, 1, b.digest, [1.0, 0.0])])
 
     # A vector for an old revision is never applied.
     memory.revise(b.id, text="Ada prefers black coffee.")
-    assert emb.put(gen.id, [VectorItem(b.id, 1, b.digest, [0.0, 1.0, 0.0])]) == 0
+    assert emb.put(gen.id, [VectorItem(ada_id, b.id, 1, b.digest, [0.0, 1.0, 0.0])]) == 0
     [left] = emb.pending(gen.id)
     assert (left.record_id, left.revision) == (b.id, 2)
-    assert emb.put(gen.id, [VectorItem(b.id, 2, left.digest, [0.0, 1.0, 0.0])]) == 1
+    assert emb.put(gen.id, [VectorItem(ada_id, b.id, 2, left.digest, [0.0, 1.0, 0.0])]) == 1
     assert emb.activate(gen.id) is True
     assert emb.active().id == gen.id  # type: ignore[union-attr]
     assert emb.activate(gen.id) is False, "already active: nothing to do"
@@ -131,8 +138,10 @@ def test_begin_with_another_model_retires_the_pending_generation(
     memory = fresh_store.session(ADA, embedder=V1)
     fact = memory.remember("Ada prefers tea.").records[0]
     emb = fresh_store.embeddings
+    ada_id = fresh_store.scope_id(ADA)
+    assert ada_id is not None
     abandoned = emb.begin("keywords-2", 3)
-    emb.put(abandoned.id, [VectorItem(fact.id, 1, fact.digest, [1.0, 0.0, 0.0])])
+    emb.put(abandoned.id, [VectorItem(ada_id, fact.id, 1, fact.digest, [1.0, 0.0, 0.0])])
     newer = emb.begin("keywords-3", 4)
     assert emb.get(abandoned.id).status == "retired"  # type: ignore[union-attr]
     with psycopg.connect(fresh_dsn) as conn:
@@ -142,7 +151,8 @@ def test_begin_with_another_model_retires_the_pending_generation(
     assert left == (0,)
     # A retired generation lists nothing, stores nothing and never becomes active.
     assert emb.pending(abandoned.id) == []
-    assert emb.put(abandoned.id, [VectorItem(fact.id, 1, fact.digest, [1.0, 0.0, 0.0])]) == 0
+    gone = VectorItem(ada_id, fact.id, 1, fact.digest, [1.0, 0.0, 0.0])
+    assert emb.put(abandoned.id, [gone]) == 0
     assert emb.activate(abandoned.id) is False
     assert emb.pending(newer.id) and emb.activate(newer.id) is False
     assert emb.pending(9999) == [] and emb.put(9999, []) == 0 and emb.activate(9999) is False

@@ -75,9 +75,10 @@ def test_a_forgotten_id_can_never_come_back(store: Store, scope: dict) -> None:
         mem.revise(fact.id, text="back again")
     with pytest.raises(RevisionConflictError):
         mem.remember("back again", id=fact.id)
+    # In its own scope: another scope's record of that id is another record (issue 36).
     other = store.session({"user_id": scope["user_id"] + "-x"})
-    with pytest.raises(RevisionConflictError):
-        other.remember("back again", id=fact.id)
+    assert other.remember("theirs", id=fact.id).records[0].text == "theirs"
+    assert mem.get(fact.id) is None
 
     # Even with its receipt pruned, the redelivery aims at the same id and meets the tombstone.
     store.prune_operations(datetime.now(UTC) + timedelta(seconds=1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from engram.store import SchemaVersionError, Store, migrations
+from engram.store import RevisionConflictError, SchemaVersionError, Store, migrations
 
 
 def test_migrations_apply_once_and_are_idempotent(empty_dsn: str) -> None:
@@ -136,3 +136,78 @@ def test_017_keys_the_receipts_and_vouches_stored_before_by_their_scope(empty_ds
         bob = store.session({"user_id": "bob"}).remember("Bob's.", operation_id="op-1")
         assert not bob.replayed and bob.receipt.scope.user_id == "bob"
         assert store.receipt("op-1", {"user_id": "ada"}) == receipt
+
+
+def test_019_keys_records_by_scope_and_keeps_every_row(empty_dsn: str) -> None:
+    """A database at version 18 with a record (two revisions, a vector, a link to
+    another record that supersedes it, its receipts) and a tombstone: 019 keeps every
+    row as it was, the store reads them back in their scope, and the same ids in
+    another scope are that scope's own records (issue 36 item 3)."""
+    tables = (
+        "engram_records",
+        "engram_revisions",
+        "engram_links",
+        "engram_vectors",
+        "engram_forgotten",
+        "engram_receipt_records",
+        "engram_receipt_named",
+        "engram_receipts",
+    )
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        conn.execute(
+            "CREATE TABLE engram_schema (version integer PRIMARY KEY,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, sql in migrations.available():
+            if version <= 18:
+                conn.execute(sql.encode())
+                conn.execute("INSERT INTO engram_schema (version) VALUES (%s)", (version,))
+        conn.execute(
+            """INSERT INTO engram_scopes (key, user_id, revision)
+                VALUES ('{"user_id":"ada"}', 'ada', 4);
+            INSERT INTO engram_generations (model_id, dims, status) VALUES ('m', 2, 'active');
+            INSERT INTO engram_records VALUES
+                ('old', 1, 2, 'active', 'fact', NULL, now(), now()),
+                ('new', 1, 1, 'active', 'fact', NULL, now(), now());
+            INSERT INTO engram_revisions (record_id, revision, scope_id, text, kind, origin,
+                sources, links, status, digest, operation_id, recorded_at, current) VALUES
+                ('old', 1, 1, 'Ada lives in Lyon.', 'fact', 'asserted', '[]', '[]', 'active',
+                 'd1', 'op-1', now(), false),
+                ('old', 2, 1, 'Ada lives in Nice.', 'fact', 'asserted', '[]', '[]', 'active',
+                 'd2', 'op-2', now(), true),
+                ('new', 1, 1, 'Ada lives in Oslo.', 'fact', 'asserted', '[]',
+                 '[{"relation": "supersedes", "id": "old"}]', 'active', 'd3', 'op-3', now(),
+                 true);
+            INSERT INTO engram_links VALUES (1, 'new', 'supersedes', 'old');
+            INSERT INTO engram_vectors (generation_id, record_id, scope_id, revision, digest,
+                status, kind, embedding) VALUES (1, 'old', 1, 2, 'd2', 'active', 'fact', '[1,0]');
+            INSERT INTO engram_forgotten VALUES ('gone', 1, now(), 'op-4');
+            INSERT INTO engram_receipts (operation_id, scope_id, kind, request_digest,
+                scope_revision, committed_at) VALUES
+                ('op-1', 1, 'remember', 'x', 1, now()), ('op-2', 1, 'revise', 'x', 2, now()),
+                ('op-3', 1, 'remember', 'x', 3, now()), ('op-4', 1, 'forget', 'x', 4, now());
+            INSERT INTO engram_receipt_records VALUES
+                ('op-1', 'old', 1, 'active', 1), ('op-2', 'old', 2, 'active', 1),
+                ('op-3', 'new', 1, 'active', 1);
+            INSERT INTO engram_receipt_named VALUES ('op-3', 'old', 1)"""
+        )
+        before = {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall()) for t in tables}
+        assert migrations.migrate(conn) == migrations.code_version()
+        assert {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall()) for t in tables} == before
+    ada, bob = {"user_id": "ada"}, {"user_id": "bob"}
+    with Store.connect(empty_dsn) as store:
+        old = store.get(ada, "old")
+        assert old is not None and (old.text, old.superseded_by) == ("Ada lives in Nice.", ("new",))
+        assert [r.text for r in store.history(ada, "old")] == [
+            "Ada lives in Lyon.",
+            "Ada lives in Nice.",
+        ]
+        assert [r.id for r in store.receipt("op-3", ada).records] == ["new"]  # type: ignore[union-attr]
+        with pytest.raises(RevisionConflictError):
+            store.session(ada).remember("Back?", id="gone")
+        mem = store.session(bob)
+        for rid in ("old", "new", "gone"):
+            assert mem.remember(f"Bob's {rid}.", id=rid).records[0].revision == 1
+        assert store.get(ada, "old") == old
+        assert store.get(bob, "old").text == "Bob's old."  # type: ignore[union-attr]

@@ -40,7 +40,7 @@ def current(record_id: str, text: str, *, revision: int = 1, status: str = "acti
 def state(*records: Current, receipts: dict[str, StoredReceipt] | None = None) -> ScopeState:
     return ScopeState(
         scope_id=1, scope=Scope.of(SCOPE), revision=7,
-        records={r.id: r for r in records}, taken={"mem_elsewhere"}, forgotten=set(),
+        records={r.id: r for r in records}, forgotten={"mem_forgotten"},
         receipts=dict(receipts or {}),
     )  # fmt: skip
 
@@ -124,9 +124,9 @@ TABLE = [
         8,
     ),
     Row(
-        "an id held by another scope is a conflict that reveals nothing",
+        "an id forgotten in this scope cannot be created again",
         [],
-        [op("revise", {"id": "mem_elsewhere", "text": "Mine.", "expected_revision": 0})],
+        [op("revise", {"id": "mem_forgotten", "text": "Mine.", "expected_revision": 0})],
         [RevisionConflictError],
         7,
     ),

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from engram.store import HashingEmbedder, Store
+from engram.store import HashingEmbedder, Scope, Store
 from engram.store.errors import InvalidRequestError
 from engram.store.read.routing import format_position, parse_position
 from engram.store.values import Receipt
@@ -274,7 +274,9 @@ def _reads_go_to_the_primary_once_the_replica_stops(
         # A store started while the replica is down reads the primary from the start.
         with Store.connect(dsn, read_dsn=replica.dsn_like(dsn)) as late:
             assert late.get(scope, written.records[0].id) is not None
-            assert late.browse.record(written.records[0].id) is not None
+            holder = late.browse.holder(written.records[0].id)
+            assert holder is not None and holder.scope == Scope.of(scope)
+            assert late.browse.record(holder.id, written.records[0].id) is not None
         assert time.monotonic() - started < 5.0
         with replicated.reads.connection() as conn:  # resting: the primary's
             assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (False,)

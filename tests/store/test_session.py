@@ -16,6 +16,7 @@ from engram.store import (
     OperationConflictError,
     RevisionConflictError,
     RevisionPage,
+    Scope,
     Store,
 )
 from tests.helpers import CountingEmbedder
@@ -84,26 +85,27 @@ def test_reads_match_the_scope_exactly(store: Store, scope: dict) -> None:
     assert reordered.get(narrow_id) is not None
 
 
-def test_an_id_held_by_another_scope_is_a_conflict_that_reveals_nothing(
-    store: Store, scope: dict
-) -> None:
+def test_an_id_another_scope_holds_is_as_if_never_used(store: Store, scope: dict) -> None:
+    """A record id is its scope's (issue 36): another scope's id neither blocks, nor
+    reveals, nor lets this scope reach that record; each scope writes its own."""
     other = store.session({"user_id": scope["user_id"] + "-other"})
-    other.remember("Bob's secret.", id=f"{scope['user_id']}-shared")
+    rid = f"{scope['user_id']}-shared"
+    other.remember("Bob's secret.", id=rid)
     mem = store.session(scope)
-    before = store.scope_revision(scope)
-    with pytest.raises(RevisionConflictError) as info:
-        mem.remember("Ada's fact.", id=f"{scope['user_id']}-shared")
-    assert info.value.actual is None
-    assert "secret" not in info.value.message
-    with pytest.raises(RevisionConflictError) as info:
-        mem.revise(f"{scope['user_id']}-shared", text="x", expected_revision=0)
-    assert info.value.actual is None
     with pytest.raises(NotFoundError):
-        mem.revise(f"{scope['user_id']}-shared", text="mine now")
+        mem.revise(rid, text="mine now")
     with pytest.raises(NotFoundError):
-        mem.retract(f"{scope['user_id']}-shared")
-    assert store.scope_revision(scope) == before
-    assert other.get(f"{scope['user_id']}-shared").text == "Bob's secret."  # type: ignore[union-attr]
+        mem.retract(rid)
+    assert mem.history(rid) == [] and mem.get(rid) is None
+    created = mem.revise(rid, text="Ada's fact.", expected_revision=0).records[0]
+    assert (created.id, created.revision, created.text) == (rid, 1, "Ada's fact.")
+    with pytest.raises(RevisionConflictError):
+        mem.remember("Again.", id=rid)  # now it is this scope's own
+    mine = mem.get(rid)
+    assert mine is not None and mine.text == "Ada's fact." and mine.scope == Scope.of(scope)
+    theirs = other.get(rid)
+    assert theirs is not None and theirs.text == "Bob's secret." and theirs.revision == 1
+    assert [r.text for r in other.history(rid)] == ["Bob's secret."]
 
 
 def test_expected_revision_zero_means_must_not_exist_yet(store: Store, scope: dict) -> None:

@@ -88,7 +88,7 @@ def test_a_model_this_process_does_not_have_is_refused_with_its_own_error(
     fresh_store.embeddings.put(
         gen.id,
         [
-            VectorItem(p.record_id, p.revision, p.digest, [1.0] * 8)
+            VectorItem(p.scope_id, p.record_id, p.revision, p.digest, [1.0] * 8)
             for p in fresh_store.embeddings.pending(gen.id)
         ],
     )
@@ -156,7 +156,9 @@ def test_a_stale_fence_stores_no_vector(fresh_store: Store) -> None:
 
     fact = remember(fresh_store, "Ada prefers tea.", OLD).records[0]
     gen = fresh_store.embeddings.begin(NEW.model_id, NEW.dims)
-    item = VectorItem(fact.id, fact.revision, fact.digest, [1.0] * 16)
+    item = VectorItem(
+        fresh_store.scope_id(ADA) or 0, fact.id, fact.revision, fact.digest, [1.0] * 16
+    )
     assert fresh_store.embeddings.put(gen.id, [item], fence=Fence("reembed", 5)) == 1
     with pytest.raises(FencedError):
         fresh_store.embeddings.put(gen.id, [item], fence=Fence("reembed", 4))

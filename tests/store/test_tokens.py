@@ -94,7 +94,8 @@ def test_the_read_log_holds_ids_and_revisions_only(store: Store) -> None:
     store.tokens.log_reads(grant, "recall", [])  # nothing returned: nothing logged
     with pytest.raises(InvalidRequestError):
         store.tokens.log_reads(grant, "find", [("rec-1", 1)])
-    (summary,) = store.tokens.reads_of_record("rec-1")
+    (summary,) = store.tokens.reads_of_record({"user_id": "log"}, "rec-1")
+    assert store.tokens.reads_of_record({"user_id": "other"}, "rec-1") == []
     assert (summary.token, summary.reads, summary.revisions) == ("agent-reader", 2, (1, 2))
     entries = store.tokens.reads_by_token("agent-reader")
     assert {(e.tool, e.record_id, e.revision) for e in entries} == {

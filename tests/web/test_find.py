@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
 import redis
@@ -40,7 +40,8 @@ def test_an_id_or_its_beginning_finds_records_of_every_scope_linked_to_their_pag
     found = web.client.get("/find?q=wf-")
     assert found.status_code == 200
     assert hits(found.text, "id") == ["wf-ada/1", "wf-bob-1", "wf-bob-2"]
-    assert 'href="/records/wf-ada%2F1"' in found.text and "Ada keeps bees." in found.text
+    link = f'href="/records/wf-ada%2F1?{urlencode(ADA)}"'  # a record id is its scope's
+    assert link in found.text and "Ada keeps bees." in found.text
     assert 'href="/scopes/' in found.text and "user_id=find-web-bob" in found.text
     assert 'value="wf-"' in found.text, "the query stays in the box (and the URL)"
     assert hits(web.client.get("/find?q=wf-bob-2").text, "id") == ["wf-bob-2"]

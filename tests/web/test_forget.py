@@ -54,7 +54,7 @@ def test_forget_from_the_dashboard_leaves_only_a_tombstone(
         for data in ({}, {"csrf": "0" * 40}):
             refused = web.client.post(f"/forget/{rid}", data=data)
             assert refused.status_code == 403 and "CSRF" in refused.text
-        assert entries_added(web) == enqueued and web.store.browse.record(rid) is not None
+        assert entries_added(web) == enqueued and web.store.get(scope, rid) is not None
 
         posted = web.client.post(f"/forget/{rid}", data={"csrf": csrf})
         assert posted.status_code == 303
@@ -74,7 +74,8 @@ def test_forget_from_the_dashboard_leaves_only_a_tombstone(
     assert "hx-trigger" not in html, "done: no more polling"
     assert 'id="redaction"' in html and "badge complete" in html
     assert "revisions deleted</dt><dd>1, 2" in html
-    assert f'href="/records/{rid}">{rid}</a> <span class="badge forgotten">' in html
+    link = f'href="/records/{rid}?{urlencode(scope)}">{rid}</a>'  # a record id is its scope's
+    assert f'{link} <span class="badge forgotten">' in html
 
     # An operation id is its scope's: the page is told whose (?user_id=...).
     op_id, _, query = status_url.removeprefix("/operations/").partition("?")
@@ -118,7 +119,7 @@ def test_a_forget_s_why_is_kept_in_the_audit_trail_and_shown_on_its_tombstone(
         )
         assert posted.status_code == 303
         op_id = posted.headers["location"].rsplit("/", 1)[1].partition("?")[0]
-        wait_until(lambda: web.store.browse.record(one) is None, what="the first forget")
+        wait_until(lambda: web.store.get(scope, one) is None, what="the first forget")
 
         # Through the API: the reason goes with a forget only, and is checked first.
         forget = {"kind": "forget", "scope": scope, "request": {"id": two}}
@@ -135,11 +136,13 @@ def test_a_forget_s_why_is_kept_in_the_audit_trail_and_shown_on_its_tombstone(
         assert sent.status_code == 200, sent.text
         assert entries_added(web) == enqueued + 1
 
+    scope_id = web.store.scope_id(scope)
     [row] = web.store.audit.about(one)
     assert (row.requested_by, row.action, row.detail) == (
         "local",
         "record.forget",
-        {"operation_id": op_id, "reason": "she asked us to, ticket 88"},
+        # The scope too: the same id in another scope is another record (issue 36).
+        {"operation_id": op_id, "reason": "she asked us to, ticket 88", "scope_id": scope_id},
     )
     [api_row] = web.store.audit.about(two)
     assert (api_row.action, api_row.detail["reason"]) == ("record.forget", "GDPR")

@@ -224,13 +224,14 @@ def test_a_record_shows_what_changed_why_and_its_links_both_ways(web: Web) -> No
     assert "Revision 2" in html and "Revision 1" in html and "Created" in html
     # Why: origin and sources; links both ways.
     assert "asserted" in html and '<span class="badge">host</span>' in html
-    assert f'superseded by ← <a class="mono" href="/records/{data["newer"]}"' in html
-    assert f'about this ← <a class="mono" href="/records/{data["cat"]}"' in html
+    # A record id is its scope's: each link names the scope.
+    assert f'superseded by ← <a class="mono" href="/records/{data["newer"]}?user_id=' in html
+    assert f'about this ← <a class="mono" href="/records/{data["cat"]}?user_id=' in html
     # The receipts that wrote it, and the way to forget it.
     assert html.count("/receipts/op_") >= 2
-    assert f'href="/forget/{data["london"]}"' in html
+    assert f'href="/forget/{data["london"]}?user_id=' in html
     newer = web.client.get(f"/records/{data['newer']}").text
-    assert f'supersedes → <a class="mono" href="/records/{data["london"]}"' in newer
+    assert f'supersedes → <a class="mono" href="/records/{data["london"]}?user_id=' in newer
 
 
 def test_each_revision_says_who_asked_for_it(web: Web) -> None:

@@ -4,6 +4,8 @@ by record, page and API) list the refusal with the receipts that changed it."""
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from engram.store import Operation, WriteResult
 from tests.web_fixtures import EMBEDDER, Web
 
@@ -25,7 +27,8 @@ def test_a_refused_revise_shows_with_the_record_it_named(web: Web) -> None:
     listed = web.client.get(f"/receipts?scope={web.scope_id(scope)}").text
     row = listed[listed.index("refused-revise:1") :]
     row = row[: row.index("</tr>")]
-    assert f'href="/records/{rid}">{rid}</a> <span class="muted">(refused)</span>' in row
+    link = f'href="/records/{rid}?{urlencode(scope)}">{rid}</a>'
+    assert f'{link} <span class="muted">(refused)</span>' in row
     by_record = web.client.get(f"/receipts?record={rid}").text
     assert "refused-revise:1" in by_record and first.operation_id in by_record
     api = web.client.get("/api/v1/receipts", params={"record": rid}).json()

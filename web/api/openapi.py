@@ -88,6 +88,11 @@ _OPERATION_SCOPE = [
     for f in SCOPE_FIELDS
 ]
 
+_RECORD_SCOPE = [
+    _query(f, string(MAX_SCOPE_VALUE_CHARS), "The record's scope, by its fields.")
+    for f in SCOPE_FIELDS
+]
+
 _RECEIPT_FILTERS = [
     _query("scope", {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}, "A scope's id."),
     *[
@@ -130,8 +135,8 @@ _ERRORS = {
         "(revision_conflict, operation_conflict, asserted_record, embedding_mismatch), or "
         "a bulk action's letters changed since its dry run (selection_changed), or a "
         "generation that is not pending cannot be cancelled (generation_not_pending), or "
-        "an operation id the operator left the scope out of is in several scopes "
-        "(operation_ambiguous, with the scopes that hold it)."
+        "an operation id or a record id the operator left the scope out of is in several "
+        "scopes (operation_ambiguous, record_ambiguous, with the scopes that hold it)."
     ),
     "413": "The body is too large (code too_large).",
     "415": "The body is not application/json (code unsupported_media_type).",
@@ -412,16 +417,21 @@ PATHS: dict[str, Schema] = {
     },
     "/api/v1/records/{record_id}": {
         "get": _op(
-            "A record's current revision, in any scope",
+            "A record's current revision in its scope (a record id is its scope's: a token's "
+            "own; the operator's by its fields, else the one scope holding the id); 409 "
+            "record_ambiguous when the scope is left out and several scopes hold the id",
             {"200": _json(ref("Record"), "The record.")},
-            parameters=[_RECORD_ID, _AFTER],
+            parameters=[_RECORD_ID, _AFTER, *_RECORD_SCOPE],
+            errors=("400", "401", "404", "409", "503"),
         )
     },
     "/api/v1/history/{record_id}": {
         "get": _op(
-            "A record's stored revisions, oldest first, up to 200 a page (limit, cursor)",
+            "A record's stored revisions in its scope (as for a record), oldest first, up to "
+            "200 a page (limit, cursor)",
             {"200": _json(ref("History"), "Its revisions, and the next page's cursor.")},
-            parameters=[_RECORD_ID, _AFTER, *_PAGING],
+            parameters=[_RECORD_ID, _AFTER, *_PAGING, *_RECORD_SCOPE],
+            errors=("400", "401", "404", "409", "503"),
         )
     },
     "/api/v1/recall": {

@@ -25,10 +25,11 @@ from engram.store.write.validation import Fields
 
 from ..errors import BadRequestError
 from ..params import Query, ident, integer, parse_time
-from ..scoped import capable, hide_unless_own, log_reads, own_scope
+from ..scoped import capable, log_reads, own_scope
 from ..state import web_of
 from ..views.audit import AUDIT_FILTERS, audit_filter_of
 from ..views.find import FIND_BY, find_records
+from ..views.records import record_holder
 from ..views.scopes import SCOPE_TABS
 from .serialize import (
     audit_json,
@@ -49,24 +50,29 @@ RECALL_FIELDS = (
 
 
 def record(request: Request) -> Response:
-    """``?after=``: a receipt's position; the record as of that commit or later."""
-    q = Query.of(request, "after")
+    """``?after=``: a receipt's position; the record as of that commit or later. A record
+    id is its scope's: a token's look-up is in its own scope; the operator's in the scope
+    its fields name (``?user_id=ada``), else in the one scope holding the id (409
+    ``record_ambiguous``, naming them, when several do)."""
+    q = Query.of(request, "after", *SCOPE_FIELDS)
     grant = capable(request, "get")
     store = web_of(request).services.store
     record_id = ident(request.path_params["record_id"], "record id")
     unknown = NotFoundError(f"no record {record_id}")
     with store.reads.after(_after(q)):
-        item = store.browse.record(record_id)
-        tombstone = store.browse.tombstone(record_id) if item is None else None
+        holder = record_holder(request, q, record_id)
+        item = store.browse.record(holder.id, record_id) if holder is not None else None
+        tombstone = (
+            store.browse.tombstone(holder.id, record_id)
+            if holder is not None and item is None
+            else None
+        )
     if item is None:
         if tombstone is not None:
-            row = store.browse.scope(tombstone.scope_id) if grant is not None else None
-            hide_unless_own(grant, row.scope if row else None, unknown)
             raise NotFoundError(
                 f"record {record_id} was forgotten by operation {tombstone.operation_id}"
             )
         raise unknown
-    hide_unless_own(grant, item.record.scope, unknown)
     log_reads(request, grant, "get", [(item.record.id, item.record.revision)])
     return JSONResponse(record_json(item))
 
@@ -83,21 +89,22 @@ def _after(q: Query) -> str | None:
 
 def history(request: Request) -> Response:
     """Oldest first, as before paging: a record of up to ``MAX_PAGE_SIZE`` revisions
-    still comes whole by default; ``next`` pages on."""
-    q = Query.of(request, "cursor", "limit", "after")
+    still comes whole by default; ``next`` pages on. The scope as for ``record``."""
+    q = Query.of(request, "cursor", "limit", "after", *SCOPE_FIELDS)
     grant = capable(request, "history")
     store = web_of(request).services.store
     record_id = ident(request.path_params["record_id"], "record id")
     limit = q.integer("limit", minimum=1, maximum=MAX_PAGE_SIZE) or MAX_PAGE_SIZE
     unknown = NotFoundError(f"no record {record_id}")
     with store.reads.after(_after(q)):
+        holder = record_holder(request, q, record_id)
+        if holder is None:
+            raise unknown
         page = store.browse.history_page(
-            record_id, cursor=q.cursor(), limit=limit, newest_first=False
+            holder.id, record_id, cursor=q.cursor(), limit=limit, newest_first=False
         )
     if not page.items and q.cursor() is None:
         raise unknown
-    for revision in page.items:  # one record's revisions: one scope
-        hide_unless_own(grant, revision.scope, unknown)
     log_reads(request, grant, "history", [(r.id, r.revision) for r in page.items])
     return JSONResponse(
         {

@@ -290,8 +290,8 @@ SCHEMAS: dict[str, Schema] = {
                 "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
                 "description": "A revision conflict adds expected, actual and attempts; "
                 "a statement_timeout (503) and a rate_limited (429), both with Retry-After, "
-                "add retry_after_s; an operation_ambiguous (409) adds scopes, the scopes "
-                "that hold the id.",
+                "add retry_after_s; an operation_ambiguous or a record_ambiguous (409) adds "
+                "scopes, the scopes that hold the id.",
             }
         }
     ),

@@ -4,6 +4,7 @@ ways, the receipts that touched it; forgetting it, after a confirmation."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 from urllib.parse import urlencode
 
 from starlette.requests import Request
@@ -11,51 +12,78 @@ from starlette.responses import RedirectResponse, Response
 
 from engram.store import ReceiptFilter, Scope
 from engram.store.errors import NotFoundError
+from engram.store.read.listed import ScopeRow
+from engram.store.values import SCOPE_FIELDS
 
 from ..bodies import why_of
 from ..diff import history_diffs
 from ..params import Query, ident
 from ..render import path_quote
 from ..state import actor_of, operator_of, web_of
+from .receipts import asked_scope
 
 RECEIPTS_SHOWN = 20
 HISTORY_SHOWN = 20  # revisions on a page of a record's history
 
 
+def record_holder(request: Request, q: Query, record_id: str) -> ScopeRow | None:
+    """The scope a record id is looked up in (a record id identifies a record within its
+    scope): a token's own, whatever is asked (another is 404, as for an id never used);
+    the operator's, given by its fields (``?user_id=ada``); else the one scope that holds
+    the id, live or forgotten (``RecordAmbiguousError``, naming them, when several do).
+    None: no such scope, or none holds the id."""
+    store = web_of(request).services.store
+    scope = asked_scope(request, q)
+    if scope is None:
+        return store.browse.holder(record_id)
+    scope_id = store.scope_id(scope)
+    return store.browse.scope(scope_id) if scope_id is not None else None
+
+
 def record_page(request: Request) -> Response:
-    q = Query.of(request, "cursor")
+    q = Query.of(request, "cursor", *SCOPE_FIELDS)
     web = web_of(request)
     browse = web.services.store.browse
     record_id = ident(request.path_params["record_id"], "record id")
-    item = browse.record(record_id)
-    receipts = browse.receipts(ReceiptFilter(record_id=record_id), limit=RECEIPTS_SHOWN)
+    holder = record_holder(request, q, record_id)
+    if holder is None:
+        raise NotFoundError(f"no record {record_id}")
+    item = browse.record(holder.id, record_id)
+    receipts = browse.receipts(
+        ReceiptFilter(scope_id=holder.id, record_id=record_id), limit=RECEIPTS_SHOWN
+    )
+    readers = web.services.store.tokens.reads_of_record(holder.scope, record_id)
     if item is None:
-        tombstone = browse.tombstone(record_id)
+        tombstone = browse.tombstone(holder.id, record_id)
         if tombstone is None:
             raise NotFoundError(f"no record {record_id}")
         return web.render.page(
             request,
             "forgotten.html",
             tombstone=tombstone,
-            scope=browse.scope(tombstone.scope_id),
+            scope=holder,
             receipts=receipts,
-            asked=web.services.store.audit.about(record_id),
-            readers=web.services.store.tokens.reads_of_record(record_id),
+            asked=[
+                e
+                for e in web.services.store.audit.about(record_id)
+                if e.detail.get("scope_id", holder.id) == holder.id
+            ],
+            readers=readers,
         )
     # A page of the history, newest first; the revision past it is what its last one
     # changed from. Each diff is bounded (web.diff), so the page is too.
-    history = browse.history_page(record_id, cursor=q.cursor(), limit=HISTORY_SHOWN)
+    history = browse.history_page(holder.id, record_id, cursor=q.cursor(), limit=HISTORY_SHOWN)
     diffs = {d.after: d for d in history_diffs([*history.items, *filter(None, [history.past])])}
     return web.render.page(
         request,
         "record.html",
         item=item,
         record=item.record,
-        scope=browse.scope(item.scope_id),
+        scope=holder,
         history=history.items,
         history_next=history.next,
         history_paged=q.cursor() is not None,
-        revisions=browse.revision_count(record_id),
+        revisions=browse.revision_count(holder.id, record_id),
         diffs=diffs,
         asked_by={
             op_id: receipt
@@ -65,45 +93,40 @@ def record_page(request: Request) -> Response:
         },
         backlinks=browse.linked_from(record_id, item.scope_id),
         receipts=receipts,
-        readers=web.services.store.tokens.reads_of_record(record_id),
+        readers=readers,
     )
 
 
 def forget_confirm(request: Request) -> Response:
     """The confirmation step: what forgetting this record will do."""
-    Query.of(request)  # takes none
+    q = Query.of(request, *SCOPE_FIELDS)
     web = web_of(request)
     browse = web.services.store.browse
     record_id = ident(request.path_params["record_id"], "record id")
-    item = browse.record(record_id)
-    if item is None:
+    holder = record_holder(request, q, record_id)
+    item = browse.record(holder.id, record_id) if holder is not None else None
+    if holder is None or item is None:
         raise NotFoundError(f"no record {record_id} to forget")
     return web.render.page(
         request,
         "forget.html",
         item=item,
         record=item.record,
-        scope=browse.scope(item.scope_id),
-        revisions=browse.revision_count(record_id),
+        scope=holder,
+        revisions=browse.revision_count(holder.id, record_id),
     )
 
 
 def forget(request: Request, form: dict[str, str]) -> Response:
     """Enqueue the forget through the streams, then show its progress."""
+    q = Query.of(request, *SCOPE_FIELDS)
     web = web_of(request)
-    browse = web.services.store.browse
     record_id = ident(request.path_params["record_id"], "record id")
-    item = browse.record(record_id)
-    tombstone = browse.tombstone(record_id) if item is None else None
-    if item is not None:
-        scope = item.record.scope
-    elif tombstone is not None:  # forgetting again runs the redaction listeners again
-        row = browse.scope(tombstone.scope_id)
-        if row is None:
-            raise NotFoundError(f"no record {record_id} to forget")
-        scope = row.scope
-    else:
+    # A record, or a tombstone (forgetting again runs the redaction listeners again).
+    holder = record_holder(request, q, record_id)
+    if holder is None:
         raise NotFoundError(f"no record {record_id} to forget")
+    scope = holder.scope
     pending = web.services.producer.forget(
         scope,
         record_id,
@@ -125,11 +148,14 @@ def audit_forget(
     a tombstone) of the forget's scope: a forget of an id the scope does not hold is a
     no-op, and writes nothing that names another scope's record (issue 36)."""
     store = web_of(request).services.store
-    if store.get(scope, record_id, include_expired=True) is None:
-        tombstone = store.browse.tombstone(record_id)
-        if tombstone is None or tombstone.scope_id != store.scope_id(scope):
-            return
-    detail = {"operation_id": operation_id}
+    scope_id = store.scope_id(scope)
+    if scope_id is None:
+        return
+    held = store.get(scope, record_id, include_expired=True) is not None
+    if not held and store.browse.tombstone(scope_id, record_id) is None:
+        return
+    # The scope: the same id in another scope is another record (its page shows its own).
+    detail: dict[str, Any] = {"operation_id": operation_id, "scope_id": scope_id}
     if why is not None:
         detail["reason"] = why
     web_of(request).services.store.audit.record(
