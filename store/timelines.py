@@ -98,12 +98,14 @@ def began(archive: Path, line: Lineage) -> datetime | None:
         return None
     segno = switch // SEGMENT_BYTES
     prefix = f"{line.timeline:08X}"
+    # The timeline's first segment begins with its parent's records, up to the switch.
+    start = ["--start", f"{switch >> 32:X}/{switch & 0xFFFFFFFF:X}"]
     while True:
         segment = Path(archive) / f"{prefix}{segno // 256:08X}{segno % 256:08X}"
         if not segment.is_file():
             return None
         ran = subprocess.run(
-            [str(pg_bin("pg_waldump")), "--rmgr=Transaction", str(segment)],
+            [str(pg_bin("pg_waldump")), "--rmgr=Transaction", *start, str(segment)],
             capture_output=True,
             text=True,
             env={**os.environ, "TZ": "UTC"},
@@ -112,7 +114,7 @@ def began(archive: Path, line: Lineage) -> datetime | None:
         ends = _ENDS.findall(ran.stdout)
         if ends:
             return datetime.fromisoformat(ends[0]).replace(tzinfo=UTC)
-        segno += 1
+        segno, start = segno + 1, []
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,10 +138,10 @@ def plan(backups: list[BackupInfo], archive: Path, to: datetime | str | None) ->
     lines = [lineage(archive, tli) for tli in sorted(known, reverse=True)]
     if isinstance(to, datetime):
         lines = [line for line in lines if _serving_by(archive, line, to)]
-    for line in lines:  # the newest timeline first
+    if lines:  # the newest timeline (serving by then): that one, never an older branch
         for b in reversed(backups):
-            if line.reaches(*positions[b.label]):
-                return Plan(b, str(line.timeline))
+            if lines[0].reaches(*positions[b.label]):
+                return Plan(b, str(lines[0].timeline))
     wanted = f"timeline {lines[0].timeline}" if lines else "the timeline serving then"
     raise InvalidRequestError(
         f"no base backup from which recovery can follow {wanted} of {archive} (each"

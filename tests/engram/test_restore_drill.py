@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ import psycopg
 import pytest
 
 from engram.cleanup import clean_home
-from engram.store import Store
+from engram.store import Store, timelines
 from engram.store import backup as backups
 from engram.store.server import EmbeddedPostgres
 from engram.worker import Producer
@@ -190,8 +190,12 @@ def test_the_restore_drill_keeps_every_forget_and_restores_past_a_restore(
     assert sum(text.count("\n") for text in mirrored) == 3
 
     everything = {"before", "w1", "w2", "w3"}
+    restored_at = datetime.now(UTC)
     report = drill.restore("--to", "latest", "--discard-previous")
     assert report["timeline"] == 2
+    # Timeline 2 begins at its restore (not at its parent's records it starts with).
+    began = timelines.began(drill.backups / "wal", timelines.lineage(drill.backups / "wal", 2))
+    assert began is not None and began >= restored_at
     drill.check(drill.home, everything, 2)
 
     report = drill.restore("--to", t1.isoformat(), "--discard-previous")
