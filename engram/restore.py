@@ -1,22 +1,28 @@
 """``engram restore``: the home's PostgreSQL back to a base backup or a point in time,
 then every forget of the ledger re-applied, before anything serves it.
 
-First what can be checked is: the base backup, and the WAL archive it replays
-(the one the operator names, the backup folder's ``wal``, or the one the backup's
-own ``backup.json`` names: owned by the server's user, writable by no one else,
+First what can be checked is: the base backup and the timeline it recovers along
+(``store.timelines.plan``), the WAL archive it replays (the one the operator
+names, the backup folder's ``wal``, or the one the backup's own ``backup.json``
+names: owned by the server's user, writable by no one else,
 ``store.backup.check_archive``), the target time against that archive
-(``store.backup.check_target``) and the sockets' path: a restore refused for any
-of them changes nothing. Then, under the home lock (refused while
+(``store.backup.check_target``), the sockets' path, and a forget ledger covering
+the backup (the home's, or the copy beside the backups; else
+``LedgerMissingError`` unless ``--without-ledger``): a restore refused for any of
+them changes nothing. Then, under the home lock (refused while
 ``engram up`` holds it), in this order, each step safe to run again:
 
 1. ``ENGRAM_HOME/restore.json`` is written (flushed): from here to the last step
    the home's server does not start (``store.server``), so nothing serves.
 2. The current database folder is moved aside (``postgres.before-restore-<time>``;
-   on a re-run, the half-made copy of the run before is removed instead) and the
-   base backup copied in, with ``recovery.signal``.
+   on a re-run, the half-made copy of the run before is removed instead), the
+   backups' copy of the ledger merged into the home's, and the base backup copied
+   in, with ``recovery.signal``.
 3. The server is started by us, on a socket of its own (``ENGRAM_HOME/restore-run``),
    with the recovery settings on its command line only: it replays the archive up
-   to the target and promotes. Interrupted before that, the folder cannot be
+   to the target and promotes onto a new timeline, archiving into
+   ``ENGRAM_BACKUP_DIR`` from there on (its history file first, waited for: the
+   next restore's timeline is numbered after it). Interrupted before that, the folder cannot be
    started by anything else (PostgreSQL refuses ``recovery.signal`` without a
    ``restore_command``).
 4. The marker table (``engram_restore_pending``) is created: from here the database
@@ -112,8 +118,9 @@ class RestoreReport:
 
 @dataclass(frozen=True, slots=True)
 class _Ledgers:
-    """The forget ledger a restore replays (the home's, with the copy beside the backups
-    merged into it), or None: none covers the backup and ``--without-ledger`` was given."""
+    """The forget ledgers of a restore: the home's, which it replays (the copy beside the
+    backups merged into it first), and that copy. ``covered``: one of them covers the
+    backup (False only with ``--without-ledger``)."""
 
     home: ForgetLedger
     copy: ForgetLedger | None
