@@ -16,13 +16,14 @@ from typing import Any
 
 from engram.store import backup as backups
 from engram.store.errors import ConfigError, InvalidRequestError
+from engram.store.ledger import ForgetLedger
 from engram.worker.settings import Settings
 
 from . import exits
 from .args import json_flag
 from .database import command_database
 from .output import fields, print_json, table
-from .restore import run_restore
+from .restore import WITHOUT_LEDGER, run_restore
 
 
 def _dir(settings: Settings, args: argparse.Namespace) -> Path:
@@ -36,7 +37,9 @@ def cmd_backup(settings: Settings, args: argparse.Namespace) -> int:
     folder = _dir(settings, args)
     backups.parse_keep(settings.backup_keep)  # a bad setting stops us before the backup
     with command_database(settings, "engram backup", create=False) as dsn:
-        info = backups.base_backup(dsn, folder, keep=settings.backup_keep)
+        info = backups.base_backup(
+            dsn, folder, keep=settings.backup_keep, ledger=ForgetLedger(settings.ledger_dir)
+        )
     if args.json:
         print_json(info.as_dict())
         return exits.OK
@@ -92,8 +95,20 @@ def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
             )
         return _discard(settings, args)
     archive = Path(args.archive) if args.archive else None
-    report = run_restore(settings, Path(args.source), args.to, archive)
+    report = run_restore(
+        settings, Path(args.source), args.to, archive, without_ledger=args.without_ledger
+    )
     out = report.as_dict()
+    if report.ledger == WITHOUT_LEDGER:
+        print(
+            f"engram: WARNING: restored without a forget ledger covering {report.backup}:"
+            " a record forgotten since that backup may be back (the audit row"
+            " database.restore says so). If the ledger turns up, run `engram forgets"
+            " replay --ledger DIR` before anything serves",
+            file=sys.stderr,
+        )
+    if not report.archiving.startswith(("on", "off")):
+        print(f"engram: WARNING: WAL archiving: {report.archiving}", file=sys.stderr)
     if args.discard_previous:
         out["previous_databases_removed"] = [
             s.path for s in backups.discard_set_aside(settings.home)
@@ -172,6 +187,12 @@ def register(sub: Any) -> None:
         default=None,
         help="the WAL archive to replay (default: the backup folder's wal, or the one"
         " the backup's backup.json names)",
+    )
+    restore.add_argument(
+        "--without-ledger",
+        action="store_true",
+        help="restore even when no forget ledger covers the backup (a forgotten record may"
+        " come back: said in the output and the audit)",
     )
     json_flag(restore)
     restore.set_defaults(run=cmd_restore)

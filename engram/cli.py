@@ -150,11 +150,25 @@ def cmd_metrics(settings: Settings, args: argparse.Namespace) -> int:
                 client,
                 partitions=settings.worker.partitions,
                 lease_ttl_ms=settings.worker.lease_ttl_ms,
+                archiving=_archive_status(settings),
             )
         )
     finally:
         client.close()
     return 0
+
+
+def _archive_status(settings: Settings) -> backups.ArchiveStatus | None:
+    """The database's WAL archiving, if it archives and answers within 2 s."""
+    url = runtime.configured_or_published(settings, "database_url")
+    if url is None:
+        return None
+    try:
+        with psycopg.connect(url, connect_timeout=2, autocommit=True) as conn:
+            return backups.archive_status(conn)
+    except psycopg.Error as exc:
+        log.debug("the WAL archiving not read", extra={"error": type(exc).__name__})
+        return None
 
 
 def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
@@ -182,9 +196,7 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
         "stranded_entries": sum(n for _, n in stranded),
         "stranded_streams": [stream for stream, _ in stranded],
     }
-    held = _held_redactions(settings)
-    if held is not None:
-        report["redactions_held"] = held
+    report.update(_database_checks(settings))
     # What restores moved aside in the home still holds forgotten texts: said until
     # removed (engram restore --discard-previous); the exit code is the workers'.
     aside = backups.set_aside_databases(settings.home)
@@ -194,22 +206,30 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if here else 1
 
 
-def _held_redactions(settings: Settings) -> dict[str, Any] | None:
-    """The forgets whose deleted rows something still holds (a standby's snapshot, a
-    replication slot, a prepared transaction), if any and if the database answers
-    within 2 s: the health check is the workers', and never waits on it."""
+def _database_checks(settings: Settings) -> dict[str, Any]:
+    """What the database says, if it answers within 2 s (the health check is the
+    workers', and never waits on it): the forgets whose deleted rows something still
+    holds (a standby's snapshot, a replication slot, a prepared transaction), and the
+    WAL archiving when it fails (nothing after the failing segment is archived: a
+    restore cannot reach past it)."""
     from engram.store.write import forgets
 
     url = runtime.configured_or_published(settings, "database_url")
     if url is None:
-        return None
+        return {}
+    found: dict[str, Any] = {}
     try:
         with psycopg.connect(url, connect_timeout=2, autocommit=True) as conn:
             count, reason = forgets.held(conn)
+            archiving = backups.archive_status(conn)
     except psycopg.Error as exc:
-        log.debug("held redactions not read", extra={"error": type(exc).__name__})
-        return None
-    return {"forgets": count, "held_by": reason} if count else None
+        log.debug("the database's checks not read", extra={"error": type(exc).__name__})
+        return {}
+    if count:
+        found["redactions_held"] = {"forgets": count, "held_by": reason}
+    if archiving is not None and archiving.failing:
+        found["wal_archive"] = {"status": "failing", **archiving.as_dict()}
+    return found
 
 
 def cmd_valkey_cli(settings: Settings, args: argparse.Namespace) -> int:

@@ -15,15 +15,17 @@ from collections.abc import Callable
 from typing import Any
 
 from engram.store import Operation, Scope
-from engram.store.errors import EngramError
+from engram.store.errors import EngramError, unknown_operation
 from engram.worker.admin import pause
 from engram.worker.embedded import runtime
 from engram.worker.errors import WaitTimeout
 from engram.worker.producer import Producer
+from engram.worker.protocol import StreamReceipt
 from engram.worker.settings import Settings
 
 from . import exits
 from .args import json_value, one_stdin, positive_float, scope_arg
+from .database import open_store
 
 KINDS = ("remember", "extract", "revise", "retract", "forget")
 
@@ -59,11 +61,23 @@ def cmd_wait(settings: Settings, args: argparse.Namespace) -> int:
     scope = Scope.of(json_value(args.scope, "--scope"))  # an id is its scope's
     with _producer(settings) as producer:
         return _answer(
-            lambda: producer.wait(scope, args.operation_id, args.timeout),
+            lambda: _not_lost(settings, producer.wait(scope, args.operation_id, args.timeout)),
             {"operation_id": args.operation_id},
             scope.as_dict(),
             args.timeout,
         )
+
+
+def _not_lost(settings: Settings, receipt: StreamReceipt) -> StreamReceipt:
+    """``receipt``, unless a restore of the database lost its operation (valkey's reply
+    outlives the database): then ``NotFoundError``, as the API and MCP answer. Checked
+    when the database is configured or ``engram up`` runs; else the reply is all there is."""
+    if not runtime.configured_or_published(settings, "database_url"):
+        return receipt
+    with open_store(settings, "engram wait", connections=1) as store:
+        if store.lost_to_restore(receipt):
+            raise unknown_operation(receipt.operation_id)
+    return receipt
 
 
 def _producer(settings: Settings) -> Producer:

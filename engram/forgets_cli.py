@@ -48,7 +48,7 @@ def since_arg(text: str | None, now: datetime | None = None) -> datetime | None:
 
 
 def _ledger(settings: Settings, args: argparse.Namespace) -> ForgetLedger:
-    return ForgetLedger(Path(args.ledger) if args.ledger else settings.ledger_dir)
+    return ForgetLedger(Path(args.ledger)) if args.ledger else settings.ledger()
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:

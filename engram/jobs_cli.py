@@ -15,7 +15,6 @@ from engram.jobs import prune, reembed, runner
 from engram.jobs.context import JobContext
 from engram.jobs.settings import JobsSettings, parse_duration
 from engram.store import Embedder, Store
-from engram.store.ledger import ForgetLedger
 from engram.store.vectors.embedders import EmbedderResolver
 from engram.worker.admin import pause
 from engram.worker.admin.deadletters import check_why
@@ -251,7 +250,7 @@ def _context(settings: Settings) -> JobContext:
             runtime.database_url(settings),
             settings.db_pool_size,
             read_dsn=settings.database_read_url,
-            ledger=ForgetLedger(settings.ledger_dir),
+            ledger=settings.ledger(),
         ),
         client=client,
         registry=wiring.registry(settings),

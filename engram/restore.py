@@ -1,22 +1,28 @@
 """``engram restore``: the home's PostgreSQL back to a base backup or a point in time,
 then every forget of the ledger re-applied, before anything serves it.
 
-First what can be checked is: the base backup, and the WAL archive it replays
-(the one the operator names, the backup folder's ``wal``, or the one the backup's
-own ``backup.json`` names: owned by the server's user, writable by no one else,
+First what can be checked is: the base backup and the timeline it recovers along
+(``store.timelines.plan``), the WAL archive it replays (the one the operator
+names, the backup folder's ``wal``, or the one the backup's own ``backup.json``
+names: owned by the server's user, writable by no one else,
 ``store.backup.check_archive``), the target time against that archive
-(``store.backup.check_target``) and the sockets' path: a restore refused for any
-of them changes nothing. Then, under the home lock (refused while
+(``store.backup.check_target``), the sockets' path, and a forget ledger covering
+the backup (the home's, or the copy beside the backups; else
+``LedgerMissingError`` unless ``--without-ledger``): a restore refused for any of
+them changes nothing. Then, under the home lock (refused while
 ``engram up`` holds it), in this order, each step safe to run again:
 
 1. ``ENGRAM_HOME/restore.json`` is written (flushed): from here to the last step
    the home's server does not start (``store.server``), so nothing serves.
 2. The current database folder is moved aside (``postgres.before-restore-<time>``;
-   on a re-run, the half-made copy of the run before is removed instead) and the
-   base backup copied in, with ``recovery.signal``.
+   on a re-run, the half-made copy of the run before is removed instead), the
+   backups' copy of the ledger merged into the home's, and the base backup copied
+   in, with ``recovery.signal``.
 3. The server is started by us, on a socket of its own (``ENGRAM_HOME/restore-run``),
    with the recovery settings on its command line only: it replays the archive up
-   to the target and promotes. Interrupted before that, the folder cannot be
+   to the target and promotes onto a new timeline, archiving into
+   ``ENGRAM_BACKUP_DIR`` from there on (its history file first, waited for: the
+   next restore's timeline is numbered after it). Interrupted before that, the folder cannot be
    started by anything else (PostgreSQL refuses ``recovery.signal`` without a
    ``restore_command``).
 4. The marker table (``engram_restore_pending``) is created: from here the database
@@ -56,9 +62,9 @@ from typing import Any
 
 import psycopg
 
-from engram.store import Store, audit
+from engram.store import Store, audit, timelines
 from engram.store import backup as backups
-from engram.store.errors import ConfigError
+from engram.store.errors import ConfigError, LedgerMissingError
 from engram.store.files import fsync_dir
 from engram.store.home import check_socket_path, share_with_server
 from engram.store.ledger import ForgetLedger
@@ -75,6 +81,7 @@ COMMAND = "engram restore"
 SOCKET_DIR = "restore-run"
 LOG_FILE = "restore.log"
 _READY_S = 600.0  # recovery replays the archive: up to this long
+_ARCHIVED_S = 120.0  # a segment the restored server archives: up to this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +89,13 @@ class RestoreReport:
     backup: str
     archive: str
     target: str
+    timeline: int
+    ledger: str
     replayed: int
     tokens_revoked: int
     lines_refused: int
     set_aside: str | None
+    archiving: str
     seconds: float
     replay_seconds: float
 
@@ -94,17 +104,36 @@ class RestoreReport:
             "backup": self.backup,
             "archive": self.archive,
             "target": self.target,
+            "timeline": self.timeline,
+            "ledger": self.ledger,
             "forgets_replayed": self.replayed,
             "tokens_revoked_again": self.tokens_revoked,
             "ledger_lines_refused": self.lines_refused,
             "previous_database": self.set_aside,
+            "archiving": self.archiving,
             "seconds": self.seconds,
             "replay_seconds": self.replay_seconds,
         }
 
 
+@dataclass(frozen=True, slots=True)
+class _Ledgers:
+    """The forget ledgers of a restore: the home's, which it replays (the copy beside the
+    backups merged into it first), and that copy. ``covered``: one of them covers the
+    backup (False only with ``--without-ledger``)."""
+
+    home: ForgetLedger
+    copy: ForgetLedger | None
+    covered: bool
+
+
 def run_restore(
-    settings: Settings, source: Path, to: str | None, archive: Path | None = None
+    settings: Settings,
+    source: Path,
+    to: str | None,
+    archive: Path | None = None,
+    *,
+    without_ledger: bool = False,
 ) -> RestoreReport:
     if settings.database_url:
         raise ConfigError(
@@ -113,23 +142,33 @@ def run_restore(
         )
     target = backups.parse_time(to) if to else None
     backups.ensure_server_user()  # as root, the user the archive must belong to
-    info = backups.choose(source, target if isinstance(target, datetime) else None)
-    wal = backups.check_archive(backups.archive_of(source, info, archive))
+    found = backups.candidates(source, target if isinstance(target, datetime) else None)
+    wal = backups.check_archive(backups.archive_of(source, found[-1], archive))
+    chosen = timelines.plan(found, wal, target)
+    info = chosen.backup
     home = Path(settings.home)
     _preflight(home, wal, info, target)
+    ledgers = _ledgers(settings, source, info, without_ledger)
+    archive_into = backups.prepare_dir(settings.backup_dir) if settings.backup_dir else None
     t0 = time.monotonic()
     session = HomeSession(home, COMMAND).open()
     try:
         # As `up` leaves it: as root, the server's user passes through the home (0710,
         # its group) to the database folder; a fresh home is made 0700, which it cannot.
         share_with_server(home)
-        aside = _set_aside(home, info, target, _finish_command(source, to, archive))
+        finish = _finish_command(source, to, archive, without_ledger)
+        aside = _set_aside(home, info, target, finish)
+        if ledgers.copy is not None:  # the backups' lines the home's ledger lacks
+            ledgers.copy.mirror_into(ledgers.home.directory)
         backups.place(info, postgres_dir(home))
-        with _recovering(session, home, backups.recovery_settings(wal, target)) as dsn:
+        recovery = backups.recovery_settings(wal, target, chosen.timeline, archive_into)
+        with _recovering(session, home, recovery) as dsn:
+            timeline = _timeline(dsn)
             _mark(dsn, info, target)
+            archiving = _archive_history(dsn, home, archive_into, wal, timeline)
             r0 = time.monotonic()
             with Store.connect(dsn, restoring=True, max_connections=2) as store:
-                result = replay(store, ForgetLedger(settings.ledger_dir))
+                result = replay(store, ledgers.home)
                 # What committed before this row and is not in the database was lost to
                 # the restore: a reply valkey still caches for it is not believed
                 # (web.views.receipts).
@@ -137,12 +176,17 @@ def run_restore(
                     f"cli:{getpass.getuser()}"[:200],
                     "database.restore",
                     audit.DATABASE,
-                    {"backup": info.label, "target": _target_text(target)},
+                    {
+                        "backup": info.label,
+                        "target": _target_text(target),
+                        "timeline": timeline,
+                        "ledger": _ledger_text(ledgers),
+                    },
                 )
             replay_s = time.monotonic() - r0
             if result.failed:  # named in the log, one by one; the rest was applied
                 log.warning("ledger lines the restore skipped", extra={"lines": result.failed})
-            _scrub(dsn, result.in_ledger > 0)
+            archiving = _scrub(dsn, result.in_ledger > 0, archive_into) or archiving
             _unmark(dsn)
         (home / backups.RESTORE_STATE).unlink()
         fsync_dir(home)
@@ -152,10 +196,13 @@ def run_restore(
         backup=info.label,
         archive=str(wal),
         target=_target_text(target),
+        timeline=timeline,
+        ledger=_ledger_text(ledgers),
         replayed=result.reapplied,
         tokens_revoked=result.tokens_revoked,
         lines_refused=result.failed,
         set_aside=str(aside) if aside else None,
+        archiving=archiving or ("on" if archive_into else "off: ENGRAM_BACKUP_DIR is not set"),
         seconds=round(time.monotonic() - t0, 3),
         replay_seconds=round(replay_s, 3),
     )
@@ -171,13 +218,57 @@ def _preflight(
     check_socket_path(home.resolve() / SOCKET_DIR / ".s.PGSQL.5432", "PostgreSQL")
 
 
-def _finish_command(source: Path, to: str | None, archive: Path | None) -> str:
+def _ledgers(
+    settings: Settings, source: Path, info: backups.BackupInfo, without_ledger: bool
+) -> _Ledgers:
+    """The ledgers a restore of ``info`` reads: the home's, and the copy beside the
+    backups (merged into the home's: a fresh home on a new machine has none of its
+    own). One of them must cover the backup (hold what the ledger held when it was
+    taken; a backup that recorded nothing: exist), or ``LedgerMissingError``, before
+    anything moves, unless ``without_ledger``."""
+    home = ForgetLedger(settings.ledger_dir)
+    where = backups.ledger_of(source, info)
+    copy = None
+    if where is not None and where.exists():
+        copy = ForgetLedger(backups.check_ledger_copy(where))
+    found = [ledger for ledger in (home, copy) if ledger is not None]
+    if info.ledger is None:
+        covered = any(ledger.directory.is_dir() for ledger in found)
+    else:
+        covered = any(ledger.covers(info.ledger) for ledger in found)
+    if not covered and not without_ledger:
+        looked = ", ".join(str(ledger.directory) for ledger in found) or str(home.directory)
+        raise LedgerMissingError(
+            f"no forget ledger covers base backup {info.label} (looked in {looked}"
+            + ("" if where is None or copy is not None else f" and {where}, missing")
+            + "): restored without it, the database would bring back every record forgotten"
+            " since the backup. Nothing was changed. Point ENGRAM_FORGET_LEDGER_DIR at the"
+            " ledger, or copy the backup folder's ledger with it; to restore anyway, give"
+            " --without-ledger"
+        )
+    return _Ledgers(home, copy, covered)
+
+
+WITHOUT_LEDGER = (
+    "none covering the backup (--without-ledger): a record forgotten since the backup may be back"
+)
+
+
+def _ledger_text(ledgers: _Ledgers) -> str:
+    return str(ledgers.home.directory) if ledgers.covered else WITHOUT_LEDGER
+
+
+def _finish_command(
+    source: Path, to: str | None, archive: Path | None, without_ledger: bool = False
+) -> str:
     """The command that runs this restore again (to finish it, if it is interrupted)."""
     argv = ["engram", "restore", "--from", str(Path(source).resolve())]
     if to:
         argv += ["--to", to]
     if archive is not None:
         argv += ["--archive", str(Path(archive).resolve())]
+    if without_ledger:
+        argv.append("--without-ledger")
     return shlex.join(argv)
 
 
@@ -304,18 +395,74 @@ def _mark(dsn: str, info: backups.BackupInfo, target: datetime | str | None) -> 
         conn.execute("CHECKPOINT")
 
 
-def _scrub(dsn: str, forgets: bool) -> None:
+def _timeline(dsn: str) -> int:
+    """The timeline the promoted server writes on."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()
+    assert row is not None
+    return int(str(row[0])[:8], 16)
+
+
+def _archive_history(
+    dsn: str, home: Path, archive_into: Path | None, wal: Path, timeline: int
+) -> str | None:
+    """The new timeline's history file in the archive, which the next restore reads to
+    choose a timeline of its own (else it would take this one's number again, and its
+    segments' names). Archived by the server when it archives (waited for); else
+    copied into the archive replayed, as ``archive_command`` would. Returns what went
+    wrong, if anything (the restore goes on: the database is restored)."""
+    name = f"{timeline:08X}.history"
+    if archive_into is not None:
+        return _wait_archived(dsn, archive_into / backups.WAL / name)
+    history = postgres_dir(home) / "pg_wal" / name
+    target = wal / name
+    if target.exists():
+        same = target.read_bytes() == history.read_bytes()
+        return None if same else f"{target} exists with other bytes: not replaced"
+    tmp = target.with_name(name + ".tmp")
+    shutil.copyfile(history, tmp)
+    backups.give_to_server(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.link(tmp, target)
+    tmp.unlink()
+    fsync_dir(wal)
+    return None
+
+
+def _wait_archived(dsn: str, path: Path) -> str | None:
+    """Wait until the server has archived ``path``; what went wrong, if it does not (its
+    archiving fails, or is not done within ``_ARCHIVED_S``)."""
+    deadline = time.monotonic() + _ARCHIVED_S
+    while not path.exists():
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            status = backups.archive_status(conn)
+        if status is not None and status.failing:
+            return f"WAL archiving fails ({status.last_failed_wal}): see engram health"
+        if time.monotonic() > deadline:
+            return f"{path.name} not archived within {_ARCHIVED_S:.0f} s"
+        time.sleep(0.2)
+    return None
+
+
+def _scrub(dsn: str, forgets: bool, archive_into: Path | None) -> str | None:
     """With any forget in the ledger: the tables rewritten without the freed space that
     may still hold a forgotten text (the replay's, or a forget the recovery replayed
     from the archive: either leaves the bytes in the pages until overwritten). Then
-    the WAL that held them removed."""
+    the WAL that held them removed from the database folder (archived first, when the
+    server archives: a checkpoint removes only an archived segment). Returns what went
+    wrong with the archiving, if anything."""
+    problem = None
     with psycopg.connect(dsn, autocommit=True) as conn:
         if forgets:
             conn.execute("VACUUM FULL")
         for _ in range(2):
             conn.execute("CHECKPOINT")
-            conn.execute("SELECT pg_switch_wal()")
+            row = conn.execute("SELECT pg_walfile_name(pg_switch_wal())").fetchone()
+            if archive_into is not None and row is not None and problem is None:
+                problem = _wait_archived(dsn, archive_into / backups.WAL / str(row[0]))
         conn.execute("CHECKPOINT")
+    return problem
 
 
 def _unmark(dsn: str) -> None:

@@ -15,7 +15,6 @@ from typing import Any
 
 from engram.jobs.settings import parse_duration
 from engram.store.errors import NotFoundError
-from engram.store.ledger import ForgetLedger
 from engram.store.tokens import CAPABILITIES
 from engram.worker.admin.deadletters import check_why
 from engram.worker.settings import Settings
@@ -101,7 +100,7 @@ def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_revoke(settings: Settings, args: argparse.Namespace) -> int:
     # The revocation goes to the ledger too: a restore of an older backup revokes it again.
-    ledger = ForgetLedger(settings.ledger_dir)
+    ledger = settings.ledger()
     with open_store(settings, "engram tokens revoke", ledger=ledger) as store:
         known = store.tokens.get(args.name)
         if known is None:

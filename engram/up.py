@@ -25,13 +25,17 @@ import os
 import signal
 import socket
 import sys
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import psycopg
+
 from engram.store import Store
+from engram.store import backup as backups
 from engram.store.errors import EngramError, InvalidRequestError
 from engram.store.masking import mask_url
 from engram.store.server import EmbeddedPostgres
@@ -50,6 +54,8 @@ from .supervisor import ChildSpec, ServerWatch, Supervisor
 log = logging.getLogger(__name__)
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How often ``up`` reads the embedded server's WAL archiving (``ArchiveWatch``).
+ARCHIVE_CHECK_S = 15.0
 
 
 def worker_specs(count: int, log_level: str) -> list[ChildSpec]:
@@ -124,7 +130,10 @@ def run_up(
         _announce(settings, session, servers, workers, dashboard, default_port)
         if demo:
             _stream_demo(servers.redis_url, settings)
-        _supervise(stop, servers.watches, supervisor)
+        watches: list[ServerWatch | ArchiveWatch] = [*servers.watches]
+        if servers.postgres is not None and settings.backup_dir is not None:
+            watches.append(ArchiveWatch(servers.database_url))
+        _supervise(stop, watches, supervisor)
         log.info("stopping")
         return 0
 
@@ -246,7 +255,44 @@ def _announce(
     )
 
 
-def _supervise(stop: StopRequest, watches: list[ServerWatch], supervisor: Supervisor) -> None:
+class ArchiveWatch:
+    """Says in ``up``'s log when the embedded server's WAL archiving starts failing (a
+    segment it cannot archive: nothing after it is archived, so a restore cannot reach
+    past it) and when it archives again. PostgreSQL says why in its own log only."""
+
+    def __init__(self, database_url: str, *, every_s: float = ARCHIVE_CHECK_S) -> None:
+        self.database_url = database_url
+        self.every_s = every_s
+        self._next = 0.0
+        self._failing: str | None = None
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        try:
+            with psycopg.connect(self.database_url, connect_timeout=2, autocommit=True) as conn:
+                status = backups.archive_status(conn)
+        except psycopg.Error:
+            return  # the server's own watch says when it is down
+        if status is not None and status.failing:
+            if status.last_failed_wal != self._failing:
+                log.error(
+                    "WAL archiving fails: nothing after this file is archived (engram health"
+                    " shows it; the PostgreSQL log says why)",
+                    extra={"wal": status.last_failed_wal, "failed": status.failed},
+                )
+            self._failing = status.last_failed_wal
+        elif self._failing is not None:
+            archived = status.last_archived_wal if status is not None else None
+            log.warning("WAL archiving works again", extra={"wal": archived})
+            self._failing = None
+
+
+def _supervise(
+    stop: StopRequest, watches: list[ServerWatch | ArchiveWatch], supervisor: Supervisor
+) -> None:
     """Until a stop is asked: restart a server or a child that died (or, a server's
     restarts spent, ``ServerGaveUpError``: everything stops)."""
     while not stop.wait(1.0):

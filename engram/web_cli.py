@@ -46,7 +46,6 @@ from engram.jobs import reembed
 from engram.jobs.settings import JobsSettings
 from engram.store import Store
 from engram.store.errors import ConfigError
-from engram.store.ledger import ForgetLedger
 from engram.store.vectors.embedders import EmbedderResolver
 from engram.web import Services, WebConfig, create_app, signin
 from engram.web.auth import Keys
@@ -97,7 +96,7 @@ def build(
         statement_timeout_s=config.statement_timeout_s,
         admin_statement_timeout_s=config.admin_statement_timeout_s,
         # A token revoked on the dashboard goes to the ledger too (store.tokens).
-        ledger=ForgetLedger(settings.ledger_dir),
+        ledger=settings.ledger(),
     )
     producer = Producer(client, partitions=settings.worker.partitions, stopping=stopping)
     registry = wiring.registry(settings)

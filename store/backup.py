@@ -48,9 +48,13 @@ import psycopg
 from .errors import ConfigError, InvalidRequestError, RestorePendingError
 from .files import fsync_dir
 from .home import SERVER_USER, make_private, server_gid
+from .ledger import ForgetLedger
 
 BASE = "base"
 WAL = "wal"
+# The forget ledger's copy (``ForgetLedger.mirror``): appended to with the ledger, and
+# brought up to date by each base backup.
+LEDGER = "ledger"
 INFO_FILE = "backup.json"
 PARTIAL = ".partial"
 # The marker a restore leaves in the database until the ledger's replay is done
@@ -120,13 +124,20 @@ def prepare_dir(backup_dir: Path) -> Path:
 
 
 def archive_command(backup_dir: Path) -> str:
-    """Copy a finished segment into the archive: never over an existing one (the same
-    bytes there already is success: the server crashed after archiving it), under a
-    temporary name, flushed, then renamed and the folder flushed."""
+    """Copy a finished segment (or history file) into the archive under a temporary
+    name, flushed, then linked to its name (a link never replaces a file) and the folder
+    flushed. Never over an archived file: the same bytes there already is success (the
+    server crashed after archiving it); other bytes fail, on the server's log, and
+    every try after (``archive_status`` says so)."""
     wal = shlex.quote(str(Path(backup_dir).resolve() / WAL))
+    refused = shlex.quote(
+        f"engram: {Path(backup_dir).resolve() / WAL}/%f is archived already with other"
+        " bytes: not replaced, WAL archiving is stuck (docs/backups.md)"
+    )
     return (
         f"test ! -f {wal}/%f && cp %p {wal}/%f.tmp && sync {wal}/%f.tmp"
-        f" && mv {wal}/%f.tmp {wal}/%f && sync {wal} || cmp -s %p {wal}/%f"
+        f" && ln {wal}/%f.tmp {wal}/%f && rm {wal}/%f.tmp && sync {wal}"
+        f" || cmp -s %p {wal}/%f || {{ echo {refused} >&2; exit 1; }}"
     )
 
 
@@ -150,6 +161,36 @@ def archive_settings(backup_dir: Path | None) -> dict[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class ArchiveStatus:
+    """The server's WAL archiving, as ``pg_stat_archiver`` says: failing when its last
+    try failed (the same segment is tried again, and nothing after it is archived)."""
+
+    archived: int
+    failed: int
+    last_archived_wal: str | None
+    last_failed_wal: str | None
+    last_failed_at: str | None
+    failing: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def archive_status(conn: psycopg.Connection[Any]) -> ArchiveStatus | None:
+    """The archiver's state, when the server archives (None when it does not)."""
+    if conn.execute("SHOW archive_mode").fetchone() == ("off",):
+        return None
+    row = conn.execute(
+        "SELECT archived_count, failed_count, last_archived_wal, last_failed_wal,"
+        " last_failed_time, last_failed_time IS NOT NULL AND (last_archived_time IS NULL"
+        " OR last_failed_time > last_archived_time) FROM pg_stat_archiver"
+    ).fetchone()
+    assert row is not None
+    failed_at = row[4].isoformat() if row[4] is not None else None
+    return ArchiveStatus(int(row[0]), int(row[1]), row[2], row[3], failed_at, bool(row[5]))
+
+
+@dataclass(frozen=True, slots=True)
 class BackupInfo:
     """One base backup, as its ``backup.json`` says."""
 
@@ -163,6 +204,10 @@ class BackupInfo:
     # The WAL archive the server was archiving into when it was taken (absolute). None
     # in the backup.json of an older engram: a restore of it alone names it itself.
     archive: str | None = None
+    # The forget ledger's files when it began, and how many lines each held
+    # (``ForgetLedger.manifest``): what a ledger must hold to cover this backup. None:
+    # taken without a ledger (an older engram, or ``base_backup`` given none).
+    ledger: dict[str, int] | None = None
 
     @property
     def finished(self) -> datetime:
@@ -172,11 +217,18 @@ class BackupInfo:
         return asdict(self)
 
 
-def base_backup(dsn: str, backup_dir: Path, *, keep: str | None = None) -> BackupInfo:
+def base_backup(
+    dsn: str, backup_dir: Path, *, keep: str | None = None, ledger: ForgetLedger | None = None
+) -> BackupInfo:
     """Take a base backup of the server ``dsn`` names (with replication rights) into
     ``backup_dir/base/<label>``, then prune per ``keep``. Written under a ``.partial``
-    name and renamed when complete: ``list_backups`` never sees half a backup."""
+    name and renamed when complete: ``list_backups`` never sees half a backup.
+
+    With the forget ledger, its lines are copied into ``backup_dir/ledger`` (those the
+    copy lacks: its appends keep it current between backups, ``ForgetLedger.mirror``),
+    and ``backup.json`` records what the ledger held when the backup began."""
     backup_dir = prepare_dir(backup_dir)
+    manifest = ledger.manifest() if ledger is not None else None
     started = datetime.now(UTC)
     label = started.strftime("%Y%m%dT%H%M%S%fZ")
     target = backup_dir / BASE / (label + PARTIAL)
@@ -203,7 +255,11 @@ def base_backup(dsn: str, backup_dir: Path, *, keep: str | None = None) -> Backu
         size_bytes=_size(target),
         seconds=round(time.monotonic() - t0, 3),
         archive=str(backup_dir / WAL),
+        ledger=manifest,
     )
+    if ledger is not None:
+        (backup_dir / LEDGER).mkdir(mode=0o700, exist_ok=True)  # a ledger with no lines yet
+        ledger.mirror_into(backup_dir / LEDGER)
     (target / INFO_FILE).write_text(json.dumps(info.as_dict(), indent=1))
     target.rename(backup_dir / BASE / label)
     fsync_dir(backup_dir / BASE)
@@ -290,9 +346,10 @@ def prune_wal(backup_dir: Path, oldest_needed: str) -> int:
     return removed
 
 
-def choose(source: Path, to: datetime | None) -> BackupInfo:
-    """The base backup a restore starts from: ``source`` itself if it is one, else the
-    newest in it (that ended before ``to``, when given)."""
+def candidates(source: Path, to: datetime | None) -> list[BackupInfo]:
+    """The base backups a restore may start from, oldest first: ``source`` itself if it
+    is one, else those in it (that ended before ``to``, when given). Which one, and
+    along which timeline: ``store.timelines.plan``."""
     source = Path(source)
     if (source / INFO_FILE).is_file():
         data = json.loads((source / INFO_FILE).read_text())
@@ -302,18 +359,18 @@ def choose(source: Path, to: datetime | None) -> BackupInfo:
             raise InvalidRequestError(
                 f"base backup {info.label} ended at {info.finished_at}, after --to {to.isoformat()}"
             )
-        return info
+        return [info]
     backups = [b for b in list_backups(source) if to is None or b.finished <= to]
     if not backups:
         raise InvalidRequestError(
             f"no base backup in {source.resolve()}"
             + (f" that ended before {to.isoformat()}" if to is not None else "")
         )
-    return backups[-1]
+    return backups
 
 
 def archive_of(source: Path, info: BackupInfo, named: Path | None = None) -> Path:
-    """The WAL archive a restore of ``info`` (chosen from ``source``) replays: ``named``
+    """The WAL archive a restore of ``info`` (one of ``source``'s) replays: ``named``
     when the operator names one; else the ``wal`` folder of the backup folder
     ``source`` (its ``base`` holds ``info``); else, ``source`` being one base backup,
     the archive its ``backup.json`` names. Never a folder guessed from where a
@@ -330,6 +387,29 @@ def archive_of(source: Path, info: BackupInfo, named: Path | None = None) -> Pat
             " base folder it was taken into), or restore with --from that backup folder"
         )
     return Path(info.archive)
+
+
+def ledger_of(source: Path, info: BackupInfo) -> Path | None:
+    """The copy of the forget ledger beside the backups a restore of ``info`` (one of
+    ``source``'s) reads: the backup folder's ``ledger``; for one base backup, the one
+    beside the archive its ``backup.json`` names (None: it names none)."""
+    source = Path(source)
+    if not (source / INFO_FILE).is_file():
+        return source.resolve() / LEDGER
+    return Path(info.archive).parent / LEDGER if info.archive else None
+
+
+def check_ledger_copy(folder: Path) -> Path:
+    """``folder``, if a restore may apply its lines: ours (the ledger's appender's), a
+    folder, writable by no one else. Its lines forget records: planted ones would
+    forget what was never forgotten. ``ConfigError`` otherwise, before anything moves."""
+    found = os.lstat(folder)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o022:
+        raise ConfigError(
+            f"the forget ledger's copy {folder} is not a folder of ours that only we may"
+            f" write to (uid {found.st_uid}, mode {stat.S_IMODE(found.st_mode):o}): refused"
+        )
+    return folder
 
 
 def archive_owner() -> int:
@@ -417,19 +497,28 @@ def check_target(archive: Path, info: BackupInfo, to: datetime | str | None) -> 
         )
 
 
-def recovery_settings(archive: Path, to: datetime | str | None) -> dict[str, str]:
+def recovery_settings(
+    archive: Path,
+    to: datetime | str | None,
+    timeline: str = "latest",
+    archive_into: Path | None = None,
+) -> dict[str, str]:
     """The settings a restore starts the server with (on its command line: never kept in
     the data folder, so a restore interrupted before recovery ends cannot be started
     by anything else: PostgreSQL refuses ``recovery.signal`` without them).
 
     ``to``: None restores the backup itself (recovery stops once consistent);
     ``"latest"`` replays every archived segment; a time stops before the first
-    commit after it. ``archive``: the WAL archive it replays (``check_archive``)."""
+    commit after it. ``archive``: the WAL archive it replays (``check_archive``);
+    ``timeline``: the one it follows (``store.timelines.plan``). ``archive_into``:
+    the backup folder the restored server archives into from its promotion on (its
+    new timeline's history file first, which the next restore needs to choose a
+    timeline of its own); None: archiving off."""
     settings = {
         "restore_command": restore_command(archive),
         "recovery_target_action": "promote",
-        "recovery_target_timeline": "latest",
-        "archive_mode": "off",
+        "recovery_target_timeline": timeline,
+        **archive_settings(archive_into),
     }
     if to is None:
         settings["recovery_target"] = "immediate"

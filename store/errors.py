@@ -74,6 +74,15 @@ class NotFoundError(EngramError):
     status = 404
 
 
+def unknown_operation(op_id: str) -> NotFoundError:
+    """What the API, the dashboard and ``engram wait`` say of an operation nothing
+    knows, or only a reply that a restore of the database made untrue."""
+    return NotFoundError(
+        f"no operation {op_id}: no receipt, no reply, not queued"
+        " (never sent, or maybe lost to a restore)"
+    )
+
+
 class OperationConflictError(EngramError):
     """The operation id was already used for a different request."""
 
@@ -302,6 +311,15 @@ class LedgerUnavailableError(ConfigError):
     rights): nothing was appended, so the forgets it was given are not ``complete``."""
 
     code = "ledger_unavailable"
+
+
+class LedgerMissingError(ConfigError):
+    """A restore found no forget ledger covering its backup (neither the home's nor the
+    copy beside the backups holds what the ledger held when the backup was taken):
+    restored, the database would bring back whatever was forgotten since. Nothing was
+    changed; ``engram restore --without-ledger`` proceeds anyway, saying so."""
+
+    code = "ledger_missing"
 
 
 class GenerationNotPendingError(EngramError):

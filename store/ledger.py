@@ -196,10 +196,17 @@ def default_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 class ForgetLedger:
-    """An append-only, content-free record of forgets and revocations in ``directory``."""
+    """An append-only, content-free record of forgets and revocations in ``directory``.
 
-    def __init__(self, directory: Path | None = None) -> None:
+    With a ``mirror`` (``ENGRAM_BACKUP_DIR/ledger``), every append is made there too,
+    after the ledger's own, as the server archives its WAL beside the base backups: the
+    backups carry the ledger's lines, those appended since the last base backup
+    included. The ledger is the truth: a mirror that cannot be written is logged and
+    left behind (the next ``engram backup`` copies what it lacks, ``mirror_into``)."""
+
+    def __init__(self, directory: Path | None = None, *, mirror: Path | None = None) -> None:
         self.directory = Path(directory) if directory is not None else default_dir()
+        self.mirror = Path(mirror) if mirror is not None else None
 
     def __repr__(self) -> str:
         return f"ForgetLedger({str(self.directory)!r})"
@@ -216,26 +223,62 @@ class ForgetLedger:
             )
         day = datetime.now(UTC).date().isoformat()
         for kind, text in lines.items():
-            self._append(self.directory / f"{kind}-{day}.jsonl", "".join(text).encode())
-
-    def _append(self, path: Path, data: bytes) -> None:
-        try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            created = not path.exists()
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            name, data = f"{kind}-{day}.jsonl", "".join(text).encode()
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                _cut_torn_tail(fd, path)
-                _write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)  # releases the lock
-            if created:
-                fsync_dir(self.directory)
-        except OSError as exc:
-            raise LedgerUnavailableError(
-                f"the forget ledger at {self.directory} cannot be written: {exc.strerror}"
-            ) from None
+                _append_to(self.directory / name, data)
+            except OSError as exc:
+                raise LedgerUnavailableError(
+                    f"the forget ledger at {self.directory} cannot be written: {exc.strerror}"
+                ) from None
+            if self.mirror is not None:
+                try:
+                    _append_to(self.mirror / name, data)
+                except OSError as exc:
+                    log.warning(
+                        "the forget ledger's copy beside the backups was not appended to:"
+                        " the next engram backup copies what it lacks",
+                        extra={"mirror": str(self.mirror), "error": exc.strerror},
+                    )
+
+    # -- the copy beside the backups ------------------------------------------------
+
+    def manifest(self) -> dict[str, int]:
+        """How many lines each of the ledger's files holds: what a base backup records
+        (``backup.json``'s ``ledger``), and what a ledger must hold to cover it."""
+        found: dict[str, int] = {}
+        for kind in (FORGETS, REVOCATIONS):
+            for path in self.files(kind=kind):
+                found[path.name] = _lines(path.read_bytes())
+        return found
+
+    def covers(self, manifest: Mapping[str, int]) -> bool:
+        """Whether this ledger holds at least the lines ``manifest`` counted in each file:
+        it is the one the backup was taken beside (or a copy of it), carried on."""
+        if not self.directory.is_dir():
+            return False
+        for name, count in manifest.items():
+            path = self.directory / name
+            if not _FILE.match(name) or not path.is_file() or _lines(path.read_bytes()) < count:
+                return False
+        return True
+
+    def mirror_into(self, other: Path) -> int:
+        """Append to the ledger in ``other`` every line of this one it lacks (file by
+        file, under each file's lock): a union, never a removal. Returns the lines added."""
+        added = 0
+        for kind in (FORGETS, REVOCATIONS):
+            for path in self.files(kind=kind):
+                target = Path(other) / path.name
+                have = set(target.read_bytes().splitlines()) if target.is_file() else set()
+                missing = [
+                    line
+                    for line in path.read_bytes().splitlines(keepends=True)
+                    if line.endswith(b"\n") and line.rstrip(b"\n") not in have
+                ]
+                if missing:
+                    _append_to(target, b"".join(missing))
+                    added += len(missing)
+        return added
 
     # -- reading ------------------------------------------------------------------
 
@@ -307,6 +350,27 @@ class ForgetLedger:
         for _ in self.revocations(scan=found):
             pass
         return found
+
+
+def _append_to(path: Path, data: bytes) -> None:
+    """Append ``data`` to ``path`` under its lock (a torn last line cut first), fsynced,
+    and its folder too when the file is new."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    created = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _cut_torn_tail(fd, path)
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # releases the lock
+    if created:
+        fsync_dir(path.parent)
+
+
+def _lines(data: bytes) -> int:
+    return data.count(b"\n")
 
 
 def _damaged(scan: Scan | None, path: Path, number: int, *, torn: bool) -> None:

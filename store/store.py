@@ -326,6 +326,16 @@ class Store:
             )
         return found[0] if found else None
 
+    def lost_to_restore(self, receipt: Receipt) -> bool:
+        """Whether ``receipt`` (a reply valkey still caches: it outlives a restore of the
+        database) is of an operation a restore lost: committed before this database was
+        last restored (``Audit.last_restore``), and its receipt not in it. Then the
+        operation is unknown here, whatever the reply says (docs/backups.md)."""
+        restored = self.audit.last_restore()
+        if restored is None or receipt.committed_at > restored:
+            return False
+        return self.receipt(receipt.operation_id, receipt.scope) is None
+
     def receipts(
         self,
         *,

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engram.store import LLMConfig
+from engram.store.backup import LEDGER
 from engram.store.env import Env
+from engram.store.ledger import ForgetLedger
 from engram.store.masking import MASKED_URL, masked_repr
 from engram.worker import defaults
 
@@ -107,6 +109,12 @@ class Settings:
     def ledger_dir(self) -> Path:
         """Where the forget ledger is kept (store.ledger): outside the database."""
         return self.forget_ledger_dir or self.home / "ledger"
+
+    def ledger(self) -> ForgetLedger:
+        """The forget ledger, appended to beside the backups too when there are any
+        (``ENGRAM_BACKUP_DIR/ledger``: the backups carry it, docs/backups.md)."""
+        mirror = self.backup_dir / LEDGER if self.backup_dir is not None else None
+        return ForgetLedger(self.ledger_dir, mirror=mirror)
 
 
 # The defaults Settings.from_env falls back on that are not in ``worker.defaults``.

@@ -31,8 +31,10 @@ from engram.store.errors import RestorePendingError
 from engram.store.ledger import ForgetLedger, LedgerEntry
 from engram.store.server import EmbeddedPostgres
 from engram.store.server import data_dir as postgres_dir
+from engram.up import ArchiveWatch
 from engram.worker.consuming.replies import send_reply
 from engram.worker.protocol import encode_reply
+from engram.worker.settings import Settings
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
 from tests.helpers import marker_text, rows_containing
 from tests.redis_fixtures import REPO, wait_until
@@ -62,11 +64,12 @@ def backup_dir(home: Path) -> Path:
 
 
 class Home:
-    """The home's server with archiving on, and a store whose forgets go to the ledger."""
+    """The home's server with archiving on, and a store whose forgets go to the ledger
+    (and beside the backups, as every engram process's do: ``Settings.ledger``)."""
 
     def __init__(self, home: Path) -> None:
         self.server = EmbeddedPostgres(home, backup_dir=backup_dir(home))
-        self.store = Store.connect(self.server.dsn(), ledger=ForgetLedger(home / "ledger"))
+        self.store = Store.connect(self.server.dsn(), ledger=Settings.from_env().ledger())
         self.mem = self.store.session(SCOPE, embedder=HashingEmbedder(64))
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -460,7 +463,7 @@ def test_archiving_follows_engram_backup_dir_at_each_start(home: Path) -> None:
 
 
 def test_a_restore_of_one_backup_copied_elsewhere_replays_the_archive_its_manifest_names(
-    home: Path, opened: list[Home]
+    home: Path, opened: list[Home], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before, after = marker_text(7), marker_text(8)
     h = open_home(home, opened)
@@ -479,8 +482,12 @@ def test_a_restore_of_one_backup_copied_elsewhere_replays_the_archive_its_manife
     planted = home.parent / "wal"
     planted.mkdir(mode=0o777)
     planted.chmod(0o777)
+    # Restored with no ENGRAM_BACKUP_DIR: the new timeline's history goes into the
+    # archive replayed all the same, so the next restore takes a timeline of its own.
+    monkeypatch.delenv("ENGRAM_BACKUP_DIR")
 
     assert engram("restore", "--from", str(copy), "--to", "latest") == 0
+    assert (backup_dir(home) / "wal" / "00000002.history").is_file()
 
     h = open_home(home, opened)
     assert h.texts() == sorted([before, after])
@@ -559,6 +566,7 @@ def test_after_a_restore_the_api_answers_404_for_an_operation_it_lost_not_valkey
     redis_url: str,
     serve_web: Callable[..., Served],
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     Home(home).close()
     assert engram("backup") == 0
@@ -601,6 +609,15 @@ def test_after_a_restore_the_api_answers_404_for_an_operation_it_lost_not_valkey
         "SELECT requested_by, detail FROM engram_audit WHERE action = 'database.restore'"
     )
     assert by.startswith("cli:") and detail["target"] == between.isoformat()
+    # engram wait says the same, from the same reckoning (Store.lost_to_restore).
+    monkeypatch.setenv("DATABASE_URL", h.server.dsn())
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    capsys.readouterr()
+    assert engram("wait", "op-b", "--scope", json.dumps(SCOPE), "--timeout", "5") == 1
+    said = capsys.readouterr()
+    assert json.loads(said.out)["error"]["code"] == "not_found", said
+    assert engram("wait", "op-a", "--scope", json.dumps(SCOPE), "--timeout", "5") == 0
+    assert json.loads(capsys.readouterr().out)["operation_id"] == "op-a"
 
 
 def test_a_restore_into_a_fresh_home_elsewhere_serves_it_as_up_would(
@@ -699,3 +716,111 @@ def test_a_restore_skips_a_ledger_line_it_cannot_apply_and_finishes(
     h = open_home(home, opened)  # served: the marker is gone
     assert h.texts() == ["kept"]
     assert h.sql(f"SELECT to_regclass('{backups.RESTORE_PENDING_TABLE}')") == [(None,)]
+
+
+def test_a_restore_on_a_new_machine_replays_the_backups_ledger_and_refuses_without_one(
+    home: Path, opened: list[Home], monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """The ledger travels with the backups (appended beside them as it is appended):
+    a fresh home restores from them with every forget kept. Without it, the restore
+    refuses and changes nothing, unless told --without-ledger, which it says."""
+    secret = marker_text(11)
+    h = open_home(home, opened)
+    x = h.mem.remember(f"Carol therapist note {secret} keep private", operation_id="op-x")
+    h.mem.remember("kept", operation_id="op-kept")
+    close_home(opened)
+    assert engram("backup") == 0
+    h = open_home(home, opened)
+    h.mem.forget(x.records[0].id, operation_id="forget-x")  # after the backup
+    h.archive_now()
+    close_home(opened)
+    fresh = home.parent / "fresh"
+    monkeypatch.setenv("ENGRAM_HOME", str(fresh))
+    try:
+        assert engram("restore", "--from", str(backup_dir(home)), "--to", "latest") == 0
+        h = open_home(fresh, opened)
+        assert h.texts() == ["kept"]
+        close_home(opened)
+        assert file_hits(fresh, [secret.encode(), secret.lower().encode()]) == []
+        capsys.readouterr()
+        assert engram("forgets", "check", "--json") == 0  # the home's ledger has it now
+        assert json.loads(capsys.readouterr().out)["in_ledger"] == 1
+    finally:
+        EmbeddedPostgres.stop_stale(fresh)
+
+    # The backup folder copied without its ledger, restored on yet another machine.
+    shutil.rmtree(backup_dir(home) / "ledger")
+    other = home.parent / "other"
+    monkeypatch.setenv("ENGRAM_HOME", str(other))
+    capsys.readouterr()
+    assert engram("restore", "--from", str(backup_dir(home))) == 2
+    err = capsys.readouterr().err
+    assert "ledger_missing" in err and "Nothing was changed" in err, err
+    assert not other.exists() or list(other.iterdir()) == []
+    try:
+        assert engram("restore", "--from", str(backup_dir(home)), "--without-ledger") == 0
+        said = capsys.readouterr()
+        assert "WARNING: restored without a forget ledger" in said.err, said.err
+        h = open_home(other, opened)
+        # Honest about it: the forgotten record is back, and the audit says why.
+        assert h.texts() == sorted(["kept", f"Carol therapist note {secret} keep private"])
+        [(detail,)] = h.sql("SELECT detail FROM engram_audit WHERE action = 'database.restore'")
+        assert "--without-ledger" in detail["ledger"]
+        close_home(opened)
+    finally:
+        EmbeddedPostgres.stop_stale(other)
+
+
+def test_failing_wal_archiving_is_said_by_health_metrics_the_overview_and_ups_log(
+    home: Path,
+    opened: list[Home],
+    redis_url: str,
+    serve_web: Callable[..., Served],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:
+    h = open_home(home, opened)
+    h.archive_now()
+    # Another file archived already under the name of the segment written now (as two
+    # restores onto one timeline left): never replaced, and archiving stops there.
+    [(current,)] = h.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
+    planted = backup_dir(home) / "wal" / current
+    planted.write_bytes(b"not this segment")
+    backups.give_to_server(planted)
+    h.mem.remember("a write", operation_id="op-w")
+    h.sql("SELECT pg_switch_wal()")
+
+    def failing() -> bool:
+        with psycopg.connect(h.server.dsn(), autocommit=True) as conn:
+            status = backups.archive_status(conn)
+        return status is not None and status.failing
+
+    wait_until(failing, timeout=60, what="the archiver failing")
+    assert planted.read_bytes() == b"not this segment"
+
+    monkeypatch.setenv("DATABASE_URL", h.server.dsn())
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    capsys.readouterr()
+    engram("health")  # no worker here: exit 1, and its report
+    shown = json.loads(capsys.readouterr().out)["wal_archive"]
+    assert shown["status"] == "failing" and shown["last_failed_wal"] == current
+    assert engram("metrics") == 0
+    exposition = capsys.readouterr().out
+    assert "engram_wal_archive_failing 1" in exposition, exposition
+    assert "engram_wal_archive_failed_total " in exposition
+    served = serve_web(database_url=h.server.dsn(), redis_url=redis_url)
+    page = httpx.get(served.url + "/", headers=OPERATOR)
+    assert 'id="wal-archive"' in page.text and current in page.text
+    metrics = httpx.get(served.url + "/metrics", headers=OPERATOR)
+    assert "engram_wal_archive_failing 1" in metrics.text
+    capsys.readouterr()
+    ArchiveWatch(h.server.dsn(), every_s=0).check()  # up's, every 15 s: on up's log
+    assert "ERROR   engram.up: WAL archiving fails" in capsys.readouterr().err
+
+    # Removed (the operator moved it away): archiving goes on, and every door says so.
+    planted.unlink()
+    h.mem.remember("another write", operation_id="op-w2")
+    h.sql("SELECT pg_switch_wal()")  # wakes the archiver, which tries again
+    wait_until(lambda: not failing(), timeout=120, what="the archiver archiving again")
+    engram("health")
+    assert "wal_archive" not in json.loads(capsys.readouterr().out)

@@ -72,7 +72,18 @@ def overview(request: Request) -> Response:
             now_s,
             lambda: backups.set_aside_databases(config.home) if config.home else [],
         ),
+        # WAL archiving failing: a restore cannot reach past the segment it is stuck on.
+        archive=web.costly.get("archive", now_s, lambda: archiving(services.store)),
     )
+
+
+def archiving(store: Store) -> backups.ArchiveStatus | None:
+    """The database's WAL archiving, when it archives and answers within 2 s."""
+    try:
+        with store.pool.connection(timeout=2) as conn:
+            return backups.archive_status(conn)
+    except Exception:  # down, refusing, no rights: the page and the metrics go on
+        return None
 
 
 def vector_counts(store: Store) -> dict[int, int]:
@@ -110,6 +121,9 @@ def prometheus(request: Request) -> Response:
     Query.of(request)  # takes none
     web = web_of(request)
     text = metrics.render(
-        web.services.redis, partitions=web.config.partitions, lease_ttl_ms=web.config.lease_ttl_ms
+        web.services.redis,
+        partitions=web.config.partitions,
+        lease_ttl_ms=web.config.lease_ttl_ms,
+        archiving=archiving(web.services.store),
     )
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

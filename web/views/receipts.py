@@ -11,7 +11,12 @@ from starlette.responses import Response
 
 from engram.store import ReceiptFilter, ReceiptItem, Scope
 from engram.store.audit import AuditEntry
-from engram.store.errors import EngramError, NotFoundError, OperationAmbiguousError
+from engram.store.errors import (
+    EngramError,
+    NotFoundError,
+    OperationAmbiguousError,
+    unknown_operation,
+)
 from engram.store.rows import scope_from_key
 from engram.store.values import SCOPE_FIELDS
 from engram.store.write.operations import OPERATION_KINDS
@@ -179,13 +184,6 @@ def _backlog(request: Request, op_id: str, scope: Scope | None) -> Backlog:
     )
 
 
-def unknown_operation(op_id: str) -> NotFoundError:
-    return NotFoundError(
-        f"no operation {op_id}: no receipt, no reply, not queued"
-        " (never sent, or maybe lost to a restore)"
-    )
-
-
 def _settled_state(request: Request, op_id: str, scope: Scope | None) -> OperationState | None:
     if scope is None:  # no receipt in any scope; a reply is found by its scope
         return None
@@ -206,8 +204,7 @@ def _settled_state(request: Request, op_id: str, scope: Scope | None) -> Operati
     # Committed, its receipt not (yet) readable (a replica behind): waiting. Unless it
     # committed before the database was restored: then the restore lost it, and the
     # reply valkey still caches is not the truth, the database is (as MCP's answers).
-    restored = services.store.audit.last_restore()
-    if restored is not None and reply.committed_at <= restored:
+    if services.store.lost_to_restore(reply):
         return None
     return OperationState(op_id, "waiting", None, None, scope=scope)
 

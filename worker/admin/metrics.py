@@ -23,6 +23,7 @@ from typing import Any
 
 import redis
 
+from engram.store.backup import ArchiveStatus
 from engram.store.models.llm import ModelCall
 from engram.worker import keys, layout
 from engram.worker.consuming.membership import now_ms
@@ -48,6 +49,15 @@ _HELP: dict[str, tuple[str, str]] = {
     "stream_lag": ("gauge", "Entries no worker has read yet."),
     "dead_letters": ("gauge", "Entries in the dead-letter stream."),
     "workers_live": ("gauge", "Workers whose heartbeat is recent."),
+    "wal_archived_total": ("counter", "WAL files the database server archived (pg_stat_archiver)."),
+    "wal_archive_failed_total": (
+        "counter",
+        "Failed tries to archive a WAL file (pg_stat_archiver); each is tried again.",
+    ),
+    "wal_archive_failing": (
+        "gauge",
+        "1 while the last try to archive a WAL file failed: nothing after it is archived.",
+    ),
     "llm_calls_total": ("counter", "Model calls made by the workers, by kind."),
     "llm_failures_total": ("counter", "Model calls that failed, by kind and reason."),
     "llm_prompt_tokens_total": ("counter", "Prompt tokens the model reported, by kind."),
@@ -330,8 +340,15 @@ def read_counters(client: redis.Redis) -> dict[str, float]:
     return {_s(k): float(_s(v)) for k, v in raw.items()}
 
 
-def render(client: redis.Redis, *, partitions: int, lease_ttl_ms: int) -> str:
-    """The Prometheus text exposition of the counters and the live gauges."""
+def render(
+    client: redis.Redis,
+    *,
+    partitions: int,
+    lease_ttl_ms: int,
+    archiving: ArchiveStatus | None = None,
+) -> str:
+    """The Prometheus text exposition of the counters and the live gauges (with the
+    database's WAL archiving, when it archives)."""
     counters = read_counters(client)
     if "batch_size_count" in counters:  # a histogram lists every bucket, empty ones too
         for le in BATCH_BUCKETS:
@@ -350,6 +367,12 @@ def render(client: redis.Redis, *, partitions: int, lease_ttl_ms: int) -> str:
     pipe.zcount(keys.WORKERS, now_ms() - lease_ttl_ms, "+inf")
     dead, live = pipe.execute()
     samples += [("engram_dead_letters", dead), ("engram_workers_live", live)]
+    if archiving is not None:
+        samples += [
+            ("engram_wal_archived_total", archiving.archived),
+            ("engram_wal_archive_failed_total", archiving.failed),
+            ("engram_wal_archive_failing", int(archiving.failing)),
+        ]
     return _exposition(samples)
 
 
