@@ -720,6 +720,90 @@ def commit_floor(dsn: str, n: int = 300) -> tuple[float, float]:
     return percentile(times, 50), percentile(times, 99)
 
 
+def transaction_costs(
+    postgres: EmbeddedPostgres, texts: list[str], n: int = 400
+) -> list[tuple[str, float, float, float]]:
+    """What one transaction costs, outside the streams, one after another on one
+    connection: engram's ``store.execute`` of 1 and of 8 ``remember`` operations, and the
+    naive consumer's transaction (embed, INSERT, COMMIT) of 1. Per operation: p50 of
+    the wall time per transaction (ms), the caller's CPU (ms, this thread) and the
+    PostgreSQL server's (ms, every process)."""
+    from pgvector.psycopg import register_vector
+
+    from engram.store import Store, WordLlamaEmbedder, WriteOptions
+    from engram.store.values import Fence
+
+    embedder = WordLlamaEmbedder()
+    embedder.embed(["warm"])
+    store = Store.connect(fresh_database(postgres, "b_tx"))
+    conn = psycopg.connect(fresh_database(postgres, "b_tx_naive"))
+    conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    conn.execute(PLAIN_TABLE)
+    conn.commit()
+    register_vector(conn)
+    fence = WriteOptions(fences=(Fence("bench:tx", 1),), check_replays=False)
+
+    def engram(tag: str, per: int) -> Callable[[int], None]:
+        def one(i: int) -> None:
+            ops = [
+                Operation.build(
+                    "remember",
+                    {"user_id": f"user-{(i * per + j) % SCOPES}"},
+                    {"text": f"{texts[(i * per + j) % len(texts)]} {tag}"},
+                    f"{tag}:{i}:{j}",
+                )
+                for j in range(per)
+            ]
+            store.execute(ops, embedder, options=fence)
+
+        return one
+
+    def naive(tag: str) -> Callable[[int], None]:
+        def one(i: int) -> None:
+            with conn.transaction():
+                text = f"{texts[i % len(texts)]} {tag}"
+                vector = embedder.embed([text])[0]
+                conn.execute(
+                    "INSERT INTO plain_memories VALUES (%s, %s, %s, %s)",
+                    (f"{tag}:{i}", "s", text, vector),
+                )
+
+        return one
+
+    rows = []
+    try:
+        for name, per, make in (
+            ("engram, 1 operation per transaction", 1, lambda t: engram(t, 1)),
+            ("engram, 8 operations per transaction", 8, lambda t: engram(t, 8)),
+            ("naive, 1 operation per transaction", 1, naive),
+        ):
+            count = n // per
+            warm = make(f"{per}{name[0]}w")
+            for i in range(min(count, 50)):
+                warm(i)
+            run = make(f"{per}{name[0]}")
+            tree = TreeCpu([postgres.pid] if postgres.pid else [])
+            cpu = time.thread_time()
+            walls = []
+            for i in range(count):
+                t = time.perf_counter()
+                run(i)
+                walls.append((time.perf_counter() - t) * 1000)
+            ops = count * per
+            rows.append(
+                (
+                    name,
+                    percentile(walls, 50) / per,
+                    (time.thread_time() - cpu) * 1000 / ops,
+                    tree.seconds() * 1000 / ops,
+                )
+            )
+    finally:
+        conn.close()
+        store.close()
+    return rows
+
+
 @dataclass
 class Medians:
     """The median of each figure over a system's runs at one load."""
@@ -804,7 +888,16 @@ def main() -> None:
         help="skip the maximum-rate runs and take this as every system's maximum (ops/s):"
         " for quick paced comparisons",
     )
+    parser.add_argument(
+        "--tx-costs",
+        action="store_true",
+        help="only measure what one transaction costs (engram's of 1 and 8 operations, the"
+        " naive consumer's of 1), outside the streams, and exit",
+    )
     args = parser.parse_args()
+    if args.tx_costs:
+        _tx_costs_only()
+        return
 
     home = Path(tempfile.mkdtemp(prefix="engram-bench-"))
     postgres = EmbeddedPostgres(home)
@@ -932,6 +1025,23 @@ def main() -> None:
             )
     if staged:
         _report_stages(staged, at_max[3].rate, floor)
+
+
+def _tx_costs_only() -> None:
+    home = Path(tempfile.mkdtemp(prefix="engram-bench-"))
+    postgres = EmbeddedPostgres(home)
+    try:
+        rows = transaction_costs(postgres, sentences(20_000))
+        floor = commit_floor(fresh_database(postgres, "b_floor"))
+    finally:
+        postgres.stop()
+        shutil.rmtree(home, ignore_errors=True)
+    print(f"\n### One transaction, outside the streams (load average {os.getloadavg()[0]:.1f})\n")
+    print("| transaction | wall p50 ms per op | caller CPU ms/op | PostgreSQL CPU ms/op |")
+    print("|---|---:|---:|---:|")
+    for name, wall, cpu, server in rows:
+        print(f"| {name} | {wall:.2f} | {cpu:.2f} | {server:.2f} |")
+    print(f"\nThe smallest durable commit: p50 {floor[0]:.2f} ms, p99 {floor[1]:.2f} ms.")
 
 
 def _met(ok: bool) -> str:
