@@ -675,7 +675,7 @@ def run_stages(
     seconds: float,
     texts: list[str],
     trace: Path,
-) -> list[tuple[float, Result, dict[str, list[float]]]]:
+) -> list[tuple[float, Result, dict[str, list[float]], float]]:
     """engram paced at each rate with its workers noting their stages: per rate, the
     result and its breakdown. Its CPU figures are not reported (the notes cost some)."""
     results = []
@@ -691,11 +691,12 @@ def run_stages(
             drive(system, client, make_load(f"st{i}-warm", 500, texts), None, [])
             system.settle()
             load = make_load(f"st{i}", max(int(rate * seconds), 50), texts)
+            machine = os.getloadavg()[0]
             result = drive(system, client, load, rate, [])
         finally:
             system.stop()
         cycles = stages_of(sorted(trace.iterdir()))
-        results.append((rate, result, stage_breakdown(result, cycles)))
+        results.append((rate, result, stage_breakdown(result, cycles), machine))
     return results
 
 
@@ -854,7 +855,8 @@ def main() -> None:
         "--repeat",
         type=int,
         default=3,
-        help="runs of every system (interleaved); medians are reported",
+        help="runs of every system (interleaved); medians are reported (0, with --max-rate:"
+        " only the runs of --stages)",
     )
     parser.add_argument(
         "--loads",
@@ -1009,13 +1011,15 @@ def main() -> None:
         shutil.rmtree(home, ignore_errors=True)  # a run leaves gigabytes
     if maxima[0]:
         _report(args, [s.name for s in setups], at_max)
-    print(
-        "\nThe machine's load average (1, 5, 15 min) as each round of paced runs began: "
-        + "; ".join(" / ".join(f"{x:.1f}" for x in avg) for avg in loads_avg)
-        + "."
-    )
-    _report_same_load("engram", loads, at_max[3].rate, engram_paced, batching_paced)
-    if maxima[0]:
+    if loads_avg:
+        print(
+            "\nThe machine's load average (1, 5, 15 min) as each round of paced runs began: "
+            + "; ".join(" / ".join(f"{x:.1f}" for x in avg) for avg in loads_avg)
+            + "."
+        )
+    if engram_paced:
+        _report_same_load("engram", loads, at_max[3].rate, engram_paced, batching_paced)
+    if maxima[0] and engram_paced:
         _report_low("engram", low, at_max[0], [runs[len(loads)] for runs in engram_paced])
     if lingering_paced:
         _report_same_load(lingering.name, loads, at_max[3].rate, lingering_paced, batching_paced)
@@ -1117,7 +1121,7 @@ def _report_low(name: str, low: float, at_max: Medians, runs: list[Result]) -> N
 
 
 def _report_stages(
-    staged: list[tuple[float, Result, dict[str, list[float]]]],
+    staged: list[tuple[float, Result, dict[str, list[float]], float]],
     batching_max: float,
     floor: tuple[float, float],
 ) -> None:
@@ -1126,17 +1130,19 @@ def _report_stages(
         " stages: bench.stages)\n"
     )
     heads = " | ".join(
-        f"{rate:,.0f} ops/s ({rate / batching_max:.0%}): p50 / mean / p99" for rate, _, _ in staged
+        f"{rate:,.0f} ops/s ({rate / batching_max:.0%}; load average {machine:.1f}):"
+        " p50 / mean / p99"
+        for rate, _, _, machine in staged
     )
     print(f"| stage, ms | {heads} |\n|---|{'---:|' * len(staged)}")
     for name, what in [*STAGES, ("total", "sent until the collector saw the answer")]:
         cells = []
-        for _, _, parts in staged:
+        for _, _, parts, _ in staged:
             v = parts[name]
             mean = sum(v) / len(v) if v else 0.0
             cells.append(f"{percentile(v, 50):.2f} / {mean:.2f} / {percentile(v, 99):.2f}")
         print(f"| {name}: {what} | {' | '.join(cells)} |")
-    ops = [sum(parts["ops"]) / max(len(parts["ops"]), 1) for _, _, parts in staged]
+    ops = [sum(parts["ops"]) / max(len(parts["ops"]), 1) for _, _, parts, _ in staged]
     print(
         "| operations per cycle (mean, per operation) | "
         + " | ".join(f"{x:.1f}" for x in ops)

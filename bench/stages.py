@@ -17,7 +17,8 @@ and writes, when it stops, one line per cycle:
   and all of ``store.execute`` (the replay look-up, pool checkout, results);
 - ``end``: the cycle's answers were ready (``Consumer._finish`` returned);
 - ``replied``: when the pipeline that carried them was sent (the next cycle's read,
-  or a ``_send`` of their own);
+  the stray check's looks, or a ``_send`` of their own; for the looks, when they
+  returned);
 - ``ops``: the operation ids it committed.
 
 Nothing here changes what the worker does; the wrapping costs a few clock
@@ -82,6 +83,15 @@ def install(path: Path) -> None:
             _replied(_clock())
         send(self)
 
+    strays = Consumer._find_strays
+
+    @wraps(strays)
+    def traced_strays(self: Consumer, active: Any) -> None:
+        unsent = self._unsent
+        strays(self, active)
+        if unsent is not None and self._unsent is None:  # they went with its looks
+            _replied(_clock())
+
     commit = Committer.commit
 
     @wraps(commit)
@@ -99,6 +109,7 @@ def install(path: Path) -> None:
     Consumer._cycle = traced_cycle  # type: ignore[method-assign]
     Consumer._read_all = traced_read_all  # type: ignore[method-assign]
     Consumer._send = traced_send  # type: ignore[method-assign]
+    Consumer._find_strays = traced_strays  # type: ignore[method-assign]
     Committer.commit = traced_commit  # type: ignore[method-assign]
     atexit.register(_write, path)
 
