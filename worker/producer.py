@@ -116,7 +116,8 @@ class Pending:
         read that never blocks, so many waiting requests cannot starve a server's thread
         pool. None once ``wait_s`` has passed, or as soon as the producer is stopping
         (``Producer.stopping``: the server that waits is shutting down and answers its
-        waiting requests at once); the operation stays queued either way. A reply lost
+        waiting requests at once; a blocking read under way ends first, within
+        ``FAST_WAIT_S``); the operation stays queued either way. A reply lost
         after its entry was answered is asked again, as ``wait`` does."""
         producer = self.producer
         deadline = time.monotonic() + wait_s
