@@ -244,21 +244,25 @@ class Engram(System):
         workers: int,
         batch_size: int,
         env: dict[str, str] | None = None,
+        trace: Path | None = None,
     ) -> None:
         super().__init__(dsn, redis_url)
         self.name = f"engram ({workers} worker process{'es' if workers > 1 else ''})"
         self.workers = workers
         self.batch_size = batch_size
         self.env = env or {}  # more settings for the workers (ENGRAM_LLM_*, say)
+        # With a directory: the workers note each cycle's stages there (``bench.stages``).
+        self.trace = trace
         self.producer = Producer.from_url(redis_url)
 
     def start(self) -> None:
         from engram.store import Store
 
         Store.connect(self.dsn).close()  # migrate
-        for _ in range(self.workers):
+        for i in range(self.workers):
+            traced = [] if self.trace is None else ["-m", "bench.stages", str(self.trace / f"{i}")]
             self._spawn(
-                ["-m", "engram", "--log-level", "WARNING", "worker"],
+                [*(traced or ["-m", "engram"]), "--log-level", "WARNING", "worker"],
                 {
                     "DATABASE_URL": self.dsn,
                     "REDIS_URL": self.redis_url,
@@ -433,6 +437,7 @@ class Collector:
             raise RuntimeError("the collector process did not start")
         self.expected = expected
         self.sent: dict[str, float] = {}
+        self.enqueued: dict[str, float] = {}  # when the enqueue returned (paced runs)
         self.seen: dict[str, float] = {}
 
     def wait(self, timeout: float) -> bool:
@@ -458,6 +463,9 @@ class Collector:
             latencies,
             {op_id: at - start for op_id, at in self.sent.items()},
             {op_id: at - start for op_id, at in self.seen.items()},
+            start,
+            dict(self.enqueued),
+            dict(self.seen),
         )
 
 
@@ -476,6 +484,12 @@ class Result:
     latencies_ms: dict[str, float] = field(default_factory=dict)
     sent_s: dict[str, float] = field(default_factory=dict)
     answered_s: dict[str, float] = field(default_factory=dict)
+    # The clock readings themselves (``time.perf_counter``, the same clock in every
+    # process): the run's start, and per operation id when its enqueue returned (paced
+    # runs) and when its answer appeared, for ``stage_breakdown``.
+    start: float = 0.0
+    enqueued_at: dict[str, float] = field(default_factory=dict)
+    answered_at: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -516,6 +530,7 @@ def drive(
                     time.sleep(delay)
                 t = time.perf_counter()
                 system.enqueue(op_id, scope, text)
+                collector.enqueued[op_id] = time.perf_counter()
                 collector.sent[op_id] = t
 
         producers = [
@@ -600,6 +615,196 @@ def run_paced(
     return results
 
 
+# The stages of an operation's life, in order, as ``stage_breakdown`` names them.
+STAGES = (
+    ("enqueue", "the producer's enqueue (XADD, valkey's fsync)"),
+    ("busy", "waiting for the consumer to finish the cycle in hand"),
+    ("checks", "the cycle's checks before its read (leases, pauses, strays)"),
+    ("wake", "the XREADGROUP: sent (or blocked) until it returned the entry"),
+    ("triage", "triage and the model phase's bookkeeping"),
+    ("embed", "embedding"),
+    ("execute", "store.execute besides the two below (pool, replay look-up, results)"),
+    ("tx", "the transaction: fence, locks, reads, writes, COMMIT (WAL fsync)"),
+    ("answers", "outcomes and answers built"),
+    ("to_reply", "until the pipeline with the reply is sent (the next cycle's read)"),
+    ("reply", "reply sent until the collector saw it"),
+)
+
+
+def stage_breakdown(result: Result, cycles: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per stage, its length (ms) for each operation of ``result`` found in ``cycles``
+    (``bench.stages``); also ``total`` and the cycle's ``ops`` (its operation count)."""
+    by_op = {op_id: c for c in cycles if "replied" in c for op_id in c["ops"]}
+    out: dict[str, list[float]] = {name: [] for name, _ in STAGES}
+    out["total"], out["ops"] = [], []
+    for op_id, sent_s in result.sent_s.items():
+        c = by_op.get(op_id)
+        if c is None or "sent" not in c or op_id not in result.answered_at:
+            continue
+        sent = result.start + sent_s
+        enqueued = result.enqueued_at[op_id]
+        # Enqueued before the cycle that read it began: it waited for the one before.
+        began = max(enqueued, c["start"])
+        execute = c.get("execute_ms", 0.0) - c.get("embed_ms", 0.0) - c.get("tx_ms", 0.0)
+        parts = {
+            "enqueue": enqueued - sent,
+            "busy": max(0.0, c["start"] - enqueued),
+            "checks": max(0.0, c["sent"] - began),
+            "wake": c["back"] - max(enqueued, c["sent"]),
+            "triage": c["commit"] - c["back"],
+            "embed": c.get("embed_ms", 0.0) / 1000,
+            "execute": execute / 1000,
+            "tx": c.get("tx_ms", 0.0) / 1000,
+            "answers": c["end"]
+            - c["committed"]
+            + (c["committed"] - c["commit"] - c.get("execute_ms", 0.0) / 1000),
+            "to_reply": c["replied"] - c["end"],
+            "reply": result.answered_at[op_id] - c["replied"],
+        }
+        for name, seconds in parts.items():
+            out[name].append(seconds * 1000)
+        out["total"].append((result.answered_at[op_id] - sent) * 1000)
+        out["ops"].append(float(len(c["ops"])))
+    return out
+
+
+def run_stages(
+    setup: Setup,
+    client: redis.Redis,
+    rates: list[float],
+    seconds: float,
+    texts: list[str],
+    trace: Path,
+) -> list[tuple[float, Result, dict[str, list[float]], float]]:
+    """engram paced at each rate with its workers noting their stages: per rate, the
+    result and its breakdown. Its CPU figures are not reported (the notes cost some)."""
+    results = []
+    for i, rate in enumerate(rates):
+        client.flushall()
+        shutil.rmtree(trace, ignore_errors=True)
+        trace.mkdir(parents=True)
+        system = setup.make()
+        assert isinstance(system, Engram)
+        system.trace = trace
+        system.start()
+        try:
+            drive(system, client, make_load(f"st{i}-warm", 500, texts), None, [])
+            system.settle()
+            load = make_load(f"st{i}", max(int(rate * seconds), 50), texts)
+            machine = os.getloadavg()[0]
+            result = drive(system, client, load, rate, [])
+        finally:
+            system.stop()
+        cycles = stages_of(sorted(trace.iterdir()))
+        results.append((rate, result, stage_breakdown(result, cycles), machine))
+    return results
+
+
+def stages_of(paths: list[Path]) -> list[dict[str, Any]]:
+    from bench.stages import read_cycles
+
+    return read_cycles(paths)
+
+
+def commit_floor(dsn: str, n: int = 300) -> tuple[float, float]:
+    """The p50 and p99 (ms) of the smallest durable commit on this server (one row's
+    INSERT and COMMIT, synchronous_commit on): what any receipt costs at least."""
+    times = []
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_floor (n int)")
+        conn.commit()
+        for i in range(n):
+            t = time.perf_counter()
+            conn.execute("INSERT INTO bench_floor VALUES (%s)", (i,))
+            conn.commit()
+            times.append((time.perf_counter() - t) * 1000)
+    return percentile(times, 50), percentile(times, 99)
+
+
+def transaction_costs(
+    postgres: EmbeddedPostgres, texts: list[str], n: int = 400
+) -> list[tuple[str, float, float, float]]:
+    """What one transaction costs, outside the streams, one after another on one
+    connection: engram's ``store.execute`` of 1 and of 8 ``remember`` operations, and the
+    naive consumer's transaction (embed, INSERT, COMMIT) of 1. Per operation: p50 of
+    the wall time per transaction (ms), the caller's CPU (ms, this thread) and the
+    PostgreSQL server's (ms, every process)."""
+    from pgvector.psycopg import register_vector
+
+    from engram.store import Store, WordLlamaEmbedder, WriteOptions
+    from engram.store.values import Fence
+
+    embedder = WordLlamaEmbedder()
+    embedder.embed(["warm"])
+    store = Store.connect(fresh_database(postgres, "b_tx"))
+    conn = psycopg.connect(fresh_database(postgres, "b_tx_naive"))
+    conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    conn.execute(PLAIN_TABLE)
+    conn.commit()
+    register_vector(conn)
+    fence = WriteOptions(fences=(Fence("bench:tx", 1),), check_replays=False)
+
+    def engram(tag: str, per: int) -> Callable[[int], None]:
+        def one(i: int) -> None:
+            ops = [
+                Operation.build(
+                    "remember",
+                    {"user_id": f"user-{(i * per + j) % SCOPES}"},
+                    {"text": f"{texts[(i * per + j) % len(texts)]} {tag}"},
+                    f"{tag}:{i}:{j}",
+                )
+                for j in range(per)
+            ]
+            store.execute(ops, embedder, options=fence)
+
+        return one
+
+    def naive(tag: str) -> Callable[[int], None]:
+        def one(i: int) -> None:
+            with conn.transaction():
+                text = f"{texts[i % len(texts)]} {tag}"
+                vector = embedder.embed([text])[0]
+                conn.execute(
+                    "INSERT INTO plain_memories VALUES (%s, %s, %s, %s)",
+                    (f"{tag}:{i}", "s", text, vector),
+                )
+
+        return one
+
+    rows = []
+    try:
+        for name, per, make in (
+            ("engram, 1 operation per transaction", 1, lambda t: engram(t, 1)),
+            ("engram, 8 operations per transaction", 8, lambda t: engram(t, 8)),
+            ("naive, 1 operation per transaction", 1, naive),
+        ):
+            count = n // per
+            warm = make(f"{per}{name[0]}w")
+            for i in range(min(count, 50)):
+                warm(i)
+            run = make(f"{per}{name[0]}")
+            tree = TreeCpu([postgres.pid] if postgres.pid else [])
+            cpu = time.thread_time()
+            walls = []
+            for i in range(count):
+                t = time.perf_counter()
+                run(i)
+                walls.append((time.perf_counter() - t) * 1000)
+            ops = count * per
+            rows.append(
+                (
+                    name,
+                    percentile(walls, 50) / per,
+                    (time.thread_time() - cpu) * 1000 / ops,
+                    tree.seconds() * 1000 / ops,
+                )
+            )
+    finally:
+        conn.close()
+        store.close()
+    return rows
+
+
 @dataclass
 class Medians:
     """The median of each figure over a system's runs at one load."""
@@ -650,11 +855,12 @@ def main() -> None:
         "--repeat",
         type=int,
         default=3,
-        help="runs of every system (interleaved); medians are reported",
+        help="runs of every system (interleaved); medians are reported (0, with --max-rate:"
+        " only the runs of --stages)",
     )
     parser.add_argument(
         "--loads",
-        default="0.25,0.5",
+        default="0.1,0.25,0.5",
         help="fractions of baseline 3's median maximum at which engram and baseline 3 are"
         " paced side by side",
     )
@@ -671,7 +877,29 @@ def main() -> None:
         help="fraction of engram's median maximum at which its CPU per operation is"
         " compared with that at its maximum",
     )
+    parser.add_argument(
+        "--stages",
+        default="0.1,0.25",
+        help="fractions of baseline 3's median maximum at which engram runs once more with"
+        " its workers noting each operation's stages (bench.stages); empty: skip",
+    )
+    parser.add_argument(
+        "--max-rate",
+        type=float,
+        default=0,
+        help="skip the maximum-rate runs and take this as every system's maximum (ops/s):"
+        " for quick paced comparisons",
+    )
+    parser.add_argument(
+        "--tx-costs",
+        action="store_true",
+        help="only measure what one transaction costs (engram's of 1 and 8 operations, the"
+        " naive consumer's of 1), outside the streams, and exit",
+    )
     args = parser.parse_args()
+    if args.tx_costs:
+        _tx_costs_only()
+        return
 
     home = Path(tempfile.mkdtemp(prefix="engram-bench-"))
     postgres = EmbeddedPostgres(home)
@@ -719,10 +947,13 @@ def main() -> None:
             ),
         ]
         maxima: list[list[Result]] = [[] for _ in setups]
-        for r in range(args.repeat):  # interleaved, so that a noisy minute hits everyone
-            for i, setup in enumerate(setups):
+        for r in range(args.repeat if not args.max_rate else 0):  # interleaved: a noisy
+            for i, setup in enumerate(setups):  # minute hits everyone
                 maxima[i].append(run_max(setup, client, servers, texts, f"{setup.tag}{r}"))
-        at_max = [Medians.of(runs) for runs in maxima]
+        at_max = [
+            Medians.of(runs) if runs else Medians(args.max_rate, 0, 0, 0, None, None)
+            for runs in maxima
+        ]
         batching = setups[3]
         loads = [at_max[3].rate * float(f) for f in args.loads.split(",") if f]
         low = at_max[0].rate * args.low
@@ -741,7 +972,9 @@ def main() -> None:
         engram_paced: list[list[Result]] = []
         batching_paced: list[list[Result]] = []
         lingering_paced: list[list[Result]] = []
+        loads_avg: list[tuple[float, float, float]] = []
         for r in range(args.repeat):  # engram, baseline, engram, baseline, ...
+            loads_avg.append(os.getloadavg())
             engram_paced.append(
                 run_paced(
                     engram, client, servers, [*loads, low], args.paced_seconds, texts, f"pe{r}"
@@ -762,17 +995,57 @@ def main() -> None:
                         f"pl{r}",
                     )
                 )
+        floor = commit_floor(fresh_database(postgres, "b_floor"))
+        staged = run_stages(
+            engram,
+            client,
+            [at_max[3].rate * float(f) for f in args.stages.split(",") if f],
+            args.paced_seconds,
+            texts,
+            home / "stages",
+        )
     finally:
         client.close()
         valkey.stop()
         postgres.stop()
         shutil.rmtree(home, ignore_errors=True)  # a run leaves gigabytes
-    _report(args, [s.name for s in setups], at_max)
-    _report_same_load("engram", loads, at_max[3].rate, engram_paced, batching_paced)
-    _report_low("engram", low, at_max[0], [runs[len(loads)] for runs in engram_paced])
+    if maxima[0]:
+        _report(args, [s.name for s in setups], at_max)
+    if loads_avg:
+        print(
+            "\nThe machine's load average (1, 5, 15 min) as each round of paced runs began: "
+            + "; ".join(" / ".join(f"{x:.1f}" for x in avg) for avg in loads_avg)
+            + "."
+        )
+    if engram_paced:
+        _report_same_load("engram", loads, at_max[3].rate, engram_paced, batching_paced)
+    if maxima[0] and engram_paced:
+        _report_low("engram", low, at_max[0], [runs[len(loads)] for runs in engram_paced])
     if lingering_paced:
         _report_same_load(lingering.name, loads, at_max[3].rate, lingering_paced, batching_paced)
-        _report_low(lingering.name, low, at_max[0], [runs[len(loads)] for runs in lingering_paced])
+        if maxima[0]:
+            _report_low(
+                lingering.name, low, at_max[0], [runs[len(loads)] for runs in lingering_paced]
+            )
+    if staged:
+        _report_stages(staged, at_max[3].rate, floor)
+
+
+def _tx_costs_only() -> None:
+    home = Path(tempfile.mkdtemp(prefix="engram-bench-"))
+    postgres = EmbeddedPostgres(home)
+    try:
+        rows = transaction_costs(postgres, sentences(20_000))
+        floor = commit_floor(fresh_database(postgres, "b_floor"))
+    finally:
+        postgres.stop()
+        shutil.rmtree(home, ignore_errors=True)
+    print(f"\n### One transaction, outside the streams (load average {os.getloadavg()[0]:.1f})\n")
+    print("| transaction | wall p50 ms per op | caller CPU ms/op | PostgreSQL CPU ms/op |")
+    print("|---|---:|---:|---:|")
+    for name, wall, cpu, server in rows:
+        print(f"| {name} | {wall:.2f} | {cpu:.2f} | {server:.2f} |")
+    print(f"\nThe smallest durable commit: p50 {floor[0]:.2f} ms, p99 {floor[1]:.2f} ms.")
 
 
 def _met(ok: bool) -> str:
@@ -844,6 +1117,40 @@ def _report_low(name: str, low: float, at_max: Medians, runs: list[Result]) -> N
         " maximum:"
         f" {ratio:.1f}x (target <= 2x: {_met(ratio <= 2)}); p50 / p99 there"
         f" {m.p50_ms:.1f} / {m.p99_ms:.1f} ms, CPU busy {_share(m.busy)}."
+    )
+
+
+def _report_stages(
+    staged: list[tuple[float, Result, dict[str, list[float]], float]],
+    batching_max: float,
+    floor: tuple[float, float],
+) -> None:
+    print(
+        "\n### Where an operation's time goes (engram, paced; its workers noting their"
+        " stages: bench.stages)\n"
+    )
+    heads = " | ".join(
+        f"{rate:,.0f} ops/s ({rate / batching_max:.0%}; load average {machine:.1f}):"
+        " p50 / mean / p99"
+        for rate, _, _, machine in staged
+    )
+    print(f"| stage, ms | {heads} |\n|---|{'---:|' * len(staged)}")
+    for name, what in [*STAGES, ("total", "sent until the collector saw the answer")]:
+        cells = []
+        for _, _, parts, _ in staged:
+            v = parts[name]
+            mean = sum(v) / len(v) if v else 0.0
+            cells.append(f"{percentile(v, 50):.2f} / {mean:.2f} / {percentile(v, 99):.2f}")
+        print(f"| {name}: {what} | {' | '.join(cells)} |")
+    ops = [sum(parts["ops"]) / max(len(parts["ops"]), 1) for _, _, parts, _ in staged]
+    print(
+        "| operations per cycle (mean, per operation) | "
+        + " | ".join(f"{x:.1f}" for x in ops)
+        + " |"
+    )
+    print(
+        f"\nThe smallest durable commit on this PostgreSQL (one row, synchronous_commit on):"
+        f" p50 {floor[0]:.2f} ms, p99 {floor[1]:.2f} ms."
     )
 
 

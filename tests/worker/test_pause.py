@@ -5,6 +5,7 @@ is resumed; paused jobs are not run until resumed."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,10 @@ from rq.worker import BaseWorker
 from engram.cli import main
 from engram.jobs import keys as jobs_keys
 from engram.jobs import prune, queues
-from engram.store import Store
+from engram.store import HashingEmbedder, Store
 from engram.worker import Producer, keys
 from engram.worker.admin import pause
+from engram.worker.consuming.consumer import Consumer, Shared
 from engram.worker.embedded.runtime import connect_redis
 from engram.worker.protocol import partition_of
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
@@ -70,6 +72,28 @@ def test_a_pause_is_in_effect_once_every_live_worker_reports_it() -> None:
     assert pause.not_yet_seen(3, workers) == ["w2", "w3"]
     assert pause.not_yet_seen(13, workers) == ["w1", "w3"]
     assert pause.not_yet_seen(3, [{"id": "w1", "paused": "3"}]) == []
+
+
+def test_a_consumer_takes_the_pauses_its_worker_read_and_never_an_older_read(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    """The worker's own thread reads the paused partitions each tick and offers them to
+    its consumer (so a cycle pays no round trip for them); a read sent before the
+    consumer's own last look would undo a pause that look saw, and is passed over."""
+    consumer = Consumer(Shared(redis_client, store, HashingEmbedder(64), FAST, "w-pause"))
+    stale_sent = time.monotonic()  # a tick's read, sent before the pause below
+    pause.pause_partition(redis_client, 2, pause.Pause.now("tester"))
+    assert consumer._paused() == {2}  # nothing offered yet: the consumer looks itself
+    assert redis_client.hget(keys.worker("w-pause"), "paused") == b"2"
+
+    consumer.offer_pauses(frozenset(), stale_sent)  # what the tick saw before the pause
+    assert consumer._paused() == {2}
+    assert redis_client.hget(keys.worker("w-pause"), "paused") == b"2"
+
+    pause.pause_partition(redis_client, 3, pause.Pause.now("tester"))
+    consumer.offer_pauses(pause.paused_numbers(redis_client), time.monotonic())
+    assert consumer._paused() == {2, 3}  # taken from the offer, before any look was due
+    assert redis_client.hget(keys.worker("w-pause"), "paused") == b"2,3"
 
 
 def test_a_pause_is_stored_with_who_when_and_why(redis_client: redis.Redis) -> None:

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -23,7 +25,9 @@ from engram.worker import (
     WaitTimeout,
     keys,
 )
+from engram.worker import producer as producer_module
 from engram.worker.protocol import encode_reply, partition_of
+from tests.redis_fixtures import wait_until
 
 SCOPE = {"user_id": "ada"}
 
@@ -388,3 +392,38 @@ def test_an_unreachable_redis_is_a_clear_error_not_a_silent_drop() -> None:
         producer.enqueue_many([op])
     with pytest.raises(WaitTimeout, match="redis unreachable"):
         producer.wait(SCOPE, "lost:1", timeout=0.3)
+
+
+def _blocked(client: redis.Redis) -> int:
+    return int(client.info("clients")["blocked_clients"])
+
+
+def test_a_wait_on_an_event_loop_blocks_on_its_reply_then_is_woken_by_it(
+    producer: Producer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Pending.replied`` (MCP's writes, the HTTP API's ``?wait=``) first blocks on its
+    reply key, so the reply wakes it (no poll interval added to every receipt); at most
+    ``FAST_WAITERS`` waits block at once, the others poll, and every one gets its own
+    receipt."""
+    monkeypatch.setattr(producer_module, "FAST_WAIT_S", 60.0)  # blocked until replied
+    waits = producer_module.FAST_WAITERS + 2
+    pendings = [
+        producer.remember(SCOPE, f"fact {i}", operation_id=f"fast{i}") for i in range(waits)
+    ]
+    before = _blocked(redis_client)
+
+    async def wait_all() -> list[StreamReceipt | None]:
+        return list(await asyncio.gather(*(p.replied(60) for p in pendings)))
+
+    with ThreadPoolExecutor(1) as pool:
+        receipts = pool.submit(asyncio.run, wait_all())
+        wait_until(
+            lambda: _blocked(redis_client) - before == producer_module.FAST_WAITERS,
+            what="the waits blocked on their reply keys",
+        )
+        assert not receipts.done()
+        for p in pendings:
+            _reply(redis_client, p.operation_id, _receipt_reply(p.operation_id, entry=p.entry_id))
+        answered = receipts.result(timeout=30)
+    assert [r.operation_id if r else None for r in answered] == [p.operation_id for p in pendings]
+    assert _blocked(redis_client) == before  # none left blocked

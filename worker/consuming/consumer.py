@@ -24,8 +24,10 @@ where it stands). One ``Consumer`` thread serves all of them, in cycles:
    cycle. Before anything else touches Redis (a claim, a partition let go, a
    stop), and when the worker goes idle, what is still unsent goes on its own.
 
-A paused partition (``pause``: looked up at most once a second) is neither
-claimed nor read until it is resumed; what it holds waits in its stream.
+A paused partition (``pause``: looked up by the worker's own thread each tick,
+off the cycle's path; by the consumer itself when no tick has offered it for a
+second) is neither claimed nor read until it is resumed; what it holds waits in
+its stream.
 
 The loop is this module; the rest has a module each: ``triage`` sorts what was
 read (pure), ``committer`` commits under the fences, ``outcomes`` counts and
@@ -115,6 +117,12 @@ class Consumer(threading.Thread):
         # The counts of the batches done and not yet written (``Tally``).
         self._tally = Tally(METRICS_FLUSH_S)
         self._pauses = pause.PauseWatch()
+        # The paused partitions as the worker's own thread last read them (``offer_pauses``),
+        # not yet taken by a cycle: the lookup stays off the cycle's path. With when that
+        # read was sent: one sent before the consumer's own last look is older than what
+        # it saw, and is passed over.
+        self._offered: tuple[frozenset[int], float] | None = None
+        self._looked_at = 0.0
         self._next_stray_check = 0.0
         # Cycles ended so far: whoever changed what a cycle looks at (a lease's
         # validity, say) knows it is seen once two more have ended.
@@ -256,13 +264,26 @@ class Consumer(threading.Thread):
             # so wait as one would have.
             self._stop_requested.wait(self.shared.config.block_ms / 1000)
 
+    def offer_pauses(self, paused: frozenset[int], sent_at: float) -> None:
+        """The paused partitions, as the worker's own thread read them (each tick) with a
+        read sent at ``sent_at`` (``time.monotonic``): the next cycle takes them, with no
+        round trip of its own."""
+        self._offered = (paused, sent_at)
+
     def _paused(self) -> frozenset[int]:
-        """The paused partitions, read again at most once every ``PAUSE_CHECK_S``; a
-        change is reported in this worker's hash once it is in effect here."""
+        """The paused partitions: as the worker's thread last offered them, or, none
+        offered once ``PAUSE_CHECK_S`` has passed since the last look (before the first
+        tick, or with ticks longer than that), read here; a change is reported in this
+        worker's hash once it is in effect here."""
         now = time.monotonic()
-        if self._pauses.due(now):
+        given, self._offered = self._offered, None
+        offered = given[0] if given is not None and given[1] >= self._looked_at else None
+        if offered is not None or self._pauses.due(now):
             client = self.shared.client
-            if self._pauses.update(self._redis(partial(pause.paused_numbers, client)), now):
+            if offered is None:
+                self._looked_at = now
+                offered = self._redis(partial(pause.paused_numbers, client))
+            if self._pauses.update(offered, now):
                 found = self._pauses.paused
                 self._redis(partial(pause.report, client, self.shared.worker_id, found))
                 log.info(
@@ -293,13 +314,23 @@ class Consumer(threading.Thread):
         watched = [p for p in active if p.fenced and not p.draining and not p.stopping]
         if not watched:
             return
-        if self._unsent is not None:
-            self._send()  # what this worker answered is acknowledged before it looks
-        pipe = self.shared.client.pipeline(transaction=False)
-        for p in watched:
-            pipe.xpending(p.stream, keys.GROUP)
+        # What this worker answered is acknowledged before it looks: in the same round
+        # trip, ahead of the looks (a round trip of their own would hold up the cycle).
+        unsent, counts = self._unsent, self._tally.take(due_only=False)
+
+        def look() -> list[Any]:
+            pipe = self.shared.client.pipeline(transaction=False)
+            if unsent is not None:
+                unsent(pipe)
+            record_batches(pipe, counts, self.shared.worker_id)
+            for p in watched:
+                pipe.xpending(p.stream, keys.GROUP)
+            return list(pipe.execute()[-len(watched) :])
+
+        summaries = self._redis(look)
+        self._unsent = None
         me = self.shared.worker_id
-        for p, summary in zip(watched, self._redis(pipe.execute), strict=True):
+        for p, summary in zip(watched, summaries, strict=True):
             pending = {_s(c["name"]): int(c["pending"]) for c in summary.get("consumers") or []}
             strays = {name: n for name, n in pending.items() if name != me}
             # What this worker holds pending is what waits for a model phase.

@@ -27,7 +27,7 @@ import redis
 from engram.store import LLM, Embedder, Store
 from engram.store.vectors.embedders import EmbedderResolver
 from engram.worker import layout
-from engram.worker.admin import metrics
+from engram.worker.admin import metrics, pause
 from engram.worker.cluster import REDIS_FAILURES
 from engram.worker.consuming.consumer import Consumer, Shared
 from engram.worker.consuming.leases import Lease, Leases
@@ -132,6 +132,9 @@ class Worker:
             self._renew()
             self._reap()
             self._follow_layout()
+            # Read here, taken by the consumer's next cycle: off the path of its operations.
+            sent = time.monotonic()
+            self.consumer.offer_pauses(pause.paused_numbers(self.client), sent)
             live = self.membership.beat(
                 self.held, epoch=self.serving.number, partition_count=self.serving.partitions
             )
