@@ -255,12 +255,13 @@ def test_the_command_table_names_the_module_of_every_command() -> None:
 
 
 def test_a_command_loads_only_what_it_runs() -> None:
-    """``engram worker`` (twice in every ``engram up``) starts without the web app or the
-    MCP server: a fresh interpreter parses its command line, and neither is loaded."""
+    """``engram worker`` (twice in every ``engram up``) starts without the web app, the
+    MCP server or an HTTP client (no model is configured): a fresh interpreter parses
+    its command line and reads the settings, and none of them is loaded."""
     probe = (
         "import sys; from engram import cli; args = cli._parse(['--log-level', 'INFO', 'worker']);"
-        " print(args.command, *sorted(m for m in sys.modules"
-        " if m.startswith(('engram.web', 'engram.mcp'))))"
+        " cli.Settings.from_env(); print(args.command, *sorted(m for m in sys.modules"
+        " if m.startswith(('engram.web', 'engram.mcp', 'httpx'))))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True
