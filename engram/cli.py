@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib
 import importlib.metadata
 import json
 import logging
@@ -29,24 +30,9 @@ from engram.worker.admin import metrics
 from engram.worker.embedded import logs, runtime, valkey
 from engram.worker.settings import Settings
 
-from . import (
-    backup_cli,
-    dead_letters,
-    enqueue,
-    exits,
-    forgets_cli,
-    jobs_cli,
-    pause_cli,
-    reads,
-    repartition,
-    tokens_cli,
-    transfer,
-    web_cli,
-    wiring,
-)
+from . import exits, wiring
 from .args import positive_int
 from .database import command_database, wait_for_store
-from .mcp import cli as mcp_cli
 
 log = logging.getLogger("engram")
 
@@ -273,22 +259,35 @@ def register(sub: Any) -> None:
         sub.add_parser(name, help=help_text).set_defaults(run=run)
 
 
-# Each module that defines commands offers ``register(subparsers)``.
-_COMMAND_MODULES: tuple[Callable[[Any], None], ...] = (
-    register,
-    enqueue.register,
-    reads.register,
-    dead_letters.register,
-    transfer.register,
-    web_cli.register,
-    jobs_cli.register,
-    pause_cli.register,
-    repartition.register,
-    tokens_cli.register,
-    forgets_cli.register,
-    mcp_cli.register,
-    backup_cli.register,
-)
+# Each module that defines commands offers ``register(subparsers)``; the commands each
+# registers, in the order ``engram --help`` lists them. A command line that names a
+# command imports only the module that defines it: ``engram worker``, which ``engram up``
+# starts twice and the tests hundreds of times, does not load the web app, the MCP
+# server or the jobs first (tests/engram/test_worker_cli.py checks this table against
+# what each module registers).
+_COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "engram.cli": ("up", "worker", "valkey-cli", "metrics", "health", "migrate", "demo"),
+    "engram.enqueue": ("enqueue", "wait"),
+    "engram.reads": ("get", "history", "recall", "receipts", "scopes"),
+    "engram.dead_letters": ("dead-letters",),
+    "engram.transfer": ("export", "import"),
+    "engram.web_cli": ("web", "signin"),
+    "engram.jobs_cli": ("jobs", "jobs-health", "reembed", "demo-reembed", "prune"),
+    "engram.pause_cli": ("pause", "resume", "paused"),
+    "engram.repartition": ("repartition",),
+    "engram.tokens_cli": ("tokens",),
+    "engram.forgets_cli": ("forgets",),
+    "engram.mcp.cli": ("mcp",),
+    "engram.backup_cli": ("backup", "restore"),
+}
+_MODULE_OF = {command: module for module, names in _COMMAND_MODULES.items() for command in names}
+
+
+def _register(module: str, sub: Any) -> None:
+    registers: Callable[[Any], None] = (
+        register if module == __name__ else importlib.import_module(module).register
+    )
+    registers(sub)
 
 
 DESCRIPTION = (
@@ -298,7 +297,8 @@ DESCRIPTION = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or only of the module that defines ``command``."""
     parser = argparse.ArgumentParser(prog="engram", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"engram {version()}")
     parser.add_argument("--log-level", default="INFO")
@@ -309,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: ENGRAM_LOG_FORMAT, else text",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for register_commands in _COMMAND_MODULES:
-        register_commands(sub)
+    for module in (_MODULE_OF[command],) if command in _MODULE_OF else _COMMAND_MODULES:
+        _register(module, sub)
     return parser
 
 
@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _stacks_on_sigusr1()
     try:
         settings = Settings.from_env()
-        if not settings.database_url and args.run not in _WHILE_RESTORING:
+        if not settings.database_url and not _while_restoring(args):
             backups.check_home_not_pending(settings.home)
         code: int = args.run(settings, args)
         return code
@@ -337,10 +337,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exits.for_error(exc)
 
 
-# What runs on a home whose restore has not finished: the restore, and what reads
-# only the backup folder. Every other command refuses it with one code
-# (restore_pending, exit 1) and one message naming the command that finishes it.
-_WHILE_RESTORING = frozenset({backup_cli.cmd_restore, backup_cli.cmd_list, backup_cli.cmd_prune})
+def _while_restoring(args: argparse.Namespace) -> bool:
+    """What runs on a home whose restore has not finished: the restore, and what reads
+    only the backup folder. Every other command refuses it with one code
+    (restore_pending, exit 1) and one message naming the command that finishes it."""
+    if args.command not in ("backup", "restore"):
+        return False
+    from . import backup_cli  # already loaded: it defines these commands
+
+    return args.run in (backup_cli.cmd_restore, backup_cli.cmd_list, backup_cli.cmd_prune)
 
 
 def _stacks_on_sigusr1() -> None:
@@ -357,11 +362,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     """Parse ``argv``; what follows ``valkey-cli`` is valkey-cli's own, leading options
     included (argparse would read ``--scan`` as one of ours)."""
     at = _command_at(argv)
-    if at is not None and argv[at] == "valkey-cli":
-        args = build_parser().parse_args(argv[: at + 1])
+    command = argv[at] if at is not None else None
+    if at is not None and command == "valkey-cli":
+        args = build_parser(command).parse_args(argv[: at + 1])
         args.arguments = argv[at + 1 :]
         return args
-    return build_parser().parse_args(argv)
+    return build_parser(command).parse_args(argv)
 
 
 def _command_at(argv: list[str]) -> int | None:

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import gc
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from engram.store import Embedder, OpenAICompatibleLLM
+from engram.store import Embedder
 from engram.store.errors import ConfigError, EngramError
 from engram.store.vectors.registry import EmbedderRegistry, parse_plugins
 from engram.worker.settings import Settings
+
+if TYPE_CHECKING:
+    from engram.store import OpenAICompatibleLLM
 
 
 def registry(settings: Settings) -> EmbedderRegistry:
@@ -35,6 +39,8 @@ def load_llm(settings: Settings) -> OpenAICompatibleLLM | None:
     ``supersede`` defaults to add and ``infer`` to false."""
     if settings.llm is None:
         return None
+    from engram.store.models.llm_client import OpenAICompatibleLLM  # httpx: only when used
+
     # One connection per concurrent call, no more.
     config = replace(settings.llm, max_connections=settings.worker.llm_concurrency)
     return OpenAICompatibleLLM(config)

@@ -1,5 +1,7 @@
 """engram's versioned-memory core on PostgreSQL + pgvector."""
 
+from typing import TYPE_CHECKING, Any
+
 from .audit import AuditEntry
 from .errors import (
     AssertedRecordError,
@@ -17,7 +19,7 @@ from .errors import (
     SchemaVersionError,
 )
 from .models.llm import LLM, Completion, Prompt, Usage
-from .models.llm_client import LLMConfig, OpenAICompatibleLLM
+from .models.llm_config import LLMConfig
 from .models.tools import MemoryTools, memory_tools, tool_definitions
 from .read.cursors import InvalidCursorError
 from .read.listed import GenerationItem, ReceiptItem, RecordItem, ScopeRow, Tombstone
@@ -110,3 +112,16 @@ __all__ = [
     "memory_tools",
     "tool_definitions",
 ]
+
+if TYPE_CHECKING:
+    from .models.llm_client import OpenAICompatibleLLM
+
+
+def __getattr__(name: str) -> Any:
+    """``OpenAICompatibleLLM`` on first use: its HTTP client (httpx) is no cost to the
+    processes that call no model (every ``engram`` command reads the settings)."""
+    if name == "OpenAICompatibleLLM":
+        from .models.llm_client import OpenAICompatibleLLM
+
+        return OpenAICompatibleLLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

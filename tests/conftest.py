@@ -59,8 +59,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _slowest_modules_first(items)
     if config.getoption("--reverse-order"):
         items.reverse()
+
+
+def _slowest_modules_first(items: list[pytest.Item]) -> None:
+    """The modules with the most ``slow`` tests (real processes started, killed and
+    waited for: up to minutes each) first, then the others with the most tests first.
+    xdist hands a worker the next module in this order each time it finishes one
+    (``--dist loadfile --no-loadscope-reorder`` in pyproject.toml; its own reordering
+    counts only tests): a slow module handed out last would run alone at the end while
+    the other workers idle; handed out first, the quick ones fill in around it."""
+    slow: dict[str, int] = {}
+    tests: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        slow[module] = slow.get(module, 0) + (item.get_closest_marker("slow") is not None)
+        tests[module] = tests.get(module, 0) + 1
+
+    def weight(item: pytest.Item) -> tuple[int, int]:
+        module = item.nodeid.split("::", 1)[0]
+        return -slow[module], -tests[module]
+
+    items.sort(key=weight)  # stable: a module's own tests keep their order
 
 
 @pytest.fixture(autouse=True)

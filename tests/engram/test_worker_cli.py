@@ -3,8 +3,10 @@ stderr with which exit code. (``engram up`` itself: ``test_up.py``.)"""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
+import subprocess
 import sys
 import tomllib
 from collections.abc import Callable
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from engram import cli
 from engram.cli import main
 from engram.store import Store
 from tests.cli_support import logging_restored  # noqa: F401 (an autouse fixture)
@@ -234,6 +237,36 @@ def test_help_speaks_to_the_user_not_of_the_code(capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     assert "versioned memory for AI agents" in out
     assert "_COMMAND_MODULES" not in out and "``" not in out
+
+
+def test_the_command_table_names_the_module_of_every_command() -> None:
+    """``engram <command>`` loads only the module its table names: a command missing
+    from the table, or listed under another module, would not be found."""
+    registered = {}
+    for module in cli._COMMAND_MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        cli._register(module, sub)
+        registered[module] = set(sub.choices)
+    assert registered == {m: set(names) for m, names in cli._COMMAND_MODULES.items()}
+    every = set(cli.build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    assert every == set(cli._MODULE_OF)
+    for command in every:  # parsed with its module alone, as main parses it
+        assert command in cli.build_parser(command)._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+
+
+def test_a_command_loads_only_what_it_runs() -> None:
+    """``engram worker`` (twice in every ``engram up``) starts without the web app, the
+    MCP server or an HTTP client (no model is configured): a fresh interpreter parses
+    its command line and reads the settings, and none of them is loaded."""
+    probe = (
+        "import sys; from engram import cli; args = cli._parse(['--log-level', 'INFO', 'worker']);"
+        " cli.Settings.from_env(); print(args.command, *sorted(m for m in sys.modules"
+        " if m.startswith(('engram.web', 'engram.mcp', 'httpx'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True
+    ).stdout
+    assert out.split() == ["worker"]
 
 
 def test_a_record_named_like_a_command_is_still_a_record(
