@@ -22,6 +22,18 @@ from tests.redis_fixtures import FAST, REPO
 
 T = TypeVar("T")
 
+# A JSON-RPC initialize as a hand-written client (curl) sends it, for raw HTTP tests.
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "curl", "version": "1"},
+    },
+}
+
 TOOLS = ("remember", "recall", "get", "history", "revise", "retract", "forget", "operation")
 
 

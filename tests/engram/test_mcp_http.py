@@ -16,21 +16,11 @@ from mcp import MCPError
 from engram.mcp.http import REFUSED
 from engram.store import Operation, Store, WriteResult
 from tests.helpers import rows_containing
-from tests.mcp_support import TOOLS, http_session, ok, refused, run, server_env
+from tests.mcp_support import INITIALIZE, TOOLS, http_session, ok, refused, run, server_env
 from tests.redis_fixtures import InProcessWorker, wait_until
 from tests.web_fixtures import EMBEDDER, Served
 
 DASHBOARD_TOKEN = "the-operators-dashboard-token-0123"
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "curl", "version": "1"},
-    },
-}
 
 
 @pytest.fixture

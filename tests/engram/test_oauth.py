@@ -35,7 +35,7 @@ from engram.store.errors import ConfigError
 from engram.store.tokens import CAPABILITIES
 from engram.web.errors import UnavailableError
 from engram.web.oauth import InvalidTokenError, KeySet, OAuthSettings, Verifier, fetch_json
-from tests.mcp_support import http_session, ok, refused, run, server_env
+from tests.mcp_support import INITIALIZE, http_session, ok, refused, run, server_env
 from tests.oauth_fixtures import CLIENTS, SECRET, AuthorizationServer, new_key
 from tests.redis_fixtures import InProcessWorker
 from tests.web_fixtures import OPERATOR, Served, free_port
@@ -45,16 +45,6 @@ METADATA_PATHS = (
     "/.well-known/oauth-protected-resource",
 )
 ACCEPT = {"Accept": "application/json, text/event-stream"}
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "curl", "version": "1"},
-    },
-}
 
 
 class Oauthed:
