@@ -147,7 +147,7 @@ def run_restore(
     chosen = timelines.plan(found, wal, target)
     info = chosen.backup
     home = Path(settings.home)
-    _preflight(home, wal, info, target)
+    _preflight(home, wal, info, target, chosen)
     ledgers = _ledgers(settings, source, info, without_ledger)
     archive_into = backups.prepare_dir(settings.backup_dir) if settings.backup_dir else None
     t0 = time.monotonic()
@@ -209,12 +209,17 @@ def run_restore(
 
 
 def _preflight(
-    home: Path, wal: Path, info: backups.BackupInfo, target: datetime | str | None
+    home: Path,
+    wal: Path,
+    info: backups.BackupInfo,
+    target: datetime | str | None,
+    chosen: timelines.Plan,
 ) -> None:
     """What can be checked before anything moves, so that a refused restore changes
-    nothing: the target time against the archive, the sockets' path (the archive and
-    the server's user were, before)."""
-    backups.check_target(wal, info, target)
+    nothing: the target time against the archive along the timeline chosen, the
+    sockets' path (the archive and the server's user were, before)."""
+    path = timelines.lineage(wal, int(chosen.timeline)).path if chosen.timeline.isdigit() else None
+    backups.check_target(wal, info, target, path)
     check_socket_path(home.resolve() / SOCKET_DIR / ".s.PGSQL.5432", "PostgreSQL")
 
 

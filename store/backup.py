@@ -68,6 +68,7 @@ ARCHIVE_TIMEOUT_S = 60
 PARTIAL_AGE_S = 86_400
 _KEEP = re.compile(r"^\s*(\d+)\s*([dh]?)\s*$")
 _SEGMENT = re.compile(r"^[0-9A-F]{24}$")
+WAL_SEGMENT_BYTES = 16 * 1024 * 1024  # the embedded server's wal_segment_size
 
 
 def pg_bin(name: str) -> Path:
@@ -450,13 +451,31 @@ _ENDS_TRANSACTION = re.compile(
 )
 
 
-def last_commit(archive: Path, since: str) -> datetime | None:
+def followed(name: str, path: tuple[tuple[int, int], ...] | None) -> bool:
+    """Whether recovery along ``path`` (a timeline's lineage: (timeline, the position
+    it was left at), oldest first, ``store.timelines.Lineage.path``) reads the archived
+    segment ``name``: one of the path's timelines, beginning before that timeline was
+    left. None: every timeline's segments."""
+    if path is None:
+        return True
+    timeline, segno = int(name[:8], 16), int(name[8:16], 16) * 256 + int(name[16:], 16)
+    return any(tli == timeline and segno * WAL_SEGMENT_BYTES < end for tli, end in path)
+
+
+def last_commit(
+    archive: Path, since: str, path: tuple[tuple[int, int], ...] | None = None
+) -> datetime | None:
     """When the last transaction the archive holds from segment ``since`` on ended (a
-    commit or an abort: what ``recovery_target_time`` stops at), on any timeline; None
-    when it holds none. Read with the server's own ``pg_waldump``, from the newest
-    segment back to the first that ends a transaction."""
+    commit or an abort: what ``recovery_target_time`` stops at), on the timelines of
+    ``path`` (``followed``; None: any); None when it holds none. Read with the server's
+    own ``pg_waldump``, from the newest segment back to the first that ends a
+    transaction."""
     segments = sorted(
-        (p for p in Path(archive).iterdir() if _SEGMENT.match(p.name) and p.name[8:] >= since[8:]),
+        (
+            p
+            for p in Path(archive).iterdir()
+            if _SEGMENT.match(p.name) and p.name[8:] >= since[8:] and followed(p.name, path)
+        ),
         key=lambda p: (p.name[8:], p.name[:8]),
         reverse=True,
     )
@@ -476,14 +495,21 @@ def last_commit(archive: Path, since: str) -> datetime | None:
     return None
 
 
-def check_target(archive: Path, info: BackupInfo, to: datetime | str | None) -> None:
-    """Refuse (``InvalidRequestError``) a ``--to`` time the archive cannot reach: recovery
-    stops at the first transaction that ends at or after it, so one must be archived.
-    Without it PostgreSQL replays all there is and fails (recovery ended before its
-    target): checked here, before a restore moves anything."""
+def check_target(
+    archive: Path,
+    info: BackupInfo,
+    to: datetime | str | None,
+    path: tuple[tuple[int, int], ...] | None = None,
+) -> None:
+    """Refuse (``InvalidRequestError``) a ``--to`` time the archive cannot reach along
+    the timelines recovery follows (``path``, see ``followed``): recovery stops at the
+    first transaction that ends at or after it, so one must be archived there (one on
+    another branch does not count). Without it PostgreSQL replays all there is and
+    fails (recovery ended before its target): checked here, before a restore moves
+    anything."""
     if not isinstance(to, datetime):
         return
-    last = last_commit(archive, info.start_wal)
+    last = last_commit(archive, info.start_wal, path)
     if last is None or last < to:
         said = (
             f"its last archived transaction ended at {last.isoformat()}"

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .backup import BackupInfo, pg_bin
+from .backup import WAL_SEGMENT_BYTES, BackupInfo, pg_bin
 from .errors import InvalidRequestError
 
-SEGMENT_BYTES = 16 * 1024 * 1024  # the embedded server's wal_segment_size
+SEGMENT_BYTES = WAL_SEGMENT_BYTES
 _HISTORY = re.compile(r"^([0-9A-F]{8})\.history$")
 _LINE = re.compile(r"^\s*(\d+)\s+([0-9A-F]+)/([0-9A-F]+)", re.IGNORECASE)
 _START = re.compile(r"START WAL LOCATION: ([0-9A-F]+)/([0-9A-F]+)")

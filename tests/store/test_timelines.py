@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engram.store.backup import BackupInfo
+from engram.store.backup import BackupInfo, followed
 from engram.store.errors import InvalidRequestError
 from engram.store.timelines import lineage, plan
 
@@ -70,3 +70,20 @@ def test_no_backup_recovery_can_follow_the_timeline_from_is_refused(
     _history(wal, 2, (1, 4))
     with pytest.raises(InvalidRequestError, match="no base backup from which recovery"):
         plan([newer], wal, "latest")
+
+
+def test_a_target_time_is_checked_only_against_the_segments_recovery_reads(wal: Path) -> None:
+    # Timeline 3 left timeline 1 at segment 4 (a restore to a time), while timeline 2
+    # had branched from 1 at segment 6 and ran on to segment 9: recovery along 3 reads
+    # 1's segments before 4 and its own, never 2's, nor 1's past where 3 left it.
+    _history(wal, 3, (1, 4))
+    path = lineage(wal, 3).path
+    assert followed(f"{1:08X}{0:08X}{3:08X}", path)
+    assert followed(f"{3:08X}{0:08X}{4:08X}", path)
+    assert followed(f"{3:08X}{0:08X}{12:08X}", path)
+    assert not followed(f"{1:08X}{0:08X}{5:08X}", path)
+    assert not followed(f"{2:08X}{0:08X}{8:08X}", path)
+    # A segment past 0xFF of a log file: the log number counts 256 segments.
+    assert followed(f"{3:08X}{1:08X}{2:08X}", path)
+    assert not followed(f"{1:08X}{1:08X}{0:08X}", path)
+    assert followed(f"{2:08X}{0:08X}{8:08X}", None)
