@@ -163,8 +163,9 @@ def test_the_metadata_names_this_resource_its_issuer_and_scopes(oauthed: Oauthed
         assert answer.status_code == 200
         document = answer.json()
         assert {k: document[k] for k in expected} == expected
-    # Nothing else under it is served.
+    # Nothing else under it is served, and it is read only.
     assert httpx.get(oauthed.metadata_url + "/x", timeout=10).status_code == 404
+    assert httpx.post(oauthed.metadata_url, timeout=10).status_code == 405
     # Every 401 says where the metadata is: /mcp, and /api/v1.
     challenge = f'resource_metadata="{oauthed.metadata_url}"'
     missing = initialize(oauthed.url, None)

@@ -96,7 +96,9 @@ def test_a_running_reembed_cancelled_stops_and_leaves_nothing_behind(
     active = fresh_store.embeddings.active()
     assert active is not None and active.model_id == "hashing-64"
     hits = fresh_store.session({"user_id": "tea"}, embedder=OLD).recall("green tea", top_k=3)
-    assert len(hits) == 3 and all(h.match in ("vector", "hybrid") for h in hits)
+    # The old generation's vectors still answer. (Its 80 notes score alike, so a note
+    # only the text search brought can tie with them: not every hit need be a vector's.)
+    assert len(hits) == 3 and any(h.match in ("vector", "hybrid") for h in hits)
     assert reembed.progress(fresh_store).progress.state == "cancelled"  # type: ignore[union-attr]
     client.close()
 
