@@ -8,7 +8,6 @@ however it dies (``PR_SET_PDEATHSIG``)."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 import uuid
@@ -22,6 +21,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from tests.node_support import node_with_packages
 from tests.web_fixtures import _die_with_parent, free_port
 
 SERVER = Path(__file__).parent / "oauth_server"
@@ -39,22 +39,13 @@ def new_key() -> tuple[rsa.RSAPrivateKey, dict[str, Any]]:
     return key, jwk
 
 
-def installed() -> None:
-    """``npm ci`` in tests/oauth_server when its node_modules is missing."""
-    if (SERVER / "node_modules" / "oidc-provider").is_dir():
-        return
-    npm = shutil.which("npm")
-    if npm is None or shutil.which("node") is None:
-        pytest.fail("the OAuth tests need node and npm (node 20 or newer)")
-    subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=SERVER, check=True, timeout=600)
-
-
 @dataclass
 class AuthorizationServer:
     config_path: Path
     port: int = field(default_factory=free_port)
     keys: list[tuple[rsa.RSAPrivateKey, dict[str, Any]]] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
+    node: str = "node"
 
     @property
     def issuer(self) -> str:
@@ -73,7 +64,7 @@ class AuthorizationServer:
         }
         self.config_path.write_text(json.dumps(config))
         self.process = subprocess.Popen(
-            ["node", str(SERVER / "server.mjs"), str(self.config_path)],
+            [self.node, str(SERVER / "server.mjs"), str(self.config_path)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -138,8 +129,8 @@ class AuthorizationServer:
 
 @pytest.fixture
 def authorization_server(tmp_path: Path) -> Iterator[AuthorizationServer]:
-    installed()
-    server = AuthorizationServer(tmp_path / "oidc-provider.json", keys=[new_key()])
+    node = node_with_packages(SERVER, "oidc-provider")
+    server = AuthorizationServer(tmp_path / "oidc-provider.json", keys=[new_key()], node=node)
     server.start()
     try:
         yield server

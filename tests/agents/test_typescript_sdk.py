@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import pytest
 from engram.store import Store
 from tests.helpers import rows_containing
 from tests.mcp_support import TOOLS, server_env
+from tests.node_support import node_with_packages
 from tests.redis_fixtures import REPO, InProcessWorker
 from tests.web_fixtures import Served
 
@@ -30,17 +30,8 @@ TS = Path(__file__).parent / "ts"
 
 @pytest.fixture(scope="session")
 def node() -> str:
-    """node, with the SDK installed as the lock file says (``npm ci``, as ``.ci/run``
-    does, when it is not there yet)."""
-    found = shutil.which("node")
-    npm = shutil.which("npm")
-    if found is None or npm is None:
-        raise AssertionError("these tests run the TypeScript MCP SDK: install node 18+ and npm")
-    if not (TS / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
-        subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"], cwd=TS, check=True, capture_output=True
-        )
-    return found
+    """node, with the SDK installed as the lock file says."""
+    return node_with_packages(TS, "@modelcontextprotocol/sdk")
 
 
 @pytest.fixture
