@@ -581,7 +581,9 @@ def test_a_value_over_the_bound_is_refused_and_nothing_is_written(
     before = store.scope_revision(scope)
     too_big = _document(MAX_STORED_METADATA_BYTES)  # every character a byte or more
     for key in ("new", "known"):
-        with pytest.raises(InvalidRequestError, match=f"larger than {MAX_STORED_METADATA_BYTES}"):
+        with pytest.raises(
+            InvalidRequestError, match=f"an item is larger than {MAX_STORED_METADATA_BYTES} bytes"
+        ):
             lg.put(("docs",), key, too_big, index=False)
     assert store.scope_revision(scope) == before
     assert lg.get(("docs",), "new") is None
