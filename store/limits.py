@@ -4,7 +4,20 @@ MAX_TEXT_CHARS = 32_000
 MAX_ID_CHARS = 200
 MAX_SCOPE_VALUE_CHARS = 200
 MAX_KIND_CHARS = 64
+# A record's metadata, as canonical JSON: what the doors (the HTTP API, MCP, and a
+# Session's or Producer's writes by default) take, since metadata is a record's
+# labels, not its content.
 MAX_METADATA_BYTES = 16_000
+# What a record's metadata may hold when its writer asks for it
+# (``Operation.build(..., metadata_bytes=...)``): the LangGraph store, which keeps an
+# item's whole value there (a document: LangGraph's PostgresStore takes any size),
+# and the writers that carry records already stored (the worker reading the streams,
+# import, the forget listeners). 1 MB: a long document (some 150 pages of text). It
+# is bounded by a stream entry (worker.defaults.MAX_ENTRY_BYTES, 8 MiB, holds it with
+# the text even if every byte were escaped again) and by an answer: a LangGraph
+# search or a recall returns at most MAX_TOP_K records, so at most 100 MB of
+# metadata (10 MB at LangGraph's default limit of 10) (docs/langgraph.md).
+MAX_STORED_METADATA_BYTES = 1_000_000
 # How deeply metadata and message content may nest (objects and lists).
 MAX_JSON_DEPTH = 32
 MAX_SOURCES = 64

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .errors import EngramError, InvalidRequestError
-from .limits import MAX_ID_CHARS
+from .limits import MAX_ID_CHARS, MAX_STORED_METADATA_BYTES
 from .mem0 import from_mem0
 from .read.dump import History, Item, ReceiptEntry, Tombstone
 from .values import Record, Scope
@@ -228,7 +228,11 @@ def record_operations(line: Mapping[str, Any], now: datetime) -> list[Operation]
                 "links": r.get("links") or None,
                 "ttl_ms": ttl_ms,
             }
-            ops.append(Operation.build("remember", scope, request, op_id))
+            ops.append(
+                Operation.build(
+                    "remember", scope, request, op_id, metadata_bytes=MAX_STORED_METADATA_BYTES
+                )
+            )
             if r.get("status") == "retracted":  # its earlier revisions were pruned
                 ops.append(_retract(scope, record_id, 1, import_operation_id(record_id, 1, "r")))
         elif r.get("status") == "retracted":
@@ -244,7 +248,11 @@ def record_operations(line: Mapping[str, Any], now: datetime) -> list[Operation]
                 "ttl_ms": ttl_ms,
                 "expected_revision": _written(ops),
             }
-            ops.append(Operation.build("revise", scope, request, op_id))
+            ops.append(
+                Operation.build(
+                    "revise", scope, request, op_id, metadata_bytes=MAX_STORED_METADATA_BYTES
+                )
+            )
     return ops
 
 

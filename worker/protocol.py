@@ -18,13 +18,18 @@ from typing import Any
 
 from engram.store import Operation, Scope, WriteResult
 from engram.store.errors import EngramError, InvalidRequestError
-from engram.store.limits import MAX_ID_CHARS
+from engram.store.limits import MAX_ID_CHARS, MAX_STORED_METADATA_BYTES, MAX_TEXT_CHARS
 from engram.store.values import Receipt, check_string
 from engram.store.write.operations import OPERATION_KINDS
 from engram.worker.defaults import MAX_ENTRY_BYTES
 from engram.worker.errors import MalformedEntryError, error_from_dict
 
 OP_FIELD = "op"
+
+# An entry holds the largest record a writer may ask for (its metadata, and its text at
+# 6 bytes a character once JSON-escaped: a control character is \u0001) twice over, so
+# even JSON-escaped once more (at most doubled), with its ids and sources, it is taken.
+assert 2 * (MAX_STORED_METADATA_BYTES + 6 * MAX_TEXT_CHARS) < MAX_ENTRY_BYTES // 2
 
 
 def partition_of(scope: Scope | Mapping[str, Any], partitions: int) -> int:
@@ -141,7 +146,8 @@ def _decode(
         )
     op_id = _operation_id(data)
     try:
-        op = Operation.from_dict(data)
+        # Its metadata: as large as any writer may ask for; the doors checked theirs.
+        op = Operation.from_dict(data, metadata_bytes=MAX_STORED_METADATA_BYTES)
     except InvalidRequestError as exc:
         return Malformed(
             eid,

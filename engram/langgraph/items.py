@@ -3,7 +3,9 @@
 One item (namespace, key) is one record, its id derived from the scope, the
 namespace and the key, so every put of the key is a revision of that record.
 The record's metadata holds the item (``{"langgraph": {"namespace": [...], "key":
-..., "value": {...}, "created_at": ..., "ttl_minutes": ...}}``); its text is what
+..., "value": {...}, "created_at": ..., "ttl_minutes": ...}}``), at most
+``MAX_STORED_METADATA_BYTES`` as JSON (a document; the doors' own metadata bound is
+far smaller, and the store asks for this one per operation); its text is what
 search reads, by full text and by vector: the value's text at the index paths
 (LangGraph's ``fields``: by default the whole value as JSON), one line per piece.
 An item put with ``index=False`` (or whose index paths find nothing) has the
@@ -24,7 +26,7 @@ from typing import Any, Literal
 from langgraph.store.base import Item, SearchItem, get_text_at_path
 
 from engram.store import InvalidRequestError, Record, Scope
-from engram.store.limits import MAX_ID_CHARS, MAX_TEXT_CHARS
+from engram.store.limits import MAX_ID_CHARS, MAX_STORED_METADATA_BYTES, MAX_TEXT_CHARS
 from engram.store.read.metadata_filter import Condition, MetadataFilter
 
 ROOT = "langgraph"
@@ -99,10 +101,19 @@ def write_of(
     }
     if ttl_minutes is not None:
         item["ttl_minutes"] = ttl_minutes
+    metadata = {ROOT: item}
+    if len(json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode()) > (
+        MAX_STORED_METADATA_BYTES
+    ):
+        raise InvalidRequestError(
+            f"an item is larger than {MAX_STORED_METADATA_BYTES} bytes as JSON (its value,"
+            " namespace and key): store a larger document in parts, or outside and its"
+            " address here"
+        )
     return Write(
         text=text if text is not None else UNINDEXED_TEXT,
         kind=INDEXED if text is not None else UNINDEXED,
-        metadata={ROOT: item},
+        metadata=metadata,
     )
 
 

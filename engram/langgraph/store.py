@@ -49,7 +49,7 @@ from engram.store import (
     Scope,
     Store,
 )
-from engram.store.limits import MAX_TOP_K
+from engram.store.limits import MAX_STORED_METADATA_BYTES, MAX_TOP_K
 from engram.store.read.routing import parse_position
 from engram.store.vectors.embedders import EmbedderResolver
 from engram.store.write.requests import remember_request, retract_request, revise_request
@@ -349,7 +349,13 @@ class EngramStore(BaseStore):
                 id=rid,
                 supersede="add",  # this record, never a model's choice of one
             )
-            return Operation.build("remember", scope, request, requested_by=REQUESTED_BY)
+            return Operation.build(
+                "remember",
+                scope,
+                request,
+                requested_by=REQUESTED_BY,
+                metadata_bytes=MAX_STORED_METADATA_BYTES,  # the value: a document, at most 1 MB
+            )
         request = revise_request(
             rid,
             text=write.text,
@@ -358,7 +364,13 @@ class EngramStore(BaseStore):
             ttl_ms=ttl_ms,
             expected_revision=seen.revision,
         )
-        return Operation.build("revise", scope, request, requested_by=REQUESTED_BY)
+        return Operation.build(
+            "revise",
+            scope,
+            request,
+            requested_by=REQUESTED_BY,
+            metadata_bytes=MAX_STORED_METADATA_BYTES,
+        )
 
     def _overtaken(
         self, scope: Scope, rid: str, conflict: RevisionConflictError, op: Operation

@@ -17,6 +17,7 @@ from typing import Any
 
 from engram.store import Operation, Scope
 from engram.store.errors import EngramError
+from engram.store.limits import MAX_STORED_METADATA_BYTES
 from engram.store.write.apply import referenced_ids
 from engram.store.write.operations import OpKey
 
@@ -43,7 +44,7 @@ class Forgotten:
         if data is None or data.get("kind") in _CONTENT_FREE_KINDS:
             return False
         try:
-            op = Operation.from_dict(data)
+            op = Operation.from_dict(data, metadata_bytes=MAX_STORED_METADATA_BYTES)
         except (EngramError, TypeError, ValueError, KeyError):
             op = None
         if op is None:

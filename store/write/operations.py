@@ -21,6 +21,7 @@ from ..limits import (
     MAX_ID_CHARS,
     MAX_INSTRUCTIONS_CHARS,
     MAX_MESSAGES,
+    MAX_METADATA_BYTES,
     MAX_SOURCES,
     MAX_TEXT_CHARS,
     MAX_TOP_K,
@@ -100,7 +101,7 @@ class Remember:
     )
 
     @classmethod
-    def from_dict(cls, data: object) -> Remember:
+    def from_dict(cls, data: object, *, metadata_bytes: int = MAX_METADATA_BYTES) -> Remember:
         f = Fields(data, "remember", cls.FIELDS)
         origin = f.get("origin")
         if origin is None:
@@ -118,7 +119,7 @@ class Remember:
             text=str(f.text("text")),
             kind=f.kind() or DEFAULT_KIND,
             importance=f.importance(),
-            metadata=f.metadata(),
+            metadata=f.metadata(max_bytes=metadata_bytes),
             origin=origin,
             sources=f.sources(),
             links=f.links() or (),
@@ -293,7 +294,7 @@ class Revise:
     )
 
     @classmethod
-    def from_dict(cls, data: object) -> Revise:
+    def from_dict(cls, data: object, *, metadata_bytes: int = MAX_METADATA_BYTES) -> Revise:
         f = Fields(data, "revise", cls.FIELDS)
         expected = f.integer("expected_revision", minimum=0, maximum=2**31 - 1)
         only_inferred = _only_inferred(f)
@@ -306,7 +307,7 @@ class Revise:
             text=f.text("text", required=False),
             kind=f.kind(),
             importance=f.importance(),
-            metadata=f.metadata(),
+            metadata=f.metadata(max_bytes=metadata_bytes),
             links=f.links(),
             ttl_ms=f.integer("ttl_ms", minimum=1, maximum=MAX_TTL_MS),
             expected_revision=expected,
@@ -423,7 +424,10 @@ class Operation:
         return derived_record_id(self.scope.key, self.operation_id, index)
 
     @classmethod
-    def from_dict(cls, data: object) -> Operation:
+    def from_dict(cls, data: object, *, metadata_bytes: int = MAX_METADATA_BYTES) -> Operation:
+        """The operation ``data`` holds, checked. ``metadata_bytes``: the largest metadata
+        a remember or revise may carry; the doors' ``MAX_METADATA_BYTES`` unless the
+        caller is one that may write up to ``MAX_STORED_METADATA_BYTES`` (store.limits)."""
         f = Fields(data, "operation", ("operation_id", "kind", "scope", "request", "requested_by"))
         kind = f.get("kind")
         if not isinstance(kind, str) or kind not in REQUEST_TYPES:
@@ -431,7 +435,7 @@ class Operation:
         return cls(
             operation_id=str(f.ident("operation_id")),
             scope=Scope.of(f.get("scope")),
-            request=REQUEST_TYPES[kind].from_dict(_or_empty(f.get("request"))),
+            request=_request(kind, _or_empty(f.get("request")), metadata_bytes),
             requested_by=f.ident("requested_by", required=False),
         )
 
@@ -444,8 +448,10 @@ class Operation:
         operation_id: str | None = None,
         *,
         requested_by: str | None = None,
+        metadata_bytes: int = MAX_METADATA_BYTES,
     ) -> Operation:
-        """Validate a request given as keyword values; generate an id when none is given."""
+        """Validate a request given as keyword values; generate an id when none is given.
+        ``metadata_bytes`` as in ``from_dict``."""
         return cls.from_dict(
             _compact(
                 {
@@ -455,7 +461,8 @@ class Operation:
                     "request": _compact(dict(request)),
                     "requested_by": requested_by,
                 }
-            )
+            ),
+            metadata_bytes=metadata_bytes,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -468,6 +475,15 @@ class Operation:
         if self.requested_by is not None:
             out["requested_by"] = self.requested_by
         return out
+
+
+def _request(kind: str, data: object, metadata_bytes: int) -> Request:
+    """The request of an operation of ``kind``; only a remember and a revise carry metadata."""
+    if kind == "remember":
+        return Remember.from_dict(data, metadata_bytes=metadata_bytes)
+    if kind == "revise":
+        return Revise.from_dict(data, metadata_bytes=metadata_bytes)
+    return REQUEST_TYPES[kind].from_dict(data)
 
 
 def _supersede(f: Fields) -> str | None:

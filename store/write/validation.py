@@ -111,15 +111,13 @@ class Fields:
             raise InvalidRequestError(f"{self.what}.{name} must be between {minimum} and {maximum}")
         return value
 
-    def metadata(self) -> dict[str, Any] | None:
+    def metadata(self, *, max_bytes: int = MAX_METADATA_BYTES) -> dict[str, Any] | None:
         value = self.data.get("metadata")
         if value is None:
             return None
         if not isinstance(value, Mapping):
             raise InvalidRequestError(f"{self.what}.metadata must be an object")
-        parsed: dict[str, Any] = plain_json(
-            value, f"{self.what}.metadata", max_bytes=MAX_METADATA_BYTES
-        )
+        parsed: dict[str, Any] = plain_json(value, f"{self.what}.metadata", max_bytes=max_bytes)
         return parsed
 
     def links(self) -> tuple[Link, ...] | None:

@@ -34,6 +34,7 @@ from datetime import UTC, date, datetime, time
 from typing import Any, TypedDict
 
 import orjson
+import psycopg
 import pytest
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import (
@@ -56,7 +57,9 @@ from engram.store import (
     Scope,
     Store,
 )
+from engram.store.limits import MAX_METADATA_BYTES, MAX_STORED_METADATA_BYTES
 from engram.worker import Producer
+from tests.helpers import marker_text, rows_containing
 from tests.redis_fixtures import FAST, InProcessWorker, wait_until
 
 MakeStore = Callable[..., EngramStore]
@@ -535,6 +538,77 @@ def test_forget_erases_and_the_key_stays_forgotten(lg: EngramStore) -> None:
     assert lg.history(("prefs",), "secret") == []
     with pytest.raises(RevisionConflictError, match="forgotten"):
         lg.put(("prefs",), "secret", {"pin": "0000"})
+
+
+def _document(size: int, marker: str = "") -> dict[str, Any]:
+    """A document of ``size`` characters of body: prose with quotes, backslashes,
+    newlines, tabs, control characters and non-ASCII, all of which JSON escapes or
+    encodes at more than a byte, and ``marker`` once in its title and its body."""
+    piece = 'Ada said "Lyon" \\ 里昂 — naïve\tcafé\n\x01 '
+    body = (piece * (size // len(piece) + 1))[:size]
+    return {
+        "title": f"Report on Lyon {marker}".strip(),
+        "body": body[: size // 2] + marker + body[size // 2 :],
+        "pages": list(range(50)),
+    }
+
+
+def test_a_document_value_round_trips_put_get_search_exactly(lg: EngramStore) -> None:
+    """A value far over the 16,000 bytes the doors take as metadata (a 200 KB document,
+    over 300 KB as JSON) is put, revised, got and found by search exactly as given:
+    the LangGraph store asks for MAX_STORED_METADATA_BYTES and the worker takes it."""
+    doc = _document(200_000)
+    assert len(lg_items.json_value(doc)["body"].encode()) > 200_000
+    lg.put(("docs",), "report", doc, index=["title"])
+    got = lg.get(("docs",), "report")
+    assert got is not None and got.value == doc
+    revised = {**doc, "body": doc["body"][::-1]}
+    lg.put(("docs",), "report", revised, index=["title"])  # a revise carries it too
+    assert lg.get(("docs",), "report").value == revised  # type: ignore[union-attr]
+    [found] = lg.search(("docs",), query="report on Lyon")
+    assert found.key == "report" and found.value == revised
+    assert [i.value for i in lg.search(("docs",))] == [revised]
+    assert lg.history(("docs",), "report") == [doc, revised]
+
+
+def test_a_value_over_the_bound_is_refused_and_nothing_is_written(
+    lg: EngramStore, store: Store, scope: dict, redis_url: str
+) -> None:
+    """A value whose item is over MAX_STORED_METADATA_BYTES is an InvalidRequestError
+    naming the bound, on a new key and on a known one, and nothing is written; the
+    doors' bound (16,000 bytes, a Producer's default) is unchanged."""
+    lg.put(("docs",), "known", {"v": 1})
+    before = store.scope_revision(scope)
+    too_big = _document(MAX_STORED_METADATA_BYTES)  # every character a byte or more
+    for key in ("new", "known"):
+        with pytest.raises(
+            InvalidRequestError, match=f"an item is larger than {MAX_STORED_METADATA_BYTES} bytes"
+        ):
+            lg.put(("docs",), key, too_big, index=False)
+    assert store.scope_revision(scope) == before
+    assert lg.get(("docs",), "new") is None
+    assert lg.get(("docs",), "known").value == {"v": 1}  # type: ignore[union-attr]
+    door = f"larger than {MAX_METADATA_BYTES}"
+    with (
+        Producer.from_url(redis_url, partitions=FAST.partitions) as producer,
+        pytest.raises(InvalidRequestError, match=door),
+    ):
+        producer.remember(scope, "a note", metadata={"blob": "x" * MAX_METADATA_BYTES})
+    assert store.scope_revision(scope) == before
+
+
+def test_forgetting_a_document_leaves_its_text_in_no_table(lg: EngramStore, dsn: str) -> None:
+    """A forget of a document-sized item (two revisions) leaves its text in no table:
+    not in the records, revisions, full-text index, vectors' rows nor receipts."""
+    marker = marker_text()
+    lg.put(("docs",), "secret", _document(100_000, marker), index=["title"])
+    lg.put(("docs",), "secret", _document(120_000, marker), index=["title"])
+    with psycopg.connect(dsn) as conn:
+        assert rows_containing(conn, marker), "the scan finds the text before the forget"
+    lg.forget(("docs",), "secret")
+    with psycopg.connect(dsn) as conn:
+        assert rows_containing(conn, marker) == []
+    assert lg.get(("docs",), "secret") is None
 
 
 def test_another_scope_holding_a_keys_id_never_blocks_the_key(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from engram.store.errors import InvalidRequestError
+from engram.store.limits import MAX_STORED_METADATA_BYTES
 from engram.store.mem0 import from_mem0
 from engram.store.portable import (
     TOMBSTONE_TEXT,
@@ -96,6 +97,19 @@ def test_a_revision_chain_becomes_the_operations_that_write_it_again() -> None:
     assert ops[1].request.to_dict()["metadata"] == {"k": 1}
     assert ops[1].request.to_dict()["links"] == []  # cleared, as revision 2 has none
     assert all(op.scope == SCOPE for op in ops)
+
+
+def test_a_record_holding_a_document_in_its_metadata_is_imported_whole() -> None:
+    """A LangGraph item keeps its value in its record's metadata, up to
+    MAX_STORED_METADATA_BYTES: its export imports again, far over the 16,000 bytes of
+    metadata the doors take; over the stored bound it is refused by line."""
+    doc = {"langgraph": {"value": {"body": "x" * 200_000}}}
+    chain = History("mem_1", (revision(1, "doc", metadata=doc), revision(2, "doc", metadata=doc)))
+    ops = convert(as_text(lines_of(chain)), now=NOW).operations
+    assert [op.request.to_dict()["metadata"] for op in ops] == [doc, doc]
+    huge = {"body": "x" * MAX_STORED_METADATA_BYTES}
+    with pytest.raises(InvalidRequestError, match=f"larger than {MAX_STORED_METADATA_BYTES}"):
+        convert(as_text(lines_of(History("mem_1", (revision(1, "doc", metadata=huge),)))), now=NOW)
 
 
 def test_the_same_input_gives_the_same_operations() -> None:

@@ -19,6 +19,7 @@ from engram.store.errors import (
     OperationConflictError,
     RevisionConflictError,
 )
+from engram.store.limits import MAX_METADATA_BYTES, MAX_STORED_METADATA_BYTES
 from engram.worker import keys
 from engram.worker.admin import metrics
 from engram.worker.consuming.committer import unique_segments
@@ -180,6 +181,29 @@ def test_a_malformed_entry_says_what_was_wrong(fields: dict[bytes, bytes], cause
     assert decoded.error.to_dict()["cause"] == cause and cause in MALFORMED_CAUSES
     back = error_from_dict(decoded.error.to_dict())
     assert isinstance(back, MalformedEntryError) and back.cause == cause
+
+
+def test_a_worker_takes_metadata_up_to_the_stored_bound_not_beyond() -> None:
+    """The doors refuse metadata over MAX_METADATA_BYTES; a writer may ask for up to
+    MAX_STORED_METADATA_BYTES (the LangGraph store's documents), so a worker reading the
+    stream takes that much, and refuses more, as a malformed entry naming the bound."""
+    a = partition_of({"user_id": "a"}, 4)
+
+    def entry(blob: int) -> dict[bytes, bytes]:
+        return {b"op": _op_json('{"text":"x","metadata":{"doc":"' + "x" * blob + '"}}')}
+
+    with pytest.raises(InvalidRequestError, match=f"larger than {MAX_METADATA_BYTES} bytes"):
+        Operation.build(
+            "remember",
+            {"user_id": "a"},
+            {"text": "x", "metadata": {"doc": "x" * MAX_METADATA_BYTES}},
+        )
+    taken = decode_entry("9-0", entry(MAX_STORED_METADATA_BYTES - 20), partition=a, partitions=4)
+    assert isinstance(taken, Entry)
+    assert taken.operation.request.metadata == {"doc": "x" * (MAX_STORED_METADATA_BYTES - 20)}  # type: ignore[union-attr]
+    refused = decode_entry("9-0", entry(MAX_STORED_METADATA_BYTES), partition=a, partitions=4)
+    assert isinstance(refused, Malformed)
+    assert f"larger than {MAX_STORED_METADATA_BYTES} bytes" in refused.error.message
 
 
 def test_a_refusal_goes_to_a_reply_key_only_if_its_operation_id_is_valid_text() -> None:
