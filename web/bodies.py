@@ -74,7 +74,7 @@ async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> A
         return empty
     if media_type(request) != JSON_TYPE:
         raise UnsupportedMediaTypeError(f"send the body as {JSON_TYPE}")
-    if empty is not None and not body.strip():
+    if empty is not None and not body:  # an empty JSON body; whitespace is not JSON
         return empty
     try:
         return json.loads(body)
