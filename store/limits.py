@@ -36,7 +36,8 @@ LEXICAL_WEIGHT = 2.0
 # 0.734 at 0.5 (offline replay of the store's scores; docs/recall-quality.md).
 NEIGHBOUR_WEIGHT = 0.3
 # The neighbours are looked up only for this many candidates, the best by the rest of
-# their score (top_k when it is more): a candidate ranked lower would need almost all
+# their score, whatever top_k (so that a smaller top_k is the first hits of a larger
+# one): a candidate ranked lower would need almost all
 # of NEIGHBOUR_WEIGHT's bonus to pass thirty others, and looking up the neighbours of
 # all (up to twice CANDIDATES_PER_LIST) made recall 10 to 30 % slower. On LoCoMo
 # evidence recall@10 moved by less than 0.003 (docs/recall-quality.md).

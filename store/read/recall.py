@@ -241,11 +241,12 @@ def _statement(q: RecallQuery) -> tuple[str, dict[str, Any]] | None:
     if q.recorded_as_of is None and NEIGHBOUR_WEIGHT > 0:
         # A turn's neighbours: the message before it (``context_of``, migration 018)
         # and the one after, among the records this recall may read; looked up only
-        # for the NEIGHBOUR_CANDIDATES best candidates by the rest of their score (or
-        # top_k, when more), the others gaining nothing (module docstring).
+        # for the NEIGHBOUR_CANDIDATES best candidates by the rest of their score, the
+        # others gaining nothing, whatever top_k: a smaller top_k is always the first
+        # hits of a larger one.
         near, near_vectors = _score(q, "n", "nx", searched)
         score = "r.base + %(nw)s * coalesce(nb.near, 0)"
-        params.update(nw=NEIGHBOUR_WEIGHT, nn=max(NEIGHBOUR_CANDIDATES, q.top_k))
+        params.update(nw=NEIGHBOUR_WEIGHT, nn=NEIGHBOUR_CANDIDATES)
         neighbours = f"""LEFT JOIN LATERAL (
                 SELECT max({near}) AS near FROM (
                     (SELECT c.* FROM {_CURRENT} c
