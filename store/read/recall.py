@@ -7,11 +7,12 @@ its vector to the query's (0 when negative; none for a record without a vector i
 the active generation, which is found by text and never scored as zero), plus
 ``LEXICAL_WEIGHT`` times the square of the share of the query's telling weight its
 text holds, plus ``NEIGHBOUR_WEIGHT`` times the best such score of the conversation
-turns next to it. All in one statement (one round trip: both lists, the scores, the
-hits' rows and their ``superseded_by``). Each hit says which lists found it and where
-each ranked it; its ``relevance`` is its score, at most 1, whatever its rank, and
-hits under ``min_relevance`` are left out, so a query matching nothing returns
-nothing rather than ``top_k`` unrelated records.
+turns next to it, read for the ``NEIGHBOUR_CANDIDATES`` best candidates by the rest
+of their score only (the others gain nothing). All in one statement (one round trip:
+both lists, the scores, the hits' rows and their ``superseded_by``). Each hit says
+which lists found it and where each ranked it; its ``relevance`` is its score, at
+most 1, whatever its rank, and hits under ``min_relevance`` are left out, so a
+query matching nothing returns nothing rather than ``top_k`` unrelated records.
 
 The lexical list reads the query with PostgreSQL's own parser, less English stop
 words (configuration ``engram_query``, migration 006), and scores a record by the
