@@ -48,6 +48,13 @@ LEXICAL_WEIGHT = 2.0
 # theirs). On LoCoMo evidence recall@10 0.713 with none, 0.725 at 0.1, 0.734 at 0.3,
 # 0.734 at 0.5 (offline replay of the store's scores; docs/recall-quality.md).
 NEIGHBOUR_WEIGHT = 0.3
+# The neighbours are looked up only for this many candidates, the best by the rest of
+# their score, whatever top_k (so that a smaller top_k is the first hits of a larger
+# one): a candidate ranked lower would need almost all
+# of NEIGHBOUR_WEIGHT's bonus to pass thirty others, and looking up the neighbours of
+# all (up to twice CANDIDATES_PER_LIST) made recall 10 to 30 % slower. On LoCoMo
+# evidence recall@10 moved by less than 0.003 (docs/recall-quality.md).
+NEIGHBOUR_CANDIDATES = 30
 # What recall leaves out unless told otherwise: hits of a lower relevance. With the
 # default embedder, a fact sharing no word with a question about it has a cosine
 # similarity of 0.2 to 0.75 to it, an unrelated one under 0.1; on LoCoMo, whose turns

@@ -88,3 +88,40 @@ def test_recall_takes_its_candidates_among_the_filtered_records(store: Store, sc
     assert sorted(h.record.text for h in hits) == sorted(
         f"the garden note {i}" for i in range(0, many, 20)
     )
+
+
+def _alias_loops(plan: dict[str, Any], alias: str) -> list[int]:
+    """How many times each scan of ``alias`` ran, over the whole plan tree."""
+    own = [plan["Actual Loops"]] if plan.get("Alias") == alias else []
+    return own + [n for child in plan.get("Plans", []) for n in _alias_loops(child, alias)]
+
+
+def test_a_filtered_recall_reads_the_filtered_records_once(store: Store, scope: dict) -> None:
+    """The records meeting the filter are read once per recall, whatever the number of
+    candidates: asked in place, the planner ran the filter as a semi join that read the
+    scope's current revisions again for every candidate (issue 37)."""
+    from engram.store import Scope
+    from engram.store.read.recall import _statement, recall_context
+
+    _remember(
+        store,
+        scope,
+        [(f"the garden note {i}", {"ns": "a" if i % 2 else "b"}) for i in range(300)],
+    )
+    embedder = HashingEmbedder(64)
+    flt = MetadataFilter.parse({"ns": "a"})
+    with store.pool.connection() as conn:
+        conn.execute("ANALYZE engram_revisions")
+        q = recall_context(conn, Scope.of(scope).key).query(
+            "garden note", embedder.embed(["garden note"])[0], 10, metadata=flt
+        )
+        statement = _statement(q)
+        assert statement is not None
+        sql, params = statement
+        row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()
+        assert row is not None
+        loops = _alias_loops(row[0][0]["Plan"], "m")
+        hits = store.recall(scope, "garden note", embedder=embedder, top_k=10, metadata=flt)
+    assert loops == [1]
+    assert len(hits) == 10
+    assert all(h.record.metadata == {"ns": "a"} for h in hits)

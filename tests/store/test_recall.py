@@ -437,3 +437,28 @@ def test_a_bad_min_relevance_is_refused_before_any_search(fresh_store: Store, ba
     with pytest.raises(InvalidRequestError, match="min_relevance must be a number from 0 to 1"):
         mem.recall("tea", min_relevance=bad)  # type: ignore[arg-type]
     assert texts(mem.recall("tea", min_relevance=0)) == ["green tea"]
+
+
+def test_a_smaller_top_k_is_the_first_hits_of_a_larger_one(fresh_store: Store) -> None:
+    """The neighbouring-turn bonus goes to the NEIGHBOUR_CANDIDATES best candidates by
+    the rest of their score, whatever top_k, so the order never depends on top_k."""
+    from engram.store.limits import NEIGHBOUR_CANDIDATES
+
+    mem = fresh_store.session({"user_id": "ada"})  # the lexical list alone
+    for i in range(NEIGHBOUR_CANDIDATES + 10):
+        mem.extract([turn(f"f{i}", "user", f"tickets {i}")], infer=False)
+    # Holds half the query, as each filler does, but ranks after all of them (more
+    # words); the turn after it holds all of the query.
+    mem.extract(
+        [turn("a", "user", "I finally booked the tickets"), turn("b", "assistant", "Lisbon?")],
+        infer=False,
+    )
+
+    def ids(top_k: int) -> list[str]:
+        hits = mem.recall("Lisbon tickets", top_k=top_k, min_relevance=None)
+        return [h.record.sources[0].message_id for h in hits]
+
+    small, large = ids(10), ids(NEIGHBOUR_CANDIDATES + 20)
+    assert small == large[:10]
+    assert small[0] == "b" and "a" not in small
+    assert len(large) == NEIGHBOUR_CANDIDATES + 12
