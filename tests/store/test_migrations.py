@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 import pytest
 
 from engram.store import RevisionConflictError, SchemaVersionError, Store, migrations
-
-
-def migrated_to(conn: psycopg.Connection[Any], last: int) -> None:
-    """The schema as it was at migration ``last``: an older store to migrate from."""
-    conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-    conn.execute(
-        "CREATE TABLE engram_schema (version integer PRIMARY KEY,"
-        " applied_at timestamptz NOT NULL DEFAULT now())"
-    )
-    for version, sql in migrations.available():
-        if version <= last:
-            conn.execute(sql.encode())
-            conn.execute("INSERT INTO engram_schema (version) VALUES (%s)", (version,))
+from tests.helpers import migrated_to
 
 
 def test_migrations_apply_once_and_are_idempotent(empty_dsn: str) -> None:
@@ -72,8 +58,8 @@ def test_013_drops_the_indexes_that_held_every_row_and_leaves_the_vectors_fresh(
     """A database at version 12 with a scope's HNSW index on all its rows: 013 drops it
     (writes would insert into it) and unregisters it, its vectors are fresh, and the
     next index job builds it again on the settled rows."""
+    migrated_to(empty_dsn, 12)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        migrated_to(conn, 12)
         conn.execute(
             "INSERT INTO engram_generations (model_id, dims, status) VALUES ('m', 2, 'active');"
             " INSERT INTO engram_scopes (key) VALUES ('{}');"
@@ -107,8 +93,8 @@ def test_017_keys_the_receipts_and_vouches_stored_before_by_their_scope(empty_ds
     token's vouch: 017 gives each row its receipt's (or token's) scope, so the receipt
     reads back the same in its scope, authenticated, and the same operation id in
     another scope is another operation."""
+    migrated_to(empty_dsn, 16)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        migrated_to(conn, 16)
         conn.execute(
             """INSERT INTO engram_scopes (key, user_id) VALUES ('{"user_id":"ada"}', 'ada');
             INSERT INTO engram_receipts (operation_id, scope_id, kind, request_digest,
@@ -152,8 +138,8 @@ def test_019_keys_records_by_scope_and_keeps_every_row(empty_dsn: str) -> None:
         "engram_receipt_named",
         "engram_receipts",
     )
+    migrated_to(empty_dsn, 18)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        migrated_to(conn, 18)
         conn.execute(
             """INSERT INTO engram_scopes (key, user_id, revision)
                 VALUES ('{"user_id":"ada"}', 'ada', 4);

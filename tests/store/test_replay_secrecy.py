@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 from engram.store import HashingEmbedder, Operation, OperationConflictError, Store, migrations
 from engram.store.write.validation import canonical_json
 from tests.fake_llm import ScriptedLLM, events
+from tests.helpers import migrated_to
 
 EMBEDDER = HashingEmbedder(64)
 
@@ -143,20 +144,6 @@ def test_replays_and_conflicts_of_live_records_are_as_before(store: Store, dsn: 
     assert store.scope_revision(scope) == revision
     assert len(store.receipts(scope=scope)) == 1
     assert stored_digest(dsn, "op-live") != ""
-
-
-def migrated_to(dsn: str, version: int) -> None:
-    """A database at an older schema version, as an older engram left it."""
-    with psycopg.connect(dsn) as conn:
-        migrations._require_pgvector(conn)
-        conn.execute(
-            "CREATE TABLE engram_schema (version integer PRIMARY KEY,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        for number, sql in migrations.available():
-            if number <= version:
-                conn.execute(sql.encode())
-                conn.execute("INSERT INTO engram_schema (version) VALUES (%s)", (number,))
 
 
 def test_receipts_committed_before_the_secret_still_replay(empty_dsn: str) -> None:
